@@ -1,0 +1,109 @@
+//! A versioned key/value log for Kubernetes-style objects, modelled on kine.
+//!
+//! Every write gets the next global revision (a `u64`, used by the API server as the
+//! opaque `resourceVersion`). The store keeps the current value of every key and a
+//! history of recent events so watches can resume from a revision; history older than
+//! the compaction point answers [`StoreError::Compacted`] (HTTP 410 upstream).
+//!
+//! Data flow: the API server calls [`Store`] methods with opaque byte values; the store
+//! does not parse them. A write's value may depend on its revision (the API server embeds
+//! `metadata.resourceVersion`), so writes take an [`Encode`] closure that receives the
+//! revision the write will get.
+//!
+//! Backends: [`Store::open_sqlite`] (durable; WAL, commit before answering, group commit)
+//! and [`Store::in_memory`] (the reference backend and test oracle). Both serve reads,
+//! lists and watches from memory; SQLite is only read at start-up.
+//!
+//! No Kubernetes types here: this crate must build without `kube` or `k8s-openapi`.
+
+use std::sync::Arc;
+
+/// A global, monotonic store revision. Revision 0 means "nothing written yet".
+pub type Revision = u64;
+
+/// Builds the bytes to store for a write, given the revision the write will get.
+pub type Encode = Box<dyn FnOnce(Revision) -> Vec<u8> + Send>;
+
+/// One stored key at one revision.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Record {
+    pub key: String,
+    /// The bytes given by the writer (opaque to the store).
+    pub value: Arc<[u8]>,
+    /// Revision of the write that produced this value (for a delete event: the delete's revision).
+    pub revision: Revision,
+    /// Revision at which this key was created.
+    pub create_revision: Revision,
+}
+
+/// A change to one key, as delivered to watchers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Event {
+    /// The key was created (`prev` is `None`) or updated (`prev` is the old value).
+    Put {
+        record: Record,
+        prev: Option<Record>,
+    },
+    /// The key was deleted; `record` carries the last value and the delete's revision.
+    Delete { record: Record },
+}
+
+impl Event {
+    pub fn record(&self) -> &Record {
+        match self {
+            Event::Put { record, .. } | Event::Delete { record } => record,
+        }
+    }
+}
+
+/// The result of [`Store::list`].
+#[derive(Clone, Debug, Default)]
+pub struct ListResult {
+    /// Records whose key starts with the prefix, in key order.
+    pub records: Vec<Record>,
+    /// The revision the list is consistent with.
+    pub revision: Revision,
+    /// More records follow the last one returned (a limit cut the list short).
+    pub more: bool,
+}
+
+/// Errors of store operations.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// A create found the key already present.
+    #[error("key {0} already exists")]
+    AlreadyExists(String),
+    /// An update or delete found no such key.
+    #[error("key {0} not found")]
+    NotFound(String),
+    /// An update or delete named a revision that is no longer the key's current one.
+    #[error("key {key} is at revision {current}, not {expected}")]
+    Conflict {
+        key: String,
+        expected: Revision,
+        current: Revision,
+    },
+    /// A watch or list asked for a revision older than the compaction point.
+    #[error("revision {requested} is compacted (oldest available {oldest})")]
+    Compacted {
+        requested: Revision,
+        oldest: Revision,
+    },
+    /// A list asked for a revision newer than the store's.
+    #[error("revision {requested} is in the future (current {current})")]
+    FutureRevision {
+        requested: Revision,
+        current: Revision,
+    },
+    /// Writing to or reading from SQLite failed.
+    #[error("sqlite")]
+    Sqlite(#[source] rusqlite::Error),
+    /// The writer task is gone (the store is shutting down).
+    #[error("store is closed")]
+    Closed,
+}
+
+pub type Result<T, E = StoreError> = std::result::Result<T, E>;
+
+mod store;
+pub use store::{Store, WatchStream};

@@ -1,0 +1,1 @@
+//! testkit (work in progress).

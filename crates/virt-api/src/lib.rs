@@ -1,0 +1,1 @@
+//! virt-api (work in progress).

@@ -1,0 +1,1 @@
+//! virt-controller (work in progress).

@@ -1,0 +1,1 @@
+//! virt-handler (work in progress).

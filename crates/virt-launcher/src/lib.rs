@@ -1,0 +1,1 @@
+//! virt-launcher (work in progress).
