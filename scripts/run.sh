@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# The project's main command: installs what is missing, builds kubevirt-rs, builds the
+# test guest, starts `kubevirt-rs server` on this machine, applies the demo VM and waits
+# until it runs. Leaves the server in the foreground; Ctrl-C stops it (the guests keep
+# running until their VMs are stopped; see README).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. scripts/common.sh
+
+DATA_DIR="${DATA_DIR:-$KUBEVIRT_RS_CACHE/data}"
+LISTEN="${LISTEN:-127.0.0.1:6443}"
+
+ensure_toolchain
+ensure_runtime_packages
+
+step "building kubevirt-rs and virtctl (release)"
+cargo build --release --locked -p kubevirt-rs -p virtctl
+BIN="$CARGO_TARGET_DIR/release"
+
+step "building the test guest (cached)"
+scripts/build-test-guest.sh "$KUBEVIRT_RS_CACHE/guest"
+
+step "starting kubevirt-rs server (data in $DATA_DIR, listening on $LISTEN)"
+mkdir -p "$DATA_DIR"
+"$BIN/kubevirt-rs" server --data-dir "$DATA_DIR" --listen "$LISTEN" &
+SERVER=$!
+trap 'kill -TERM $SERVER 2>/dev/null; wait $SERVER 2>/dev/null' EXIT INT TERM
+
+export KUBECONFIG="$DATA_DIR/kubeconfig"
+for _ in $(seq 1 300); do
+  [ -s "$KUBECONFIG" ] && kubectl get --raw /readyz >/dev/null 2>&1 && break
+  kill -0 $SERVER 2>/dev/null || { echo "server exited" >&2; exit 1; }
+  sleep 0.2
+done
+kubectl get --raw /readyz >/dev/null
+
+step "applying the demo VM (examples/vm-demo.yaml)"
+if [ -f examples/vm-demo.yaml ]; then
+  kubectl apply -f examples/vm-demo.yaml
+  kubectl wait vm/demo --for=condition=Ready --timeout=180s || kubectl get vm,vmi,pods -o wide
+fi
+kubectl get vm,vmi -o wide || true
+
+cat <<MSG
+
+kubevirt-rs is running.
+  export KUBECONFIG=$KUBECONFIG
+  kubectl get vm,vmi,pods
+  $BIN/virtctl console demo        # Ctrl+] to leave
+  $BIN/virtctl stop demo
+Press Ctrl-C to stop the server.
+MSG
+wait $SERVER
