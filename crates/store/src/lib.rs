@@ -105,5 +105,10 @@ pub enum StoreError {
 
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
 
+mod sqlite;
+mod state;
 mod store;
-pub use store::{Store, WatchStream};
+mod watch;
+mod writer;
+
+pub use store::{DEFAULT_HISTORY_RETENTION, DEFAULT_WATCH_CAPACITY, Store, WatchStream};
