@@ -1,1 +1,9 @@
-//! virt-controller (work in progress).
+//! virt-controller: the cluster-wide KubeVirt controllers.
+//!
+//! Data flow: [`runtime::informer`]s watch the API server and fill read-only caches; their
+//! event handlers map changed objects to keys on a rate-limited [`runtime::queue`]; a
+//! [`runtime::controller`] runs workers that pull keys and call a reconciler, which reads
+//! from the caches, consults [`runtime::expectations`] and writes through the API. Only the
+//! replica holding the [`runtime::leader`] lease runs controllers.
+
+pub mod runtime;
