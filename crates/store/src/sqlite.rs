@@ -75,7 +75,7 @@ impl Db {
     /// revisions behind this one's back.
     pub(crate) fn open(path: &Path) -> rusqlite::Result<(Db, Loaded)> {
         let conn = Connection::open(path)?;
-        conn.busy_timeout(Duration::from_secs(5))?;
+        conn.busy_timeout(Duration::from_secs(2))?;
         conn.pragma_update_and_check(None, "locking_mode", "EXCLUSIVE", |_| Ok(()))?;
         conn.pragma_update_and_check(None, "journal_mode", "WAL", |_| Ok(()))?;
         conn.pragma_update(None, "synchronous", "FULL")?;
@@ -204,5 +204,36 @@ pub(crate) fn copy_error(error: &rusqlite::Error) -> rusqlite::Error {
             rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_ERROR),
             Some(other.to_string()),
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn open_sets_wal_and_full_synchronous_mode() {
+        let dir = tempfile::tempdir().unwrap();
+        let (db, loaded) = Db::open(&dir.path().join("s.db")).unwrap();
+        assert_eq!(loaded.revision, 0);
+        let mode: String = db
+            .conn
+            .query_row("PRAGMA journal_mode", [], |row| row.get(0))
+            .unwrap();
+        let synchronous: i64 = db
+            .conn
+            .query_row("PRAGMA synchronous", [], |row| row.get(0))
+            .unwrap();
+        assert_eq!(mode, "wal");
+        assert_eq!(synchronous, 2, "FULL");
+    }
+
+    #[test]
+    fn copied_errors_keep_the_sqlite_code() {
+        let original = rusqlite::Error::SqliteFailure(
+            rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_FULL),
+            Some("disk full".to_owned()),
+        );
+        assert_eq!(copy_error(&original), original);
     }
 }
