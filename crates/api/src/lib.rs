@@ -1,2 +1,17 @@
 //! `kubevirt.io/v1` and `pool.kubevirt.io/v1beta1` API types, constants and CRD generation.
+//!
+//! - [`v1`]: VirtualMachineInstance, VirtualMachine, VirtualMachineInstanceMigration,
+//!   VirtualMachineInstanceReplicaSet, KubeVirt, with upstream JSON names.
+//! - [`pool`] (`v1beta1`): VirtualMachinePool.
+//! - [`constants`]: labels, annotations and finalizers KubeVirt writes.
+//! - [`crd`]: structural CustomResourceDefinitions generated from the types.
+//!
+//! The crate does no I/O. Every optional field round-trips: decoding an upstream manifest and
+//! encoding it again yields the same JSON, and unknown enum strings are kept verbatim.
+
+mod string_enum;
+
+pub mod constants;
 pub mod crd;
+pub mod pool;
+pub mod v1;

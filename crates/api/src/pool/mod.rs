@@ -1,0 +1,3 @@
+//! `pool.kubevirt.io` API group.
+
+pub mod v1beta1;
