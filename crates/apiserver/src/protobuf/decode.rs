@@ -73,15 +73,15 @@ pub fn message(
             continue; // unknown field: skipped
         };
         let field = &desc.fields[pos];
-        let mismatch = || DecodeError::WireTypeMismatch {
+        let at = At {
             message: desc.name,
             field: field.json,
-            wire_type: value.wire_type(),
         };
+        let mismatch = || at.mismatch(value);
         let slot = &mut slots[pos];
         match (field.cardinality, field.ty) {
             (Cardinality::Single, Type::Scalar(s)) => {
-                *slot = Slot::Scalar(scalar(s, value, field.json).ok_or_else(mismatch)??);
+                *slot = Slot::Scalar(scalar(s, value, at)?);
             }
             (Cardinality::Single, _) => {
                 let Value::Len(payload) = value else {
@@ -97,17 +97,14 @@ pub fn message(
                     *slot = Slot::List(Vec::new());
                 }
                 if let Slot::List(items) = slot {
-                    repeated(schema, field, ty, value, items, depth).map_err(|e| match e {
-                        None => mismatch(),
-                        Some(e) => e,
-                    })?;
+                    repeated(schema, at, ty, value, items, depth)?;
                 }
             }
             (Cardinality::Map, ty) => {
                 let Value::Len(entry) = value else {
                     return Err(mismatch());
                 };
-                let (key, val) = map_entry(schema, field, ty, entry, depth)?;
+                let (key, val) = map_entry(schema, at, ty, entry, depth)?;
                 if !matches!(slot, Slot::Map(_)) {
                     *slot = Slot::Map(Map::new());
                 }
@@ -169,16 +166,32 @@ fn single(schema: &Schema, ty: Type, bytes: &[u8], depth: usize) -> Result<Json,
     }
 }
 
-/// Appends the value(s) of one occurrence of a repeated field; `Err(None)` is a wire-type
-/// mismatch, reported by the caller, which knows the message name.
+/// Where a value sits, for error messages.
+#[derive(Debug, Clone, Copy)]
+struct At {
+    message: &'static str,
+    field: &'static str,
+}
+
+impl At {
+    fn mismatch(self, value: Value) -> DecodeError {
+        DecodeError::WireTypeMismatch {
+            message: self.message,
+            field: self.field,
+            wire_type: value.wire_type(),
+        }
+    }
+}
+
+/// Appends the value(s) of one occurrence of a repeated field.
 fn repeated(
     schema: &Schema,
-    field: &Field,
+    at: At,
     ty: Type,
     value: Value,
     items: &mut Vec<Json>,
     depth: usize,
-) -> Result<(), Option<DecodeError>> {
+) -> Result<(), DecodeError> {
     match (ty, value) {
         (Type::Scalar(s), Value::Len(packed)) if !matches!(s, Scalar::String | Scalar::Bytes) => {
             let mut reader = Reader::new(packed);
@@ -191,14 +204,13 @@ fn repeated(
                         .fixed()
                         .map(|b| Value::Fixed32(u32::from_le_bytes(b))),
                     _ => reader.varint().map(Value::Varint),
-                }
-                .map_err(|e| Some(e.into()))?;
-                items.push(scalar(s, v, field.json).ok_or(None)?.map_err(Some)?);
+                }?;
+                items.push(scalar(s, v, at)?);
             }
         }
-        (Type::Scalar(s), v) => items.push(scalar(s, v, field.json).ok_or(None)?.map_err(Some)?),
-        (ty, Value::Len(bytes)) => items.push(single(schema, ty, bytes, depth).map_err(Some)?),
-        _ => return Err(None),
+        (Type::Scalar(s), v) => items.push(scalar(s, v, at)?),
+        (ty, Value::Len(bytes)) => items.push(single(schema, ty, bytes, depth)?),
+        (_, v) => return Err(at.mismatch(v)),
     }
     Ok(())
 }
@@ -206,7 +218,7 @@ fn repeated(
 /// Decodes a map entry message `{key = 1, value = 2}`; missing parts take their zero value.
 fn map_entry(
     schema: &Schema,
-    field: &Field,
+    at: At,
     ty: Type,
     entry: &[u8],
     depth: usize,
@@ -215,40 +227,15 @@ fn map_entry(
     let mut value: Option<Json> = None;
     let mut reader = Reader::new(entry);
     while let Some((number, v)) = reader.next_field()? {
-        match (number, v) {
-            (1, Value::Len(k)) => {
+        match (number, ty, v) {
+            (1, _, Value::Len(k)) => {
                 key = std::str::from_utf8(k)
-                    .map_err(|_| DecodeError::Utf8(field.json))?
+                    .map_err(|_| DecodeError::Utf8(at.field))?
                     .to_owned();
             }
-            (2, v) => {
-                value = Some(match ty {
-                    Type::Scalar(s) => {
-                        scalar(s, v, field.json).ok_or(DecodeError::WireTypeMismatch {
-                            message: "map entry",
-                            field: field.json,
-                            wire_type: v.wire_type(),
-                        })??
-                    }
-                    ty => {
-                        let Value::Len(bytes) = v else {
-                            return Err(DecodeError::WireTypeMismatch {
-                                message: "map entry",
-                                field: field.json,
-                                wire_type: v.wire_type(),
-                            });
-                        };
-                        single(schema, ty, bytes, depth)?
-                    }
-                });
-            }
-            (1, v) => {
-                return Err(DecodeError::WireTypeMismatch {
-                    message: "map entry",
-                    field: field.json,
-                    wire_type: v.wire_type(),
-                });
-            }
+            (2, Type::Scalar(s), v) => value = Some(scalar(s, v, at)?),
+            (2, ty, Value::Len(bytes)) => value = Some(single(schema, ty, bytes, depth)?),
+            (1 | 2, _, v) => return Err(at.mismatch(v)),
             _ => {}
         }
     }
@@ -260,12 +247,12 @@ fn map_entry(
     Ok((key, value))
 }
 
-/// Converts one scalar; `None` when the wire type does not fit the declared type.
-fn scalar(s: Scalar, value: Value, field: &'static str) -> Option<Result<Json, DecodeError>> {
-    Some(Ok(match (s, value) {
+/// Converts one scalar; an error when the wire type does not fit the declared type.
+fn scalar(s: Scalar, value: Value, at: At) -> Result<Json, DecodeError> {
+    Ok(match (s, value) {
         (Scalar::String, Value::Len(b)) => match std::str::from_utf8(b) {
             Ok(text) => Json::String(text.to_owned()),
-            Err(_) => return Some(Err(DecodeError::Utf8(field))),
+            Err(_) => return Err(DecodeError::Utf8(at.field)),
         },
         (Scalar::Bytes, Value::Len(b)) => {
             Json::String(base64::engine::general_purpose::STANDARD.encode(b))
@@ -278,8 +265,8 @@ fn scalar(s: Scalar, value: Value, field: &'static str) -> Option<Result<Json, D
         (Scalar::Int64, Value::Varint(v)) => Json::from(v as i64),
         (Scalar::Double, Value::Fixed64(v)) => float(f64::from_bits(v)),
         (Scalar::Float, Value::Fixed32(v)) => float(f64::from(f32::from_bits(v))),
-        _ => return None,
-    }))
+        (_, v) => return Err(at.mismatch(v)),
+    })
 }
 
 /// NaN and infinities have no JSON form; Go's encoder refuses them, we write `null`.
