@@ -14,6 +14,13 @@
 //! and [`Store::in_memory`] (the reference backend and test oracle). Both serve reads,
 //! lists and watches from memory; SQLite is only read at start-up.
 //!
+//! Writes go through one writer thread (`writer.rs`) that commits queued writes together
+//! (group commit: one transaction, one fsync per batch) and answers each caller only once
+//! its write is durable and visible. Watches (`watch.rs`) get the retained history, then
+//! live events, from one bounded queue each. History is kept until [`Store::compact`] or
+//! the age-based policy of [`Store::spawn_compactor`] drops it; without either it grows
+//! with every write.
+//!
 //! No Kubernetes types here: this crate must build without `kube` or `k8s-openapi`.
 
 use std::sync::Arc;
