@@ -18,6 +18,10 @@
 //!
 //! The decision is the pure function [`should_acquire`]; the I/O around it uses
 //! `kube::Api<Lease>`.
+//!
+//! Wiring, in a main: spawn `elector.run(shutdown)`, await [`LeaderStatus::acquired`], start
+//! the informers and controllers with a `CancellationToken`, and cancel that token when
+//! [`LeaderStatus::lost`] resolves.
 
 use std::time::Duration;
 
