@@ -1,5 +1,9 @@
 //! `kubevirt-rs`: the multi-call binary (server, apiserver, crds, …).
-use clap::{Parser, Subcommand};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::{Args, Parser, Subcommand};
 
 #[derive(Parser)]
 #[command(name = "kubevirt-rs", about = "KubeVirt, in Rust", version)]
@@ -12,11 +16,74 @@ struct Cli {
 enum Command {
     /// Print the KubeVirt CustomResourceDefinitions as a multi-document YAML stream.
     Crds,
+    /// Run everything on this machine: the API server with the KubeVirt CRDs installed.
+    Server(ServerArgs),
+    /// Run the embedded Kubernetes-compatible API server alone.
+    Apiserver(ServerArgs),
+}
+
+#[derive(Args)]
+struct ServerArgs {
+    /// Directory for the database, certificates and kubeconfig files.
+    #[arg(long)]
+    data_dir: PathBuf,
+    /// Address to listen on (port 0 picks a free port; see DATA_DIR/kubeconfig).
+    #[arg(long, default_value = "127.0.0.1:6443")]
+    listen: SocketAddr,
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::terminate()),
+    ) {
+        (Ok(mut int), Ok(mut term)) => {
+            tokio::select! {
+                _ = int.recv() => {}
+                _ = term.recv() => {}
+            }
+        }
+        _ => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}
+
+fn kubevirt_crds() -> anyhow::Result<Vec<serde_json::Value>> {
+    kubevirt_api::crd::all_crds()
+        .context("generating the KubeVirt CRDs")?
+        .iter()
+        .map(|c| serde_json::to_value(c).context("serializing a CRD"))
+        .collect()
+}
+
+fn serve(args: ServerArgs, initial_objects: Vec<serde_json::Value>) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Runtime::new().context("starting the tokio runtime")?;
+    runtime.block_on(async {
+        let config = kubevirt_apiserver::Config {
+            data_dir: args.data_dir,
+            listen: args.listen,
+            initial_objects,
+        };
+        kubevirt_apiserver::run(config, shutdown_signal())
+            .await
+            .context("API server")
+    })
 }
 
 fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
     match Cli::parse().command {
         Command::Crds => print!("{}", kubevirt_api::crd::all_crds_yaml()?),
+        Command::Server(args) => serve(args, kubevirt_crds()?)?,
+        Command::Apiserver(args) => serve(args, Vec::new())?,
     }
     Ok(())
 }

@@ -1,0 +1,253 @@
+//! Helpers shared by the verb handlers: decoding stored records, system metadata, the
+//! write path into the store (size limits, admission, store errors → Status).
+
+use kubevirt_store::{Encode, Record, StoreError};
+use serde_json::{Map, Value, json};
+
+use crate::admission::{AdmissionRequest, Operation};
+use crate::cause::Cause;
+use crate::metadata::validate_object_meta;
+use crate::registry::ResourceInfo;
+use crate::request::FieldValidation;
+use crate::state::ApiState;
+use crate::status::ApiError;
+
+/// Largest object the store accepts (kube's etcd limit).
+pub const MAX_OBJECT_BYTES: usize = 3 * 1024 * 1024 / 2;
+
+/// Options common to writes.
+#[derive(Clone, Debug, Default)]
+pub struct WriteOptions {
+    pub dry_run: bool,
+    pub field_validation: FieldValidation,
+    /// Authenticated user.
+    pub user: String,
+}
+
+/// The answer of a handler before HTTP rendering.
+#[derive(Clone, Debug)]
+pub struct Reply {
+    pub code: u16,
+    pub body: Value,
+    /// `Warning: 299` headers.
+    pub warnings: Vec<String>,
+}
+
+impl Reply {
+    pub fn ok(body: Value) -> Reply {
+        Reply {
+            code: 200,
+            body,
+            warnings: Vec::new(),
+        }
+    }
+}
+
+/// The current time as kube formats timestamps (`2024-01-02T03:04:05Z`).
+pub fn now_rfc3339() -> String {
+    jiff::Timestamp::now()
+        .strftime("%Y-%m-%dT%H:%M:%SZ")
+        .to_string()
+}
+
+/// Parses a stored record into its object.
+pub fn decode_record(record: &Record) -> Result<Value, ApiError> {
+    serde_json::from_slice(&record.value)
+        .map_err(|e| ApiError::internal(format!("stored object {} is corrupt: {e}", record.key)))
+}
+
+/// `metadata` as a mutable map, creating it if needed. `obj` must be a JSON object (request
+/// bodies are checked when decoded).
+pub fn meta_mut(obj: &mut Value) -> &mut Map<String, Value> {
+    let m = &mut obj["metadata"];
+    if !m.is_object() {
+        *m = Value::Object(Map::new());
+    }
+    match m {
+        Value::Object(map) => map,
+        // Just replaced by an object above.
+        _ => unreachable!("metadata is an object"),
+    }
+}
+
+/// The store encoder: embeds the write's revision as `metadata.resourceVersion`.
+pub fn encoder(mut obj: Value) -> Encode {
+    Box::new(move |rev| {
+        meta_mut(&mut obj).insert("resourceVersion".into(), json!(rev.to_string()));
+        serde_json::to_vec(&obj).unwrap_or_default()
+    })
+}
+
+/// Sets `metadata.resourceVersion` on an object we keep a copy of.
+pub fn set_rv(obj: &mut Value, rev: u64) {
+    meta_mut(obj).insert("resourceVersion".into(), json!(rev.to_string()));
+}
+
+/// The object's `metadata.resourceVersion` as a revision, if set.
+pub fn object_rv(obj: &Value) -> Result<Option<u64>, ApiError> {
+    match obj["metadata"]["resourceVersion"].as_str() {
+        None | Some("") => Ok(None),
+        Some(s) => s.parse().map(Some).map_err(|_| {
+            ApiError::bad_request(format!("invalid resourceVersion {s:?}: must be an integer"))
+        }),
+    }
+}
+
+/// Refuses objects larger than [`MAX_OBJECT_BYTES`].
+pub fn check_size(obj: &Value) -> Result<(), ApiError> {
+    let n = serde_json::to_vec(obj).map(|v| v.len()).unwrap_or(0);
+    if n > MAX_OBJECT_BYTES {
+        return Err(ApiError::too_large(format!(
+            "object is too large: {n} bytes, the limit is {MAX_OBJECT_BYTES}"
+        )));
+    }
+    Ok(())
+}
+
+/// Maps a store error of a write on `name` to the Status kube would send.
+pub fn store_error(info: &ResourceInfo, name: &str, e: StoreError) -> ApiError {
+    match e {
+        StoreError::AlreadyExists(_) => ApiError::already_exists(&info.group, &info.plural, name),
+        StoreError::NotFound(_) => ApiError::not_found(&info.group, &info.plural, name),
+        StoreError::Conflict { .. } => ApiError::conflict(&info.group, &info.plural, name),
+        StoreError::Compacted { requested, oldest } => {
+            ApiError::expired(format!("too old resource version: {requested} ({oldest})"))
+        }
+        other => ApiError::internal(format!("storage error: {other}")),
+    }
+}
+
+/// Schema enforcement (CRDs), metadata validation and defaulting of an object about to
+/// be written. Returns warnings (unknown fields under `Warn`).
+pub fn validate_object(
+    info: &ResourceInfo,
+    obj: &mut Value,
+    field_validation: FieldValidation,
+) -> Result<Vec<String>, ApiError> {
+    let mut warnings = Vec::new();
+    let mut causes: Vec<Cause> = Vec::new();
+    if let Some(schema) = info.crd.as_ref().and_then(|c| c.schema.as_ref()) {
+        let unknown = schema.prune(obj);
+        if !unknown.is_empty() {
+            match field_validation {
+                FieldValidation::Strict => {
+                    let list = unknown
+                        .iter()
+                        .map(|f| format!("unknown field \"{f}\""))
+                        .collect::<Vec<_>>()
+                        .join(", ");
+                    return Err(ApiError::bad_request(format!(
+                        "{kind} in version \"{v}\" cannot be handled as a {kind}: strict decoding error: {list}",
+                        kind = info.kind,
+                        v = info.version
+                    )));
+                }
+                FieldValidation::Warn => {
+                    warnings.extend(unknown.iter().map(|f| format!("unknown field \"{f}\"")));
+                }
+                FieldValidation::Ignore => {}
+            }
+        }
+        schema.apply_defaults(obj);
+        causes.extend(schema.validate(obj));
+    }
+    causes.extend(validate_object_meta(obj, info.name_rule));
+    if info.kind == "CustomResourceDefinition" {
+        causes.extend(crate::crd::validate_crd(obj));
+    }
+    if !causes.is_empty() {
+        let name = obj["metadata"]["name"].as_str().unwrap_or("").to_owned();
+        return Err(ApiError::invalid(&info.group, &info.kind, &name, causes));
+    }
+    Ok(warnings)
+}
+
+/// Runs every admission hook; returns their warnings.
+pub async fn admit(
+    state: &ApiState,
+    request: &AdmissionRequest<'_>,
+    obj: &mut Value,
+) -> Result<Vec<String>, ApiError> {
+    let mut warnings = Vec::new();
+    for hook in &state.admission {
+        warnings.extend(hook.admit(request, obj).await?);
+    }
+    Ok(warnings)
+}
+
+/// Shorthand for building an [`AdmissionRequest`].
+pub fn admission_request<'a>(
+    operation: Operation,
+    info: &'a ResourceInfo,
+    subresource: Option<&'a str>,
+    namespace: Option<&'a str>,
+    name: &'a str,
+    old_object: Option<&'a Value>,
+    opts: &'a WriteOptions,
+) -> AdmissionRequest<'a> {
+    AdmissionRequest {
+        operation,
+        resource: info,
+        subresource,
+        namespace,
+        name,
+        old_object,
+        dry_run: opts.dry_run,
+        user: &opts.user,
+    }
+}
+
+/// Reads one object; 404 if absent.
+pub fn get_object(
+    state: &ApiState,
+    info: &ResourceInfo,
+    namespace: Option<&str>,
+    name: &str,
+) -> Result<(Value, u64), ApiError> {
+    let key = info.key(namespace, name);
+    let record = state
+        .store
+        .get(&key)
+        .ok_or_else(|| ApiError::not_found(&info.group, &info.plural, name))?;
+    Ok((decode_record(&record)?, record.revision))
+}
+
+/// Checks that a namespaced write names an existing namespace.
+pub fn require_namespace(state: &ApiState, namespace: &str) -> Result<Value, ApiError> {
+    let key = format!("/registry/core/namespaces/{namespace}");
+    match state.store.get(&key) {
+        Some(r) => decode_record(&r),
+        None => Err(ApiError::not_found("", "namespaces", namespace)),
+    }
+}
+
+/// The object without the fields a no-op comparison ignores.
+pub fn comparable(obj: &Value) -> Value {
+    let mut o = obj.clone();
+    if let Some(m) = o.get_mut("metadata").and_then(Value::as_object_mut) {
+        m.remove("resourceVersion");
+        m.remove("managedFields");
+    }
+    o
+}
+
+/// `obj` with `metadata` (and `status` when `without_status`) removed: the part whose
+/// change bumps `metadata.generation`.
+pub fn spec_part(obj: &Value, without_status: bool) -> Value {
+    let mut o = obj.clone();
+    if let Some(m) = o.as_object_mut() {
+        m.remove("metadata");
+        if without_status {
+            m.remove("status");
+        }
+    }
+    o
+}
+
+/// Awaits a store write, recording its latency.
+pub async fn timed<T>(state: &ApiState, f: impl std::future::Future<Output = T>) -> T {
+    let start = std::time::Instant::now();
+    let out = f.await;
+    state.metrics.commit(start.elapsed());
+    out
+}

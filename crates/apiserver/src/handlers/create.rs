@@ -1,0 +1,216 @@
+//! `POST` a new object: defaults system metadata, validates, admits and stores it.
+
+use rand::Rng;
+use serde_json::{Value, json};
+use tracing::debug;
+
+use super::common::{
+    Reply, WriteOptions, admission_request, admit, check_size, encoder, meta_mut, now_rfc3339,
+    require_namespace, set_rv, store_error, validate_object,
+};
+use crate::admission::Operation;
+use crate::registry::ResourceInfo;
+use crate::state::ApiState;
+use crate::status::ApiError;
+
+const NAME_CHARS: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
+
+/// `generateName` + 5 random characters, as kube does.
+pub fn generate_name(prefix: &str) -> String {
+    let mut rng = rand::rng();
+    let suffix: String = (0..5)
+        .map(|_| NAME_CHARS[rng.random_range(0..NAME_CHARS.len())] as char)
+        .collect();
+    let max_prefix = 63 - 5;
+    let prefix = if prefix.len() > max_prefix {
+        &prefix[..max_prefix]
+    } else {
+        prefix
+    };
+    format!("{prefix}{suffix}")
+}
+
+/// Checks (and fills in) `apiVersion` and `kind` against the resource.
+pub fn check_type(info: &ResourceInfo, obj: &mut Value) -> Result<(), ApiError> {
+    let want_av = info.api_version();
+    match obj["apiVersion"].as_str() {
+        None | Some("") => obj["apiVersion"] = json!(want_av),
+        Some(av) if av == want_av => {}
+        // Another served version of the same resource: stored as this one.
+        Some(av) if av.split('/').next() == want_av.split('/').next() && !info.group.is_empty() => {
+            obj["apiVersion"] = json!(want_av);
+        }
+        Some(av) => {
+            return Err(ApiError::bad_request(format!(
+                "the API version in the data ({av}) does not match the expected API version ({want_av})"
+            )));
+        }
+    }
+    match obj["kind"].as_str() {
+        None | Some("") => obj["kind"] = json!(info.kind),
+        Some(k) if k == info.kind => {}
+        Some(k) => {
+            return Err(ApiError::bad_request(format!(
+                "the kind in the data ({k}) does not match the expected kind ({})",
+                info.kind
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Checks the object's namespace against the request's and returns the one to use.
+pub fn check_namespace(
+    info: &ResourceInfo,
+    path_ns: Option<&str>,
+    obj: &mut Value,
+) -> Result<Option<String>, ApiError> {
+    if !info.namespaced {
+        meta_mut(obj).remove("namespace");
+        return Ok(None);
+    }
+    let body_ns = obj["metadata"]["namespace"]
+        .as_str()
+        .filter(|s| !s.is_empty());
+    let ns = match (path_ns, body_ns) {
+        (Some(p), Some(b)) if p != b => {
+            return Err(ApiError::bad_request(
+                "the namespace of the provided object does not match the namespace sent on the request",
+            ));
+        }
+        (Some(p), _) => p.to_owned(),
+        (None, Some(b)) => b.to_owned(),
+        (None, None) => {
+            return Err(ApiError::bad_request(
+                "a namespaced resource needs a namespace in the request path",
+            ));
+        }
+    };
+    meta_mut(obj).insert("namespace".into(), json!(ns));
+    Ok(Some(ns))
+}
+
+/// Kind-specific changes at creation (status reset, namespace label …).
+fn prepare_for_create(info: &ResourceInfo, obj: &mut Value) {
+    if info.is_custom()
+        && info.has_status()
+        && let Some(m) = obj.as_object_mut()
+    {
+        m.remove("status");
+    }
+    match (info.group.as_str(), info.kind.as_str()) {
+        ("", "Pod") => {
+            obj["status"] = json!({"phase": "Pending", "qosClass": "BestEffort"});
+        }
+        ("", "Namespace") => {
+            let name = obj["metadata"]["name"].clone();
+            let labels = meta_mut(obj).entry("labels").or_insert_with(|| json!({}));
+            if labels.is_object() {
+                labels["kubernetes.io/metadata.name"] = name;
+            }
+            obj["status"] = json!({"phase": "Active"});
+        }
+        ("apiextensions.k8s.io", "CustomResourceDefinition") => {
+            crate::crd::prepare_status(obj);
+        }
+        _ => {}
+    }
+}
+
+/// Creates `obj` (already decoded) in `path_ns`.
+pub async fn create(
+    state: &ApiState,
+    info: &ResourceInfo,
+    path_ns: Option<&str>,
+    mut obj: Value,
+    opts: &WriteOptions,
+) -> Result<Reply, ApiError> {
+    check_type(info, &mut obj)?;
+    let ns = check_namespace(info, path_ns, &mut obj)?;
+    {
+        let meta = meta_mut(&mut obj);
+        let has_name = meta
+            .get("name")
+            .and_then(Value::as_str)
+            .is_some_and(|n| !n.is_empty());
+        if !has_name
+            && let Some(prefix) = meta.get("generateName").and_then(Value::as_str)
+            && !prefix.is_empty()
+        {
+            let name = generate_name(prefix);
+            meta.insert("name".into(), json!(name));
+        }
+        for k in [
+            "resourceVersion",
+            "deletionTimestamp",
+            "deletionGracePeriodSeconds",
+            "managedFields",
+            "selfLink",
+        ] {
+            meta.remove(k);
+        }
+        meta.insert("uid".into(), json!(uuid::Uuid::new_v4().to_string()));
+        meta.insert("creationTimestamp".into(), json!(now_rfc3339()));
+        meta.insert("generation".into(), json!(1));
+    }
+    prepare_for_create(info, &mut obj);
+    let mut warnings = validate_object(info, &mut obj, opts.field_validation)?;
+    let name = obj["metadata"]["name"].as_str().unwrap_or("").to_owned();
+    if let Some(ns) = &ns {
+        let ns_obj = require_namespace(state, ns)?;
+        if ns_obj["status"]["phase"] == "Terminating" {
+            return Err(ApiError::forbidden(format!(
+                "{} \"{name}\" is forbidden: unable to create new content in namespace {ns} because it is being terminated",
+                crate::status::qualified(&info.plural, &info.group)
+            )));
+        }
+    }
+    let req = admission_request(
+        Operation::Create,
+        info,
+        None,
+        ns.as_deref(),
+        &name,
+        None,
+        opts,
+    );
+    warnings.extend(admit(state, &req, &mut obj).await?);
+    check_size(&obj)?;
+    let key = info.key(ns.as_deref(), &name);
+    if opts.dry_run {
+        if state.store.get(&key).is_some() {
+            return Err(ApiError::already_exists(&info.group, &info.plural, &name));
+        }
+        return Ok(Reply {
+            code: 201,
+            body: obj,
+            warnings,
+        });
+    }
+    let record = super::common::timed(state, state.store.create(&key, encoder(obj.clone())))
+        .await
+        .map_err(|e| store_error(info, &name, e))?;
+    set_rv(&mut obj, record.revision);
+    debug!(key, revision = record.revision, "created");
+    if info.kind == "CustomResourceDefinition" && info.group == "apiextensions.k8s.io" {
+        crate::crd::register(&state.registry, &obj);
+    }
+    Ok(Reply {
+        code: 201,
+        body: obj,
+        warnings,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn generated_names_keep_the_prefix_and_add_five_characters() {
+        let n = generate_name("vm-");
+        assert!(n.starts_with("vm-"));
+        assert_eq!(n.len(), 8);
+        assert!(n[3..].bytes().all(|b| NAME_CHARS.contains(&b)));
+    }
+}

@@ -1,0 +1,142 @@
+//! `PATCH` an object: JSON Patch, JSON merge patch, strategic merge patch (built-in kinds
+//! only, as kube-apiserver), server-side apply refused with 415. The patched object then
+//! goes through the update path; a write that lost a race is retried on the fresh object.
+
+use serde_json::Value;
+
+use super::common::{Reply, WriteOptions, get_object, object_rv};
+use super::update::write_update;
+use crate::patch::{PatchError, json_patch, merge_patch, strategic_merge_patch};
+use crate::registry::ResourceInfo;
+use crate::state::ApiState;
+use crate::status::ApiError;
+
+/// The patch flavours, by `Content-Type`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PatchType {
+    Json,
+    Merge,
+    Strategic,
+    Apply,
+}
+
+const ACCEPTED: &str =
+    "application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml";
+
+impl PatchType {
+    /// The patch type of a `Content-Type` header value.
+    pub fn from_content_type(ct: &str) -> Result<PatchType, ApiError> {
+        let base = ct.split(';').next().unwrap_or("").trim();
+        match base {
+            "application/json-patch+json" => Ok(PatchType::Json),
+            "application/merge-patch+json" => Ok(PatchType::Merge),
+            "application/strategic-merge-patch+json" => Ok(PatchType::Strategic),
+            "application/apply-patch+yaml" | "application/apply-patch+cbor" => Ok(PatchType::Apply),
+            _ => Err(ApiError::unsupported_media_type(format!(
+                "the body of the request was in an unknown format - accepted media types include: {ACCEPTED}, application/strategic-merge-patch+json"
+            ))),
+        }
+    }
+}
+
+fn patch_error(info: &ResourceInfo, name: &str, e: PatchError) -> ApiError {
+    match e {
+        PatchError::Invalid(m) => ApiError::bad_request(m),
+        PatchError::TestFailed(m) | PatchError::PathNotFound(m) => {
+            let mut err = ApiError::new(422, "Invalid", m);
+            err.kind = Some(info.kind.clone());
+            err.group = Some(info.group.clone());
+            err.name = Some(name.to_owned());
+            err
+        }
+    }
+}
+
+/// Applies `patch` (already parsed) to object `name`.
+#[allow(clippy::too_many_arguments)]
+pub async fn patch(
+    state: &ApiState,
+    info: &ResourceInfo,
+    ns: Option<&str>,
+    name: &str,
+    subresource: Option<&str>,
+    patch_type: PatchType,
+    patch: &Value,
+    opts: &WriteOptions,
+) -> Result<Reply, ApiError> {
+    match patch_type {
+        PatchType::Apply => {
+            return Err(ApiError::unsupported_media_type(
+                "server-side apply (application/apply-patch+yaml) is not supported by this server yet; use client-side apply (kubectl apply without --server-side)",
+            ));
+        }
+        PatchType::Strategic if info.is_custom() => {
+            return Err(ApiError::unsupported_media_type(format!(
+                "the body of the request was in an unknown format - accepted media types include: {ACCEPTED}"
+            )));
+        }
+        _ => {}
+    }
+    let mut attempts = 0;
+    loop {
+        attempts += 1;
+        let (old, old_rev) = get_object(state, info, ns, name)?;
+        let patched = match patch_type {
+            PatchType::Json => json_patch(&old, patch),
+            PatchType::Merge => merge_patch(&old, patch),
+            PatchType::Strategic => {
+                strategic_merge_patch(&old, patch, &info.api_version(), &info.kind)
+            }
+            PatchType::Apply => unreachable!("refused above"),
+        }
+        .map_err(|e| patch_error(info, name, e))?;
+        if !patched.is_object() {
+            return Err(ApiError::bad_request(
+                "the patched object is not a JSON object",
+            ));
+        }
+        let explicit_rv = object_rv(&patched)?;
+        if let Some(rv) = explicit_rv
+            && rv != old_rev
+        {
+            return Err(ApiError::conflict(&info.group, &info.plural, name));
+        }
+        match write_update(
+            state,
+            info,
+            ns,
+            name,
+            subresource,
+            patched,
+            &old,
+            old_rev,
+            opts,
+        )
+        .await
+        {
+            Err(e) if e.reason == "Conflict" && explicit_rv.is_none() && attempts < 5 => continue,
+            other => return other,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn content_types_select_the_patch_type() {
+        assert_eq!(
+            PatchType::from_content_type("application/merge-patch+json").unwrap(),
+            PatchType::Merge
+        );
+        assert_eq!(
+            PatchType::from_content_type("application/json-patch+json; charset=utf-8").unwrap(),
+            PatchType::Json
+        );
+        assert_eq!(
+            PatchType::from_content_type("text/plain").unwrap_err().code,
+            415
+        );
+    }
+}

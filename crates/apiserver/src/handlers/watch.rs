@@ -1,0 +1,280 @@
+//! `GET …?watch=true`: a chunked stream of `{"type": …, "object": …}` lines.
+//!
+//! From `resourceVersion` absent or `0`, the stream starts with a synthetic `ADDED` per
+//! current object, then follows the store from the list's revision. From a specific
+//! revision it resumes after it; a compacted revision yields one `410 Expired` ERROR event.
+//! Selectors are applied to old and new values, so an object that stops matching is sent
+//! as `DELETED` and one that starts matching as `ADDED`, as kube-apiserver does.
+//!
+//! # Guarantees
+//! - Events are delivered in revision order, each at most once.
+//! - The producer task ends when the client goes away, the store closes, or the timeout
+//!   expires.
+//!
+//! # Caveats
+//! - A slow client that lets the store's per-watch buffer overflow gets an ERROR 410 and must
+//!   re-list (kube-rs `watcher` and client-go informers do).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use kubevirt_store::{Event, StoreError};
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+use tracing::debug;
+
+use super::common::{decode_record, set_rv};
+use super::list::list_objects;
+use crate::registry::ResourceInfo;
+use crate::request::IncludeObject;
+use crate::selectors::Selectors;
+use crate::state::ApiState;
+use crate::status::ApiError;
+use crate::table;
+
+/// How often bookmarks are sent when the client allows them.
+pub const BOOKMARK_INTERVAL: Duration = Duration::from_secs(15);
+
+/// What the watch request asked for.
+#[derive(Clone, Debug)]
+pub struct WatchParams {
+    pub namespace: Option<String>,
+    pub resource_version: Option<String>,
+    pub selectors: Selectors,
+    pub bookmarks: bool,
+    pub timeout: Option<Duration>,
+    pub send_initial_events: bool,
+    /// Send objects as one-row Tables.
+    pub table: Option<IncludeObject>,
+}
+
+fn line(kind: &str, object: &Value) -> Bytes {
+    let mut v = serde_json::to_vec(&json!({"type": kind, "object": object})).unwrap_or_default();
+    v.push(b'\n');
+    Bytes::from(v)
+}
+
+struct Emitter {
+    info: Arc<ResourceInfo>,
+    table: Option<IncludeObject>,
+    tx: mpsc::Sender<Bytes>,
+}
+
+impl Emitter {
+    async fn send(&self, kind: &str, obj: Value) -> bool {
+        let obj = match self.table {
+            Some(include) => {
+                let meta = json!({"resourceVersion": obj["metadata"]["resourceVersion"].clone()});
+                table::table(&self.info, &[obj], &meta, include, jiff::Timestamp::now())
+            }
+            None => obj,
+        };
+        self.tx.send(line(kind, &obj)).await.is_ok()
+    }
+
+    async fn bookmark(&self, rev: u64, initial_end: bool) -> bool {
+        let mut meta = json!({"resourceVersion": rev.to_string()});
+        if initial_end {
+            meta["annotations"] = json!({"k8s.io/initial-events-end": "true"});
+        }
+        let obj = json!({"kind": self.info.kind, "apiVersion": self.info.api_version(), "metadata": meta});
+        self.tx.send(line("BOOKMARK", &obj)).await.is_ok()
+    }
+
+    async fn error(&self, e: &ApiError) -> bool {
+        self.tx.send(line("ERROR", &e.to_status())).await.is_ok()
+    }
+}
+
+/// Classifies one store event for a watcher with `selectors`.
+pub fn classify(
+    event: &Event,
+    selectors: &Selectors,
+) -> Result<Option<(&'static str, Value)>, ApiError> {
+    match event {
+        Event::Put { record, prev } => {
+            let new = decode_record(record)?;
+            let old = prev.as_ref().map(decode_record).transpose()?;
+            let new_m = selectors.matches(&new);
+            let old_m = old.as_ref().is_some_and(|o| selectors.matches(o));
+            Ok(match (old.is_some(), old_m, new_m) {
+                (_, true, true) => Some(("MODIFIED", new)),
+                (_, false, true) => Some(("ADDED", new)),
+                (true, true, false) => {
+                    let mut gone = new;
+                    set_rv(&mut gone, record.revision);
+                    Some(("DELETED", gone))
+                }
+                _ => None,
+            })
+        }
+        Event::Delete { record } => {
+            let mut obj = decode_record(record)?;
+            if !selectors.matches(&obj) {
+                return Ok(None);
+            }
+            set_rv(&mut obj, record.revision);
+            Ok(Some(("DELETED", obj)))
+        }
+    }
+}
+
+/// Starts the watch; returns the receiving end of the event lines.
+pub fn start(
+    state: Arc<ApiState>,
+    info: Arc<ResourceInfo>,
+    params: WatchParams,
+) -> Result<mpsc::Receiver<Bytes>, ApiError> {
+    let prefix = info.list_prefix(params.namespace.as_deref());
+    let from_now = matches!(params.resource_version.as_deref(), None | Some("0"));
+    let (initial, after) = if from_now || params.send_initial_events {
+        let (items, rev, _) = list_objects(
+            &state,
+            &info,
+            params.namespace.as_deref(),
+            &params.selectors,
+            None,
+            None,
+        )?;
+        (items, rev)
+    } else {
+        let rv = params.resource_version.as_deref().unwrap_or("0");
+        let rev: u64 = rv
+            .parse()
+            .map_err(|_| ApiError::bad_request(format!("invalid resourceVersion {rv:?}")))?;
+        (Vec::new(), rev)
+    };
+    let (tx, rx) = mpsc::channel(64);
+    let emitter = Emitter {
+        info: info.clone(),
+        table: params.table,
+        tx,
+    };
+    let stream = state.store.watch(&prefix, after);
+    tokio::spawn(async move {
+        state.metrics.watch_started(&info);
+        run(&emitter, stream, initial, after, &params).await;
+        state.metrics.watch_ended(&info);
+        debug!(resource = info.plural, "watch ended");
+    });
+    Ok(rx)
+}
+
+async fn run(
+    em: &Emitter,
+    stream: Result<kubevirt_store::WatchStream, StoreError>,
+    initial: Vec<Value>,
+    after: u64,
+    params: &WatchParams,
+) {
+    let mut stream = match stream {
+        Ok(s) => s,
+        Err(StoreError::Compacted { requested, oldest }) => {
+            let _ = em
+                .error(&ApiError::expired(format!(
+                    "too old resource version: {requested} ({oldest})"
+                )))
+                .await;
+            return;
+        }
+        Err(e) => {
+            let _ = em.error(&ApiError::internal(e.to_string())).await;
+            return;
+        }
+    };
+    for obj in initial {
+        if !em.send("ADDED", obj).await {
+            return;
+        }
+    }
+    if params.send_initial_events && params.bookmarks && !em.bookmark(after, true).await {
+        return;
+    }
+    let deadline = params.timeout.map(|t| tokio::time::Instant::now() + t);
+    let mut last_rev = after;
+    let mut ticker = tokio::time::interval(BOOKMARK_INTERVAL);
+    ticker.tick().await;
+    loop {
+        let timeout = async {
+            match deadline {
+                Some(d) => tokio::time::sleep_until(d).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            ev = stream.next() => match ev {
+                None => return,
+                Some(Err(StoreError::Compacted { requested, oldest })) => {
+                    let _ = em.error(&ApiError::expired(format!("too old resource version: {requested} ({oldest})"))).await;
+                    return;
+                }
+                Some(Err(e)) => {
+                    let _ = em.error(&ApiError::expired(format!("watch fell behind: {e}"))).await;
+                    return;
+                }
+                Some(Ok(event)) => {
+                    last_rev = event.record().revision;
+                    match classify(&event, &params.selectors) {
+                        Ok(Some((kind, obj))) => if !em.send(kind, obj).await { return },
+                        Ok(None) => {}
+                        Err(e) => { let _ = em.error(&e).await; return; }
+                    }
+                }
+            },
+            _ = ticker.tick(), if params.bookmarks => {
+                if !em.bookmark(last_rev, false).await { return }
+            }
+            _ = em.tx.closed() => return,
+            _ = timeout => return,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kubevirt_store::Record;
+
+    fn rec(obj: &Value, rev: u64) -> Record {
+        Record {
+            key: "/k".into(),
+            value: serde_json::to_vec(obj).unwrap().into(),
+            revision: rev,
+            create_revision: 1,
+        }
+    }
+
+    #[test]
+    fn an_object_leaving_the_selector_is_deleted_and_one_entering_is_added() {
+        let sel = Selectors::parse(Some("app=web"), None).unwrap();
+        let web = json!({"metadata": {"name": "a", "labels": {"app": "web"}}});
+        let db = json!({"metadata": {"name": "a", "labels": {"app": "db"}}});
+        let leave = Event::Put {
+            record: rec(&db, 3),
+            prev: Some(rec(&web, 2)),
+        };
+        assert_eq!(classify(&leave, &sel).unwrap().unwrap().0, "DELETED");
+        let enter = Event::Put {
+            record: rec(&web, 4),
+            prev: Some(rec(&db, 3)),
+        };
+        assert_eq!(classify(&enter, &sel).unwrap().unwrap().0, "ADDED");
+        let other = Event::Put {
+            record: rec(&db, 5),
+            prev: Some(rec(&db, 4)),
+        };
+        assert!(classify(&other, &sel).unwrap().is_none());
+        let modified = Event::Put {
+            record: rec(&web, 6),
+            prev: Some(rec(&web, 5)),
+        };
+        assert_eq!(classify(&modified, &sel).unwrap().unwrap().0, "MODIFIED");
+        let gone = Event::Delete {
+            record: rec(&web, 7),
+        };
+        let (kind, obj) = classify(&gone, &sel).unwrap().unwrap();
+        assert_eq!(kind, "DELETED");
+        assert_eq!(obj["metadata"]["resourceVersion"], "7");
+    }
+}

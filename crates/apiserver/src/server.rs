@@ -1,0 +1,324 @@
+//! The HTTPS listener: TLS (rustls, ring), the axum router, authentication, metrics and
+//! graceful shutdown.
+//!
+//! Start-up order: open the store → load CRDs → ensure namespaces and initial objects →
+//! create/load the PKI → bind → write the kubeconfigs (with the bound address) → serve.
+//! The kubeconfig therefore exists only once the server accepts connections, so tests and
+//! users can wait for the file.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::extract::{Request, State};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use kubevirt_store::Store;
+use rustls::RootCertStore;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::server::WebPkiClientVerifier;
+use serde_json::{Value, json};
+use tokio::net::TcpListener;
+use tokio::task::JoinSet;
+use tokio_rustls::TlsAcceptor;
+use tower::ServiceExt;
+use tracing::{info, warn};
+
+use crate::auth::{self, VerifiedClientCert};
+use crate::handlers::{RequestInfo, common::WriteOptions, create};
+use crate::pki;
+use crate::state::ApiState;
+use crate::status::json_response;
+
+/// Server configuration.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Where the SQLite file, the PKI and the kubeconfigs live.
+    pub data_dir: PathBuf,
+    /// Address to listen on (port 0: any free port, written into the kubeconfig).
+    pub listen: SocketAddr,
+    /// Objects created at start if absent (e.g. CRDs).
+    pub initial_objects: Vec<Value>,
+}
+
+/// Start-up and serving failures.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    /// Creating the data directory failed.
+    #[error("creating data directory {0}")]
+    DataDir(PathBuf, #[source] std::io::Error),
+    /// Opening the store failed.
+    #[error("opening the store")]
+    Store(#[source] kubevirt_store::StoreError),
+    /// Setting up certificates failed.
+    #[error("setting up the PKI")]
+    Pki(#[source] pki::PkiError),
+    /// Building the TLS configuration failed.
+    #[error("configuring TLS: {0}")]
+    Tls(String),
+    /// Binding the listener failed.
+    #[error("binding {0}")]
+    Bind(SocketAddr, #[source] std::io::Error),
+    /// An initial object could not be created.
+    #[error("creating initial object {0}: {1}")]
+    InitialObject(String, String),
+}
+
+/// A server running in the background (tests, embedding).
+pub struct RunningServer {
+    /// The bound address.
+    pub addr: SocketAddr,
+    /// The admin kubeconfig path.
+    pub kubeconfig: PathBuf,
+    /// Shared state (store, registry, metrics).
+    pub state: Arc<ApiState>,
+    shutdown: Option<tokio::sync::oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl RunningServer {
+    /// Stops accepting, closes every connection and waits for the server task.
+    pub async fn stop(mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        let _ = (&mut self.task).await;
+    }
+}
+
+impl Drop for RunningServer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+const NAMESPACES: &[&str] = &["default", "kube-system", "kube-public", "kubevirt"];
+
+async fn ensure_initial(state: &ApiState, objects: &[Value]) -> Result<(), ServerError> {
+    let opts = WriteOptions {
+        user: "system:apiserver".into(),
+        ..WriteOptions::default()
+    };
+    let namespaces = NAMESPACES
+        .iter()
+        .map(|n| json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": n}}));
+    for obj in namespaces.chain(objects.iter().cloned()) {
+        let av = obj["apiVersion"].as_str().unwrap_or("");
+        let kind = obj["kind"].as_str().unwrap_or("");
+        let name = obj["metadata"]["name"].as_str().unwrap_or("").to_owned();
+        let Some(info) = state.registry.find_kind(av, kind) else {
+            return Err(ServerError::InitialObject(
+                format!("{av}/{kind} {name}"),
+                "unknown kind".into(),
+            ));
+        };
+        let ns = obj["metadata"]["namespace"].as_str().map(str::to_owned);
+        if state.store.get(&info.key(ns.as_deref(), &name)).is_some() {
+            continue;
+        }
+        match create::create(state, &info, ns.as_deref(), obj.clone(), &opts).await {
+            Ok(_) => {}
+            Err(e) if e.code == 409 => {}
+            Err(e) => {
+                return Err(ServerError::InitialObject(
+                    format!("{kind} {name}"),
+                    e.message.clone(),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+async fn version() -> Response {
+    json_response(
+        200,
+        &json!({
+            "major": "1", "minor": "32", "gitVersion": "v1.32.0-kubevirt-rs",
+            "gitCommit": "", "gitTreeState": "clean", "buildDate": "1970-01-01T00:00:00Z",
+            "goVersion": "rust", "compiler": "rustc",
+            "platform": format!("{}/{}", std::env::consts::OS, if std::env::consts::ARCH == "x86_64" { "amd64" } else { std::env::consts::ARCH }),
+        }),
+    )
+}
+
+async fn ok() -> &'static str {
+    "ok"
+}
+
+async fn metrics(State(state): State<Arc<ApiState>>) -> Response {
+    let mut resp = state.metrics.render().into_response();
+    if let Ok(v) = "text/plain; version=0.0.4; charset=utf-8".parse() {
+        resp.headers_mut()
+            .insert(axum::http::header::CONTENT_TYPE, v);
+    }
+    resp
+}
+
+async fn openapi_v2() -> Response {
+    crate::status::ApiError::no_route().into_response()
+}
+
+async fn count_requests(State(state): State<Arc<ApiState>>, req: Request, next: Next) -> Response {
+    let start = Instant::now();
+    let method = req.method().as_str().to_owned();
+    let resp = next.run(req).await;
+    let code = resp.status().as_u16();
+    match resp.extensions().get::<RequestInfo>() {
+        Some(ri) => state.metrics.request(
+            ri.verb,
+            &ri.group,
+            &ri.resource,
+            &ri.subresource,
+            code,
+            start.elapsed(),
+        ),
+        None => state
+            .metrics
+            .request(&method, "", "", "", code, start.elapsed()),
+    }
+    resp
+}
+
+/// The router (without TLS): usable in-process by tests via `tower::ServiceExt::oneshot`.
+pub fn router(state: Arc<ApiState>) -> Router {
+    Router::new()
+        .route("/version", get(version))
+        .route("/healthz", get(ok))
+        .route("/livez", get(ok))
+        .route("/readyz", get(ok))
+        .route("/metrics", get(metrics))
+        .route("/openapi/v2", get(openapi_v2))
+        .route("/openapi/v3", get(crate::openapi::index))
+        .route("/openapi/v3/{*path}", get(crate::openapi::group_version))
+        .fallback(crate::handlers::api_request)
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            auth::require_auth,
+        ))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            count_requests,
+        ))
+        .with_state(state)
+}
+
+fn tls_config(p: &pki::Pki) -> Result<rustls::ServerConfig, ServerError> {
+    let tls = |e: &dyn std::fmt::Display| ServerError::Tls(e.to_string());
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut roots = RootCertStore::empty();
+    for c in CertificateDer::pem_slice_iter(p.ca_pem.as_bytes()) {
+        roots.add(c.map_err(|e| tls(&e))?).map_err(|e| tls(&e))?;
+    }
+    let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone())
+        .allow_unauthenticated()
+        .build()
+        .map_err(|e| tls(&e))?;
+    let certs: Vec<CertificateDer<'static>> =
+        CertificateDer::pem_slice_iter(p.server_cert_pem.as_bytes())
+            .collect::<Result<_, _>>()
+            .map_err(|e| tls(&e))?;
+    let key = PrivateKeyDer::from_pem_slice(p.server_key_pem.as_bytes()).map_err(|e| tls(&e))?;
+    let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| tls(&e))?
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(certs, key)
+        .map_err(|e| tls(&e))?;
+    cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(cfg)
+}
+
+/// Opens everything and starts serving in the background.
+pub async fn start(config: Config) -> Result<RunningServer, ServerError> {
+    std::fs::create_dir_all(&config.data_dir)
+        .map_err(|e| ServerError::DataDir(config.data_dir.clone(), e))?;
+    let store =
+        Store::open_sqlite(&config.data_dir.join("store.sqlite")).map_err(ServerError::Store)?;
+    store.spawn_compactor(kubevirt_store::DEFAULT_HISTORY_RETENTION);
+    let pki = pki::load_or_create(&config.data_dir).map_err(ServerError::Pki)?;
+    let mut state = ApiState::new(store);
+    state.tokens = pki.tokens.clone();
+    let state = Arc::new(state);
+    crate::crd::load_all(&state);
+    ensure_initial(&state, &config.initial_objects).await?;
+    let tls = TlsAcceptor::from(Arc::new(tls_config(&pki)?));
+    let listener = TcpListener::bind(config.listen)
+        .await
+        .map_err(|e| ServerError::Bind(config.listen, e))?;
+    let addr = listener
+        .local_addr()
+        .map_err(|e| ServerError::Bind(config.listen, e))?;
+    pki::write_kubeconfigs(&config.data_dir, &pki, &format!("https://{addr}"))
+        .map_err(ServerError::Pki)?;
+    let app = router(state.clone());
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let task = tokio::spawn(serve(listener, tls, app, rx));
+    info!(%addr, "API server ready");
+    Ok(RunningServer {
+        addr,
+        kubeconfig: config.data_dir.join("kubeconfig"),
+        state,
+        shutdown: Some(tx),
+        task,
+    })
+}
+
+async fn serve(
+    listener: TcpListener,
+    tls: TlsAcceptor,
+    app: Router,
+    mut shutdown: tokio::sync::oneshot::Receiver<()>,
+) {
+    let mut conns = JoinSet::new();
+    loop {
+        tokio::select! {
+            _ = &mut shutdown => break,
+            accepted = listener.accept() => {
+                let (tcp, peer) = match accepted {
+                    Ok(x) => x,
+                    Err(e) => { warn!(error = %e, "accept failed"); continue; }
+                };
+                let _ = tcp.set_nodelay(true);
+                let tls = tls.clone();
+                let app = app.clone();
+                conns.spawn(async move {
+                    let stream = match tokio::time::timeout(Duration::from_secs(10), tls.accept(tcp)).await {
+                        Ok(Ok(s)) => s,
+                        Ok(Err(e)) => { tracing::debug!(%peer, error = %e, "TLS handshake failed"); return; }
+                        Err(_) => return,
+                    };
+                    let cert = stream.get_ref().1.peer_certificates().is_some_and(|c| !c.is_empty());
+                    let svc = hyper::service::service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
+                        if cert {
+                            req.extensions_mut().insert(VerifiedClientCert);
+                        }
+                        app.clone().oneshot(req.map(axum::body::Body::new))
+                    });
+                    let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+                    if let Err(e) = builder.serve_connection(TokioIo::new(stream), svc).await {
+                        tracing::debug!(%peer, error = %e, "connection ended with an error");
+                    }
+                });
+            }
+            Some(_) = conns.join_next(), if !conns.is_empty() => {}
+        }
+    }
+    conns.abort_all();
+    while conns.join_next().await.is_some() {}
+    info!("API server stopped");
+}
+
+/// Runs the server until `shutdown` completes.
+pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(), ServerError> {
+    let server = start(config).await?;
+    shutdown.await;
+    server.stop().await;
+    Ok(())
+}
