@@ -1,1 +1,23 @@
-//! virt-launcher (work in progress).
+//! virt-launcher: runs one VMI's QEMU and reports on it.
+//!
+//! Data flow: virt-handler sends a [`spec::LauncherSpec`] over the per-VMI command socket
+//! ([`protocol`], served by [`launcher::run_launcher`]); the spec becomes a QEMU command
+//! line through the pure [`argv::qemu_argv`]; the launcher starts QEMU, talks to it over
+//! [`qmp`] and turns QMP events and QEMU's exit into domain events for the handler.
+//! [`accel`] decides between KVM and TCG; [`safe_path`] opens host paths without following
+//! symlinks. This crate never depends on Kubernetes crates.
+
+pub mod accel;
+pub mod argv;
+pub mod launcher;
+pub mod protocol;
+pub mod qmp;
+pub mod safe_path;
+pub mod spec;
+
+#[cfg(test)]
+mod test_support;
+
+pub use argv::{ArgvError, qemu_argv};
+pub use launcher::{LauncherError, LauncherOptions, run_launcher};
+pub use spec::LauncherSpec;

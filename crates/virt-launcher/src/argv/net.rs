@@ -1,0 +1,91 @@
+//! Network interfaces: a QEMU backend (`-netdev`) plus the guest NIC.
+//!
+//! Every binding is user-mode networking (slirp) for now: it needs no privileges and no
+//! tap device, and gives the guest 10.0.2.15 by DHCP with the host reachable as 10.0.2.2.
+//! NICs without a boot order get no option ROM (`romfile=`), which saves guest memory and
+//! boot time; a NIC with a boot order keeps iPXE so it can network-boot.
+
+use super::{Args, ArgvError, valid_device_name};
+use crate::spec::{InterfaceBinding, LauncherSpec};
+
+pub(super) fn push(spec: &LauncherSpec, args: &mut Args) -> Result<(), ArgvError> {
+    let mut names = std::collections::BTreeSet::new();
+    for (index, iface) in spec.interfaces.iter().enumerate() {
+        let fail = |reason: String| ArgvError::Interface {
+            name: iface.name.clone(),
+            reason,
+        };
+        if !valid_device_name(&iface.name) {
+            return Err(fail("the name is not usable as a device id".to_owned()));
+        }
+        if !names.insert(iface.name.as_str()) {
+            return Err(fail("the name is used twice".to_owned()));
+        }
+        let driver = match iface.model.as_str() {
+            "virtio" => "virtio-net-pci",
+            "e1000" => "e1000",
+            "e1000e" => "e1000e",
+            "rtl8139" => "rtl8139",
+            other => return Err(fail(format!("model {other:?} is not supported"))),
+        };
+        match iface.binding {
+            InterfaceBinding::UserMode => {
+                args.push_pair("-netdev", format!("user,id=netdev-{index}"));
+            }
+        }
+        let mut device = format!("{driver},id=ua-{},netdev=netdev-{index}", iface.name);
+        if let Some(mac) = &iface.mac_address {
+            if !is_mac(mac) {
+                return Err(fail(format!("{mac:?} is not a MAC address")));
+            }
+            device.push_str(&format!(",mac={mac}"));
+        }
+        match iface.boot_order {
+            Some(order) => device.push_str(&format!(",bootindex={order}")),
+            None => device.push_str(",romfile="),
+        }
+        args.push_pair("-device", device);
+    }
+    Ok(())
+}
+
+fn is_mac(s: &str) -> bool {
+    let parts: Vec<_> = s.split(':').collect();
+    parts.len() == 6
+        && parts
+            .iter()
+            .all(|p| p.len() == 2 && p.chars().all(|c| c.is_ascii_hexdigit()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{qemu_argv, tests::minimal_spec};
+    use super::*;
+    use crate::spec::Interface;
+
+    fn iface(model: &str, mac: Option<&str>) -> Interface {
+        Interface {
+            name: "default".into(),
+            model: model.into(),
+            binding: InterfaceBinding::UserMode,
+            mac_address: mac.map(Into::into),
+            boot_order: None,
+        }
+    }
+
+    #[test]
+    fn an_unknown_nic_model_is_refused() {
+        let mut spec = minimal_spec();
+        spec.interfaces = vec![iface("ne2k_isa", None)];
+        assert!(
+            matches!(qemu_argv(&spec), Err(ArgvError::Interface { reason, .. }) if reason.contains("ne2k_isa"))
+        );
+    }
+
+    #[test]
+    fn a_malformed_mac_is_refused() {
+        let mut spec = minimal_spec();
+        spec.interfaces = vec![iface("virtio", Some("02:00:00:00:00"))];
+        assert!(matches!(qemu_argv(&spec), Err(ArgvError::Interface { .. })));
+    }
+}

@@ -1,0 +1,511 @@
+//! The one domain a launcher runs: starting QEMU, following it over QMP, and the
+//! commands of the protocol.
+//!
+//! State lives in a `watch` channel: every change is published there and each handler
+//! connection forwards it. QEMU's exit is watched by a supervisor task that owns the
+//! child process; it decides the final state from what QMP reported on the way (a guest
+//! `SHUTDOWN`, a panic) and from what the handler asked for (`shutdown`, `kill`).
+
+use std::path::Path;
+use std::process::{ExitStatus, Stdio};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use tokio::process::{Child, Command as Process};
+use tokio::sync::watch;
+
+use super::LauncherOptions;
+use crate::protocol::{Command, DomainState, DomainStatus, StateReason};
+use crate::qmp::{QmpClient, QmpEventKind, QmpEvents};
+use crate::safe_path::{SafePathError, check_beneath, check_parent_beneath};
+use crate::spec::{Bootloader, LauncherSpec};
+
+/// What the handler last asked the domain to do; decides how an exit is reported.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+enum Intent {
+    #[default]
+    None,
+    Pause,
+    Shutdown,
+    Kill,
+}
+
+/// State shared with the supervisor task.
+#[derive(Debug)]
+struct Shared {
+    status: watch::Sender<DomainStatus>,
+    delivered: watch::Sender<bool>,
+    intent: Mutex<Intent>,
+}
+
+impl Shared {
+    fn intent(&self) -> Intent {
+        *self.intent.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn set_intent(&self, intent: Intent) {
+        *self.intent.lock().unwrap_or_else(PoisonError::into_inner) = intent;
+    }
+
+    /// Moves to `state`/`reason`, keeping pid and start time; final states are sticky.
+    fn transition(&self, state: DomainState, reason: StateReason) {
+        self.status.send_if_modified(|status| {
+            if status.is_final() || (status.state == state && status.reason == reason) {
+                return false;
+            }
+            status.state = state;
+            status.reason = reason;
+            true
+        });
+    }
+
+    fn publish(&self, status: DomainStatus) {
+        tracing::info!(state = ?status.state, reason = ?status.reason, "domain state");
+        self.status.send_replace(status);
+    }
+}
+
+/// A started domain: QEMU's pid (none in fake mode) and its QMP connection.
+#[derive(Debug)]
+struct Started {
+    pid: Option<u32>,
+    qmp: Option<Arc<QmpClient>>,
+}
+
+/// The domain and everything needed to run it.
+#[derive(Debug)]
+pub(super) struct Domain {
+    opts: LauncherOptions,
+    shared: Arc<Shared>,
+    started: tokio::sync::Mutex<Option<Started>>,
+}
+
+impl Domain {
+    pub(super) fn new(opts: LauncherOptions) -> Self {
+        let shared = Shared {
+            status: watch::Sender::new(DomainStatus::pending()),
+            delivered: watch::Sender::new(false),
+            intent: Mutex::new(Intent::None),
+        };
+        Self {
+            opts,
+            shared: Arc::new(shared),
+            started: tokio::sync::Mutex::new(None),
+        }
+    }
+
+    pub(super) fn subscribe(&self) -> watch::Receiver<DomainStatus> {
+        self.shared.status.subscribe()
+    }
+
+    pub(super) fn subscribe_delivered(&self) -> watch::Receiver<bool> {
+        self.shared.delivered.subscribe()
+    }
+
+    /// Records that a handler has been sent the final state.
+    pub(super) fn mark_delivered(&self) {
+        self.shared.delivered.send_replace(true);
+    }
+
+    fn current(&self) -> DomainStatus {
+        self.shared.status.borrow().clone()
+    }
+
+    fn current_value(&self) -> Value {
+        serde_json::to_value(self.current()).unwrap_or(Value::Null)
+    }
+
+    /// Executes one protocol command; the result becomes the ack.
+    pub(super) async fn execute(&self, command: Command) -> Result<Value, String> {
+        match command {
+            Command::Sync(spec) => self.sync(&spec).await,
+            Command::Status => Ok(self.current_value()),
+            Command::Shutdown {
+                grace_period_seconds,
+            } => {
+                self.shutdown(Duration::from_secs(grace_period_seconds))
+                    .await
+            }
+            Command::Kill => self.kill().await,
+            Command::Pause => self.pause(true).await,
+            Command::Unpause => self.pause(false).await,
+        }
+    }
+
+    async fn sync(&self, spec: &LauncherSpec) -> Result<Value, String> {
+        let mut started = self.started.lock().await;
+        if started.is_some() || self.current().state != DomainState::Pending {
+            // Idempotent: the domain is already up (or over); report where it is.
+            return Ok(self.current_value());
+        }
+        let argv = crate::argv::qemu_argv(spec).map_err(|e| e.to_string())?;
+        if let Some(base) = &self.opts.base_dir {
+            check_host_paths(base, spec).map_err(|e| e.to_string())?;
+        }
+        *started = Some(if self.opts.fake_qemu {
+            self.shared.publish(DomainStatus {
+                state: DomainState::Running,
+                reason: StateReason::Booted,
+                started_at: Some(jiff::Timestamp::now().to_string()),
+                ..DomainStatus::pending()
+            });
+            Started {
+                pid: None,
+                qmp: None,
+            }
+        } else {
+            self.start_qemu(spec, &argv).await?
+        });
+        Ok(self.current_value())
+    }
+
+    async fn start_qemu(&self, spec: &LauncherSpec, argv: &[String]) -> Result<Started, String> {
+        let qmp_path = Path::new(&spec.paths.qmp_socket);
+        remove_stale_socket(qmp_path);
+        let log_path = self.opts.qemu_log();
+        let fail = |message: String| {
+            self.shared.publish(DomainStatus {
+                state: DomainState::Crashed,
+                reason: StateReason::FailedToStart,
+                message: Some(message.clone()),
+                ..DomainStatus::pending()
+            });
+            message
+        };
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log_path)
+            .map_err(|e| {
+                fail(format!(
+                    "cannot open the QEMU log {}: {e}",
+                    log_path.display()
+                ))
+            })?;
+        let log_err = log
+            .try_clone()
+            .map_err(|e| fail(format!("cannot share the QEMU log: {e}")))?;
+        let mut child = Process::new(&self.opts.qemu_binary)
+            .args(argv)
+            .process_group(0)
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(log))
+            .stderr(Stdio::from(log_err))
+            .spawn()
+            .map_err(|e| {
+                fail(format!(
+                    "cannot start {}: {e}",
+                    self.opts.qemu_binary.display()
+                ))
+            })?;
+        let pid = child.id();
+        let started_at = jiff::Timestamp::now().to_string();
+        tracing::info!(pid, "QEMU started");
+        let (qmp, events) = match self.connect_qmp(&mut child, qmp_path).await {
+            Ok(connected) => connected,
+            Err(why) => {
+                if let Some(pid) = pid {
+                    kill_group(pid);
+                }
+                let _ = child.wait().await;
+                let detail = last_log_line(&log_path)
+                    .map(|l| format!(": {l}"))
+                    .unwrap_or_default();
+                return Err(fail(format!("{why}{detail}")));
+            }
+        };
+        let qmp = Arc::new(qmp);
+        self.shared.publish(DomainStatus {
+            state: DomainState::Running,
+            reason: StateReason::Booted,
+            qemu_pid: pid,
+            started_at: Some(started_at),
+            ..DomainStatus::pending()
+        });
+        tokio::spawn(supervise(child, events, Arc::clone(&self.shared), log_path));
+        Ok(Started {
+            pid,
+            qmp: Some(qmp),
+        })
+    }
+
+    /// Waits for QEMU's QMP socket, giving up when QEMU exits or the timeout passes.
+    async fn connect_qmp(
+        &self,
+        child: &mut Child,
+        path: &Path,
+    ) -> Result<(QmpClient, QmpEvents), String> {
+        let deadline = Instant::now() + self.opts.qmp_timeout;
+        loop {
+            if let Ok(Some(status)) = child.try_wait() {
+                return Err(format!("QEMU exited during start-up ({status})"));
+            }
+            match QmpClient::connect(path).await {
+                Ok(connected) => return Ok(connected),
+                Err(e) if Instant::now() >= deadline => {
+                    return Err(format!("QEMU's QMP socket did not answer in time: {e}"));
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+            }
+        }
+    }
+
+    async fn started(&self) -> Result<(Option<u32>, Option<Arc<QmpClient>>), String> {
+        match &*self.started.lock().await {
+            Some(s) => Ok((s.pid, s.qmp.clone())),
+            None => Err("no domain is running: sync first".to_owned()),
+        }
+    }
+
+    async fn shutdown(&self, grace: Duration) -> Result<Value, String> {
+        let (pid, qmp) = self.started().await?;
+        if self.current().is_final() {
+            return Ok(self.current_value());
+        }
+        self.shared.set_intent(Intent::Shutdown);
+        let (Some(pid), Some(qmp)) = (pid, qmp) else {
+            self.shared
+                .transition(DomainState::Shutoff, StateReason::GuestShutdown);
+            return Ok(self.current_value());
+        };
+        let pressed = qmp.system_powerdown().await;
+        tokio::spawn(escalate(self.subscribe(), grace, qmp, pid));
+        pressed
+            .map(|()| self.current_value())
+            .map_err(|e| e.to_string())
+    }
+
+    async fn kill(&self) -> Result<Value, String> {
+        let (pid, _) = self.started().await?;
+        if self.current().is_final() {
+            return Ok(self.current_value());
+        }
+        self.shared.set_intent(Intent::Kill);
+        match pid {
+            Some(pid) => kill_group(pid),
+            None => self
+                .shared
+                .transition(DomainState::Shutoff, StateReason::Destroyed),
+        }
+        Ok(self.current_value())
+    }
+
+    async fn pause(&self, pause: bool) -> Result<Value, String> {
+        let (_, qmp) = self.started().await?;
+        if self.current().is_final() {
+            return Err("the domain has ended".to_owned());
+        }
+        if let Some(qmp) = qmp {
+            let result = if pause {
+                qmp.stop().await
+            } else {
+                qmp.cont().await
+            };
+            result.map_err(|e| e.to_string())?;
+        }
+        if pause {
+            self.shared.set_intent(Intent::Pause);
+            self.shared
+                .transition(DomainState::Paused, StateReason::User);
+        } else {
+            self.shared.set_intent(Intent::None);
+            self.shared
+                .transition(DomainState::Running, StateReason::Unpaused);
+        }
+        Ok(self.current_value())
+    }
+}
+
+/// After `grace`, asks QEMU to quit; five seconds later, kills its process group.
+async fn escalate(
+    mut status: watch::Receiver<DomainStatus>,
+    grace: Duration,
+    qmp: Arc<QmpClient>,
+    pid: u32,
+) {
+    if tokio::time::timeout(grace, status.wait_for(DomainStatus::is_final))
+        .await
+        .is_ok()
+    {
+        return;
+    }
+    tracing::warn!(
+        pid,
+        "guest did not power off within the grace period, stopping QEMU"
+    );
+    let _ = tokio::time::timeout(Duration::from_secs(2), qmp.quit()).await;
+    if tokio::time::timeout(
+        Duration::from_secs(5),
+        status.wait_for(DomainStatus::is_final),
+    )
+    .await
+    .is_err()
+    {
+        kill_group(pid);
+    }
+}
+
+/// Follows QMP events until QEMU exits, then publishes the final state.
+async fn supervise(
+    mut child: Child,
+    mut events: QmpEvents,
+    shared: Arc<Shared>,
+    log_path: std::path::PathBuf,
+) {
+    let mut guest_shutdown = false;
+    let mut panicked = false;
+    let mut qmp_open = true;
+    let exit = loop {
+        tokio::select! {
+            exit = child.wait() => break exit,
+            event = events.recv(), if qmp_open => {
+                let Some(event) = event else { qmp_open = false; continue };
+                tracing::debug!(event = %event.name, data = %event.data, "QMP event");
+                match event.kind() {
+                    QmpEventKind::Shutdown { guest, .. } => guest_shutdown |= guest,
+                    QmpEventKind::GuestPanicked => panicked = true,
+                    QmpEventKind::Stop if !guest_shutdown => {
+                        let reason = if shared.intent() == Intent::Pause { StateReason::User } else { StateReason::Emulator };
+                        shared.transition(DomainState::Paused, reason);
+                    }
+                    QmpEventKind::Resume => shared.transition(DomainState::Running, StateReason::Unpaused),
+                    _ => {}
+                }
+            }
+        }
+    };
+    let mut status = shared.status.borrow().clone();
+    let (state, reason) = final_state(
+        exit.as_ref().ok(),
+        guest_shutdown,
+        panicked,
+        shared.intent(),
+    );
+    status.state = state;
+    status.reason = reason;
+    status.exit_code = exit.as_ref().ok().and_then(ExitStatus::code);
+    if state == DomainState::Crashed {
+        status.message = match &exit {
+            Ok(exit) => Some(last_log_line(&log_path).unwrap_or_else(|| format!("QEMU {exit}"))),
+            Err(e) => Some(format!("cannot wait for QEMU: {e}")),
+        };
+    }
+    shared.publish(status);
+}
+
+/// The final state from how QEMU ended and what led there.
+fn final_state(
+    exit: Option<&ExitStatus>,
+    guest_shutdown: bool,
+    panicked: bool,
+    intent: Intent,
+) -> (DomainState, StateReason) {
+    if panicked {
+        (DomainState::Crashed, StateReason::Panicked)
+    } else if guest_shutdown {
+        (DomainState::Shutoff, StateReason::GuestShutdown)
+    } else if matches!(intent, Intent::Shutdown | Intent::Kill) {
+        (DomainState::Shutoff, StateReason::Destroyed)
+    } else if exit.is_some_and(ExitStatus::success) {
+        (DomainState::Shutoff, StateReason::Unknown)
+    } else {
+        (DomainState::Crashed, StateReason::QemuExited)
+    }
+}
+
+/// SIGKILL to QEMU's process group (its pgid is its pid: it was started as a group leader).
+fn kill_group(pid: u32) {
+    let Ok(pid) = i32::try_from(pid) else { return };
+    if let Err(e) = nix::sys::signal::killpg(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGKILL,
+    ) {
+        tracing::warn!(pid, error = %e, "cannot kill QEMU's process group");
+    }
+}
+
+fn remove_stale_socket(path: &Path) {
+    use std::os::unix::fs::FileTypeExt;
+    if std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_socket()) {
+        let _ = std::fs::remove_file(path);
+    }
+}
+
+/// The last non-empty line of QEMU's log, for the user-facing message.
+fn last_log_line(path: &Path) -> Option<String> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut file = std::fs::File::open(path).ok()?;
+    let len = file.metadata().ok()?.len();
+    file.seek(SeekFrom::Start(len.saturating_sub(4096))).ok()?;
+    let mut tail = String::new();
+    file.take(4096).read_to_string(&mut tail).ok()?;
+    tail.lines()
+        .rev()
+        .map(str::trim)
+        .find(|l| !l.is_empty())
+        .map(str::to_owned)
+}
+
+/// Every host path of the spec must be below `base` without symlinks.
+fn check_host_paths(base: &Path, spec: &LauncherSpec) -> Result<(), SafePathError> {
+    for disk in &spec.disks {
+        check_beneath(base, Path::new(&disk.source_path))?;
+    }
+    if let Some(kernel) = &spec.firmware.kernel_boot {
+        check_beneath(base, Path::new(&kernel.kernel_path))?;
+        if let Some(initrd) = &kernel.initrd_path {
+            check_beneath(base, Path::new(initrd))?;
+        }
+    }
+    if let Bootloader::Efi(efi) = &spec.firmware.bootloader {
+        check_beneath(base, Path::new(&efi.vars_path))?;
+    }
+    let paths = &spec.paths;
+    for created in [
+        &paths.serial_console_socket,
+        &paths.serial_log,
+        &paths.qmp_socket,
+        &paths.pid_file,
+    ] {
+        check_parent_beneath(base, Path::new(created))?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::process::ExitStatusExt;
+
+    #[test]
+    fn a_guest_power_off_is_a_guest_shutdown_even_when_a_shutdown_was_requested() {
+        let ok = ExitStatus::from_raw(0);
+        assert_eq!(
+            final_state(Some(&ok), true, false, Intent::Shutdown),
+            (DomainState::Shutoff, StateReason::GuestShutdown)
+        );
+    }
+
+    #[test]
+    fn a_requested_kill_is_destroyed_not_crashed() {
+        let killed = ExitStatus::from_raw(9);
+        assert_eq!(
+            final_state(Some(&killed), false, false, Intent::Kill),
+            (DomainState::Shutoff, StateReason::Destroyed)
+        );
+    }
+
+    #[test]
+    fn an_unrequested_death_is_a_crash() {
+        let killed = ExitStatus::from_raw(9);
+        assert_eq!(
+            final_state(Some(&killed), false, false, Intent::None),
+            (DomainState::Crashed, StateReason::QemuExited)
+        );
+        assert_eq!(
+            final_state(Some(&ExitStatus::from_raw(0)), false, true, Intent::None),
+            (DomainState::Crashed, StateReason::Panicked)
+        );
+    }
+}

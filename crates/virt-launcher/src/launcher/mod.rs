@@ -1,0 +1,152 @@
+//! The launcher process: serves the command socket and supervises one QEMU.
+//!
+//! Data flow: [`run_launcher`] listens on the per-VMI socket. Each handler connection
+//! ([`connection`]) exchanges hellos, receives commands and executes them on the shared
+//! [`domain::Domain`], which starts QEMU on `sync`, talks to it over QMP and publishes
+//! every state change into a `watch` channel. Each connection forwards the latest state
+//! as a `domain` event. When QEMU has exited, the launcher returns once a connected
+//! handler has been sent the final state, or after [`LauncherOptions::linger`].
+//!
+//! # Guarantees
+//! - QEMU runs in its own process group and does not depend on the handler connection:
+//!   a handler may disconnect and reconnect at any time; a reconnecting handler first
+//!   receives the current state.
+//! - Every command gets exactly one ack on the connection that sent it.
+//!
+//! # Caveats
+//! - Events carry the latest state, not a log: two quick transitions can reach a handler
+//!   as one event with the later state (`status` always tells the truth).
+//! - If the launcher process itself dies, QEMU keeps running unsupervised.
+
+mod connection;
+mod domain;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::UnixListener;
+
+/// Settings of one launcher.
+#[derive(Debug, Clone)]
+pub struct LauncherOptions {
+    /// The command socket to listen on (created; a stale socket is replaced).
+    pub socket_path: PathBuf,
+    /// The QEMU binary.
+    pub qemu_binary: PathBuf,
+    /// Where QEMU's stdout and stderr go (appended); `<socket_path>.qemu.log` by default.
+    pub qemu_log_path: Option<PathBuf>,
+    /// When set, every host path in a spec (disks, kernel, initrd, EFI variables, sockets,
+    /// logs) must lie below this directory and be reachable without symlinks.
+    pub base_dir: Option<PathBuf>,
+    /// Report a Running domain without starting QEMU (control-plane tests, benchmarks).
+    pub fake_qemu: bool,
+    /// How long to wait, after QEMU exited, for a handler to receive the final state.
+    pub linger: Duration,
+    /// How long QEMU may take to open its QMP socket.
+    pub qmp_timeout: Duration,
+}
+
+impl LauncherOptions {
+    /// Options with defaults: `qemu-system-x86_64` from `PATH`, no base directory, real
+    /// QEMU, 10 s linger, 30 s QMP timeout.
+    pub fn new(socket_path: impl Into<PathBuf>) -> Self {
+        Self {
+            socket_path: socket_path.into(),
+            qemu_binary: PathBuf::from("qemu-system-x86_64"),
+            qemu_log_path: None,
+            base_dir: None,
+            fake_qemu: false,
+            linger: Duration::from_secs(10),
+            qmp_timeout: Duration::from_secs(30),
+        }
+    }
+
+    fn qemu_log(&self) -> PathBuf {
+        self.qemu_log_path.clone().unwrap_or_else(|| {
+            let mut name = self.socket_path.clone().into_os_string();
+            name.push(".qemu.log");
+            PathBuf::from(name)
+        })
+    }
+}
+
+/// The launcher could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum LauncherError {
+    /// The command socket could not be created.
+    #[error("cannot listen on {path:?}")]
+    Listen {
+        /// The socket path.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Accepting a handler connection failed.
+    #[error("accepting a handler connection failed")]
+    Accept(#[source] std::io::Error),
+}
+
+/// Runs the launcher until its QEMU has exited and the final state was delivered.
+///
+/// # Errors
+/// [`LauncherError`] when the socket cannot be served; failures of QEMU are reported to
+/// the handler as domain states, not returned.
+pub async fn run_launcher(opts: LauncherOptions) -> Result<(), LauncherError> {
+    let listener = listen(&opts.socket_path)?;
+    let socket_path = opts.socket_path.clone();
+    let linger = opts.linger;
+    let domain = Arc::new(domain::Domain::new(opts));
+    tracing::info!(socket = %socket_path.display(), "launcher listening");
+    let mut status = domain.subscribe();
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => spawn_connection(&domain, accepted)?,
+            _ = status.wait_for(crate::protocol::DomainStatus::is_final) => break,
+        }
+    }
+    // Keep accepting so that a reconnecting handler can still collect the final state.
+    let mut delivered = domain.subscribe_delivered();
+    let deadline = tokio::time::sleep(linger);
+    tokio::pin!(deadline);
+    loop {
+        tokio::select! {
+            () = &mut deadline => {
+                tracing::info!("final state not collected by a handler before the linger ended");
+                break;
+            }
+            _ = delivered.wait_for(|d| *d) => break,
+            accepted = listener.accept() => spawn_connection(&domain, accepted)?,
+        }
+    }
+    let _ = std::fs::remove_file(&socket_path);
+    Ok(())
+}
+
+fn spawn_connection(
+    domain: &Arc<domain::Domain>,
+    accepted: std::io::Result<(tokio::net::UnixStream, tokio::net::unix::SocketAddr)>,
+) -> Result<(), LauncherError> {
+    let (stream, _) = accepted.map_err(LauncherError::Accept)?;
+    tokio::spawn(connection::serve(Arc::clone(domain), stream));
+    Ok(())
+}
+
+fn listen(path: &std::path::Path) -> Result<UnixListener, LauncherError> {
+    use std::os::unix::fs::FileTypeExt;
+    let listen_error = |source| LauncherError::Listen {
+        path: path.to_owned(),
+        source,
+    };
+    // Replace a socket left by an earlier launcher, but never anything else.
+    if let Ok(meta) = std::fs::symlink_metadata(path)
+        && meta.file_type().is_socket()
+    {
+        std::fs::remove_file(path).map_err(listen_error)?;
+    }
+    UnixListener::bind(path).map_err(listen_error)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,328 @@
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use super::*;
+use crate::protocol::{Command, DomainState, DomainStatus, LauncherClient, StateReason, UpMessage};
+use crate::spec::{
+    Accel, Cpu, CpuModel, Firmware, KernelBoot, LauncherSpec, Memory, RuntimePaths, VmiIdentity,
+};
+use crate::test_support::{ProcessGroupGuard, qemu_binary, test_guest, wait_until};
+
+fn spec_in(dir: &Path, kernel: Option<(PathBuf, PathBuf)>) -> LauncherSpec {
+    let path = |name: &str| dir.join(name).to_string_lossy().into_owned();
+    LauncherSpec {
+        vmi: VmiIdentity {
+            name: "testvm".into(),
+            namespace: "default".into(),
+            uid: "u1".into(),
+        },
+        machine_type: "q35".into(),
+        accel: Accel::Tcg,
+        tcg_translation_cache_mib: Some(32),
+        cpu: Cpu {
+            sockets: 1,
+            cores: 1,
+            threads: 1,
+            max_sockets: None,
+            model: CpuModel::HostPassthrough,
+            features: vec![],
+        },
+        memory: Memory {
+            guest_bytes: 128 << 20,
+            max_guest_bytes: None,
+            hugepages: None,
+        },
+        firmware: Firmware {
+            kernel_boot: kernel.map(|(k, i)| KernelBoot {
+                kernel_path: k.to_string_lossy().into_owned(),
+                initrd_path: Some(i.to_string_lossy().into_owned()),
+                kernel_args: "console=ttyS0 panic=-1 quiet tg.quiet=1".into(),
+            }),
+            ..Firmware::default()
+        },
+        disks: vec![],
+        interfaces: vec![],
+        hotplug_ports: 1,
+        paths: RuntimePaths {
+            serial_console_socket: path("serial.sock"),
+            serial_log: path("serial.log"),
+            qmp_socket: path("qmp.sock"),
+            pid_file: path("qemu.pid"),
+        },
+    }
+}
+
+fn options(dir: &Path) -> LauncherOptions {
+    let mut opts = LauncherOptions::new(dir.join("launcher.sock"));
+    opts.linger = Duration::from_secs(5);
+    opts
+}
+
+async fn connect(socket: &Path) -> LauncherClient {
+    assert!(
+        wait_until(Duration::from_secs(5), || socket.exists()).await,
+        "launcher socket missing"
+    );
+    LauncherClient::connect(socket).await.unwrap()
+}
+
+async fn next_domain(client: &mut LauncherClient) -> DomainStatus {
+    match tokio::time::timeout(Duration::from_secs(60), client.next_event()).await {
+        Ok(Ok(UpMessage::Domain(status))) => status,
+        Ok(Ok(other)) => panic!("unexpected message {other:?}"),
+        Ok(Err(e)) => panic!("connection failed: {e}"),
+        Err(_) => panic!("no domain event within 60 s"),
+    }
+}
+
+fn status_of(ack: Result<serde_json::Value, String>) -> DomainStatus {
+    serde_json::from_value(ack.unwrap()).unwrap()
+}
+
+#[tokio::test]
+async fn fake_qemu_runs_pauses_and_shuts_down_over_the_socket() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut opts = options(dir.path());
+    opts.fake_qemu = true;
+    let socket = opts.socket_path.clone();
+    let launcher = tokio::spawn(run_launcher(opts));
+    let mut client = connect(&socket).await;
+    assert_eq!(next_domain(&mut client).await.state, DomainState::Pending);
+
+    let ack = client
+        .request(Command::Sync(Box::new(spec_in(dir.path(), None))))
+        .await
+        .unwrap();
+    assert_eq!(status_of(ack).state, DomainState::Running);
+    assert_eq!(next_domain(&mut client).await.state, DomainState::Running);
+
+    client.request(Command::Pause).await.unwrap().unwrap();
+    let paused = next_domain(&mut client).await;
+    assert_eq!(
+        (paused.state, paused.reason),
+        (DomainState::Paused, StateReason::User)
+    );
+    client.request(Command::Unpause).await.unwrap().unwrap();
+    assert_eq!(next_domain(&mut client).await.state, DomainState::Running);
+
+    client
+        .request(Command::Shutdown {
+            grace_period_seconds: 1,
+        })
+        .await
+        .unwrap()
+        .unwrap();
+    let off = next_domain(&mut client).await;
+    assert_eq!(
+        (off.state, off.reason),
+        (DomainState::Shutoff, StateReason::GuestShutdown)
+    );
+    tokio::time::timeout(Duration::from_secs(5), launcher)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert!(!socket.exists(), "the launcher removes its socket");
+}
+
+#[tokio::test]
+async fn a_reconnecting_handler_first_learns_the_current_state() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut opts = options(dir.path());
+    opts.fake_qemu = true;
+    let socket = opts.socket_path.clone();
+    let launcher = tokio::spawn(run_launcher(opts));
+    let mut first = connect(&socket).await;
+    first
+        .request(Command::Sync(Box::new(spec_in(dir.path(), None))))
+        .await
+        .unwrap()
+        .unwrap();
+    drop(first);
+
+    let mut second = connect(&socket).await;
+    assert_eq!(next_domain(&mut second).await.state, DomainState::Running);
+    let again = second
+        .request(Command::Sync(Box::new(spec_in(dir.path(), None))))
+        .await
+        .unwrap();
+    assert_eq!(
+        status_of(again).state,
+        DomainState::Running,
+        "sync is idempotent"
+    );
+    second.request(Command::Kill).await.unwrap().unwrap();
+    let off = next_domain(&mut second).await;
+    assert_eq!(
+        (off.state, off.reason),
+        (DomainState::Shutoff, StateReason::Destroyed)
+    );
+    tokio::time::timeout(Duration::from_secs(5), launcher)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+}
+
+#[tokio::test]
+async fn commands_before_sync_and_impossible_specs_are_refused_with_a_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut opts = options(dir.path());
+    opts.fake_qemu = true;
+    let socket = opts.socket_path.clone();
+    let launcher = tokio::spawn(run_launcher(opts));
+    let mut client = connect(&socket).await;
+    let err = client.request(Command::Pause).await.unwrap().unwrap_err();
+    assert!(err.contains("sync first"), "{err}");
+    let mut spec = spec_in(dir.path(), None);
+    spec.memory.max_guest_bytes = Some(1 << 20);
+    let err = client
+        .request(Command::Sync(Box::new(spec)))
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert!(err.contains("maxGuest"), "{err}");
+    let status = status_of(client.request(Command::Status).await.unwrap());
+    assert_eq!(status.state, DomainState::Pending);
+    launcher.abort();
+}
+
+#[tokio::test]
+async fn paths_through_a_symlink_are_refused_when_a_base_dir_is_set() {
+    let dir = tempfile::tempdir().unwrap();
+    let outside = tempfile::tempdir().unwrap();
+    std::fs::write(outside.path().join("vmlinux"), b"k").unwrap();
+    std::fs::write(outside.path().join("initrd"), b"i").unwrap();
+    std::os::unix::fs::symlink(outside.path(), dir.path().join("boot")).unwrap();
+    let mut opts = options(dir.path());
+    opts.fake_qemu = true;
+    opts.base_dir = Some(dir.path().to_owned());
+    let socket = opts.socket_path.clone();
+    let launcher = tokio::spawn(run_launcher(opts));
+    let mut client = connect(&socket).await;
+    let boot = dir.path().join("boot");
+    let spec = spec_in(
+        dir.path(),
+        Some((boot.join("vmlinux"), boot.join("initrd"))),
+    );
+    let err = client
+        .request(Command::Sync(Box::new(spec)))
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert!(err.contains("is a symlink"), "{err}");
+    launcher.abort();
+}
+
+#[tokio::test]
+async fn a_qemu_that_cannot_start_is_reported_crashed_with_its_error() {
+    let qemu = match qemu_binary() {
+        Ok(q) => q,
+        Err(why) => return eprintln!("skipping: {why}"),
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let mut opts = options(dir.path());
+    opts.qemu_binary = qemu;
+    let socket = opts.socket_path.clone();
+    let launcher = tokio::spawn(run_launcher(opts));
+    let mut client = connect(&socket).await;
+    assert_eq!(next_domain(&mut client).await.state, DomainState::Pending);
+    let missing = dir.path().join("missing");
+    let spec = spec_in(
+        dir.path(),
+        Some((missing.join("vmlinux"), missing.join("initrd"))),
+    );
+    let err = client
+        .request(Command::Sync(Box::new(spec)))
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert!(
+        err.contains("vmlinux"),
+        "QEMU's complaint names the kernel: {err}"
+    );
+    let crashed = next_domain(&mut client).await;
+    assert_eq!(
+        (crashed.state, crashed.reason),
+        (DomainState::Crashed, StateReason::FailedToStart)
+    );
+    tokio::time::timeout(Duration::from_secs(10), launcher)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+}
+
+/// The real thing: boots the test guest under TCG, waits for its marker on the serial
+/// log, powers it off through ACPI and checks the launcher reports a guest shutdown.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_guest_boots_and_powers_off_through_acpi() {
+    let (qemu, guest) = match (qemu_binary(), test_guest()) {
+        (Ok(q), Ok(g)) => (q, g),
+        (Err(why), _) | (_, Err(why)) => return eprintln!("skipping: {why}"),
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let mut opts = options(dir.path());
+    opts.qemu_binary = qemu;
+    let socket = opts.socket_path.clone();
+    let launcher = tokio::spawn(run_launcher(opts));
+    let mut client = connect(&socket).await;
+    let spec = spec_in(dir.path(), Some(guest));
+    let serial_log = PathBuf::from(&spec.paths.serial_log);
+
+    let started = std::time::Instant::now();
+    let running = status_of(client.request(Command::Sync(Box::new(spec))).await.unwrap());
+    assert_eq!(running.state, DomainState::Running);
+    let pid = running.qemu_pid.expect("a QEMU pid");
+    let _guard = ProcessGroupGuard(i32::try_from(pid).unwrap());
+    let ready = wait_until(Duration::from_secs(90), || {
+        std::fs::read_to_string(&serial_log).is_ok_and(|log| log.contains("GUEST-READY"))
+    })
+    .await;
+    assert!(
+        ready,
+        "no GUEST-READY; serial log:\n{}",
+        std::fs::read_to_string(&serial_log).unwrap_or_default()
+    );
+    eprintln!("boot to GUEST-READY: {:?}", started.elapsed());
+    eprintln!("launcher test process {}", rss_line());
+
+    client
+        .request(Command::Shutdown {
+            grace_period_seconds: 30,
+        })
+        .await
+        .unwrap()
+        .unwrap();
+    let off = loop {
+        let status = next_domain(&mut client).await;
+        if status.is_final() {
+            break status;
+        }
+    };
+    assert_eq!(
+        (off.state, off.reason, off.exit_code),
+        (DomainState::Shutoff, StateReason::GuestShutdown, Some(0))
+    );
+    let log = std::fs::read_to_string(&serial_log).unwrap();
+    assert!(
+        log.contains("ACPI-POWER-BUTTON"),
+        "the guest saw the power button:\n{log}"
+    );
+    tokio::time::timeout(Duration::from_secs(10), launcher)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+}
+
+fn rss_line() -> String {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap_or_default()
+        .lines()
+        .find(|l| l.starts_with("VmRSS"))
+        .unwrap_or("VmRSS unknown")
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
+}

@@ -1,0 +1,554 @@
+//! The handler↔launcher protocol, version 1 (described for humans in
+//! `docs/launcher-protocol.md`).
+//!
+//! One unix socket per VMI; the launcher listens, virt-handler connects. Messages are
+//! JSON objects, one per line. Both sides first send `{"hello":{"version":1}}`; a side
+//! that does not speak the peer's version closes the connection. Then the handler sends
+//! commands carrying an `id`, each answered by exactly one acknowledgement with that id
+//! (`ok` or `error`); the launcher sends `domain` events whenever the domain changes and
+//! once right after the hello, so a handler that reconnects learns the current state.
+//!
+//! [`DownMessage`] is what the handler sends, [`UpMessage`] what the launcher sends;
+//! [`LauncherClient`] is a minimal handler-side client.
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::UnixStream;
+use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
+
+use crate::spec::LauncherSpec;
+
+/// The protocol version this crate speaks.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// A malformed or unexpected protocol message, or a broken connection.
+#[derive(Debug, thiserror::Error)]
+pub enum ProtocolError {
+    /// The line is not a protocol message.
+    #[error("malformed message: {0}")]
+    Malformed(String),
+    /// The peer speaks another version.
+    #[error("peer speaks protocol version {peer}, this side speaks {PROTOCOL_VERSION}")]
+    Version {
+        /// The peer's version.
+        peer: u32,
+    },
+    /// Reading or writing the socket failed.
+    #[error("launcher socket I/O failed")]
+    Io(#[source] std::io::Error),
+    /// The peer closed the connection.
+    #[error("the connection closed")]
+    Closed,
+}
+
+/// `{"hello":{"version":N}}`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Hello {
+    /// Protocol version.
+    pub version: u32,
+}
+
+/// A command from the handler.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Command {
+    /// Start the domain described by the spec unless it already runs.
+    Sync(Box<LauncherSpec>),
+    /// ACPI power-down; kill QEMU when the guest has not powered off after the grace period.
+    Shutdown {
+        /// Seconds to wait for the guest before killing QEMU.
+        grace_period_seconds: u64,
+    },
+    /// Kill QEMU now.
+    Kill,
+    /// Pause the vCPUs.
+    Pause,
+    /// Resume the vCPUs.
+    Unpause,
+    /// Report the domain's state (the ack carries it).
+    Status,
+}
+
+/// A message from the handler to the launcher.
+#[derive(Debug, Clone, PartialEq)]
+pub enum DownMessage {
+    /// Version handshake.
+    Hello(Hello),
+    /// A command to acknowledge.
+    Command {
+        /// Chosen by the handler, echoed in the ack.
+        id: u64,
+        /// What to do.
+        command: Command,
+    },
+}
+
+/// Life-cycle state of the domain (libvirt's names, as upstream reports them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum DomainState {
+    /// No QEMU yet (before the first `sync`).
+    Pending,
+    /// QEMU runs the guest.
+    Running,
+    /// The vCPUs are stopped.
+    Paused,
+    /// QEMU has exited in an orderly way.
+    Shutoff,
+    /// QEMU died, failed to start or the guest panicked.
+    Crashed,
+}
+
+/// Why the domain is in its state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum StateReason {
+    /// Nothing more specific.
+    Unknown,
+    /// QEMU started and the guest is booting or running.
+    Booted,
+    /// Paused by a `pause` command.
+    User,
+    /// Paused or stopped by QEMU itself (I/O error, debugger …).
+    Emulator,
+    /// The guest powered off (ACPI power-down or its own `poweroff`).
+    GuestShutdown,
+    /// QEMU was told to quit or was killed on request.
+    Destroyed,
+    /// QEMU exited unexpectedly or was killed by someone else.
+    QemuExited,
+    /// Resumed by an `unpause` command (or QEMU resumed on its own).
+    Unpaused,
+    /// QEMU could not be started or exited before it was up.
+    FailedToStart,
+    /// The guest reported a kernel panic.
+    Panicked,
+}
+
+/// A snapshot of the domain, sent as a `domain` event and in `status`/`sync` acks.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DomainStatus {
+    /// Current state.
+    pub state: DomainState,
+    /// Why.
+    pub reason: StateReason,
+    /// QEMU's pid while it exists.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub qemu_pid: Option<u32>,
+    /// When QEMU was started (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<String>,
+    /// QEMU's exit code, once it exited normally.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    /// Detail for the user, e.g. QEMU's last error line.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+impl DomainStatus {
+    /// The status before the first `sync`.
+    pub fn pending() -> Self {
+        Self {
+            state: DomainState::Pending,
+            reason: StateReason::Unknown,
+            qemu_pid: None,
+            started_at: None,
+            exit_code: None,
+            message: None,
+        }
+    }
+
+    /// Whether the domain has ended for good (Shutoff or Crashed).
+    pub fn is_final(&self) -> bool {
+        matches!(self.state, DomainState::Shutoff | DomainState::Crashed)
+    }
+}
+
+/// A message from the launcher to the handler.
+#[derive(Debug, Clone, PartialEq)]
+pub enum UpMessage {
+    /// Version handshake.
+    Hello(Hello),
+    /// The answer to command `id`: `ok` with a value or `error` with a message.
+    Ack {
+        /// The command's id.
+        id: u64,
+        /// The outcome.
+        result: Result<Value, String>,
+    },
+    /// The domain changed (or: this is its state after the hello).
+    Domain(DomainStatus),
+    /// Something went wrong outside any command (e.g. QMP lost).
+    Error(String),
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct ErrorBody {
+    message: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ShutdownBody {
+    grace_period_seconds: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct SyncBody {
+    spec: Box<LauncherSpec>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+struct Empty {}
+
+/// Both directions on the wire: exactly one of the optional keys besides `id` is set.
+#[derive(Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Wire {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    id: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    hello: Option<Hello>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    sync: Option<SyncBody>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    shutdown: Option<ShutdownBody>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    kill: Option<Empty>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pause: Option<Empty>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    unpause: Option<Empty>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    status: Option<Empty>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    ok: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    error: Option<ErrorBody>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    domain: Option<DomainStatus>,
+}
+
+impl Wire {
+    fn set_keys(&self) -> usize {
+        [
+            self.hello.is_some(),
+            self.sync.is_some(),
+            self.shutdown.is_some(),
+            self.kill.is_some(),
+            self.pause.is_some(),
+            self.unpause.is_some(),
+            self.status.is_some(),
+            self.ok.is_some(),
+            self.error.is_some(),
+            self.domain.is_some(),
+        ]
+        .iter()
+        .filter(|set| **set)
+        .count()
+    }
+
+    fn parse(line: &str) -> Result<Self, ProtocolError> {
+        let wire: Self =
+            serde_json::from_str(line).map_err(|e| ProtocolError::Malformed(e.to_string()))?;
+        match wire.set_keys() {
+            1 => Ok(wire),
+            n => Err(ProtocolError::Malformed(format!(
+                "expected one message key, found {n}"
+            ))),
+        }
+    }
+
+    fn line(&self) -> String {
+        // Serializing plain structs and JSON values cannot fail.
+        let mut line = serde_json::to_string(self).unwrap_or_default();
+        line.push('\n');
+        line
+    }
+}
+
+impl DownMessage {
+    /// Decodes one line.
+    ///
+    /// # Errors
+    /// [`ProtocolError::Malformed`] for anything but a handler message.
+    pub fn decode(line: &str) -> Result<Self, ProtocolError> {
+        let w = Wire::parse(line)?;
+        if let Some(hello) = w.hello {
+            return Ok(Self::Hello(hello));
+        }
+        let id =
+            w.id.ok_or_else(|| ProtocolError::Malformed("command without id".into()))?;
+        let command = if let Some(sync) = w.sync {
+            Command::Sync(sync.spec)
+        } else if let Some(s) = w.shutdown {
+            Command::Shutdown {
+                grace_period_seconds: s.grace_period_seconds,
+            }
+        } else if w.kill.is_some() {
+            Command::Kill
+        } else if w.pause.is_some() {
+            Command::Pause
+        } else if w.unpause.is_some() {
+            Command::Unpause
+        } else if w.status.is_some() {
+            Command::Status
+        } else {
+            return Err(ProtocolError::Malformed("not a handler message".into()));
+        };
+        Ok(Self::Command { id, command })
+    }
+
+    /// Encodes as one line, newline included.
+    pub fn encode(&self) -> String {
+        let mut w = Wire::default();
+        match self {
+            Self::Hello(hello) => w.hello = Some(*hello),
+            Self::Command { id, command } => {
+                w.id = Some(*id);
+                match command {
+                    Command::Sync(spec) => w.sync = Some(SyncBody { spec: spec.clone() }),
+                    Command::Shutdown {
+                        grace_period_seconds,
+                    } => {
+                        w.shutdown = Some(ShutdownBody {
+                            grace_period_seconds: *grace_period_seconds,
+                        });
+                    }
+                    Command::Kill => w.kill = Some(Empty {}),
+                    Command::Pause => w.pause = Some(Empty {}),
+                    Command::Unpause => w.unpause = Some(Empty {}),
+                    Command::Status => w.status = Some(Empty {}),
+                }
+            }
+        }
+        w.line()
+    }
+}
+
+impl UpMessage {
+    /// Decodes one line.
+    ///
+    /// # Errors
+    /// [`ProtocolError::Malformed`] for anything but a launcher message.
+    pub fn decode(line: &str) -> Result<Self, ProtocolError> {
+        let w = Wire::parse(line)?;
+        match (w.id, w.hello, w.ok, w.error, w.domain) {
+            (None, Some(hello), None, None, None) => Ok(Self::Hello(hello)),
+            (Some(id), None, Some(value), None, None) => Ok(Self::Ack {
+                id,
+                result: Ok(value),
+            }),
+            (Some(id), None, None, Some(e), None) => Ok(Self::Ack {
+                id,
+                result: Err(e.message),
+            }),
+            (None, None, None, Some(e), None) => Ok(Self::Error(e.message)),
+            (None, None, None, None, Some(domain)) => Ok(Self::Domain(domain)),
+            _ => Err(ProtocolError::Malformed("not a launcher message".into())),
+        }
+    }
+
+    /// Encodes as one line, newline included.
+    pub fn encode(&self) -> String {
+        let mut w = Wire::default();
+        match self {
+            Self::Hello(hello) => w.hello = Some(*hello),
+            Self::Ack { id, result } => {
+                w.id = Some(*id);
+                match result {
+                    Ok(value) => w.ok = Some(value.clone()),
+                    Err(message) => {
+                        w.error = Some(ErrorBody {
+                            message: message.clone(),
+                        })
+                    }
+                }
+            }
+            Self::Domain(status) => w.domain = Some(status.clone()),
+            Self::Error(message) => {
+                w.error = Some(ErrorBody {
+                    message: message.clone(),
+                })
+            }
+        }
+        w.line()
+    }
+}
+
+/// A minimal handler-side connection: sends commands, waits for their acks, and queues
+/// the domain events that arrive meanwhile.
+#[derive(Debug)]
+pub struct LauncherClient {
+    reader: BufReader<OwnedReadHalf>,
+    writer: OwnedWriteHalf,
+    next_id: u64,
+    queued: std::collections::VecDeque<UpMessage>,
+}
+
+impl LauncherClient {
+    /// Connects and exchanges hellos.
+    ///
+    /// # Errors
+    /// [`ProtocolError::Io`] when the socket does not accept, [`ProtocolError::Version`]
+    /// when the launcher speaks another version.
+    pub async fn connect(path: &Path) -> Result<Self, ProtocolError> {
+        let stream = UnixStream::connect(path).await.map_err(ProtocolError::Io)?;
+        let (read, writer) = stream.into_split();
+        let mut client = Self {
+            reader: BufReader::new(read),
+            writer,
+            next_id: 1,
+            queued: Default::default(),
+        };
+        client
+            .send(&DownMessage::Hello(Hello {
+                version: PROTOCOL_VERSION,
+            }))
+            .await?;
+        match client.read().await? {
+            UpMessage::Hello(Hello {
+                version: PROTOCOL_VERSION,
+            }) => Ok(client),
+            UpMessage::Hello(Hello { version }) => Err(ProtocolError::Version { peer: version }),
+            other => Err(ProtocolError::Malformed(format!(
+                "expected hello, got {other:?}"
+            ))),
+        }
+    }
+
+    /// Sends `command` and returns its ack (`Err(message)` when the launcher refused it).
+    ///
+    /// # Errors
+    /// [`ProtocolError`] when the connection fails.
+    pub async fn request(
+        &mut self,
+        command: Command,
+    ) -> Result<Result<Value, String>, ProtocolError> {
+        let id = self.next_id;
+        self.next_id += 1;
+        self.send(&DownMessage::Command { id, command }).await?;
+        loop {
+            match self.read().await? {
+                UpMessage::Ack { id: acked, result } if acked == id => return Ok(result),
+                other => self.queued.push_back(other),
+            }
+        }
+    }
+
+    /// The next event (domain or error), queued or from the socket.
+    ///
+    /// # Errors
+    /// [`ProtocolError::Closed`] when the launcher has gone.
+    pub async fn next_event(&mut self) -> Result<UpMessage, ProtocolError> {
+        match self.queued.pop_front() {
+            Some(message) => Ok(message),
+            None => self.read().await,
+        }
+    }
+
+    async fn send(&mut self, message: &DownMessage) -> Result<(), ProtocolError> {
+        self.writer
+            .write_all(message.encode().as_bytes())
+            .await
+            .map_err(ProtocolError::Io)
+    }
+
+    async fn read(&mut self) -> Result<UpMessage, ProtocolError> {
+        let mut line = String::new();
+        match self
+            .reader
+            .read_line(&mut line)
+            .await
+            .map_err(ProtocolError::Io)?
+        {
+            0 => Err(ProtocolError::Closed),
+            _ => UpMessage::decode(&line),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hello_has_the_documented_shape() {
+        let line = DownMessage::Hello(Hello { version: 1 }).encode();
+        assert_eq!(line, "{\"hello\":{\"version\":1}}\n");
+        assert_eq!(
+            UpMessage::decode(&line).unwrap(),
+            UpMessage::Hello(Hello { version: 1 })
+        );
+    }
+
+    #[test]
+    fn commands_round_trip_with_their_ids() {
+        for command in [
+            Command::Shutdown {
+                grace_period_seconds: 30,
+            },
+            Command::Kill,
+            Command::Pause,
+            Command::Unpause,
+            Command::Status,
+        ] {
+            let message = DownMessage::Command { id: 7, command };
+            assert_eq!(DownMessage::decode(&message.encode()).unwrap(), message);
+        }
+        assert_eq!(
+            DownMessage::Command {
+                id: 3,
+                command: Command::Shutdown {
+                    grace_period_seconds: 5
+                }
+            }
+            .encode(),
+            "{\"id\":3,\"shutdown\":{\"gracePeriodSeconds\":5}}\n"
+        );
+    }
+
+    #[test]
+    fn acks_and_error_events_are_told_apart_by_the_id() {
+        let ack = UpMessage::decode(r#"{"id":4,"error":{"message":"no domain"}}"#).unwrap();
+        assert_eq!(
+            ack,
+            UpMessage::Ack {
+                id: 4,
+                result: Err("no domain".into())
+            }
+        );
+        let event = UpMessage::decode(r#"{"error":{"message":"QMP lost"}}"#).unwrap();
+        assert_eq!(event, UpMessage::Error("QMP lost".into()));
+    }
+
+    #[test]
+    fn domain_events_use_camel_case_names() {
+        let status = DomainStatus {
+            state: DomainState::Shutoff,
+            reason: StateReason::GuestShutdown,
+            qemu_pid: Some(42),
+            started_at: Some("2026-11-29T12:00:00Z".into()),
+            exit_code: Some(0),
+            message: None,
+        };
+        let line = UpMessage::Domain(status.clone()).encode();
+        assert!(
+            line.contains(r#""state":"Shutoff","reason":"GuestShutdown","qemuPid":42"#),
+            "{line}"
+        );
+        assert_eq!(UpMessage::decode(&line).unwrap(), UpMessage::Domain(status));
+    }
+
+    #[test]
+    fn a_message_with_two_keys_or_an_unknown_key_is_malformed() {
+        assert!(DownMessage::decode(r#"{"id":1,"kill":{},"pause":{}}"#).is_err());
+        assert!(DownMessage::decode(r#"{"id":1,"reboot":{}}"#).is_err());
+        assert!(
+            DownMessage::decode(r#"{"kill":{}}"#).is_err(),
+            "commands need an id"
+        );
+    }
+}

@@ -1,0 +1,380 @@
+//! The launcher spec: everything virt-handler tells a launcher about one VMI.
+//!
+//! virt-handler builds a [`LauncherSpec`] from the VMI (`kubevirt.io/v1`) and sends it as
+//! JSON in the `sync` command of the launcher protocol; [`crate::argv::qemu_argv`] turns it
+//! into a QEMU command line. Field names follow the VMI's (`domain.cpu.maxSockets`,
+//! `domain.memory.maxGuest`, `firmware.bootloader.efi.secureBoot`, `disks[].bootOrder` …)
+//! so the mapping stays obvious, but every value here is already resolved: sizes are
+//! bytes, images are host paths, and defaults have been applied by the handler.
+
+use serde::{Deserialize, Serialize};
+
+/// The whole description of one domain as the launcher needs it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct LauncherSpec {
+    /// Which VMI this domain belongs to.
+    pub vmi: VmiIdentity,
+    /// QEMU machine type; only the `q35` family is supported (`q35`, `pc-q35-7.2` …).
+    #[serde(default = "default_machine_type")]
+    pub machine_type: String,
+    /// Hardware acceleration, already decided by the handler (see [`crate::accel`]).
+    pub accel: Accel,
+    /// Size of the TCG translation cache in MiB (QEMU's `tb-size`); TCG only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tcg_translation_cache_mib: Option<u32>,
+    /// vCPU topology and model.
+    pub cpu: Cpu,
+    /// Guest memory.
+    pub memory: Memory,
+    /// Firmware, SMBIOS identity and direct kernel boot.
+    #[serde(default)]
+    pub firmware: Firmware,
+    /// Disks in VMI order.
+    #[serde(default)]
+    pub disks: Vec<Disk>,
+    /// Network interfaces in VMI order.
+    #[serde(default)]
+    pub interfaces: Vec<Interface>,
+    /// Number of empty `pcie-root-port`s created for later hotplug of disks and NICs.
+    #[serde(default)]
+    pub hotplug_ports: u32,
+    /// Host paths of the domain's runtime files.
+    pub paths: RuntimePaths,
+}
+
+fn default_machine_type() -> String {
+    "q35".to_owned()
+}
+
+/// Identity of the VMI the domain runs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct VmiIdentity {
+    /// `metadata.name`.
+    pub name: String,
+    /// `metadata.namespace`.
+    pub namespace: String,
+    /// `metadata.uid`.
+    pub uid: String,
+}
+
+/// Hardware acceleration used for the guest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Accel {
+    /// Linux KVM.
+    Kvm,
+    /// QEMU's software emulation (KubeVirt's `useEmulation`).
+    Tcg,
+}
+
+/// `domain.cpu`: topology and model.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Cpu {
+    /// Sockets present at boot.
+    pub sockets: u32,
+    /// Cores per socket.
+    pub cores: u32,
+    /// Threads per core.
+    pub threads: u32,
+    /// Sockets the topology has room for (CPU hotplug); at least `sockets`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_sockets: Option<u32>,
+    /// The CPU model.
+    #[serde(default)]
+    pub model: CpuModel,
+    /// Features switched on or off on top of the model.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub features: Vec<CpuFeature>,
+}
+
+/// `domain.cpu.model`: `host-passthrough`, `host-model` or a named QEMU model.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(from = "String", into = "String")]
+pub enum CpuModel {
+    /// The host CPU as it is.
+    #[default]
+    HostPassthrough,
+    /// A model close to the host CPU.
+    HostModel,
+    /// A named QEMU CPU model such as `Skylake-Server` or `qemu64`.
+    Named(String),
+}
+
+impl From<String> for CpuModel {
+    fn from(value: String) -> Self {
+        match value.as_str() {
+            "host-passthrough" => Self::HostPassthrough,
+            "host-model" => Self::HostModel,
+            _ => Self::Named(value),
+        }
+    }
+}
+
+impl From<CpuModel> for String {
+    fn from(value: CpuModel) -> Self {
+        match value {
+            CpuModel::HostPassthrough => "host-passthrough".to_owned(),
+            CpuModel::HostModel => "host-model".to_owned(),
+            CpuModel::Named(name) => name,
+        }
+    }
+}
+
+/// `domain.cpu.features[]`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CpuFeature {
+    /// QEMU feature name, e.g. `pcid`.
+    pub name: String,
+    /// KubeVirt policy: `require`/`force` switch it on, `disable`/`forbid` off,
+    /// `optional` leaves the model's default.
+    #[serde(default = "default_feature_policy")]
+    pub policy: String,
+}
+
+fn default_feature_policy() -> String {
+    "require".to_owned()
+}
+
+/// `domain.memory` and `domain.memory.hugepages`, in bytes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Memory {
+    /// Memory the guest sees at boot, in bytes (a whole number of MiB).
+    pub guest_bytes: u64,
+    /// Memory the guest may grow to by hotplug, in bytes; above `guest_bytes` to enable it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_guest_bytes: Option<u64>,
+    /// Back the guest memory with huge pages.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hugepages: Option<Hugepages>,
+}
+
+/// Huge-page backing of guest memory.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Hugepages {
+    /// Page size in bytes (`2Mi` → 2097152).
+    pub page_size_bytes: u64,
+    /// The hugetlbfs mount providing pages of that size.
+    pub mount_path: String,
+}
+
+/// `domain.firmware`.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Firmware {
+    /// BIOS (SeaBIOS, the default) or EFI (OVMF).
+    #[serde(default)]
+    pub bootloader: Bootloader,
+    /// SMBIOS system UUID (`firmware.uuid`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uuid: Option<String>,
+    /// SMBIOS system serial number (`firmware.serial`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub serial: Option<String>,
+    /// Direct kernel boot (`firmware.kernelBoot`), with the images already on the host.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kernel_boot: Option<KernelBoot>,
+}
+
+/// `firmware.bootloader`.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum Bootloader {
+    /// Legacy BIOS.
+    #[default]
+    Bios,
+    /// UEFI through OVMF.
+    Efi(Efi),
+}
+
+/// `firmware.bootloader.efi` with the OVMF files resolved on the host.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Efi {
+    /// Use the secure-boot OVMF build and enforce signatures.
+    #[serde(default)]
+    pub secure_boot: bool,
+    /// OVMF code image, mapped read-only.
+    pub code_path: String,
+    /// This VMI's own, writable copy of the OVMF variable store.
+    pub vars_path: String,
+}
+
+/// `firmware.kernelBoot`: boot a kernel directly instead of from a disk.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct KernelBoot {
+    /// Host path of the kernel (an ELF `vmlinux` boots fastest, through PVH).
+    pub kernel_path: String,
+    /// Host path of the initrd.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub initrd_path: Option<String>,
+    /// Kernel command line (`kernelArgs`).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub kernel_args: String,
+}
+
+/// One disk (`domain.devices.disks[]` joined with its volume).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Disk {
+    /// The disk's name in the VMI; QEMU's device id is `ua-<name>`.
+    pub name: String,
+    /// Host path of the image.
+    pub source_path: String,
+    /// Image format.
+    #[serde(default)]
+    pub format: DiskFormat,
+    /// The bus the guest sees the disk on.
+    #[serde(default)]
+    pub bus: DiskBus,
+    /// Present the disk as a CD-ROM (implies read-only).
+    #[serde(default)]
+    pub cdrom: bool,
+    /// Boot priority, 1 first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub boot_order: Option<u32>,
+    /// Serial number the guest sees.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub serial: Option<String>,
+    /// Host cache mode.
+    #[serde(default)]
+    pub cache: CacheMode,
+    /// Attach read-only.
+    #[serde(default)]
+    pub readonly: bool,
+}
+
+/// Disk image format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DiskFormat {
+    /// Raw image or block device.
+    #[default]
+    Raw,
+    /// qcow2 image.
+    Qcow2,
+}
+
+/// Disk bus as named in the VMI (`disk.bus`, `cdrom.bus`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DiskBus {
+    /// virtio-blk.
+    #[default]
+    Virtio,
+    /// SATA, on the q35 built-in AHCI controller.
+    Sata,
+    /// SCSI, on a virtio-scsi controller.
+    Scsi,
+    /// USB storage: valid in a VMI but not supported by this launcher yet.
+    Usb,
+}
+
+/// Host cache mode (`disk.cache`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CacheMode {
+    /// O_DIRECT on the host, guest-visible write cache on (KubeVirt's default where supported).
+    #[default]
+    None,
+    /// Host page cache, every write flushed.
+    Writethrough,
+    /// Host page cache, flushes on guest request.
+    Writeback,
+}
+
+/// One network interface (`domain.devices.interfaces[]`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Interface {
+    /// The interface's name in the VMI; QEMU's device id is `ua-<name>`.
+    pub name: String,
+    /// NIC model: `virtio` (default), `e1000`, `e1000e`, `rtl8139`.
+    #[serde(default = "default_nic_model")]
+    pub model: String,
+    /// How the NIC reaches the network on the host.
+    #[serde(default)]
+    pub binding: InterfaceBinding,
+    /// MAC address, `aa:bb:cc:dd:ee:ff`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mac_address: Option<String>,
+    /// Boot priority for network boot.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub boot_order: Option<u32>,
+}
+
+fn default_nic_model() -> String {
+    "virtio".to_owned()
+}
+
+/// The host side of an interface.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum InterfaceBinding {
+    /// QEMU user-mode networking (slirp): what `masquerade` and `bridge` map to in the
+    /// unprivileged sandbox; the guest gets 10.0.2.15 by DHCP.
+    #[default]
+    UserMode,
+}
+
+/// Host paths of the files QEMU creates or writes for this domain.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RuntimePaths {
+    /// Unix socket of the serial console (virtctl console attaches here).
+    pub serial_console_socket: String,
+    /// Append-only log of everything the guest writes to its serial console.
+    pub serial_log: String,
+    /// Unix socket of the QMP monitor.
+    pub qmp_socket: String,
+    /// File QEMU writes its pid to.
+    pub pid_file: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_model_strings_round_trip() {
+        for (text, model) in [
+            ("host-passthrough", CpuModel::HostPassthrough),
+            ("host-model", CpuModel::HostModel),
+            ("Skylake-Server", CpuModel::Named("Skylake-Server".into())),
+        ] {
+            let json = serde_json::to_string(&model).unwrap();
+            assert_eq!(json, format!("\"{text}\""));
+            assert_eq!(serde_json::from_str::<CpuModel>(&json).unwrap(), model);
+        }
+    }
+
+    #[test]
+    fn efi_bootloader_is_tagged_like_the_vmi() {
+        let fw: Firmware = serde_json::from_str(
+            r#"{"bootloader":{"efi":{"secureBoot":true,"codePath":"c","varsPath":"v"}}}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            fw.bootloader,
+            Bootloader::Efi(Efi {
+                secure_boot: true,
+                code_path: "c".into(),
+                vars_path: "v".into()
+            })
+        );
+        let bios: Firmware = serde_json::from_str(r#"{"bootloader":"bios"}"#).unwrap();
+        assert_eq!(bios.bootloader, Bootloader::Bios);
+    }
+
+    #[test]
+    fn unknown_disk_bus_is_rejected_when_decoding() {
+        let err = serde_json::from_str::<DiskBus>("\"floppy\"").unwrap_err();
+        assert!(err.to_string().contains("unknown variant"), "{err}");
+    }
+}
