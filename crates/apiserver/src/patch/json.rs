@@ -10,6 +10,8 @@
 //!   member is absent from an existing object (KubeVirt tests `status.stateChangeRequests`
 //!   against `null` before adding the first request),
 //! - numbers compare by value in `test` (`1` equals `1.0`),
+//! - array indices are read as signed integers and a negative one counts from the end
+//!   (`/list/-1` is the last element; for `add`, the place after it),
 //! - a patch may hold at most [`MAX_OPERATIONS`] operations.
 //!
 //! Guards against resource exhaustion: values copied by `copy` may add up to at most
@@ -246,20 +248,22 @@ fn approx_size(v: &Value) -> usize {
     }
 }
 
-/// Parses an array index token: decimal digits without leading zeros.
-fn array_index(token: &str, tokens: &[String]) -> Result<usize, PatchError> {
-    let well_formed = !token.is_empty()
-        && token.bytes().all(|b| b.is_ascii_digit())
-        && (token == "0" || !token.starts_with('0'));
-    if !well_formed {
-        return Err(PatchError::PathNotFound(format!(
-            "{}: {token:?} is not an array index",
+/// Parses an array index token for an array of `len` places. Like kube-apiserver, a
+/// negative index counts from the end (`-1` is the last place) and the token is read as a
+/// signed decimal integer.
+fn array_index(token: &str, len: usize, tokens: &[String]) -> Result<usize, PatchError> {
+    let bad = || {
+        PatchError::PathNotFound(format!(
+            "{}: {token:?} is not an index of an array of {len}",
             show(tokens)
-        )));
+        ))
+    };
+    let index: i64 = token.parse().map_err(|_| bad())?;
+    if index >= 0 {
+        return usize::try_from(index).map_err(|_| bad());
     }
-    token.parse().map_err(|_| {
-        PatchError::PathNotFound(format!("{}: index {token} is out of range", show(tokens)))
-    })
+    let from_end = usize::try_from(index.unsigned_abs()).map_err(|_| bad())?;
+    len.checked_sub(from_end).ok_or_else(bad)
 }
 
 fn get_mut<'a>(doc: &'a mut Value, tokens: &[String]) -> Result<&'a mut Value, PatchError> {
@@ -268,7 +272,7 @@ fn get_mut<'a>(doc: &'a mut Value, tokens: &[String]) -> Result<&'a mut Value, P
         cur = match cur {
             Value::Object(obj) => obj.get_mut(token),
             Value::Array(arr) => {
-                let i = array_index(token, tokens)?;
+                let i = array_index(token, arr.len(), tokens)?;
                 arr.get_mut(i)
             }
             _ => None,
@@ -307,7 +311,7 @@ fn add(doc: &mut Value, tokens: &[String], value: Value) -> Result<(), PatchErro
             let i = if last == "-" {
                 arr.len()
             } else {
-                array_index(last, tokens)?
+                array_index(last, arr.len() + 1, tokens)?
             };
             if i > arr.len() {
                 return Err(PatchError::PathNotFound(format!(
@@ -333,7 +337,7 @@ fn remove(doc: &mut Value, tokens: &[String]) -> Result<Value, PatchError> {
             .shift_remove(last)
             .ok_or_else(|| PatchError::PathNotFound(show(tokens))),
         Value::Array(arr) => {
-            let i = array_index(last, tokens)?;
+            let i = array_index(last, arr.len(), tokens)?;
             if i >= arr.len() {
                 return Err(PatchError::PathNotFound(format!(
                     "{}: index {i} is out of range",
@@ -353,7 +357,9 @@ fn test(doc: &mut Value, tokens: &[String], want: &Value) -> Result<(), PatchErr
         None => Some(&*doc),
         Some((last, parent)) => match get_mut(doc, parent) {
             Ok(Value::Object(obj)) => obj.get(last),
-            Ok(Value::Array(arr)) => array_index(last, tokens).ok().and_then(|i| arr.get(i)),
+            Ok(Value::Array(arr)) => array_index(last, arr.len(), tokens)
+                .ok()
+                .and_then(|i| arr.get(i)),
             Ok(_) | Err(_) => return Err(failed("path not found")),
         },
     };
@@ -591,9 +597,25 @@ mod tests {
                 Some(json!({"a": [1], "b": 1})),
             ),
             (
-                "indices with leading zeros are refused",
-                json!({"l": [1, 2]}),
-                json!([{"op": "remove", "path": "/l/01"}]),
+                "negative indices count from the end as in kube-apiserver",
+                json!({"l": [1, 2, 3]}),
+                json!([
+                    {"op": "remove", "path": "/l/-1"},
+                    {"op": "add", "path": "/l/-1", "value": 4},
+                    {"op": "replace", "path": "/l/-3", "value": 0}
+                ]),
+                Some(json!({"l": [0, 2, 4]})),
+            ),
+            (
+                "negative indices before the start fail",
+                json!({"l": [1]}),
+                json!([{"op": "remove", "path": "/l/-2"}]),
+                None,
+            ),
+            (
+                "non-numeric indices fail",
+                json!({"l": [1]}),
+                json!([{"op": "replace", "path": "/l/x", "value": 2}]),
                 None,
             ),
             (

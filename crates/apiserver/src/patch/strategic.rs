@@ -633,6 +633,52 @@ mod tests {
     }
 
     #[test]
+    fn kubectl_apply_three_way_patch_with_nested_directives() {
+        let doc = json!({
+            "metadata": {"name": "web", "labels": {"app": "web", "tier": "front"}},
+            "spec": {"replicas": 1, "template": {"spec": {
+                "containers": [{"name": "web", "image": "nginx:1", "env": [
+                    {"name": "A", "value": "1"},
+                    {"name": "B", "value": "2"}
+                ]}],
+                "volumes": [{"name": "data", "emptyDir": {}}]
+            }}}
+        });
+        let patch = json!({
+            "metadata": {"labels": {"tier": null}},
+            "spec": {"replicas": 3, "template": {"spec": {
+                "$setElementOrder/containers": [{"name": "web"}, {"name": "sidecar"}],
+                "containers": [
+                    {
+                        "$setElementOrder/env": [{"name": "A"}, {"name": "C"}],
+                        "env": [{"name": "C", "value": "3"}, {"$patch": "delete", "name": "B"}],
+                        "name": "web"
+                    },
+                    {"image": "busybox", "name": "sidecar"}
+                ],
+                "volumes": [{"$patch": "delete", "name": "data"}]
+            }}}
+        });
+        let got = strategic_merge_patch(&doc, &patch, "apps/v1", "Deployment").unwrap();
+        assert_eq!(
+            got,
+            json!({
+                "metadata": {"name": "web", "labels": {"app": "web"}},
+                "spec": {"replicas": 3, "template": {"spec": {
+                    "containers": [
+                        {"name": "web", "image": "nginx:1", "env": [
+                            {"name": "A", "value": "1"},
+                            {"name": "C", "value": "3"}
+                        ]},
+                        {"image": "busybox", "name": "sidecar"}
+                    ],
+                    "volumes": []
+                }}}
+            })
+        );
+    }
+
+    #[test]
     fn set_element_order_places_elements_and_keeps_server_only_ones_in_place() {
         let doc = json!({"spec": {"containers": [{"name": "a"}, {"name": "d"}, {"name": "b"}]}});
         let patch = json!({"spec": {
