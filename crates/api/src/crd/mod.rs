@@ -2,7 +2,8 @@
 //!
 //! [`all_crds`] builds the CRDs of every kind from the Rust types (`kube` derive), then makes
 //! them match upstream where the derive cannot express it:
-//! - every schema is made structural ([`schema::structuralize`]);
+//! - every schema is made structural ([`schema::structuralize`]); quantities get upstream's
+//!   `pattern`, and the long k8s-openapi descriptions of Quantity, IntOrString and Time are dropped;
 //! - the VirtualMachineInstance CRD has **no** status subresource, as upstream: the VMI status is
 //!   written together with the object;
 //! - core kinds also serve the deprecated `v1alpha3` (same schema, not stored) and pools the
@@ -100,6 +101,7 @@ fn finish(crd: &mut CustomResourceDefinition) -> Result<(), CrdError> {
         };
         let mut value = serde_json::to_value(props).map_err(to_err)?;
         schema::structuralize(&mut value);
+        schema::tidy_k8s_descriptions(&mut value);
         let props: JSONSchemaProps = serde_json::from_value(value).map_err(to_err)?;
         version.schema = Some(CustomResourceValidation {
             open_api_v3_schema: Some(props),
@@ -150,11 +152,17 @@ mod tests {
     use super::*;
     use serde_json::{Value, json};
 
+    fn crds() -> &'static [CustomResourceDefinition] {
+        static CRDS: std::sync::OnceLock<Vec<CustomResourceDefinition>> =
+            std::sync::OnceLock::new();
+        CRDS.get_or_init(|| all_crds().unwrap())
+    }
+
     fn crd(name: &str) -> CustomResourceDefinition {
-        all_crds()
-            .unwrap()
-            .into_iter()
+        crds()
+            .iter()
             .find(|c| c.metadata.name.as_deref() == Some(name))
+            .cloned()
             .unwrap_or_else(|| panic!("no CRD {name}"))
     }
 
@@ -186,7 +194,7 @@ mod tests {
 
     #[test]
     fn every_schema_of_every_crd_is_structural() {
-        for crd in all_crds().unwrap() {
+        for crd in crds() {
             for version in &crd.spec.versions {
                 let props = version.schema.as_ref().unwrap().open_api_v3_schema.as_ref();
                 let value = serde_json::to_value(props.unwrap()).unwrap();
@@ -206,7 +214,7 @@ mod tests {
         let yaml = all_crds_yaml().unwrap();
         assert!(yaml.starts_with("---\n"));
         let decoded: Vec<CustomResourceDefinition> = serde_saphyr::from_multiple(&yaml).unwrap();
-        assert_eq!(decoded, all_crds().unwrap());
+        assert_eq!(decoded, crds());
         let names: Vec<_> = decoded
             .iter()
             .map(|c| c.metadata.name.clone().unwrap())

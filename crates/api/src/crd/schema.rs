@@ -228,6 +228,32 @@ fn children_mut(node: &mut Map<String, Value>) -> Vec<&mut Value> {
     out
 }
 
+/// Upstream's validation pattern of `resource.Quantity`.
+pub const QUANTITY_PATTERN: &str = r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$";
+
+/// Drops the long descriptions k8s-openapi attaches to `Quantity`, `IntOrString` and `Time`
+/// (upstream CRDs carry none) and gives quantities upstream's [`QUANTITY_PATTERN`].
+pub fn tidy_k8s_descriptions(schema: &mut Value) {
+    let Value::Object(node) = schema else {
+        return;
+    };
+    let description = node
+        .get("description")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    if description.starts_with("Quantity is a fixed-point representation") {
+        node.remove("description");
+        node.insert("pattern".into(), QUANTITY_PATTERN.into());
+    } else if description.starts_with("IntOrString is a type that can hold")
+        || description.starts_with("Time is a wrapper around time.Time")
+    {
+        node.remove("description");
+    }
+    for child in children_mut(node) {
+        tidy_k8s_descriptions(child);
+    }
+}
+
 /// The structural-schema rules `schema` breaks, each as `path: problem`; empty when structural.
 #[must_use]
 pub fn structural_violations(schema: &Value) -> Vec<String> {
@@ -346,6 +372,17 @@ mod tests {
             s,
             json!({"type": "string", "nullable": true, "enum": ["A"], "format": "int32"})
         );
+    }
+
+    #[test]
+    fn quantity_descriptions_become_patterns() {
+        let mut s = json!({"type": "object", "properties": {"q": {
+            "description": "Quantity is a fixed-point representation of a number.",
+            "x-kubernetes-int-or-string": true
+        }}});
+        tidy_k8s_descriptions(&mut s);
+        assert_eq!(s["properties"]["q"]["pattern"], json!(QUANTITY_PATTERN));
+        assert!(s["properties"]["q"].get("description").is_none());
     }
 
     #[test]

@@ -54,8 +54,8 @@ string_enum! {
 pub type VirtualMachinePoolCondition = Condition<ReplicaSetConditionType>;
 
 /// Spec of a VM pool: keep `replicas` VMs from a template.
-///
-/// `kube` derives the [`VirtualMachinePool`] object from it.
+//
+// `kube` derives the `VirtualMachinePool` object (`metadata`, `spec`, `status`) from this spec.
 // Each printcolumn repeats `type_ = …`; clippy reads that as a duplicated attribute.
 #[allow(clippy::duplicated_attributes)]
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema, CustomResource)]
@@ -63,6 +63,7 @@ pub type VirtualMachinePoolCondition = Condition<ReplicaSetConditionType>;
     group = "pool.kubevirt.io",
     version = "v1beta1",
     kind = "VirtualMachinePool",
+    doc = "Keeps a number of VirtualMachines created from a template.",
     namespaced,
     status = "VirtualMachinePoolStatus",
     derive = "Default",

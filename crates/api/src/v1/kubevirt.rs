@@ -62,8 +62,8 @@ impl KubeVirtConfiguration {
 }
 
 /// Spec of the KubeVirt installation object.
-///
-/// `kube` derives the [`KubeVirt`] object from it.
+//
+// `kube` derives the `KubeVirt` object (`metadata`, `spec`, `status`) from this spec.
 // Each printcolumn repeats `type_ = …`; clippy reads that as a duplicated attribute.
 #[allow(clippy::duplicated_attributes)]
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema, CustomResource)]
@@ -71,6 +71,7 @@ impl KubeVirtConfiguration {
     group = "kubevirt.io",
     version = "v1",
     kind = "KubeVirt",
+    doc = "The KubeVirt installation and its cluster-wide configuration.",
     namespaced,
     status = "KubeVirtStatus",
     derive = "Default",

@@ -91,8 +91,8 @@ impl VirtualMachineInstanceMigrationSpec {
 }
 
 /// Spec of a migration: which VMI to move.
-///
-/// `kube` derives the [`VirtualMachineInstanceMigration`] object from it.
+//
+// `kube` derives the `VirtualMachineInstanceMigration` object (`metadata`, `spec`, `status`) from this spec.
 // Each printcolumn repeats `type_ = …`; clippy reads that as a duplicated attribute.
 #[allow(clippy::duplicated_attributes)]
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema, CustomResource)]
@@ -100,6 +100,7 @@ impl VirtualMachineInstanceMigrationSpec {
     group = "kubevirt.io",
     version = "v1",
     kind = "VirtualMachineInstanceMigration",
+    doc = "A request to live-migrate a VirtualMachineInstance to another node.",
     namespaced,
     status = "VirtualMachineInstanceMigrationStatus",
     derive = "Default",

@@ -28,3 +28,6 @@ pub use vm::*;
 pub use vmi::*;
 pub use vmi_status::*;
 pub use volumes::*;
+
+#[cfg(test)]
+mod roundtrip_tests;

@@ -26,8 +26,8 @@ string_enum! {
 pub type VirtualMachineInstanceReplicaSetCondition = Condition<ReplicaSetConditionType>;
 
 /// Spec of a VMI replica set: keep `replicas` VMIs from a template.
-///
-/// `kube` derives the [`VirtualMachineInstanceReplicaSet`] object from it.
+//
+// `kube` derives the `VirtualMachineInstanceReplicaSet` object (`metadata`, `spec`, `status`) from this spec.
 // Each printcolumn repeats `type_ = …`; clippy reads that as a duplicated attribute.
 #[allow(clippy::duplicated_attributes)]
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema, CustomResource)]
@@ -35,6 +35,7 @@ pub type VirtualMachineInstanceReplicaSetCondition = Condition<ReplicaSetConditi
     group = "kubevirt.io",
     version = "v1",
     kind = "VirtualMachineInstanceReplicaSet",
+    doc = "Keeps a number of VirtualMachineInstances created from a template running.",
     namespaced,
     status = "VirtualMachineInstanceReplicaSetStatus",
     derive = "Default",

@@ -174,8 +174,8 @@ impl VirtualMachine {
 }
 
 /// Spec of a VirtualMachine: a VMI template and how it should run.
-///
-/// `kube` derives the [`VirtualMachine`] object (`metadata`, `spec`, `status`) from it.
+//
+// `kube` derives the `VirtualMachine` object (`metadata`, `spec`, `status`) from this spec.
 // Each printcolumn repeats `type_ = …`; clippy reads that as a duplicated attribute.
 #[allow(clippy::duplicated_attributes)]
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema, CustomResource)]
@@ -183,6 +183,7 @@ impl VirtualMachine {
     group = "kubevirt.io",
     version = "v1",
     kind = "VirtualMachine",
+    doc = "A virtual machine that may be stopped: it holds the template of its VirtualMachineInstance and mirrors the instance state in its status.",
     namespaced,
     status = "VirtualMachineStatus",
     derive = "Default",

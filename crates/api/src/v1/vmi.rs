@@ -67,8 +67,8 @@ pub struct VirtualMachineInstanceTemplateSpec {
 }
 
 /// Spec of a VirtualMachineInstance: the virtual hardware and its placement.
-///
-/// `kube` derives the [`VirtualMachineInstance`] object (`metadata`, `spec`, `status`) from it.
+//
+// `kube` derives the `VirtualMachineInstance` object (`metadata`, `spec`, `status`) from this spec.
 // Each printcolumn repeats `type_ = …`; clippy reads that as a duplicated attribute.
 #[allow(clippy::duplicated_attributes)]
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema, CustomResource)]
@@ -76,6 +76,7 @@ pub struct VirtualMachineInstanceTemplateSpec {
     group = "kubevirt.io",
     version = "v1",
     kind = "VirtualMachineInstance",
+    doc = "A virtual machine running (or about to run) in a launcher pod.",
     namespaced,
     status = "VirtualMachineInstanceStatus",
     derive = "Default",
