@@ -105,19 +105,31 @@ fn index_path(parent: &str, index: usize) -> String {
     format!("{parent}[{index}]")
 }
 
-/// A float as Go's `%v` prints it (`10`, `1.5`, `1e+21`).
-fn go_float(f: f64) -> String {
-    if f.is_finite() && f.fract() == 0.0 && f.abs() < 1e21 {
-        format!("{f:.0}")
-    } else if f.is_finite() && f.abs() >= 1e21 {
-        let s = format!("{f:e}");
-        match s.split_once('e') {
-            Some((mantissa, exp)) if !exp.starts_with('-') => format!("{mantissa}e+{exp}"),
-            _ => s,
-        }
-    } else {
-        format!("{f}")
+/// A float as Go's `%v` prints it: the shortest exact digits, in exponent form when the
+/// decimal exponent is below -4 or at least 6 (`10`, `1.5`, `1e+06`, `2.147483647e+09`,
+/// `1e-05`).
+pub(crate) fn go_float(f: f64) -> String {
+    if f.is_nan() {
+        return "NaN".to_owned();
     }
+    if f.is_infinite() {
+        return if f > 0.0 { "+Inf" } else { "-Inf" }.to_owned();
+    }
+    if f == 0.0 {
+        return "0".to_owned();
+    }
+    let scientific = format!("{f:e}");
+    let Some((mantissa, exp)) = scientific.split_once('e') else {
+        return format!("{f}");
+    };
+    let Ok(exponent) = exp.parse::<i32>() else {
+        return format!("{f}");
+    };
+    if (-4..6).contains(&exponent) {
+        return format!("{f}");
+    }
+    let sign = if exponent < 0 { '-' } else { '+' };
+    format!("{mantissa}e{sign}{:02}", exponent.unsigned_abs())
 }
 
 /// A JSON value as `field.Error` prints a bad value: strings quoted, numbers and booleans
@@ -154,6 +166,12 @@ mod tests {
         assert_eq!(go_value(&json!(1.0)), "1");
         assert_eq!(go_value(&json!(10.5)), "10.5");
         assert_eq!(go_value(&json!(1e21)), "1e+21");
+        assert_eq!(go_value(&json!(0.00001)), "1e-05");
+        assert_eq!(go_value(&json!(0.0001)), "0.0001");
+        assert_eq!(go_value(&json!(100000.0)), "100000");
+        assert_eq!(go_value(&json!(1000000.0)), "1e+06");
+        assert_eq!(go_value(&json!(2147483647.0)), "2.147483647e+09");
+        assert_eq!(go_value(&json!(-123.25)), "-123.25");
         assert_eq!(go_value(&json!(null)), "null");
         assert_eq!(go_value(&json!({"a": 1})), r#"{"a":1}"#);
     }
