@@ -11,6 +11,21 @@
 //! - [`schema`]: CRD `openAPIV3Schema` validation, pruning and defaulting,
 //! - [`jsonpath`]: the JSONPath subset of `additionalPrinterColumns`,
 //! - [`patch`]: JSON Patch, JSON merge patch and strategic merge patch.
+//!
+//! Kubernetes API behaviours not implemented yet (each answers sensibly, never wrongly
+//! silently, unless noted):
+//! - server-side apply (`application/apply-patch+yaml` → 415 with a clear message) and
+//!   `managedFields`;
+//! - garbage collection of dependents: `propagationPolicy` is accepted, but every policy
+//!   deletes the owner at once and dependents stay (seam: `handlers::delete`);
+//! - graceful pod deletion (`deletionGracePeriodSeconds` countdown for bound pods);
+//! - `scale` subresources (not advertised in discovery, 404);
+//! - list snapshots: `continue` pages read current state; `resourceVersionMatch=Exact` and
+//!   lists "at" an old revision read the current state;
+//! - unknown-field detection for built-in kinds (only CRD schemas prune/report);
+//! - webhook admission and aggregation (seam: [`admission::Admission`], called on every write);
+//! - certificate rotation (the CA and leaf certificates are long-lived);
+//! - RBAC authorization (every authenticated user may do everything).
 
 pub mod admission;
 pub mod auth;

@@ -151,7 +151,10 @@ pub async fn create(
         }
         meta.insert("uid".into(), json!(uuid::Uuid::new_v4().to_string()));
         meta.insert("creationTimestamp".into(), json!(now_rfc3339()));
-        meta.insert("generation".into(), json!(1));
+    }
+    // Kinds with a spec (and every custom resource) track spec changes in `generation`.
+    if info.is_custom() || obj.get("spec").is_some() {
+        meta_mut(&mut obj).insert("generation".into(), json!(1));
     }
     prepare_for_create(info, &mut obj);
     let mut warnings = validate_object(info, &mut obj, opts.field_validation)?;

@@ -79,7 +79,8 @@ pub fn merge_for_update(
     // Generation: bumped when anything outside metadata (and status, when status is a
     // subresource) changed.
     let without_status = info.has_status();
-    if spec_part(old, without_status) != spec_part(&out, without_status) {
+    let tracks_generation = old["metadata"].get("generation").is_some();
+    if tracks_generation && spec_part(old, without_status) != spec_part(&out, without_status) {
         let g = old["metadata"]["generation"].as_i64().unwrap_or(0);
         meta_mut(&mut out).insert("generation".into(), json!(g + 1));
     }
@@ -289,5 +290,9 @@ mod tests {
         let new = json!({"metadata": {"name": "c", "labels": {"x": "y"}}, "data": {"a": "1"}});
         let out = merge_for_update(&cms, None, &old, new);
         assert_eq!(out["metadata"]["generation"], 1);
+        let old = json!({"metadata": {"name": "c"}, "data": {"a": "1"}});
+        let new = json!({"metadata": {"name": "c"}, "data": {"a": "2"}});
+        let out = merge_for_update(&cms, None, &old, new);
+        assert!(out["metadata"].get("generation").is_none());
     }
 }
