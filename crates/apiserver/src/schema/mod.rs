@@ -17,6 +17,7 @@
 
 mod defaults;
 mod node;
+mod pattern;
 mod prune;
 mod validate;
 

@@ -91,7 +91,8 @@ pub(crate) struct Node {
     pub(crate) items: Option<Box<Node>>,
     pub(crate) required: Vec<String>,
     pub(crate) enumeration: Option<Vec<Value>>,
-    pub(crate) pattern: Option<Regex>,
+    /// The compiled `pattern` and its text as written in the schema.
+    pub(crate) pattern: Option<(Regex, String)>,
     pub(crate) minimum: Option<Bound>,
     pub(crate) maximum: Option<Bound>,
     pub(crate) multiple_of: Option<f64>,
@@ -552,16 +553,21 @@ fn parse_enum(map: &Map<String, Value>, path: &str) -> Result<Option<Vec<Value>>
     }
 }
 
-fn parse_pattern(map: &Map<String, Value>, path: &str) -> Result<Option<Regex>, SchemaError> {
+fn parse_pattern(
+    map: &Map<String, Value>,
+    path: &str,
+) -> Result<Option<(Regex, String)>, SchemaError> {
     let Some(pattern) = opt_str(map, "pattern", path)? else {
         return Ok(None);
     };
-    Regex::new(pattern).map(Some).map_err(|e| {
-        err(
-            &format!("{path}.pattern"),
-            format!("must be a valid regular expression, but isn't: {e}"),
-        )
-    })
+    super::pattern::compile(pattern)
+        .map(|regex| Some((regex, pattern.to_owned())))
+        .map_err(|e| {
+            err(
+                &format!("{path}.pattern"),
+                format!("must be a valid regular expression, but isn't: {e}"),
+            )
+        })
 }
 
 fn parse_bound(

@@ -137,15 +137,10 @@ fn check_string(s: &str, node: &Node, path: &str, out: &mut Vec<Cause>) {
             &format!("should be at least {min} chars long"),
         );
     }
-    if let Some(pattern) = &node.pattern
+    if let Some((pattern, source)) = &node.pattern
         && !pattern.is_match(s)
     {
-        invalid(
-            out,
-            path,
-            &quoted,
-            &format!("should match '{}'", pattern.as_str()),
-        );
+        invalid(out, path, &quoted, &format!("should match '{source}'"));
     }
     if let Some(format) = node.format.as_deref()
         && !format_ok(format, s)
