@@ -7,3 +7,5 @@
 //! replica holding the [`runtime::leader`] lease runs controllers.
 
 pub mod runtime;
+
+pub mod labelsync;

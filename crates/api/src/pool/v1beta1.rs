@@ -135,6 +135,7 @@ pub struct VirtualMachinePoolSpec {
 #[serde(rename_all = "camelCase")]
 pub struct VirtualMachineTemplateSpec {
     /// Metadata given to the created VMs.
+    #[serde(default)]
     #[schemars(schema_with = "crate::crd::schema::preserved_object")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub metadata: Option<ObjectMeta>,

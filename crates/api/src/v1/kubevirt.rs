@@ -389,6 +389,7 @@ pub struct KubeVirtConfiguration {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub smbios: Option<SmBiosConfiguration>,
     /// Per-architecture defaults.
+    #[serde(default)]
     #[schemars(schema_with = "crate::crd::schema::preserved_object")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub architecture_configuration: Option<serde_json::Value>,
@@ -408,10 +409,12 @@ pub struct KubeVirtConfiguration {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub mem_balloon_stats_period: Option<u32>,
     /// Host devices VMIs may use.
+    #[serde(default)]
     #[schemars(schema_with = "crate::crd::schema::preserved_object")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub permitted_host_devices: Option<serde_json::Value>,
     /// Mediated device configuration.
+    #[serde(default)]
     #[schemars(schema_with = "crate::crd::schema::preserved_object")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub mediated_devices_configuration: Option<serde_json::Value>,
@@ -444,6 +447,7 @@ pub struct KubeVirtConfiguration {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tls_configuration: Option<TlsConfiguration>,
     /// Seccomp settings.
+    #[serde(default)]
     #[schemars(schema_with = "crate::crd::schema::preserved_object")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub seccomp_configuration: Option<serde_json::Value>,
@@ -451,10 +455,12 @@ pub struct KubeVirtConfiguration {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub vm_state_storage_class: Option<String>,
     /// VM options.
+    #[serde(default)]
     #[schemars(schema_with = "crate::crd::schema::preserved_object")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub virtual_machine_options: Option<serde_json::Value>,
     /// KSM settings.
+    #[serde(default)]
     #[schemars(schema_with = "crate::crd::schema::preserved_object")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ksm_configuration: Option<serde_json::Value>,
@@ -471,14 +477,17 @@ pub struct KubeVirtConfiguration {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub vm_rollout_strategy: Option<String>,
     /// Common instance types deployment.
+    #[serde(default)]
     #[schemars(schema_with = "crate::crd::schema::preserved_object")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub common_instancetypes_deployment: Option<serde_json::Value>,
     /// virt-template deployment.
+    #[serde(default)]
     #[schemars(schema_with = "crate::crd::schema::preserved_object")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub virt_template_deployment: Option<serde_json::Value>,
     /// Instance type settings.
+    #[serde(default)]
     #[schemars(schema_with = "crate::crd::schema::preserved_object")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub instancetype: Option<serde_json::Value>,
@@ -486,14 +495,17 @@ pub struct KubeVirtConfiguration {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub hypervisors: Vec<serde_json::Value>,
     /// Where changed block tracking is enabled.
+    #[serde(default)]
     #[schemars(schema_with = "crate::crd::schema::preserved_object")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub changed_block_tracking_label_selectors: Option<serde_json::Value>,
     /// SCSI persistent reservation settings.
+    #[serde(default)]
     #[schemars(schema_with = "crate::crd::schema::preserved_object")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub persistent_reservation_configuration: Option<serde_json::Value>,
     /// Confidential computing settings.
+    #[serde(default)]
     #[schemars(schema_with = "crate::crd::schema::preserved_object")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub confidential_compute: Option<serde_json::Value>,
@@ -540,6 +552,7 @@ pub struct DeveloperConfiguration {
     )]
     pub minimum_cluster_tsc_frequency: Option<i64>,
     /// Disk verification limits.
+    #[serde(default)]
     #[schemars(schema_with = "crate::crd::schema::preserved_object")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub disk_verification: Option<serde_json::Value>,
@@ -631,6 +644,7 @@ pub struct MigrationConfiguration {
     )]
     pub match_se_linux_level_on_migration: Option<bool>,
     /// Experimental options.
+    #[serde(default)]
     #[schemars(schema_with = "crate::crd::schema::preserved_object")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub experimental: Option<serde_json::Value>,
@@ -668,6 +682,7 @@ pub struct InterfaceBindingPlugin {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub domain_attachment_type: Option<String>,
     /// Migration behaviour.
+    #[serde(default)]
     #[schemars(schema_with = "crate::crd::schema::preserved_object")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub migration: Option<serde_json::Value>,
@@ -675,6 +690,7 @@ pub struct InterfaceBindingPlugin {
     #[serde(rename = "downwardAPI", skip_serializing_if = "Option::is_none")]
     pub downward_api: Option<String>,
     /// Extra compute resources of the launcher.
+    #[serde(default)]
     #[schemars(schema_with = "crate::crd::schema::preserved_object")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub compute_resource_overhead: Option<serde_json::Value>,

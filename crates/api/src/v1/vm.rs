@@ -286,6 +286,7 @@ pub struct DataVolumeTemplateSpec {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kind: Option<String>,
     /// Metadata of the DataVolume.
+    #[serde(default)]
     #[schemars(schema_with = "crate::crd::schema::preserved_object")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub metadata: Option<ObjectMeta>,
@@ -293,6 +294,7 @@ pub struct DataVolumeTemplateSpec {
     #[schemars(schema_with = "crate::crd::schema::preserved_object")]
     pub spec: serde_json::Map<String, serde_json::Value>,
     /// Placeholder status.
+    #[serde(default)]
     #[schemars(schema_with = "crate::crd::schema::preserved_object")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub status: Option<serde_json::Value>,

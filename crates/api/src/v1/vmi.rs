@@ -59,6 +59,7 @@ pub const DEFAULT_GRACE_PERIOD_SECONDS: i64 = 30;
 pub struct VirtualMachineInstanceTemplateSpec {
     /// Metadata given to the created VMIs.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     #[schemars(schema_with = "crate::crd::schema::preserved_object")]
     pub metadata: Option<ObjectMeta>,
     /// Spec of the created VMIs.

@@ -1,0 +1,337 @@
+//! The local image store of the embedded mode: what `containerDisk.image` and
+//! `kernelBoot.container.image` names resolve to when there is no container runtime.
+//!
+//! Layout: `<data_dir>/images/<sanitised name>/` holds the image's files at the paths they
+//! would have inside the container image (`/vmlinux`, `/disk/guest.img` …). [`import`]
+//! copies host files in (the `kubevirt-rs images import NAME FILE…` subcommand);
+//! [`ImageStore::resolve`] turns an image name and a path inside the image into a host path,
+//! refusing `..` and symlinks through [`virt_launcher::safe_path`]. Pulling from an OCI
+//! registry is not done here.
+
+use std::path::{Component, Path, PathBuf};
+
+use virt_launcher::safe_path::{SafePathError, check_beneath};
+
+/// Errors of the image store.
+#[derive(Debug, thiserror::Error)]
+pub enum ImageError {
+    /// The image name is empty or made only of characters that are not kept.
+    #[error("invalid image name {0:?}")]
+    InvalidName(String),
+    /// The image is not in the store.
+    #[error("image {image:?} is not in the local image store; import it with `kubevirt-rs images import {image} FILE…`")]
+    NotFound {
+        /// The image name.
+        image: String,
+    },
+    /// The path inside the image is not usable (`..`, symlink, missing).
+    #[error("path {path:?} in image {image:?} cannot be used")]
+    Path {
+        /// The image name.
+        image: String,
+        /// The path inside the image.
+        path: String,
+        /// Why.
+        #[source]
+        source: SafePathError,
+    },
+    /// The image holds no disk (`*.img`, `*.qcow2`, `*.raw` under `/disk/` or at its root).
+    #[error("image {0:?} holds no disk image (*.img, *.qcow2 or *.raw under /disk/ or at its root)")]
+    NoDisk(String),
+    /// Copying a file into the store failed.
+    #[error("importing {file:?} into image {image:?}")]
+    Import {
+        /// The image name.
+        image: String,
+        /// The host file.
+        file: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The destination inside the image is not a plain relative path.
+    #[error("destination {0:?} inside the image contains '..' or is empty")]
+    BadDestination(String),
+}
+
+/// The store below `<data_dir>/images`.
+#[derive(Debug, Clone)]
+pub struct ImageStore {
+    root: PathBuf,
+}
+
+/// Turns an image reference into a directory name: letters, digits, `.`, `-` and `_` are
+/// kept, everything else (`/`, `:`, `@`) becomes `_`; a leading dot is replaced too.
+///
+/// `kubevirt-rs/test-guest:latest` → `kubevirt-rs_test-guest_latest`. A reference without a
+/// tag or digest gets `:latest`, as a container runtime would pull it.
+pub fn sanitise_name(image: &str) -> Option<String> {
+    let image = image.trim();
+    if image.is_empty() {
+        return None;
+    }
+    let last = image.rsplit('/').next().unwrap_or(image);
+    let with_tag = if last.contains(':') || last.contains('@') {
+        image.to_owned()
+    } else {
+        format!("{image}:latest")
+    };
+    let mut out: String = with_tag
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    if out.starts_with('.') {
+        out.replace_range(0..1, "_");
+    }
+    Some(out)
+}
+
+/// A path inside an image as a relative path: leading `/` removed, `.` dropped, `..` refused.
+fn relative_in_image(path: &str) -> Option<PathBuf> {
+    let mut out = PathBuf::new();
+    for component in Path::new(path).components() {
+        match component {
+            Component::Normal(name) => out.push(name),
+            Component::RootDir | Component::CurDir => {}
+            Component::ParentDir | Component::Prefix(_) => return None,
+        }
+    }
+    (!out.as_os_str().is_empty()).then_some(out)
+}
+
+impl ImageStore {
+    /// The store of `data_dir` (`<data_dir>/images`).
+    pub fn new(data_dir: &Path) -> Self {
+        Self {
+            root: data_dir.join("images"),
+        }
+    }
+
+    /// The store's root directory.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// The directory of `image`.
+    ///
+    /// # Errors
+    /// [`ImageError::InvalidName`].
+    pub fn image_dir(&self, image: &str) -> Result<PathBuf, ImageError> {
+        let name = sanitise_name(image).ok_or_else(|| ImageError::InvalidName(image.into()))?;
+        Ok(self.root.join(name))
+    }
+
+    /// The host path of `path_in_image` inside `image`, reached without symlinks.
+    ///
+    /// # Errors
+    /// [`ImageError::NotFound`] when the image is missing, [`ImageError::Path`] for `..`,
+    /// a symlink or a missing file.
+    pub fn resolve(&self, image: &str, path_in_image: &str) -> Result<PathBuf, ImageError> {
+        let dir = self.existing_image_dir(image)?;
+        let path_error = |source| ImageError::Path {
+            image: image.to_owned(),
+            path: path_in_image.to_owned(),
+            source,
+        };
+        let relative = relative_in_image(path_in_image)
+            .ok_or_else(|| path_error(SafePathError::Traversal(path_in_image.into())))?;
+        check_beneath(&dir, &relative).map_err(path_error)
+    }
+
+    /// The disk of a containerDisk image: `path` when given, else the first (by name)
+    /// `*.img`, `*.qcow2` or `*.raw` file under `/disk/`, else at the image root.
+    ///
+    /// # Errors
+    /// As [`Self::resolve`]; [`ImageError::NoDisk`] when the image holds no disk.
+    pub fn resolve_disk(&self, image: &str, path: Option<&str>) -> Result<PathBuf, ImageError> {
+        if let Some(path) = path.filter(|p| !p.is_empty()) {
+            return self.resolve(image, path);
+        }
+        let dir = self.existing_image_dir(image)?;
+        for sub in ["disk", ""] {
+            let Ok(entries) = std::fs::read_dir(dir.join(sub)) else {
+                continue;
+            };
+            let mut names: Vec<String> = entries
+                .flatten()
+                .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| {
+                    [".img", ".qcow2", ".raw"]
+                        .iter()
+                        .any(|ext| n.ends_with(ext))
+                })
+                .collect();
+            names.sort();
+            if let Some(first) = names.first() {
+                return self.resolve(image, &format!("/{sub}/{first}"));
+            }
+        }
+        Err(ImageError::NoDisk(image.to_owned()))
+    }
+
+    fn existing_image_dir(&self, image: &str) -> Result<PathBuf, ImageError> {
+        let dir = self.image_dir(image)?;
+        let is_dir = std::fs::symlink_metadata(&dir).is_ok_and(|m| m.is_dir());
+        if is_dir {
+            Ok(dir)
+        } else {
+            Err(ImageError::NotFound {
+                image: image.to_owned(),
+            })
+        }
+    }
+}
+
+/// One file to import: a host file and where it goes inside the image.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ImportFile {
+    /// The host file to copy.
+    pub source: PathBuf,
+    /// Destination inside the image; a value ending in `/` is a directory that keeps the
+    /// file's name. `None` puts the file at `/<basename>`.
+    pub destination: Option<String>,
+}
+
+/// Copies `files` into `image` in the store below `data_dir`, replacing files of the same
+/// name atomically (copy to a temporary name, then rename). Returns the image directory.
+///
+/// # Errors
+/// [`ImageError`] when the name is invalid, a destination is not a plain path, or copying fails.
+pub fn import(data_dir: &Path, image: &str, files: &[ImportFile]) -> Result<PathBuf, ImageError> {
+    let store = ImageStore::new(data_dir);
+    let dir = store.image_dir(image)?;
+    for file in files {
+        let io_error = |source| ImageError::Import {
+            image: image.to_owned(),
+            file: file.source.clone(),
+            source,
+        };
+        let base = file
+            .source
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let destination = match &file.destination {
+            None => format!("/{base}"),
+            Some(d) if d.ends_with('/') => format!("{d}{base}"),
+            Some(d) => d.clone(),
+        };
+        let relative =
+            relative_in_image(&destination).ok_or(ImageError::BadDestination(destination))?;
+        let target = dir.join(&relative);
+        if let Some(parent) = target.parent() {
+            std::fs::create_dir_all(parent).map_err(io_error)?;
+        }
+        let mut temporary = target.clone().into_os_string();
+        temporary.push(".importing");
+        std::fs::copy(&file.source, &temporary).map_err(io_error)?;
+        std::fs::rename(&temporary, &target).map_err(io_error)?;
+    }
+    Ok(dir)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(dir: &Path, name: &str, content: &str) -> PathBuf {
+        let path = dir.join(name);
+        std::fs::write(&path, content).unwrap();
+        path
+    }
+
+    #[test]
+    fn image_names_become_single_directory_names() {
+        assert_eq!(
+            sanitise_name("kubevirt-rs/test-guest:latest").unwrap(),
+            "kubevirt-rs_test-guest_latest"
+        );
+        assert_eq!(
+            sanitise_name("registry:5000/kubevirt/cirros").unwrap(),
+            "registry_5000_kubevirt_cirros_latest"
+        );
+        assert_eq!(sanitise_name("../x:1").unwrap(), "___x_1");
+        assert!(sanitise_name("  ").is_none());
+    }
+
+    #[test]
+    fn imported_files_resolve_at_their_basename_or_destination() {
+        let tmp = tempfile::tempdir().unwrap();
+        let data = tmp.path().join("data");
+        let kernel = file(tmp.path(), "vmlinux", "kernel");
+        let disk = file(tmp.path(), "guest.qcow2", "disk");
+        import(
+            &data,
+            "kubevirt-rs/test-guest:latest",
+            &[
+                ImportFile {
+                    source: kernel,
+                    destination: None,
+                },
+                ImportFile {
+                    source: disk,
+                    destination: Some("/disk/".into()),
+                },
+            ],
+        )
+        .unwrap();
+        let store = ImageStore::new(&data);
+        let path = store
+            .resolve("kubevirt-rs/test-guest:latest", "/vmlinux")
+            .unwrap();
+        assert_eq!(std::fs::read_to_string(path).unwrap(), "kernel");
+        let disk = store
+            .resolve_disk("kubevirt-rs/test-guest:latest", None)
+            .unwrap();
+        assert!(disk.ends_with("disk/guest.qcow2"), "{disk:?}");
+    }
+
+    #[test]
+    fn traversal_symlinks_and_missing_images_are_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        let outside = file(tmp.path(), "secret", "no");
+        let dir = import(tmp.path(), "img", &[]).unwrap();
+        std::fs::create_dir_all(&dir).unwrap();
+        std::os::unix::fs::symlink(&outside, dir.join("link")).unwrap();
+        let store = ImageStore::new(tmp.path());
+        assert!(matches!(
+            store.resolve("img", "/../../secret"),
+            Err(ImageError::Path { .. })
+        ));
+        assert!(matches!(
+            store.resolve("img", "/link"),
+            Err(ImageError::Path { .. })
+        ));
+        assert!(matches!(
+            store.resolve("other", "/vmlinux"),
+            Err(ImageError::NotFound { .. })
+        ));
+        assert!(matches!(
+            store.resolve_disk("img", None),
+            Err(ImageError::NoDisk(_))
+        ));
+    }
+
+    #[test]
+    fn import_refuses_destinations_that_leave_the_image() {
+        let tmp = tempfile::tempdir().unwrap();
+        let f = file(tmp.path(), "f", "x");
+        let err = import(
+            tmp.path(),
+            "img",
+            &[ImportFile {
+                source: f,
+                destination: Some("/../escape".into()),
+            }],
+        )
+        .unwrap_err();
+        assert!(matches!(err, ImageError::BadDestination(_)), "{err}");
+    }
+}

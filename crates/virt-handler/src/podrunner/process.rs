@@ -1,0 +1,222 @@
+//! Host processes for pod containers: start in their own session, record, re-adopt, stop.
+//!
+//! Each container runs as `setsid <program> <args…>`, so it leads its own session and process
+//! group (its pid is the group id) and survives a restart of the server. The runner records
+//! the pid and the process start time (from `/proc/<pid>/stat`, to detect pid reuse) in
+//! `<pod dir>/<container>.json`; after a restart it re-adopts every record whose process is
+//! still the same. While the runner is the parent it learns the exit code from `wait`; for a
+//! re-adopted process that has gone it reports `ContainerStatusUnknown` (exit code 137), as
+//! kubelet does when it cannot know.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+
+use nix::sys::signal::{Signal, killpg};
+use nix::unistd::Pid;
+use serde::{Deserialize, Serialize};
+
+/// Errors of process management.
+#[derive(Debug, thiserror::Error)]
+pub enum ProcessError {
+    /// Creating the pod's state directory or log file failed.
+    #[error("preparing {path}")]
+    Prepare {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// Spawning the container's program failed.
+    #[error("starting {program}")]
+    Spawn {
+        program: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// Writing the process record failed.
+    #[error("recording process {path}")]
+    Record {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// What the runner remembers of a started container, on disk.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ProcessRecord {
+    pub pid: i32,
+    /// Field 22 of `/proc/<pid>/stat` at start: tells a re-used pid from ours.
+    pub start_ticks: u64,
+    /// RFC 3339 time the container started.
+    pub started_at: String,
+}
+
+/// How a container ended.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ExitRecord {
+    pub exit_code: i32,
+    /// `Completed`, `Error`, `OOMKilled` or `ContainerStatusUnknown`.
+    pub reason: String,
+    pub finished_at: String,
+}
+
+/// The files of one container under its pod directory.
+#[derive(Clone, Debug)]
+pub struct ContainerPaths {
+    pub record: PathBuf,
+    pub exit: PathBuf,
+    pub log: PathBuf,
+}
+
+impl ContainerPaths {
+    pub fn new(pod_dir: &Path, container: &str) -> ContainerPaths {
+        ContainerPaths {
+            record: pod_dir.join(format!("{container}.json")),
+            exit: pod_dir.join(format!("{container}.exit")),
+            log: pod_dir.join(format!("{container}.log")),
+        }
+    }
+}
+
+/// The start time (clock ticks since boot) of `pid`, if it runs.
+pub fn start_ticks(pid: i32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) is in parentheses and may contain spaces.
+    let after = &stat[stat.rfind(')')? + 2..];
+    after.split(' ').nth(19)?.parse().ok()
+}
+
+/// Whether the recorded process is still the one we started (and not a zombie).
+pub fn is_alive(record: &ProcessRecord) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{}/stat", record.pid)) else {
+        return false;
+    };
+    let Some(close) = stat.rfind(')') else { return false };
+    let state = stat[close + 2..].chars().next();
+    state != Some('Z') && start_ticks(record.pid) == Some(record.start_ticks)
+}
+
+fn write_json<T: Serialize>(path: &Path, value: &T) -> std::io::Result<()> {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, serde_json::to_vec(value).map_err(std::io::Error::other)?)?;
+    std::fs::rename(tmp, path)
+}
+
+pub fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> Option<T> {
+    serde_json::from_slice(&std::fs::read(path).ok()?).ok()
+}
+
+/// Starts `program args` in a new session with its output in `paths.log`. Returns the child
+/// handle (to learn the exit code) and the record written to disk.
+pub fn spawn(
+    program: &Path,
+    args: &[String],
+    env: &[(String, String)],
+    paths: &ContainerPaths,
+) -> Result<(tokio::process::Child, ProcessRecord), ProcessError> {
+    let prepare = |path: &Path, source| ProcessError::Prepare { path: path.to_owned(), source };
+    if let Some(dir) = paths.log.parent() {
+        std::fs::create_dir_all(dir).map_err(|e| prepare(dir, e))?;
+    }
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&paths.log)
+        .map_err(|e| prepare(&paths.log, e))?;
+    let log_err = log.try_clone().map_err(|e| prepare(&paths.log, e))?;
+    let mut command = tokio::process::Command::new("setsid");
+    command
+        .arg(program)
+        .args(args)
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .stdin(Stdio::null())
+        .stdout(log)
+        .stderr(log_err)
+        .kill_on_drop(false);
+    let child = command
+        .spawn()
+        .map_err(|source| ProcessError::Spawn { program: program.display().to_string(), source })?;
+    let pid = child.id().and_then(|p| i32::try_from(p).ok()).unwrap_or(0);
+    let record = ProcessRecord {
+        pid,
+        start_ticks: start_ticks(pid).unwrap_or(0),
+        started_at: jiff::Timestamp::now().to_string(),
+    };
+    let _ = std::fs::remove_file(&paths.exit);
+    write_json(&paths.record, &record)
+        .map_err(|source| ProcessError::Record { path: paths.record.clone(), source })?;
+    Ok((child, record))
+}
+
+/// Records how a container ended (called by the waiter, or for a vanished re-adopted one).
+pub fn record_exit(paths: &ContainerPaths, exit: &ExitRecord) {
+    if let Err(e) = write_json(&paths.exit, exit) {
+        tracing::warn!(path = %paths.exit.display(), error = %e, "cannot record container exit");
+    }
+}
+
+/// The exit record for a wait status.
+pub fn exit_from_status(status: std::process::ExitStatus) -> ExitRecord {
+    use std::os::unix::process::ExitStatusExt;
+    let exit_code = status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(9));
+    ExitRecord {
+        exit_code,
+        reason: if exit_code == 0 { "Completed".into() } else { "Error".into() },
+        finished_at: jiff::Timestamp::now().to_string(),
+    }
+}
+
+/// Sends `signal` to the container's whole process group (launcher and QEMU alike).
+pub fn signal_group(record: &ProcessRecord, signal: Signal) {
+    if record.pid > 0 && is_alive(record) {
+        let _ = killpg(Pid::from_raw(record.pid), signal);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_spawned_process_is_recorded_alive_and_its_exit_code_is_known() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let paths = ContainerPaths::new(dir.path(), "compute");
+        let (mut child, record) =
+            spawn(Path::new("/bin/sh"), &["-c".into(), "echo hello; exit 3".into()], &[], &paths)
+                .expect("spawn");
+        assert!(record.pid > 0);
+        let status = child.wait().await.expect("wait");
+        let exit = exit_from_status(status);
+        assert_eq!(exit.exit_code, 3);
+        assert_eq!(exit.reason, "Error");
+        assert!(!is_alive(&record), "the process has exited");
+        assert_eq!(std::fs::read_to_string(&paths.log).expect("log"), "hello\n");
+        let saved: ProcessRecord = read_json(&paths.record).expect("record");
+        assert_eq!(saved, record);
+    }
+
+    #[tokio::test]
+    async fn signalling_the_group_stops_the_process_and_its_children() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let paths = ContainerPaths::new(dir.path(), "compute");
+        let (mut child, record) =
+            spawn(Path::new("/bin/sh"), &["-c".into(), "sleep 600 & wait".into()], &[], &paths)
+                .expect("spawn");
+        assert!(is_alive(&record));
+        signal_group(&record, Signal::SIGKILL);
+        let status = child.wait().await.expect("wait");
+        assert_eq!(exit_from_status(status).exit_code, 137);
+    }
+
+    #[test]
+    fn a_reused_pid_is_not_mistaken_for_ours() {
+        let me = i32::try_from(std::process::id()).expect("pid");
+        let ticks = start_ticks(me).expect("own stat");
+        let ours = ProcessRecord { pid: me, start_ticks: ticks, started_at: String::new() };
+        assert!(is_alive(&ours));
+        let other = ProcessRecord { start_ticks: ticks + 1, ..ours };
+        assert!(!is_alive(&other));
+    }
+}

@@ -1,0 +1,178 @@
+//! The embedded scheduler: binds pending pods to nodes (embedded mode only; on a real
+//! cluster kube-scheduler does this).
+//!
+//! Data flow: watches pods without `spec.nodeName` whose `schedulerName` is empty or
+//! `default-scheduler`, and all nodes; for each pending pod it runs the pure filters of
+//! [`fit`] against the nodes and what their pods already request, then `POST`s a
+//! `pods/binding`. When nothing fits it sets the pod's `PodScheduled=False` condition with
+//! reason `Unschedulable` and kube-scheduler's message (which the VMI controller copies, so
+//! the VM shows `ErrorUnschedulable`), and retries when nodes or pods change.
+
+pub mod fit;
+pub mod quantity;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Binding, Node, ObjectReference, Pod};
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::runtime::{WatchStreamExt, reflector, watcher};
+use serde_json::json;
+use tracing::{debug, info, warn};
+
+/// Errors of the scheduler loop.
+#[derive(Debug, thiserror::Error)]
+pub enum SchedulerError {
+    /// Binding a pod to its node failed.
+    #[error("binding pod {pod} to node {node}")]
+    Bind {
+        pod: String,
+        node: String,
+        #[source]
+        source: kube::Error,
+    },
+    /// Recording the Unschedulable condition failed.
+    #[error("updating the PodScheduled condition of pod {pod}")]
+    MarkUnschedulable {
+        pod: String,
+        #[source]
+        source: kube::Error,
+    },
+}
+
+fn is_pending_for_us(pod: &Pod) -> bool {
+    let Some(spec) = &pod.spec else { return false };
+    let scheduler_ok = matches!(spec.scheduler_name.as_deref(), None | Some("") | Some("default-scheduler"));
+    let unbound = spec.node_name.as_deref().is_none_or(str::is_empty);
+    let phase_ok = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.phase.as_deref())
+        .is_none_or(|p| p == "Pending");
+    scheduler_ok && unbound && phase_ok && pod.metadata.deletion_timestamp.is_none()
+}
+
+fn is_terminated(pod: &Pod) -> bool {
+    matches!(
+        pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+        Some("Succeeded" | "Failed")
+    )
+}
+
+/// What the pods bound to each node request.
+fn requested_by_node(pods: &[std::sync::Arc<Pod>]) -> BTreeMap<String, BTreeMap<String, i128>> {
+    let mut out: BTreeMap<String, BTreeMap<String, i128>> = BTreeMap::new();
+    for pod in pods {
+        let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.clone()).filter(|n| !n.is_empty()) else {
+            continue;
+        };
+        if is_terminated(pod) {
+            continue;
+        }
+        let entry = out.entry(node).or_default();
+        for (resource, v) in fit::pod_requests(pod) {
+            *entry.entry(resource).or_default() += v;
+        }
+    }
+    out
+}
+
+fn unschedulable_message(pod: &Pod) -> Option<&str> {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .into_iter()
+        .flatten()
+        .find(|c| c.type_ == "PodScheduled" && c.status == "False")
+        .and_then(|c| c.message.as_deref())
+}
+
+/// One scheduling pass over every pending pod. Returns how many were bound.
+///
+/// # Caveats
+/// Pods bound in this pass count against their node for the rest of the pass, so a burst of
+/// pods never overcommits a node between two cache refreshes.
+pub async fn schedule_pending(client: &kube::Client, pods: &[std::sync::Arc<Pod>], nodes: &[Node]) -> Result<usize, SchedulerError> {
+    let mut requested = requested_by_node(pods);
+    let mut bound = 0;
+    for pod in pods.iter().filter(|p| is_pending_for_us(p)) {
+        let name = pod.metadata.name.clone().unwrap_or_default();
+        let namespace = pod.metadata.namespace.clone().unwrap_or_default();
+        let api: Api<Pod> = Api::namespaced(client.clone(), &namespace);
+        match fit::choose_node(pod, nodes, &requested) {
+            Ok(node) => {
+                let node_name = node.metadata.name.clone().unwrap_or_default();
+                let binding = Binding {
+                    metadata: kube::api::ObjectMeta { name: Some(name.clone()), namespace: Some(namespace.clone()), ..Default::default() },
+                    target: ObjectReference { kind: Some("Node".into()), name: Some(node_name.clone()), api_version: Some("v1".into()), ..Default::default() },
+                };
+                let res = api
+                    .create_subresource::<_, serde_json::Value>("binding", &name, &PostParams::default(), &binding)
+                    .await;
+                match res {
+                    Ok(_) => {
+                        info!(pod = %format!("{namespace}/{name}"), node = %node_name, "bound pod");
+                        let entry = requested.entry(node_name).or_default();
+                        for (resource, v) in fit::pod_requests(pod) {
+                            *entry.entry(resource).or_default() += v;
+                        }
+                        bound += 1;
+                    }
+                    // Already bound (a racing pass) or deleted meanwhile: the next event repairs.
+                    Err(kube::Error::Api(e)) if e.code == 409 || e.code == 404 => {
+                        debug!(pod = %name, code = e.code, "binding skipped");
+                    }
+                    Err(source) => return Err(SchedulerError::Bind { pod: name, node: node_name, source }),
+                }
+            }
+            Err(message) => {
+                if unschedulable_message(pod) == Some(message.as_str()) {
+                    continue;
+                }
+                let now = jiff::Timestamp::now().to_string();
+                let patch = json!({"status": {"conditions": [{
+                    "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                    "message": message, "lastProbeTime": null, "lastTransitionTime": now
+                }]}});
+                api.patch_status(&name, &PatchParams::default(), &Patch::Strategic(patch))
+                    .await
+                    .map_err(|source| SchedulerError::MarkUnschedulable { pod: name.clone(), source })?;
+                warn!(pod = %format!("{namespace}/{name}"), %message, "pod is unschedulable");
+            }
+        }
+    }
+    Ok(bound)
+}
+
+/// Runs the scheduler until the future is dropped: watches pods and nodes and schedules on
+/// every change (coalesced), retrying failed passes after a second.
+pub async fn run(client: kube::Client) {
+    let (pod_store, pod_writer) = reflector::store::<Pod>();
+    let (node_store, node_writer) = reflector::store::<Node>();
+    let pods = watcher(Api::<Pod>::all(client.clone()), watcher::Config::default())
+        .default_backoff()
+        .reflect(pod_writer)
+        .map(|_| ());
+    let nodes = watcher(Api::<Node>::all(client.clone()), watcher::Config::default())
+        .default_backoff()
+        .reflect(node_writer)
+        .map(|_| ());
+    let mut changes = futures::stream::select(pods, nodes).boxed();
+    let mut retry = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tokio::select! {
+            change = changes.next() => if change.is_none() { return },
+            _ = retry.tick() => {},
+        }
+        // Drain whatever else is ready so a burst of events gives one pass.
+        while let Some(Some(())) = futures::FutureExt::now_or_never(changes.next()) {}
+        if pod_store.wait_until_ready().await.is_err() || node_store.wait_until_ready().await.is_err() {
+            return;
+        }
+        let nodes: Vec<Node> = node_store.state().iter().map(|n| (**n).clone()).collect();
+        if let Err(e) = schedule_pending(&client, &pod_store.state(), &nodes).await {
+            warn!(error = %e, "scheduling pass failed; retrying");
+        }
+    }
+}
