@@ -1,1 +1,331 @@
-//! testkit (work in progress).
+//! Test helpers shared by end-to-end tests: a `kubevirt-rs` server process on a temporary
+//! data directory and a free port, real `kubectl` against it, a kube-rs client, background
+//! `kubectl get -w` watchers, and polling with a deadline.
+//!
+//! # Guarantees
+//! Dropping a [`ServerProcess`] kills the server (SIGKILL by pid) and then every launcher
+//! process group the server's pod runner started under the data directory (their records
+//! are `DATA/pods/<uid>/<container>.json`), so a failing test leaves no QEMU behind.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+
+/// The default deadline for conditions in end-to-end tests.
+pub const DEADLINE: Duration = Duration::from_secs(60);
+
+/// Polls `check` every 50 ms until it returns `Some`, or fails after `deadline` naming `what`.
+pub fn wait_until<T>(
+    deadline: Duration,
+    what: &str,
+    mut check: impl FnMut() -> Option<T>,
+) -> anyhow::Result<T> {
+    let start = Instant::now();
+    loop {
+        if let Some(v) = check() {
+            return Ok(v);
+        }
+        if start.elapsed() > deadline {
+            bail!("timed out after {deadline:?} waiting for {what}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Async version of [`wait_until`].
+pub async fn wait_until_async<T, F, Fut>(
+    deadline: Duration,
+    what: &str,
+    mut check: F,
+) -> anyhow::Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let start = Instant::now();
+    loop {
+        if let Some(v) = check().await {
+            return Ok(v);
+        }
+        if start.elapsed() > deadline {
+            bail!("timed out after {deadline:?} waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A `kubevirt-rs` server (or apiserver) process; killed with everything it started on drop.
+pub struct ServerProcess {
+    binary: PathBuf,
+    subcommand: String,
+    extra_args: Vec<String>,
+    child: Option<Child>,
+    data: tempfile::TempDir,
+}
+
+impl ServerProcess {
+    /// Starts `binary subcommand --data-dir <tmp> --listen 127.0.0.1:0 extra_args…` and waits
+    /// for its kubeconfig.
+    pub fn start(
+        binary: &Path,
+        subcommand: &str,
+        extra_args: &[&str],
+    ) -> anyhow::Result<ServerProcess> {
+        let data = tempfile::Builder::new()
+            .prefix("kubevirt-rs-test")
+            .tempdir()
+            .context("temp dir")?;
+        let mut server = ServerProcess {
+            binary: binary.to_owned(),
+            subcommand: subcommand.to_owned(),
+            extra_args: extra_args.iter().map(|s| (*s).to_owned()).collect(),
+            child: None,
+            data,
+        };
+        server.spawn()?;
+        Ok(server)
+    }
+
+    fn spawn(&mut self) -> anyhow::Result<()> {
+        let kubeconfig = self.kubeconfig();
+        let _ = std::fs::remove_file(&kubeconfig);
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.data.path().join("server.log"))
+            .context("server log")?;
+        let child = Command::new(&self.binary)
+            .arg(&self.subcommand)
+            .arg("--data-dir")
+            .arg(self.data.path())
+            .args(["--listen", "127.0.0.1:0"])
+            .args(&self.extra_args)
+            .env(
+                "RUST_LOG",
+                std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
+            )
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .with_context(|| format!("starting {}", self.binary.display()))?;
+        self.child = Some(child);
+        let child = self.child.as_mut().context("child")?;
+        wait_until(DEADLINE, "the server's kubeconfig", || {
+            if let Ok(Some(status)) = child.try_wait() {
+                return Some(Err(anyhow::anyhow!("server exited early: {status}")));
+            }
+            let text = std::fs::read_to_string(&kubeconfig).ok()?;
+            text.contains("server: https://").then_some(Ok(()))
+        })?
+    }
+
+    /// The data directory.
+    pub fn data_dir(&self) -> &Path {
+        self.data.path()
+    }
+
+    /// The admin kubeconfig.
+    pub fn kubeconfig(&self) -> PathBuf {
+        self.data.path().join("kubeconfig")
+    }
+
+    /// The server's log so far (for assertion messages).
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.data.path().join("server.log")).unwrap_or_default()
+    }
+
+    /// The server's pid while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// SIGKILLs the server process only (launchers keep running, as after a crash).
+    pub fn kill_server(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts the server again on the same data directory.
+    pub fn restart(&mut self) -> anyhow::Result<()> {
+        self.kill_server();
+        self.spawn()
+    }
+
+    /// Runs kubectl against the server.
+    pub fn kubectl(&self, args: &[&str]) -> Output {
+        kubectl_command(self.data.path(), args)
+            .output()
+            .unwrap_or_else(|e| Output {
+                status: std::os::unix::process::ExitStatusExt::from_raw(127 << 8),
+                stdout: Vec::new(),
+                stderr: format!("cannot run kubectl: {e}").into_bytes(),
+            })
+    }
+
+    /// Runs kubectl, fails unless it succeeds, returns stdout.
+    pub fn ok(&self, args: &[&str]) -> anyhow::Result<String> {
+        let out = self.kubectl(args);
+        if !out.status.success() {
+            bail!(
+                "kubectl {args:?} failed: {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// `kubectl apply -f -` of `yaml`.
+    pub fn apply(&self, yaml: &str) -> anyhow::Result<String> {
+        let path = self.data.path().join(format!("manifest-{}.yaml", unique()));
+        std::fs::write(&path, yaml).context("write manifest")?;
+        self.ok(&["apply", "-f", &path.display().to_string()])
+    }
+
+    /// A kube-rs client with the admin credentials.
+    pub async fn client(&self) -> anyhow::Result<kube::Client> {
+        let kubeconfig =
+            kube::config::Kubeconfig::read_from(self.kubeconfig()).context("kubeconfig")?;
+        let config = kube::Config::from_custom_kubeconfig(
+            kubeconfig,
+            &kube::config::KubeConfigOptions::default(),
+        )
+        .await
+        .context("client config")?;
+        kube::Client::try_from(config).context("client")
+    }
+
+    /// Starts `kubectl args…` in the background (e.g. `get vm -w`).
+    pub fn watch(&self, args: &[&str]) -> anyhow::Result<Watcher> {
+        let mut child = kubectl_command(self.data.path(), args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("start kubectl")?;
+        let stdout = child.stdout.take().context("stdout")?;
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Ok(Watcher { child, lines })
+    }
+
+    /// Kills every launcher process group recorded under the data directory.
+    fn kill_launchers(&self) {
+        let pods = self.data.path().join("pods");
+        for pod in std::fs::read_dir(pods).into_iter().flatten().flatten() {
+            for file in std::fs::read_dir(pod.path())
+                .into_iter()
+                .flatten()
+                .flatten()
+            {
+                let path = file.path();
+                if path.extension().is_none_or(|e| e != "json") {
+                    continue;
+                }
+                let Some(pid) = std::fs::read(&path)
+                    .ok()
+                    .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+                    .and_then(|v| v.get("pid").and_then(serde_json::Value::as_i64))
+                    .and_then(|p| i32::try_from(p).ok())
+                    .filter(|p| *p > 1)
+                else {
+                    continue;
+                };
+                // The runner started it with setsid: its pid is its process group id.
+                let _ = nix::sys::signal::killpg(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+        }
+    }
+}
+
+impl Drop for ServerProcess {
+    fn drop(&mut self) {
+        self.kill_server();
+        self.kill_launchers();
+    }
+}
+
+fn kubectl_command(data: &Path, args: &[&str]) -> Command {
+    let mut command = Command::new("kubectl");
+    command
+        .args(args)
+        .env("KUBECONFIG", data.join("kubeconfig"))
+        .env("KUBECACHEDIR", data.join("kubecache"));
+    command
+}
+
+fn unique() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0)
+}
+
+/// A background kubectl (e.g. `get -w`), killed on drop; its lines arrive on a channel.
+pub struct Watcher {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+}
+
+impl Watcher {
+    /// Waits for a line containing `needle`.
+    pub fn wait_for(&self, needle: &str, deadline: Duration) -> anyhow::Result<String> {
+        let start = Instant::now();
+        while let Some(left) = deadline.checked_sub(start.elapsed()) {
+            match self.lines.recv_timeout(left) {
+                Ok(line) if line.contains(needle) => return Ok(line),
+                Ok(_) => {}
+                Err(_) => break,
+            }
+        }
+        bail!("kubectl never printed {needle:?}")
+    }
+}
+
+impl Drop for Watcher {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The test guest directory (`vmlinux`, `initramfs.cpio.gz`) from `KUBEVIRT_RS_TEST_GUEST`,
+/// or the reason it is unavailable (tests print it and skip).
+pub fn test_guest() -> Result<PathBuf, String> {
+    let dir = std::env::var_os("KUBEVIRT_RS_TEST_GUEST")
+        .map(PathBuf::from)
+        .ok_or_else(|| {
+            "KUBEVIRT_RS_TEST_GUEST is not set (scripts/test.sh builds the guest and sets it)"
+                .to_owned()
+        })?;
+    for file in ["vmlinux", "initramfs.cpio.gz"] {
+        if !dir.join(file).exists() {
+            return Err(format!(
+                "{} has no {file}; run scripts/build-test-guest.sh",
+                dir.display()
+            ));
+        }
+    }
+    if Command::new("qemu-system-x86_64")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        return Err("qemu-system-x86_64 is not installed".into());
+    }
+    Ok(dir)
+}
