@@ -62,7 +62,8 @@ impl SyncPatterns {
 
     /// Whether `key` is governed by these patterns.
     pub fn matches(&self, key: &str) -> bool {
-        self.exact.iter().any(|e| e == key) || self.prefixes.iter().any(|p| key.starts_with(p.as_str()))
+        self.exact.iter().any(|e| e == key)
+            || self.prefixes.iter().any(|p| key.starts_with(p.as_str()))
     }
 }
 
@@ -96,7 +97,11 @@ pub fn sync_map(
 
 /// JSON Patch operations replacing the map at `path` (`/metadata/labels`): `add` when the
 /// target had no map, else `test` of the original + `replace`.
-pub fn patch_ops(path: &str, original: Option<&BTreeMap<String, String>>, next: &BTreeMap<String, String>) -> Vec<Value> {
+pub fn patch_ops(
+    path: &str,
+    original: Option<&BTreeMap<String, String>>,
+    next: &BTreeMap<String, String>,
+) -> Vec<Value> {
     match original {
         None => vec![json!({"op": "add", "path": path, "value": next})],
         Some(old) => vec![
@@ -111,7 +116,10 @@ mod tests {
     use super::*;
 
     fn map(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-        pairs.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect()
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
     }
 
     #[test]
@@ -127,12 +135,26 @@ mod tests {
     #[test]
     fn matching_keys_are_added_updated_and_deleted_others_untouched() {
         let (p, _) = SyncPatterns::parse(&["ops.example.com/*", "tier"]);
-        let source = map(&[("ops.example.com/a", "1"), ("ops.example.com/b", "new"), ("tier", "web"), ("unrelated", "x")]);
-        let target = map(&[("ops.example.com/b", "old"), ("ops.example.com/gone", "z"), ("kept", "k")]);
+        let source = map(&[
+            ("ops.example.com/a", "1"),
+            ("ops.example.com/b", "new"),
+            ("tier", "web"),
+            ("unrelated", "x"),
+        ]);
+        let target = map(&[
+            ("ops.example.com/b", "old"),
+            ("ops.example.com/gone", "z"),
+            ("kept", "k"),
+        ]);
         let next = sync_map(&source, &target, &p).expect("changed");
         assert_eq!(
             next,
-            map(&[("kept", "k"), ("ops.example.com/a", "1"), ("ops.example.com/b", "new"), ("tier", "web")])
+            map(&[
+                ("kept", "k"),
+                ("ops.example.com/a", "1"),
+                ("ops.example.com/b", "new"),
+                ("tier", "web")
+            ])
         );
     }
 
@@ -154,10 +176,16 @@ mod tests {
     fn patches_test_the_original_map_or_add_a_missing_one() {
         let next = map(&[("a", "1")]);
         let ops = patch_ops("/metadata/labels", None, &next);
-        assert_eq!(ops, vec![json!({"op": "add", "path": "/metadata/labels", "value": {"a": "1"}})]);
+        assert_eq!(
+            ops,
+            vec![json!({"op": "add", "path": "/metadata/labels", "value": {"a": "1"}})]
+        );
         let old = map(&[("a", "0")]);
         let ops = patch_ops("/metadata/labels", Some(&old), &next);
-        assert_eq!(ops[0], json!({"op": "test", "path": "/metadata/labels", "value": {"a": "0"}}));
+        assert_eq!(
+            ops[0],
+            json!({"op": "test", "path": "/metadata/labels", "value": {"a": "0"}})
+        );
         assert_eq!(ops[1]["op"], "replace");
     }
 }

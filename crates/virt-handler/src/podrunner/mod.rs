@@ -108,21 +108,30 @@ impl PodRunner {
 
     /// Reconciles one pod bound to this node.
     async fn reconcile(&mut self, pod: &Pod) -> Result<(), PodRunnerError> {
-        let Some(uid) = pod.metadata.uid.clone() else { return Ok(()) };
+        let Some(uid) = pod.metadata.uid.clone() else {
+            return Ok(());
+        };
         let Some(spec) = &pod.spec else { return Ok(()) };
-        let Some(main) = spec.containers.first() else { return Ok(()) };
+        let Some(main) = spec.containers.first() else {
+            return Ok(());
+        };
         let paths = ContainerPaths::new(&self.pod_dir(&uid), &main.name);
         let record: Option<ProcessRecord> = process::read_json(&paths.record);
         let alive = record.as_ref().is_some_and(process::is_alive);
 
         if pod.metadata.deletion_timestamp.is_some() {
-            return self.stop_and_remove(pod, &uid, record.as_ref(), alive).await;
+            return self
+                .stop_and_remove(pod, &uid, record.as_ref(), alive)
+                .await;
         }
         let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
         let state = if let Some(exit) = process::read_json::<ExitRecord>(&paths.exit) {
             terminated(record.as_ref(), exit)
         } else if let (Some(record), true) = (&record, alive) {
-            ContainerState::Running { started_at: record.started_at.clone(), pid: record.pid }
+            ContainerState::Running {
+                started_at: record.started_at.clone(),
+                pid: record.pid,
+            }
         } else if let Some(record) = &record {
             // Our record, no exit file, process gone: we were not its parent (restart).
             let exit = ExitRecord {
@@ -150,10 +159,20 @@ impl PodRunner {
         self.report(pod, &state).await
     }
 
-    fn start(&mut self, pod: &Pod, uid: &str, paths: &ContainerPaths) -> Result<ContainerState, PodRunnerError> {
+    fn start(
+        &mut self,
+        pod: &Pod,
+        uid: &str,
+        paths: &ContainerPaths,
+    ) -> Result<ContainerState, PodRunnerError> {
         let spec = pod.spec.as_ref();
         let main = spec.and_then(|s| s.containers.first());
-        let mut args: Vec<String> = main.and_then(|c| c.command.clone()).unwrap_or_default().into_iter().skip(1).collect();
+        let mut args: Vec<String> = main
+            .and_then(|c| c.command.clone())
+            .unwrap_or_default()
+            .into_iter()
+            .skip(1)
+            .collect();
         args.extend(main.and_then(|c| c.args.clone()).unwrap_or_default());
         let mut env: Vec<(String, String)> = main
             .and_then(|c| c.env.clone())
@@ -163,11 +182,20 @@ impl PodRunner {
             .collect();
         let pod_dir = self.pod_dir(uid);
         env.push(("KUBEVIRT_RS_POD_DIR".into(), pod_dir.display().to_string()));
-        env.push(("POD_NAME".into(), pod.metadata.name.clone().unwrap_or_default()));
-        env.push(("POD_NAMESPACE".into(), pod.metadata.namespace.clone().unwrap_or_default()));
+        env.push((
+            "POD_NAME".into(),
+            pod.metadata.name.clone().unwrap_or_default(),
+        ));
+        env.push((
+            "POD_NAMESPACE".into(),
+            pod.metadata.namespace.clone().unwrap_or_default(),
+        ));
         env.push(("POD_UID".into(), uid.to_owned()));
         let (mut child, record) = process::spawn(&self.config.launcher_program, &args, &env, paths)
-            .map_err(|source| PodRunnerError::Start { pod: pod_key(pod), source })?;
+            .map_err(|source| PodRunnerError::Start {
+                pod: pod_key(pod),
+                source,
+            })?;
         info!(pod = %pod_key(pod), pid = record.pid, "started launcher container");
         let exits = self.exits.clone();
         let waiter_paths = paths.clone();
@@ -177,7 +205,10 @@ impl PodRunner {
             }
             let _ = exits.send(());
         });
-        Ok(ContainerState::Running { started_at: record.started_at, pid: record.pid })
+        Ok(ContainerState::Running {
+            started_at: record.started_at,
+            pid: record.pid,
+        })
     }
 
     async fn report(&self, pod: &Pod, state: &ContainerState) -> Result<(), PodRunnerError> {
@@ -189,44 +220,84 @@ impl PodRunner {
             .collect();
         let now = jiff::Timestamp::now().to_string();
         let wanted = status::pod_status(&containers, state, &self.config.host_ip, &now);
-        let current = pod.status.as_ref().and_then(|s| serde_json::to_value(s).ok());
+        let current = pod
+            .status
+            .as_ref()
+            .and_then(|s| serde_json::to_value(s).ok());
         if status::same_report(current.as_ref(), &wanted) {
             return Ok(());
         }
-        let api: Api<Pod> = Api::namespaced(self.client.clone(), pod.metadata.namespace.as_deref().unwrap_or_default());
+        let api: Api<Pod> = Api::namespaced(
+            self.client.clone(),
+            pod.metadata.namespace.as_deref().unwrap_or_default(),
+        );
         let name = pod.metadata.name.clone().unwrap_or_default();
-        api.patch_status(&name, &PatchParams::default(), &Patch::Merge(json!({"status": wanted})))
-            .await
-            .map_err(|source| PodRunnerError::ReportStatus { pod: pod_key(pod), source })?;
+        api.patch_status(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": wanted})),
+        )
+        .await
+        .map_err(|source| PodRunnerError::ReportStatus {
+            pod: pod_key(pod),
+            source,
+        })?;
         Ok(())
     }
 
-    async fn stop_and_remove(&mut self, pod: &Pod, uid: &str, record: Option<&ProcessRecord>, alive: bool) -> Result<(), PodRunnerError> {
+    async fn stop_and_remove(
+        &mut self,
+        pod: &Pod,
+        uid: &str,
+        record: Option<&ProcessRecord>,
+        alive: bool,
+    ) -> Result<(), PodRunnerError> {
         if let (Some(record), true) = (record, alive) {
-            let grace = pod.metadata.deletion_grace_period_seconds.unwrap_or(30).max(0);
+            let grace = pod
+                .metadata
+                .deletion_grace_period_seconds
+                .unwrap_or(30)
+                .max(0);
             match self.kill_deadlines.get(uid) {
                 None => {
                     info!(pod = %pod_key(pod), grace, "stopping launcher container");
                     process::signal_group(record, Signal::SIGTERM);
-                    let deadline = Instant::now() + Duration::from_secs(u64::try_from(grace).unwrap_or(0));
+                    let deadline =
+                        Instant::now() + Duration::from_secs(u64::try_from(grace).unwrap_or(0));
                     self.kill_deadlines.insert(uid.to_owned(), deadline);
                 }
-                Some(deadline) if Instant::now() >= *deadline => process::signal_group(record, Signal::SIGKILL),
+                Some(deadline) if Instant::now() >= *deadline => {
+                    process::signal_group(record, Signal::SIGKILL)
+                }
                 Some(_) => {}
             }
             return Ok(());
         }
         self.kill_deadlines.remove(uid);
-        let api: Api<Pod> = Api::namespaced(self.client.clone(), pod.metadata.namespace.as_deref().unwrap_or_default());
+        let api: Api<Pod> = Api::namespaced(
+            self.client.clone(),
+            pod.metadata.namespace.as_deref().unwrap_or_default(),
+        );
         let params = DeleteParams {
             grace_period_seconds: Some(0),
-            preconditions: Some(Preconditions { uid: Some(uid.to_owned()), resource_version: None }),
+            preconditions: Some(Preconditions {
+                uid: Some(uid.to_owned()),
+                resource_version: None,
+            }),
             ..DeleteParams::default()
         };
-        match api.delete(pod.metadata.name.as_deref().unwrap_or_default(), &params).await {
+        match api
+            .delete(pod.metadata.name.as_deref().unwrap_or_default(), &params)
+            .await
+        {
             Ok(_) => {}
             Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => {}
-            Err(source) => return Err(PodRunnerError::Remove { pod: pod_key(pod), source }),
+            Err(source) => {
+                return Err(PodRunnerError::Remove {
+                    pod: pod_key(pod),
+                    source,
+                });
+            }
         }
         let _ = std::fs::remove_dir_all(self.pod_dir(uid));
         Ok(())
@@ -234,21 +305,31 @@ impl PodRunner {
 
     /// Kills processes of pods that no longer exist and removes their state.
     fn collect_orphans(&self, known: &BTreeSet<String>) {
-        let Ok(entries) = std::fs::read_dir(&self.config.state_dir) else { return };
+        let Ok(entries) = std::fs::read_dir(&self.config.state_dir) else {
+            return;
+        };
         for entry in entries.flatten() {
             let uid = entry.file_name().to_string_lossy().into_owned();
             if known.contains(&uid) {
                 continue;
             }
             let mut still_running = false;
-            for file in std::fs::read_dir(entry.path()).into_iter().flatten().flatten() {
+            for file in std::fs::read_dir(entry.path())
+                .into_iter()
+                .flatten()
+                .flatten()
+            {
                 if file.path().extension().is_none_or(|e| e != "json") {
                     continue;
                 }
                 if let Some(record) = process::read_json::<ProcessRecord>(&file.path())
                     && process::is_alive(&record)
                 {
-                    warn!(uid, pid = record.pid, "killing the process of a pod that no longer exists");
+                    warn!(
+                        uid,
+                        pid = record.pid,
+                        "killing the process of a pod that no longer exists"
+                    );
                     process::signal_group(&record, Signal::SIGKILL);
                     still_running = true;
                 }
@@ -264,7 +345,9 @@ fn terminated(record: Option<&ProcessRecord>, exit: ExitRecord) -> ContainerStat
     ContainerState::Terminated {
         exit_code: exit.exit_code,
         reason: exit.reason,
-        started_at: record.map(|r| r.started_at.clone()).unwrap_or_else(|| exit.finished_at.clone()),
+        started_at: record
+            .map(|r| r.started_at.clone())
+            .unwrap_or_else(|| exit.finished_at.clone()),
         finished_at: exit.finished_at,
     }
 }
@@ -272,7 +355,12 @@ fn terminated(record: Option<&ProcessRecord>, exit: ExitRecord) -> ContainerStat
 /// Runs the pod runner until the future is dropped.
 pub async fn run(client: kube::Client, config: PodRunnerConfig) {
     let (exits_tx, mut exits_rx) = mpsc::unbounded_channel();
-    let mut runner = PodRunner { config, client: client.clone(), kill_deadlines: BTreeMap::new(), exits: exits_tx };
+    let mut runner = PodRunner {
+        config,
+        client: client.clone(),
+        kill_deadlines: BTreeMap::new(),
+        exits: exits_tx,
+    };
     let api: Api<Pod> = Api::all(client);
     let selector = format!("spec.nodeName={}", runner.config.node_name);
     let (store, writer) = reflector::store::<Pod>();

@@ -93,14 +93,19 @@ pub fn is_alive(record: &ProcessRecord) -> bool {
     let Ok(stat) = std::fs::read_to_string(format!("/proc/{}/stat", record.pid)) else {
         return false;
     };
-    let Some(close) = stat.rfind(')') else { return false };
+    let Some(close) = stat.rfind(')') else {
+        return false;
+    };
     let state = stat[close + 2..].chars().next();
     state != Some('Z') && start_ticks(record.pid) == Some(record.start_ticks)
 }
 
 fn write_json<T: Serialize>(path: &Path, value: &T) -> std::io::Result<()> {
     let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, serde_json::to_vec(value).map_err(std::io::Error::other)?)?;
+    std::fs::write(
+        &tmp,
+        serde_json::to_vec(value).map_err(std::io::Error::other)?,
+    )?;
     std::fs::rename(tmp, path)
 }
 
@@ -116,7 +121,10 @@ pub fn spawn(
     env: &[(String, String)],
     paths: &ContainerPaths,
 ) -> Result<(tokio::process::Child, ProcessRecord), ProcessError> {
-    let prepare = |path: &Path, source| ProcessError::Prepare { path: path.to_owned(), source };
+    let prepare = |path: &Path, source| ProcessError::Prepare {
+        path: path.to_owned(),
+        source,
+    };
     if let Some(dir) = paths.log.parent() {
         std::fs::create_dir_all(dir).map_err(|e| prepare(dir, e))?;
     }
@@ -135,9 +143,10 @@ pub fn spawn(
         .stdout(log)
         .stderr(log_err)
         .kill_on_drop(false);
-    let child = command
-        .spawn()
-        .map_err(|source| ProcessError::Spawn { program: program.display().to_string(), source })?;
+    let child = command.spawn().map_err(|source| ProcessError::Spawn {
+        program: program.display().to_string(),
+        source,
+    })?;
     let pid = child.id().and_then(|p| i32::try_from(p).ok()).unwrap_or(0);
     let record = ProcessRecord {
         pid,
@@ -145,8 +154,10 @@ pub fn spawn(
         started_at: jiff::Timestamp::now().to_string(),
     };
     let _ = std::fs::remove_file(&paths.exit);
-    write_json(&paths.record, &record)
-        .map_err(|source| ProcessError::Record { path: paths.record.clone(), source })?;
+    write_json(&paths.record, &record).map_err(|source| ProcessError::Record {
+        path: paths.record.clone(),
+        source,
+    })?;
     Ok((child, record))
 }
 
@@ -160,10 +171,16 @@ pub fn record_exit(paths: &ContainerPaths, exit: &ExitRecord) {
 /// The exit record for a wait status.
 pub fn exit_from_status(status: std::process::ExitStatus) -> ExitRecord {
     use std::os::unix::process::ExitStatusExt;
-    let exit_code = status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(9));
+    let exit_code = status
+        .code()
+        .unwrap_or_else(|| 128 + status.signal().unwrap_or(9));
     ExitRecord {
         exit_code,
-        reason: if exit_code == 0 { "Completed".into() } else { "Error".into() },
+        reason: if exit_code == 0 {
+            "Completed".into()
+        } else {
+            "Error".into()
+        },
         finished_at: jiff::Timestamp::now().to_string(),
     }
 }
@@ -183,9 +200,13 @@ mod tests {
     async fn a_spawned_process_is_recorded_alive_and_its_exit_code_is_known() {
         let dir = tempfile::tempdir().expect("tempdir");
         let paths = ContainerPaths::new(dir.path(), "compute");
-        let (mut child, record) =
-            spawn(Path::new("/bin/sh"), &["-c".into(), "echo hello; exit 3".into()], &[], &paths)
-                .expect("spawn");
+        let (mut child, record) = spawn(
+            Path::new("/bin/sh"),
+            &["-c".into(), "echo hello; exit 3".into()],
+            &[],
+            &paths,
+        )
+        .expect("spawn");
         assert!(record.pid > 0);
         let status = child.wait().await.expect("wait");
         let exit = exit_from_status(status);
@@ -201,9 +222,13 @@ mod tests {
     async fn signalling_the_group_stops_the_process_and_its_children() {
         let dir = tempfile::tempdir().expect("tempdir");
         let paths = ContainerPaths::new(dir.path(), "compute");
-        let (mut child, record) =
-            spawn(Path::new("/bin/sh"), &["-c".into(), "sleep 600 & wait".into()], &[], &paths)
-                .expect("spawn");
+        let (mut child, record) = spawn(
+            Path::new("/bin/sh"),
+            &["-c".into(), "sleep 600 & wait".into()],
+            &[],
+            &paths,
+        )
+        .expect("spawn");
         assert!(is_alive(&record));
         signal_group(&record, Signal::SIGKILL);
         let status = child.wait().await.expect("wait");
@@ -214,9 +239,16 @@ mod tests {
     fn a_reused_pid_is_not_mistaken_for_ours() {
         let me = i32::try_from(std::process::id()).expect("pid");
         let ticks = start_ticks(me).expect("own stat");
-        let ours = ProcessRecord { pid: me, start_ticks: ticks, started_at: String::new() };
+        let ours = ProcessRecord {
+            pid: me,
+            start_ticks: ticks,
+            started_at: String::new(),
+        };
         assert!(is_alive(&ours));
-        let other = ProcessRecord { start_ticks: ticks + 1, ..ours };
+        let other = ProcessRecord {
+            start_ticks: ticks + 1,
+            ..ours
+        };
         assert!(!is_alive(&other));
     }
 }

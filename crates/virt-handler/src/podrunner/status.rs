@@ -5,10 +5,20 @@ use serde_json::{Value, json};
 /// What the runner knows of a pod's main container.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ContainerState {
-    Running { started_at: String, pid: i32 },
-    Terminated { exit_code: i32, reason: String, started_at: String, finished_at: String },
+    Running {
+        started_at: String,
+        pid: i32,
+    },
+    Terminated {
+        exit_code: i32,
+        reason: String,
+        started_at: String,
+        finished_at: String,
+    },
     /// The image names nothing this runner can run.
-    Unrunnable { message: String },
+    Unrunnable {
+        message: String,
+    },
 }
 
 fn condition(type_: &str, status: bool, now: &str) -> Value {
@@ -17,13 +27,31 @@ fn condition(type_: &str, status: bool, now: &str) -> Value {
 
 /// The pod status for `state` of container `main` (other containers of the pod, like
 /// `guest-console-log`, share its state: they are views of the same process).
-pub fn pod_status(containers: &[(String, String)], state: &ContainerState, host_ip: &str, now: &str) -> Value {
+pub fn pod_status(
+    containers: &[(String, String)],
+    state: &ContainerState,
+    host_ip: &str,
+    now: &str,
+) -> Value {
     let (phase, ready, container_state, reason, message) = match state {
-        ContainerState::Running { started_at, .. } => {
-            ("Running", true, json!({"running": {"startedAt": started_at}}), None, None)
-        }
-        ContainerState::Terminated { exit_code, reason, started_at, finished_at } => (
-            if *exit_code == 0 { "Succeeded" } else { "Failed" },
+        ContainerState::Running { started_at, .. } => (
+            "Running",
+            true,
+            json!({"running": {"startedAt": started_at}}),
+            None,
+            None,
+        ),
+        ContainerState::Terminated {
+            exit_code,
+            reason,
+            started_at,
+            finished_at,
+        } => (
+            if *exit_code == 0 {
+                "Succeeded"
+            } else {
+                "Failed"
+            },
             false,
             json!({"terminated": {"exitCode": exit_code, "reason": reason, "startedAt": started_at, "finishedAt": finished_at}}),
             None,
@@ -55,7 +83,8 @@ pub fn pod_status(containers: &[(String, String)], state: &ContainerState, host_
         })
         .collect();
     let start_time = match state {
-        ContainerState::Running { started_at, .. } | ContainerState::Terminated { started_at, .. } => {
+        ContainerState::Running { started_at, .. }
+        | ContainerState::Terminated { started_at, .. } => {
             json!(started_at)
         }
         ContainerState::Unrunnable { .. } => json!(now),
@@ -119,37 +148,98 @@ mod tests {
 
     #[test]
     fn a_running_container_makes_a_ready_running_pod() {
-        let s = pod_status(&containers(), &ContainerState::Running { started_at: "t0".into(), pid: 42 }, "127.0.0.1", "t1");
+        let s = pod_status(
+            &containers(),
+            &ContainerState::Running {
+                started_at: "t0".into(),
+                pid: 42,
+            },
+            "127.0.0.1",
+            "t1",
+        );
         assert_eq!(s["phase"], "Running");
-        assert_eq!(s["containerStatuses"][0]["state"]["running"]["startedAt"], "t0");
+        assert_eq!(
+            s["containerStatuses"][0]["state"]["running"]["startedAt"],
+            "t0"
+        );
         assert_eq!(s["containerStatuses"][0]["containerID"], "kubevirt-rs://42");
-        let ready = s["conditions"].as_array().expect("conditions").iter().find(|c| c["type"] == "Ready").cloned();
+        let ready = s["conditions"]
+            .as_array()
+            .expect("conditions")
+            .iter()
+            .find(|c| c["type"] == "Ready")
+            .cloned();
         assert_eq!(ready.expect("ready")["status"], "True");
     }
 
     #[test]
     fn exit_codes_decide_succeeded_or_failed() {
-        let done = |code| ContainerState::Terminated { exit_code: code, reason: "r".into(), started_at: "a".into(), finished_at: "b".into() };
-        assert_eq!(pod_status(&containers(), &done(0), "h", "t")["phase"], "Succeeded");
+        let done = |code| ContainerState::Terminated {
+            exit_code: code,
+            reason: "r".into(),
+            started_at: "a".into(),
+            finished_at: "b".into(),
+        };
+        assert_eq!(
+            pod_status(&containers(), &done(0), "h", "t")["phase"],
+            "Succeeded"
+        );
         let failed = pod_status(&containers(), &done(2), "h", "t");
         assert_eq!(failed["phase"], "Failed");
-        assert_eq!(failed["containerStatuses"][0]["state"]["terminated"]["exitCode"], 2);
+        assert_eq!(
+            failed["containerStatuses"][0]["state"]["terminated"]["exitCode"],
+            2
+        );
     }
 
     #[test]
     fn an_unrunnable_image_fails_the_pod_with_a_reason() {
-        let s = pod_status(&containers(), &ContainerState::Unrunnable { message: "no".into() }, "h", "t");
+        let s = pod_status(
+            &containers(),
+            &ContainerState::Unrunnable {
+                message: "no".into(),
+            },
+            "h",
+            "t",
+        );
         assert_eq!(s["phase"], "Failed");
         assert_eq!(s["reason"], "UnsupportedImage");
-        assert_eq!(s["containerStatuses"][0]["state"]["waiting"]["reason"], "ErrImagePull");
+        assert_eq!(
+            s["containerStatuses"][0]["state"]["waiting"]["reason"],
+            "ErrImagePull"
+        );
     }
 
     #[test]
     fn reports_differing_only_in_timestamps_are_the_same() {
-        let a = pod_status(&containers(), &ContainerState::Running { started_at: "t0".into(), pid: 1 }, "h", "t1");
-        let b = pod_status(&containers(), &ContainerState::Running { started_at: "t0".into(), pid: 1 }, "h", "t2");
+        let a = pod_status(
+            &containers(),
+            &ContainerState::Running {
+                started_at: "t0".into(),
+                pid: 1,
+            },
+            "h",
+            "t1",
+        );
+        let b = pod_status(
+            &containers(),
+            &ContainerState::Running {
+                started_at: "t0".into(),
+                pid: 1,
+            },
+            "h",
+            "t2",
+        );
         assert!(same_report(Some(&a), &b));
-        let c = pod_status(&containers(), &ContainerState::Running { started_at: "t0".into(), pid: 2 }, "h", "t2");
+        let c = pod_status(
+            &containers(),
+            &ContainerState::Running {
+                started_at: "t0".into(),
+                pid: 2,
+            },
+            "h",
+            "t2",
+        );
         assert!(!same_report(Some(&a), &c));
         assert!(!same_report(None, &a));
     }

@@ -46,12 +46,24 @@ pub fn pod_requests(pod: &Pod) -> BTreeMap<String, i128> {
     let mut total: BTreeMap<String, i128> = BTreeMap::new();
     let Some(spec) = &pod.spec else { return total };
     for container in &spec.containers {
-        for (name, q) in container.resources.as_ref().and_then(|r| r.requests.as_ref()).into_iter().flatten() {
+        for (name, q) in container
+            .resources
+            .as_ref()
+            .and_then(|r| r.requests.as_ref())
+            .into_iter()
+            .flatten()
+        {
             *total.entry(name.clone()).or_default() += parse_milli(&q.0).unwrap_or(0);
         }
     }
     for container in spec.init_containers.iter().flatten() {
-        for (name, q) in container.resources.as_ref().and_then(|r| r.requests.as_ref()).into_iter().flatten() {
+        for (name, q) in container
+            .resources
+            .as_ref()
+            .and_then(|r| r.requests.as_ref())
+            .into_iter()
+            .flatten()
+        {
             let v = parse_milli(&q.0).unwrap_or(0);
             let entry = total.entry(name.clone()).or_default();
             *entry = (*entry).max(v);
@@ -72,7 +84,10 @@ fn node_is_ready(node: &Node) -> bool {
 
 fn tolerates(tolerations: &[Toleration], taint: &Taint) -> bool {
     tolerations.iter().any(|t| {
-        let effect_ok = t.effect.as_deref().is_none_or(|e| e.is_empty() || e == taint.effect);
+        let effect_ok = t
+            .effect
+            .as_deref()
+            .is_none_or(|e| e.is_empty() || e == taint.effect);
         let key_ok = match t.key.as_deref() {
             None | Some("") => t.operator.as_deref() == Some("Exists"),
             Some(k) => k == taint.key,
@@ -133,13 +148,24 @@ fn selector_matches(pod: &Pod, node: &Node) -> bool {
         .affinity
         .as_ref()
         .and_then(|a| a.node_affinity.as_ref())
-        .and_then(|a| a.required_during_scheduling_ignored_during_execution.as_ref())
-        .is_none_or(|sel| sel.node_selector_terms.iter().any(|t| term_matches(t, node)));
+        .and_then(|a| {
+            a.required_during_scheduling_ignored_during_execution
+                .as_ref()
+        })
+        .is_none_or(|sel| {
+            sel.node_selector_terms
+                .iter()
+                .any(|t| term_matches(t, node))
+        });
     selector_ok && affinity_ok
 }
 
 /// Checks one node; `requested_on_node` is what the node's other (non-terminated) pods request.
-pub fn fits(pod: &Pod, node: &Node, requested_on_node: &BTreeMap<String, i128>) -> Result<(), Unfit> {
+pub fn fits(
+    pod: &Pod,
+    node: &Node,
+    requested_on_node: &BTreeMap<String, i128>,
+) -> Result<(), Unfit> {
     if !node_is_ready(node) {
         return Err(Unfit::NotReady);
     }
@@ -147,10 +173,20 @@ pub fn fits(pod: &Pod, node: &Node, requested_on_node: &BTreeMap<String, i128>) 
     if spec.and_then(|s| s.unschedulable).unwrap_or(false) {
         return Err(Unfit::Unschedulable);
     }
-    let tolerations = pod.spec.as_ref().and_then(|s| s.tolerations.clone()).unwrap_or_default();
+    let tolerations = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.tolerations.clone())
+        .unwrap_or_default();
     for taint in spec.and_then(|s| s.taints.as_deref()).unwrap_or_default() {
-        if (taint.effect == "NoSchedule" || taint.effect == "NoExecute") && !tolerates(&tolerations, taint) {
-            let value = taint.value.as_deref().map(|v| format!(": {v}")).unwrap_or_default();
+        if (taint.effect == "NoSchedule" || taint.effect == "NoExecute")
+            && !tolerates(&tolerations, taint)
+        {
+            let value = taint
+                .value
+                .as_deref()
+                .map(|v| format!(": {v}"))
+                .unwrap_or_default();
             return Err(Unfit::UntoleratedTaint(format!("{}{value}", taint.key)));
         }
     }
@@ -209,8 +245,15 @@ pub fn choose_node<'a>(
     if let Some((node, _)) = best {
         return Ok(node);
     }
-    let detail: Vec<String> = reasons.iter().map(|(why, n)| format!("{n} {why}")).collect();
-    let detail = if detail.is_empty() { String::new() } else { format!(" {}", detail.join(", ")) };
+    let detail: Vec<String> = reasons
+        .iter()
+        .map(|(why, n)| format!("{n} {why}"))
+        .collect();
+    let detail = if detail.is_empty() {
+        String::new()
+    } else {
+        format!(" {}", detail.join(", "))
+    };
     Err(format!("0/{} nodes are available:{detail}.", nodes.len()))
 }
 
@@ -277,9 +320,18 @@ mod tests {
     #[test]
     fn node_selector_taints_and_readiness_filter_nodes() {
         let nodes = [
-            node("not-ready", json!({"status": {"conditions": [{"type": "Ready", "status": "False"}]}})),
-            node("tainted", json!({"spec": {"taints": [{"key": "kubevirt.io/drain", "effect": "NoSchedule"}]}})),
-            node("unlabelled", json!({"metadata": {"labels": {"kubevirt.io/schedulable": "false"}}})),
+            node(
+                "not-ready",
+                json!({"status": {"conditions": [{"type": "Ready", "status": "False"}]}}),
+            ),
+            node(
+                "tainted",
+                json!({"spec": {"taints": [{"key": "kubevirt.io/drain", "effect": "NoSchedule"}]}}),
+            ),
+            node(
+                "unlabelled",
+                json!({"metadata": {"labels": {"kubevirt.io/schedulable": "false"}}}),
+            ),
         ];
         let err = choose_node(&pod(json!({})), &nodes, &BTreeMap::new()).expect_err("unfit");
         assert_eq!(
@@ -291,31 +343,43 @@ mod tests {
 
     #[test]
     fn a_toleration_admits_a_tainted_node() {
-        let nodes = [node("tainted", json!({"spec": {"taints": [{"key": "dedicated", "value": "vm", "effect": "NoSchedule"}]}}))];
-        let p = pod(json!({"spec": {"tolerations": [{"key": "dedicated", "operator": "Equal", "value": "vm", "effect": "NoSchedule"}]}}));
+        let nodes = [node(
+            "tainted",
+            json!({"spec": {"taints": [{"key": "dedicated", "value": "vm", "effect": "NoSchedule"}]}}),
+        )];
+        let p = pod(
+            json!({"spec": {"tolerations": [{"key": "dedicated", "operator": "Equal", "value": "vm", "effect": "NoSchedule"}]}}),
+        );
         assert!(choose_node(&p, &nodes, &BTreeMap::new()).is_ok());
     }
 
     #[test]
     fn required_node_affinity_is_honoured() {
         let nodes = [node("a", json!({})), node("b", json!({}))];
-        let p = pod(json!({"spec": {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
-            "nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["b"]}]}]}}}}}));
+        let p = pod(
+            json!({"spec": {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["b"]}]}]}}}}}),
+        );
         let chosen = choose_node(&p, &nodes, &BTreeMap::new()).expect("fits");
         assert_eq!(chosen.metadata.name.as_deref(), Some("b"));
     }
 
     #[test]
     fn the_node_with_most_free_memory_wins() {
-        let nodes = [node("small", json!({})), node("big", json!({"status": {"allocatable": {"memory": "8Gi"}}}))];
+        let nodes = [
+            node("small", json!({})),
+            node("big", json!({"status": {"allocatable": {"memory": "8Gi"}}})),
+        ];
         let chosen = choose_node(&pod(json!({})), &nodes, &BTreeMap::new()).expect("fits");
         assert_eq!(chosen.metadata.name.as_deref(), Some("big"));
     }
 
     #[test]
     fn init_containers_count_by_their_maximum() {
-        let p = pod(json!({"spec": {"initContainers": [{"name": "init", "image": "x",
-            "resources": {"requests": {"memory": "512Mi"}}}]}}));
+        let p = pod(
+            json!({"spec": {"initContainers": [{"name": "init", "image": "x",
+            "resources": {"requests": {"memory": "512Mi"}}}]}}),
+        );
         let req = pod_requests(&p);
         assert_eq!(req.get("memory"), parse_milli("512Mi").as_ref());
         assert_eq!(req.get("pods"), Some(&1000));

@@ -43,7 +43,10 @@ pub enum SchedulerError {
 
 fn is_pending_for_us(pod: &Pod) -> bool {
     let Some(spec) = &pod.spec else { return false };
-    let scheduler_ok = matches!(spec.scheduler_name.as_deref(), None | Some("") | Some("default-scheduler"));
+    let scheduler_ok = matches!(
+        spec.scheduler_name.as_deref(),
+        None | Some("") | Some("default-scheduler")
+    );
     let unbound = spec.node_name.as_deref().is_none_or(str::is_empty);
     let phase_ok = pod
         .status
@@ -64,7 +67,12 @@ fn is_terminated(pod: &Pod) -> bool {
 fn requested_by_node(pods: &[std::sync::Arc<Pod>]) -> BTreeMap<String, BTreeMap<String, i128>> {
     let mut out: BTreeMap<String, BTreeMap<String, i128>> = BTreeMap::new();
     for pod in pods {
-        let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.clone()).filter(|n| !n.is_empty()) else {
+        let Some(node) = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.node_name.clone())
+            .filter(|n| !n.is_empty())
+        else {
             continue;
         };
         if is_terminated(pod) {
@@ -93,7 +101,11 @@ fn unschedulable_message(pod: &Pod) -> Option<&str> {
 /// # Caveats
 /// Pods bound in this pass count against their node for the rest of the pass, so a burst of
 /// pods never overcommits a node between two cache refreshes.
-pub async fn schedule_pending(client: &kube::Client, pods: &[std::sync::Arc<Pod>], nodes: &[Node]) -> Result<usize, SchedulerError> {
+pub async fn schedule_pending(
+    client: &kube::Client,
+    pods: &[std::sync::Arc<Pod>],
+    nodes: &[Node],
+) -> Result<usize, SchedulerError> {
     let mut requested = requested_by_node(pods);
     let mut bound = 0;
     for pod in pods.iter().filter(|p| is_pending_for_us(p)) {
@@ -104,11 +116,25 @@ pub async fn schedule_pending(client: &kube::Client, pods: &[std::sync::Arc<Pod>
             Ok(node) => {
                 let node_name = node.metadata.name.clone().unwrap_or_default();
                 let binding = Binding {
-                    metadata: kube::api::ObjectMeta { name: Some(name.clone()), namespace: Some(namespace.clone()), ..Default::default() },
-                    target: ObjectReference { kind: Some("Node".into()), name: Some(node_name.clone()), api_version: Some("v1".into()), ..Default::default() },
+                    metadata: kube::api::ObjectMeta {
+                        name: Some(name.clone()),
+                        namespace: Some(namespace.clone()),
+                        ..Default::default()
+                    },
+                    target: ObjectReference {
+                        kind: Some("Node".into()),
+                        name: Some(node_name.clone()),
+                        api_version: Some("v1".into()),
+                        ..Default::default()
+                    },
                 };
                 let res = api
-                    .create_subresource::<_, serde_json::Value>("binding", &name, &PostParams::default(), &binding)
+                    .create_subresource::<_, serde_json::Value>(
+                        "binding",
+                        &name,
+                        &PostParams::default(),
+                        &binding,
+                    )
                     .await;
                 match res {
                     Ok(_) => {
@@ -123,7 +149,13 @@ pub async fn schedule_pending(client: &kube::Client, pods: &[std::sync::Arc<Pod>
                     Err(kube::Error::Api(e)) if e.code == 409 || e.code == 404 => {
                         debug!(pod = %name, code = e.code, "binding skipped");
                     }
-                    Err(source) => return Err(SchedulerError::Bind { pod: name, node: node_name, source }),
+                    Err(source) => {
+                        return Err(SchedulerError::Bind {
+                            pod: name,
+                            node: node_name,
+                            source,
+                        });
+                    }
                 }
             }
             Err(message) => {
@@ -137,7 +169,10 @@ pub async fn schedule_pending(client: &kube::Client, pods: &[std::sync::Arc<Pod>
                 }]}});
                 api.patch_status(&name, &PatchParams::default(), &Patch::Strategic(patch))
                     .await
-                    .map_err(|source| SchedulerError::MarkUnschedulable { pod: name.clone(), source })?;
+                    .map_err(|source| SchedulerError::MarkUnschedulable {
+                        pod: name.clone(),
+                        source,
+                    })?;
                 warn!(pod = %format!("{namespace}/{name}"), %message, "pod is unschedulable");
             }
         }
@@ -167,7 +202,9 @@ pub async fn run(client: kube::Client) {
         }
         // Drain whatever else is ready so a burst of events gives one pass.
         while let Some(Some(())) = futures::FutureExt::now_or_never(changes.next()) {}
-        if pod_store.wait_until_ready().await.is_err() || node_store.wait_until_ready().await.is_err() {
+        if pod_store.wait_until_ready().await.is_err()
+            || node_store.wait_until_ready().await.is_err()
+        {
             return;
         }
         let nodes: Vec<Node> = node_store.state().iter().map(|n| (**n).clone()).collect();

@@ -32,7 +32,9 @@ pub fn parse_milli(quantity: &str) -> Option<i128> {
     };
     let value = scaled_decimal(number, exponent10)?;
     // value is the number × 10^exponent10 in units of 10^-9; convert to thousandths.
-    value.checked_mul(mantissa_milli)?.checked_div(1_000_000_000)
+    value
+        .checked_mul(mantissa_milli)?
+        .checked_div(1_000_000_000)
 }
 
 /// `number × 10^exp` in units of 10^-9, exactly for up to 9 fractional digits.
@@ -45,16 +47,24 @@ fn scaled_decimal(number: &str, exp: i32) -> Option<i128> {
     if int_part.is_empty() && frac_part.is_empty() {
         return None;
     }
-    if !int_part.chars().chain(frac_part.chars()).all(|c| c.is_ascii_digit()) {
+    if !int_part
+        .chars()
+        .chain(frac_part.chars())
+        .all(|c| c.is_ascii_digit())
+    {
         return None;
     }
     let mut value: i128 = 0;
     for c in int_part.chars() {
-        value = value.checked_mul(10)?.checked_add(i128::from(c.to_digit(10)?))?;
+        value = value
+            .checked_mul(10)?
+            .checked_add(i128::from(c.to_digit(10)?))?;
     }
     let mut scale_left = 9;
     for c in frac_part.chars().take(9) {
-        value = value.checked_mul(10)?.checked_add(i128::from(c.to_digit(10)?))?;
+        value = value
+            .checked_mul(10)?
+            .checked_add(i128::from(c.to_digit(10)?))?;
         scale_left -= 1;
     }
     value = value.checked_mul(10i128.checked_pow(scale_left)?)?;
