@@ -19,6 +19,7 @@
 //! Only the first container is run; the others (such as `guest-console-log`) are views of the
 //! same process and share its state.
 
+pub mod logs;
 pub mod process;
 pub mod status;
 

@@ -1,0 +1,232 @@
+//! The node's container-log endpoint (kubelet's `/containerLogs`), so `kubectl logs` works in
+//! embedded mode: the API server's `pods/log` proxies to
+//! `https://<node InternalIP>:<kubeletEndpoint port>/containerLogs/{ns}/{pod}/{container}`.
+//!
+//! Data flow: a request names a pod; the runner's pod cache gives its uid; the answer is the
+//! file `<state dir>/<uid>/<container>.log` (the pod runner's container output; the launcher's
+//! QEMU writes the guest serial console to `guest-console-log.log`), cut to `tailLines`, and
+//! with `follow=true` streamed as it grows until the client goes away or the pod is gone.
+//!
+//! # Guarantees
+//! Only clients presenting a certificate signed by the cluster CA are served (the API server
+//! uses its kubelet-client certificate). Paths are built from the pod's uid and a container
+//! name the pod declares, never from request text.
+//!
+//! # Caveats
+//! The serving certificate is self-signed, as kubelet's default is; kube-apiserver does not
+//! verify kubelet serving certificates unless configured to.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use rustls::RootCertStore;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::server::WebPkiClientVerifier;
+use tokio::io::{AsyncReadExt, AsyncSeekExt};
+use tokio::net::TcpListener;
+use tokio_rustls::TlsAcceptor;
+use tower::ServiceExt;
+use tracing::{debug, warn};
+
+/// Looks up a pod's uid and container names by namespace and name.
+pub type PodLookup = Arc<dyn Fn(&str, &str) -> Option<(String, Vec<String>)> + Send + Sync>;
+
+/// Errors starting the log server.
+#[derive(Debug, thiserror::Error)]
+pub enum LogServerError {
+    /// Building the TLS configuration failed.
+    #[error("TLS configuration: {0}")]
+    Tls(String),
+    /// Binding the listen address failed.
+    #[error("binding {0}")]
+    Bind(SocketAddr, #[source] std::io::Error),
+}
+
+#[derive(Clone)]
+struct LogState {
+    state_dir: PathBuf,
+    lookup: PodLookup,
+}
+
+#[derive(serde::Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+struct LogQuery {
+    follow: Option<bool>,
+    tail_lines: Option<usize>,
+}
+
+fn tls_config(cluster_ca_pem: &[u8], host: &str) -> Result<rustls::ServerConfig, LogServerError> {
+    let err = |e: &dyn std::fmt::Display| LogServerError::Tls(e.to_string());
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut roots = RootCertStore::empty();
+    for c in CertificateDer::pem_slice_iter(cluster_ca_pem) {
+        roots.add(c.map_err(|e| err(&e))?).map_err(|e| err(&e))?;
+    }
+    let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone())
+        .build()
+        .map_err(|e| err(&e))?;
+    let key = rcgen::KeyPair::generate().map_err(|e| err(&e))?;
+    let params = rcgen::CertificateParams::new(vec![host.to_owned(), "localhost".to_owned()])
+        .map_err(|e| err(&e))?;
+    let cert = params.self_signed(&key).map_err(|e| err(&e))?;
+    let key_der =
+        PrivateKeyDer::from_pem_slice(key.serialize_pem().as_bytes()).map_err(|e| err(&e))?;
+    let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| err(&e))?
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(vec![cert.der().clone()], key_der)
+        .map_err(|e| err(&e))?;
+    cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(cfg)
+}
+
+/// The last `n` lines of `bytes`.
+fn tail(bytes: &[u8], n: usize) -> &[u8] {
+    if n == 0 {
+        return &[];
+    }
+    let body = bytes.strip_suffix(b"\n").unwrap_or(bytes);
+    let start = body
+        .iter()
+        .enumerate()
+        .rev()
+        .filter(|(_, b)| **b == b'\n')
+        .nth(n - 1)
+        .map_or(0, |(i, _)| i + 1);
+    &bytes[start..]
+}
+
+async fn container_logs(
+    State(state): State<LogState>,
+    Path((namespace, pod, container)): Path<(String, String, String)>,
+    Query(query): Query<LogQuery>,
+) -> Response {
+    let Some((uid, containers)) = (state.lookup)(&namespace, &pod) else {
+        return (
+            StatusCode::NOT_FOUND,
+            format!("pod {namespace}/{pod} is not on this node"),
+        )
+            .into_response();
+    };
+    if !containers.contains(&container) {
+        return (
+            StatusCode::BAD_REQUEST,
+            format!("container {container} is not valid for pod {pod}"),
+        )
+            .into_response();
+    }
+    let path = state.state_dir.join(&uid).join(format!("{container}.log"));
+    let content = tokio::fs::read(&path).await.unwrap_or_default();
+    let first = match query.tail_lines {
+        Some(n) => tail(&content, n).to_vec(),
+        None => content.clone(),
+    };
+    if !query.follow.unwrap_or(false) {
+        return ([("content-type", "text/plain")], first).into_response();
+    }
+    let offset = u64::try_from(content.len()).unwrap_or(0);
+    let lookup = state.lookup.clone();
+    let stream = futures::stream::unfold((Some(first), offset), move |(pending, offset)| {
+        let path = path.clone();
+        let lookup = lookup.clone();
+        let (namespace, pod) = (namespace.clone(), pod.clone());
+        async move {
+            if let Some(chunk) = pending {
+                return Some((Ok::<_, std::io::Error>(chunk), (None, offset)));
+            }
+            loop {
+                // The pod is gone: end the stream.
+                lookup(&namespace, &pod)?;
+                if let Ok(mut file) = tokio::fs::File::open(&path).await
+                    && file.seek(std::io::SeekFrom::Start(offset)).await.is_ok()
+                {
+                    let mut buf = Vec::new();
+                    if file.read_to_end(&mut buf).await.is_ok() && !buf.is_empty() {
+                        let next = offset + u64::try_from(buf.len()).unwrap_or(0);
+                        return Some((Ok(buf), (None, next)));
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    });
+    ([("content-type", "text/plain")], Body::from_stream(stream)).into_response()
+}
+
+/// Serves container logs on `listen` until the task is dropped; returns the bound address.
+pub async fn serve_logs(
+    listen: SocketAddr,
+    cluster_ca_pem: &[u8],
+    state_dir: PathBuf,
+    lookup: PodLookup,
+) -> Result<(SocketAddr, tokio::task::JoinHandle<()>), LogServerError> {
+    let tls = TlsAcceptor::from(Arc::new(tls_config(
+        cluster_ca_pem,
+        &listen.ip().to_string(),
+    )?));
+    let listener = TcpListener::bind(listen)
+        .await
+        .map_err(|e| LogServerError::Bind(listen, e))?;
+    let addr = listener
+        .local_addr()
+        .map_err(|e| LogServerError::Bind(listen, e))?;
+    let app = Router::new()
+        .route(
+            "/containerLogs/{namespace}/{pod}/{container}",
+            get(container_logs),
+        )
+        .with_state(LogState { state_dir, lookup });
+    let task = tokio::spawn(async move {
+        loop {
+            let Ok((tcp, peer)) = listener.accept().await else {
+                continue;
+            };
+            let (tls, app) = (tls.clone(), app.clone());
+            tokio::spawn(async move {
+                let stream =
+                    match tokio::time::timeout(Duration::from_secs(10), tls.accept(tcp)).await {
+                        Ok(Ok(s)) => s,
+                        Ok(Err(e)) => {
+                            return debug!(%peer, error = %e, "log endpoint: TLS handshake failed");
+                        }
+                        Err(_) => return,
+                    };
+                let svc = hyper::service::service_fn(
+                    move |req: hyper::Request<hyper::body::Incoming>| {
+                        app.clone().oneshot(req.map(Body::new))
+                    },
+                );
+                let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+                if let Err(e) = builder.serve_connection(TokioIo::new(stream), svc).await {
+                    warn!(%peer, error = %e, "log endpoint connection failed");
+                }
+            });
+        }
+    });
+    Ok((addr, task))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::tail;
+
+    #[test]
+    fn tail_keeps_the_last_lines() {
+        assert_eq!(tail(b"a\nb\nc\n", 2), b"b\nc\n");
+        assert_eq!(tail(b"a\nb\nc", 2), b"b\nc");
+        assert_eq!(tail(b"a\nb\n", 5), b"a\nb\n");
+        assert_eq!(tail(b"a\nb\n", 0), b"");
+        assert_eq!(tail(b"", 3), b"");
+    }
+}
