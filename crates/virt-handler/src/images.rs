@@ -19,7 +19,9 @@ pub enum ImageError {
     #[error("invalid image name {0:?}")]
     InvalidName(String),
     /// The image is not in the store.
-    #[error("image {image:?} is not in the local image store; import it with `kubevirt-rs images import {image} FILE…`")]
+    #[error(
+        "image {image:?} is not in the local image store; import it with `kubevirt-rs images import {image} FILE…`"
+    )]
     NotFound {
         /// The image name.
         image: String,
@@ -36,7 +38,9 @@ pub enum ImageError {
         source: SafePathError,
     },
     /// The image holds no disk (`*.img`, `*.qcow2`, `*.raw` under `/disk/` or at its root).
-    #[error("image {0:?} holds no disk image (*.img, *.qcow2 or *.raw under /disk/ or at its root)")]
+    #[error(
+        "image {0:?} holds no disk image (*.img, *.qcow2 or *.raw under /disk/ or at its root)"
+    )]
     NoDisk(String),
     /// Copying a file into the store failed.
     #[error("importing {file:?} into image {image:?}")]
@@ -257,7 +261,7 @@ mod tests {
             sanitise_name("registry:5000/kubevirt/cirros").unwrap(),
             "registry_5000_kubevirt_cirros_latest"
         );
-        assert_eq!(sanitise_name("../x:1").unwrap(), "___x_1");
+        assert_eq!(sanitise_name("../x:1").unwrap(), "_._x_1");
         assert!(sanitise_name("  ").is_none());
     }
 

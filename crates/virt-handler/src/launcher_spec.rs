@@ -1,0 +1,747 @@
+//! VMI → launcher spec: what virt-handler sends in the launcher's `sync` command.
+//!
+//! Data flow: [`build_spec`] reads the VMI (`kubevirt.io/v1`), resolves image names through
+//! the local [`ImageStore`] and returns a [`PreparedSpec`]: the [`LauncherSpec`] with every
+//! value resolved (bytes, host paths, defaults) plus the [`FileAction`]s that must happen in
+//! the pod directory before the launcher can use it. [`prepare_files`] performs them,
+//! idempotently: a file that exists is left alone, so a re-sync after a handler restart never
+//! overwrites a running guest's disk.
+//!
+//! Disk handling:
+//! - `containerDisk`: the image's disk is **copied** into the pod directory (`disks/<name>.<fmt>`)
+//!   so the guest's writes stay ephemeral and the store stays pristine (no `qemu-img` overlay:
+//!   `qemu-img` is not installed on our machines; `std::fs::copy` uses `copy_file_range`,
+//!   which reflinks where the filesystem can).
+//! - `emptyDisk`: a sparse raw file of `capacity` in the pod directory.
+//! - `cloudInitNoCloud`: a small FAT `cidata` disk built with `mkfs.vfat` and `mcopy`.
+//! - `hostDisk`: a file below the configured host-disk directory (checked without following
+//!   symlinks, created sparse for `DiskOrCreate`), hard-linked into the pod directory because
+//!   the launcher only opens paths below it.
+//! - PVCs and DataVolumes: not available in the embedded mode; a clear [`SpecError`].
+//!
+//! Kernel and initrd of `kernelBoot.container` are hard-linked (copied across filesystems).
+//! Everything unsupported is a [`SpecError`], which the caller reports on the VMI.
+
+use std::path::{Path, PathBuf};
+
+use kubevirt_api::v1::{
+    DiskBus as VmiDiskBus, DriverCache, VirtualMachineInstance, VirtualMachineInstanceSpec, Volume,
+};
+use virt_launcher::spec::{
+    Accel, Bootloader, CacheMode, Cpu, CpuFeature, CpuModel, Disk, DiskBus, DiskFormat, Efi,
+    Firmware, Interface, InterfaceBinding, KernelBoot, LauncherSpec, Memory, RuntimePaths,
+    VmiIdentity,
+};
+
+use crate::images::{ImageError, ImageStore};
+use crate::scheduler::quantity::parse_milli;
+
+/// OVMF firmware from Debian's `ovmf` package.
+pub const OVMF_CODE: &str = "/usr/share/OVMF/OVMF_CODE_4M.fd";
+/// OVMF variable-store template.
+pub const OVMF_VARS: &str = "/usr/share/OVMF/OVMF_VARS_4M.fd";
+/// OVMF built with secure boot.
+pub const OVMF_CODE_SECBOOT: &str = "/usr/share/OVMF/OVMF_CODE_4M.secboot.fd";
+/// Variable store with Microsoft's keys enrolled, for secure boot.
+pub const OVMF_VARS_SECBOOT: &str = "/usr/share/OVMF/OVMF_VARS_4M.ms.fd";
+/// TCG translation cache size: QEMU's default of 1 GiB costs ~48 MiB RSS for no benefit here.
+pub const TCG_TRANSLATION_CACHE_MIB: u32 = 32;
+/// Empty `pcie-root-port`s kept for later hotplug of disks and NICs.
+pub const HOTPLUG_PORTS: u32 = 3;
+/// The address slirp hands the guest by DHCP.
+pub const USER_MODE_GUEST_IP: &str = "10.0.2.15";
+/// File name of the serial console log in the pod directory: the pod runner serves
+/// `<container>.log` files, so this is what `kubectl logs POD -c guest-console-log` shows.
+pub const SERIAL_LOG_FILE: &str = "guest-console-log.log";
+
+/// The VMI cannot be turned into a launcher spec.
+#[derive(Debug, thiserror::Error)]
+pub enum SpecError {
+    /// The VMI asks for something this implementation does not do.
+    #[error("{0}")]
+    Unsupported(String),
+    /// The VMI is inconsistent (a disk without a volume, a bad quantity …).
+    #[error("{0}")]
+    Invalid(String),
+    /// An image could not be resolved in the local image store.
+    #[error(transparent)]
+    Image(#[from] ImageError),
+    /// A host disk path is not usable.
+    #[error("hostDisk {volume:?}: {reason}")]
+    HostDisk {
+        /// The volume name.
+        volume: String,
+        /// Why.
+        reason: String,
+    },
+    /// Preparing a file in the pod directory failed.
+    #[error("preparing {path:?}")]
+    Prepare {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A helper program (`mkfs.vfat`, `mcopy`) failed.
+    #[error("{program} failed: {message}")]
+    Tool {
+        /// The program.
+        program: String,
+        /// Its stderr or the spawn error.
+        message: String,
+    },
+}
+
+impl SpecError {
+    /// Short machine-readable reason for conditions and events.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::Unsupported(_) => "Unsupported",
+            Self::Invalid(_) => "InvalidSpec",
+            Self::Image(_) => "ImageNotFound",
+            Self::HostDisk { .. } => "HostDiskNotUsable",
+            Self::Prepare { .. } | Self::Tool { .. } => "PrepareFailed",
+        }
+    }
+}
+
+/// What [`build_spec`] needs besides the VMI.
+#[derive(Debug, Clone)]
+pub struct SpecContext<'a> {
+    /// The launcher pod's directory; every runtime file goes below it.
+    pub pod_dir: &'a Path,
+    /// Where image names resolve.
+    pub images: &'a ImageStore,
+    /// Host disks must lie below this directory.
+    pub host_disk_dir: &'a Path,
+    /// The accelerator, already decided.
+    pub accel: Accel,
+    /// Whether the pod directory's filesystem supports `O_DIRECT` (cache mode `none`).
+    pub direct_io: bool,
+}
+
+/// A file the pod directory needs before the launcher starts the domain.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FileAction {
+    /// Copy `from` to `to` (a writable private copy).
+    Copy {
+        /// Source.
+        from: PathBuf,
+        /// Destination in the pod directory.
+        to: PathBuf,
+    },
+    /// Hard-link `from` at `to`; copy when they are on different filesystems.
+    Link {
+        /// Source.
+        from: PathBuf,
+        /// Destination in the pod directory.
+        to: PathBuf,
+    },
+    /// Create a sparse file of `size` bytes.
+    Sparse {
+        /// The file.
+        path: PathBuf,
+        /// Size in bytes.
+        size: u64,
+    },
+    /// Build a NoCloud `cidata` FAT image holding these files.
+    CloudInit {
+        /// The image file.
+        path: PathBuf,
+        /// `(name, content)` pairs: `meta-data`, `user-data`, `network-config`.
+        files: Vec<(String, String)>,
+    },
+}
+
+impl FileAction {
+    fn target(&self) -> &Path {
+        match self {
+            Self::Copy { to, .. } | Self::Link { to, .. } => to,
+            Self::Sparse { path, .. } | Self::CloudInit { path, .. } => path,
+        }
+    }
+}
+
+/// A launcher spec and the files it relies on.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PreparedSpec {
+    /// The spec to send.
+    pub spec: LauncherSpec,
+    /// What to create first, in order.
+    pub files: Vec<FileAction>,
+}
+
+/// Bytes of a Kubernetes quantity (`128Mi` → 134217728).
+fn quantity_bytes(what: &str, q: &str) -> Result<u64, SpecError> {
+    parse_milli(q)
+        .and_then(|m| u64::try_from(m.div_euclid(1000)).ok())
+        .ok_or_else(|| SpecError::Invalid(format!("{what}: {q:?} is not a quantity")))
+}
+
+fn round_up_mib(bytes: u64) -> u64 {
+    const MIB: u64 = 1 << 20;
+    bytes.div_ceil(MIB) * MIB
+}
+
+/// Builds the launcher spec of `vmi`.
+///
+/// # Errors
+/// [`SpecError`] for unsupported features, missing images and inconsistent VMIs.
+pub fn build_spec(
+    vmi: &VirtualMachineInstance,
+    ctx: &SpecContext<'_>,
+) -> Result<PreparedSpec, SpecError> {
+    let spec = &vmi.spec;
+    let meta = &vmi.metadata;
+    let mut files = Vec::new();
+    let pod = ctx.pod_dir;
+    let path = |name: &str| pod.join(name).display().to_string();
+    let machine_type = spec
+        .domain
+        .machine
+        .as_ref()
+        .and_then(|m| m.type_.clone())
+        .filter(|t| !t.is_empty())
+        .unwrap_or_else(|| "q35".to_owned());
+    if !machine_type.starts_with("q35") && !machine_type.starts_with("pc-q35") {
+        return Err(SpecError::Unsupported(format!(
+            "machine type {machine_type:?} is not supported: only q35 is"
+        )));
+    }
+    let launcher_spec = LauncherSpec {
+        vmi: VmiIdentity {
+            name: meta.name.clone().unwrap_or_default(),
+            namespace: meta.namespace.clone().unwrap_or_default(),
+            uid: meta.uid.clone().unwrap_or_default(),
+        },
+        machine_type,
+        accel: ctx.accel,
+        tcg_translation_cache_mib: (ctx.accel == Accel::Tcg).then_some(TCG_TRANSLATION_CACHE_MIB),
+        cpu: cpu(spec)?,
+        memory: memory(spec)?,
+        firmware: firmware(spec, ctx, &mut files)?,
+        disks: disks(vmi, ctx, &mut files)?,
+        interfaces: interfaces(vmi)?,
+        hotplug_ports: HOTPLUG_PORTS,
+        paths: RuntimePaths {
+            serial_console_socket: path("serial0.sock"),
+            serial_log: path(SERIAL_LOG_FILE),
+            qmp_socket: path("qmp.sock"),
+            pid_file: path("qemu.pid"),
+        },
+    };
+    virt_launcher::qemu_argv(&launcher_spec).map_err(|e| SpecError::Invalid(e.to_string()))?;
+    Ok(PreparedSpec {
+        spec: launcher_spec,
+        files,
+    })
+}
+
+/// vCPU topology: sockets/cores/threads default to 1; without any topology the CPU
+/// request (or limit) in whole CPUs becomes the number of cores, as upstream does.
+fn cpu(spec: &VirtualMachineInstanceSpec) -> Result<Cpu, SpecError> {
+    let vmi_cpu = spec.domain.cpu.clone().unwrap_or_default();
+    let mut cores = vmi_cpu.cores.unwrap_or(0);
+    let sockets = vmi_cpu.sockets.unwrap_or(0);
+    let threads = vmi_cpu.threads.unwrap_or(0);
+    if cores == 0 && sockets == 0 && threads == 0 {
+        let resources = spec.domain.resources.clone().unwrap_or_default();
+        let cpus = resources
+            .limits
+            .get("cpu")
+            .or_else(|| resources.requests.get("cpu"))
+            .and_then(|q| parse_milli(&q.0))
+            .map(|milli| milli.div_euclid(1000) + i128::from(milli % 1000 != 0));
+        cores = cpus.and_then(|c| u32::try_from(c).ok()).unwrap_or(1);
+    }
+    let model = match vmi_cpu.model.as_deref() {
+        None | Some("") => CpuModel::HostModel,
+        Some(other) => CpuModel::from(other.to_owned()),
+    };
+    Ok(Cpu {
+        sockets: sockets.max(1),
+        cores: cores.max(1),
+        threads: threads.max(1),
+        max_sockets: vmi_cpu.max_sockets.filter(|m| *m > 0),
+        model,
+        features: vmi_cpu
+            .features
+            .iter()
+            .map(|f| CpuFeature {
+                name: f.name.clone(),
+                policy: f.policy.clone().unwrap_or_else(|| "require".to_owned()),
+            })
+            .collect(),
+    })
+}
+
+/// Guest memory from `memory.guest`, else `resources.requests.memory` (else the limit).
+fn memory(spec: &VirtualMachineInstanceSpec) -> Result<Memory, SpecError> {
+    let vmi_memory = spec.domain.memory.clone().unwrap_or_default();
+    let resources = spec.domain.resources.clone().unwrap_or_default();
+    let guest = vmi_memory
+        .guest
+        .as_ref()
+        .or_else(|| resources.requests.get("memory"))
+        .or_else(|| resources.limits.get("memory"))
+        .ok_or_else(|| {
+            SpecError::Invalid(
+                "no guest memory: set domain.memory.guest or domain.resources.requests.memory"
+                    .into(),
+            )
+        })?;
+    let guest_bytes = round_up_mib(quantity_bytes("memory", &guest.0)?);
+    let max_guest_bytes = vmi_memory
+        .max_guest
+        .as_ref()
+        .map(|q| quantity_bytes("memory.maxGuest", &q.0).map(round_up_mib))
+        .transpose()?;
+    if vmi_memory.hugepages.is_some() {
+        return Err(SpecError::Unsupported(
+            "hugepages are not supported by the embedded mode yet".into(),
+        ));
+    }
+    Ok(Memory {
+        guest_bytes,
+        max_guest_bytes,
+        hugepages: None,
+    })
+}
+
+fn firmware(
+    spec: &VirtualMachineInstanceSpec,
+    ctx: &SpecContext<'_>,
+    files: &mut Vec<FileAction>,
+) -> Result<Firmware, SpecError> {
+    let fw = spec.domain.firmware.clone().unwrap_or_default();
+    let bootloader = match fw.bootloader.as_ref().and_then(|b| b.efi.as_ref()) {
+        Some(efi) => {
+            let secure_boot = efi.secure_boot.unwrap_or(true);
+            let (code, vars) = if secure_boot {
+                (OVMF_CODE_SECBOOT, OVMF_VARS_SECBOOT)
+            } else {
+                (OVMF_CODE, OVMF_VARS)
+            };
+            let vars_path = ctx.pod_dir.join("efi-vars.fd");
+            files.push(FileAction::Copy {
+                from: PathBuf::from(vars),
+                to: vars_path.clone(),
+            });
+            Bootloader::Efi(Efi {
+                secure_boot,
+                code_path: code.to_owned(),
+                vars_path: vars_path.display().to_string(),
+            })
+        }
+        None => Bootloader::Bios,
+    };
+    let kernel_boot = match fw.kernel_boot.as_ref() {
+        Some(kb) => {
+            let Some(container) = kb.container.as_ref() else {
+                return Err(SpecError::Invalid(
+                    "firmware.kernelBoot needs a container with the kernel".into(),
+                ));
+            };
+            let boot_dir = ctx.pod_dir.join("boot");
+            let mut link = |path_in_image: &str, name: &str| -> Result<String, SpecError> {
+                let from = ctx.images.resolve(&container.image, path_in_image)?;
+                let to = boot_dir.join(name);
+                files.push(FileAction::Link {
+                    from,
+                    to: to.clone(),
+                });
+                Ok(to.display().to_string())
+            };
+            let kernel_path = match container.kernel_path.as_deref() {
+                Some(p) if !p.is_empty() => link(p, "kernel")?,
+                _ => {
+                    return Err(SpecError::Invalid(
+                        "firmware.kernelBoot.container.kernelPath is required".into(),
+                    ));
+                }
+            };
+            let initrd_path = match container.initrd_path.as_deref() {
+                Some(p) if !p.is_empty() => Some(link(p, "initrd")?),
+                _ => None,
+            };
+            Some(KernelBoot {
+                kernel_path,
+                initrd_path,
+                kernel_args: kb.kernel_args.clone().unwrap_or_default(),
+            })
+        }
+        None => None,
+    };
+    Ok(Firmware {
+        bootloader,
+        uuid: fw.uuid.filter(|u| !u.is_empty()),
+        serial: fw.serial.filter(|s| !s.is_empty()),
+        kernel_boot,
+    })
+}
+
+fn disk_bus(bus: Option<&VmiDiskBus>, name: &str) -> Result<DiskBus, SpecError> {
+    match bus {
+        None | Some(VmiDiskBus::Virtio) => Ok(DiskBus::Virtio),
+        Some(VmiDiskBus::Sata) => Ok(DiskBus::Sata),
+        Some(VmiDiskBus::Scsi) => Ok(DiskBus::Scsi),
+        Some(other) => Err(SpecError::Unsupported(format!(
+            "disk {name:?}: bus {:?} is not supported",
+            other.as_str()
+        ))),
+    }
+}
+
+fn disk_format(path: &Path) -> DiskFormat {
+    if path.extension().is_some_and(|e| e == "qcow2") {
+        DiskFormat::Qcow2
+    } else {
+        DiskFormat::Raw
+    }
+}
+
+/// Where a volume's data comes from, resolved.
+struct Source {
+    path: PathBuf,
+    format: DiskFormat,
+}
+
+fn volume_source(
+    vmi: &VirtualMachineInstance,
+    volume: &Volume,
+    ctx: &SpecContext<'_>,
+    files: &mut Vec<FileAction>,
+) -> Result<Source, SpecError> {
+    let disks_dir = ctx.pod_dir.join("disks");
+    let name = &volume.name;
+    let src = &volume.volume_source;
+    if let Some(cd) = &src.container_disk {
+        let from = ctx.images.resolve_disk(&cd.image, cd.path.as_deref())?;
+        let format = disk_format(&from);
+        let ext = if format == DiskFormat::Qcow2 {
+            "qcow2"
+        } else {
+            "img"
+        };
+        let to = disks_dir.join(format!("{name}.{ext}"));
+        files.push(FileAction::Copy {
+            from,
+            to: to.clone(),
+        });
+        return Ok(Source { path: to, format });
+    }
+    if let Some(empty) = &src.empty_disk {
+        let size = quantity_bytes("emptyDisk.capacity", &empty.capacity.0)?;
+        let path = disks_dir.join(format!("{name}.img"));
+        files.push(FileAction::Sparse {
+            path: path.clone(),
+            size,
+        });
+        return Ok(Source {
+            path,
+            format: DiskFormat::Raw,
+        });
+    }
+    if let Some(ci) = &src.cloud_init_no_cloud {
+        if ci.secret_ref.is_some() || ci.network_data_secret_ref.is_some() {
+            return Err(SpecError::Unsupported(format!(
+                "volume {name:?}: cloudInitNoCloud secret references are not supported yet; use userData"
+            )));
+        }
+        let uid = vmi.metadata.uid.clone().unwrap_or_default();
+        let host = vmi
+            .spec
+            .hostname
+            .clone()
+            .or_else(|| vmi.metadata.name.clone())
+            .unwrap_or_default();
+        let mut content = vec![(
+            "meta-data".to_owned(),
+            format!("instance-id: {uid}\nlocal-hostname: {host}\n"),
+        )];
+        content.push((
+            "user-data".to_owned(),
+            ci.user_data.clone().unwrap_or_default(),
+        ));
+        if let Some(net) = &ci.network_data {
+            content.push(("network-config".to_owned(), net.clone()));
+        }
+        let path = disks_dir.join(format!("{name}-cidata.img"));
+        files.push(FileAction::CloudInit {
+            path: path.clone(),
+            files: content,
+        });
+        return Ok(Source {
+            path,
+            format: DiskFormat::Raw,
+        });
+    }
+    if let Some(hd) = &src.host_disk {
+        return host_disk(name, hd, ctx, files);
+    }
+    let kind = if src.persistent_volume_claim.is_some() {
+        "persistentVolumeClaim"
+    } else if src.data_volume.is_some() {
+        "dataVolume"
+    } else if src.ephemeral.is_some() {
+        "ephemeral"
+    } else {
+        "this volume type"
+    };
+    Err(SpecError::Unsupported(format!(
+        "volume {name:?}: {kind} is not available in the embedded mode (no storage provider yet)"
+    )))
+}
+
+fn host_disk(
+    name: &str,
+    hd: &kubevirt_api::v1::HostDisk,
+    ctx: &SpecContext<'_>,
+    files: &mut Vec<FileAction>,
+) -> Result<Source, SpecError> {
+    let fail = |reason: String| SpecError::HostDisk {
+        volume: name.to_owned(),
+        reason,
+    };
+    let path = Path::new(&hd.path);
+    match hd.type_.as_str() {
+        "Disk" => {
+            virt_launcher::safe_path::check_beneath(ctx.host_disk_dir, path)
+                .map_err(|e| fail(e.to_string()))?;
+        }
+        "DiskOrCreate" => {
+            virt_launcher::safe_path::check_parent_beneath(ctx.host_disk_dir, path)
+                .map_err(|e| fail(e.to_string()))?;
+            let capacity = hd
+                .capacity
+                .as_ref()
+                .ok_or_else(|| fail("DiskOrCreate needs a capacity".into()))?;
+            files.push(FileAction::Sparse {
+                path: path.to_owned(),
+                size: quantity_bytes("hostDisk.capacity", &capacity.0)?,
+            });
+        }
+        other => return Err(fail(format!("type {other:?} is not Disk or DiskOrCreate"))),
+    }
+    let to = ctx.pod_dir.join("disks").join(format!("{name}.img"));
+    files.push(FileAction::Link {
+        from: path.to_owned(),
+        to: to.clone(),
+    });
+    Ok(Source {
+        path: to,
+        format: DiskFormat::Raw,
+    })
+}
+
+fn disks(
+    vmi: &VirtualMachineInstance,
+    ctx: &SpecContext<'_>,
+    files: &mut Vec<FileAction>,
+) -> Result<Vec<Disk>, SpecError> {
+    let mut out = Vec::new();
+    for disk in &vmi.spec.domain.devices.disks {
+        let volume = vmi
+            .spec
+            .volumes
+            .iter()
+            .find(|v| v.name == disk.name)
+            .ok_or_else(|| {
+                SpecError::Invalid(format!("disk {:?} has no volume of that name", disk.name))
+            })?;
+        if disk.lun.is_some() {
+            return Err(SpecError::Unsupported(format!(
+                "disk {:?}: lun disks are not supported",
+                disk.name
+            )));
+        }
+        let source = volume_source(vmi, volume, ctx, files)?;
+        let (bus, readonly, cdrom) = match (&disk.cdrom, &disk.disk) {
+            (Some(cd), _) => (cd.bus.as_ref(), cd.readonly.unwrap_or(true), true),
+            (None, Some(d)) => (d.bus.as_ref(), d.readonly.unwrap_or(false), false),
+            (None, None) => (None, false, false),
+        };
+        let cache = match disk.cache.as_ref() {
+            Some(DriverCache::WriteThrough) => CacheMode::Writethrough,
+            Some(DriverCache::WriteBack) => CacheMode::Writeback,
+            Some(DriverCache::None) if ctx.direct_io => CacheMode::None,
+            // Upstream falls back to writethrough where O_DIRECT is missing (tmpfs).
+            None if ctx.direct_io => CacheMode::None,
+            _ => CacheMode::Writethrough,
+        };
+        out.push(Disk {
+            name: disk.name.clone(),
+            source_path: source.path.display().to_string(),
+            format: source.format,
+            bus: disk_bus(bus, &disk.name)?,
+            cdrom,
+            boot_order: disk.boot_order,
+            serial: disk.serial.clone(),
+            cache,
+            readonly,
+        });
+    }
+    Ok(out)
+}
+
+/// A stable MAC for an interface without one: QEMU's `52:54:00` prefix and three bytes of
+/// an FNV-1a hash of the VMI UID and interface name, so restarts report the same address.
+pub fn derived_mac(uid: &str, iface: &str) -> String {
+    let mut hash: u32 = 0x811c_9dc5;
+    for byte in uid.bytes().chain([b'/']).chain(iface.bytes()) {
+        hash ^= u32::from(byte);
+        hash = hash.wrapping_mul(0x0100_0193);
+    }
+    let [_, a, b, c] = hash.to_be_bytes();
+    format!("52:54:00:{a:02x}:{b:02x}:{c:02x}")
+}
+
+fn interfaces(vmi: &VirtualMachineInstance) -> Result<Vec<Interface>, SpecError> {
+    let uid = vmi.metadata.uid.clone().unwrap_or_default();
+    let mut out = Vec::new();
+    for iface in &vmi.spec.domain.devices.interfaces {
+        let name = &iface.name;
+        let network = vmi.spec.networks.iter().find(|n| &n.name == name);
+        let on_pod_network = network.is_some_and(|n| n.network_source.pod.is_some());
+        if !on_pod_network {
+            return Err(SpecError::Unsupported(format!(
+                "interface {name:?}: only the pod network is supported in the embedded mode"
+            )));
+        }
+        let b = &iface.binding_method;
+        if b.masquerade.is_none() && b.bridge.is_none() && b.slirp.is_none() {
+            return Err(SpecError::Unsupported(format!(
+                "interface {name:?}: only masquerade, bridge and slirp bindings are supported (as user-mode networking)"
+            )));
+        }
+        out.push(Interface {
+            name: name.clone(),
+            model: iface.model.clone().unwrap_or_else(|| "virtio".to_owned()),
+            binding: InterfaceBinding::UserMode,
+            mac_address: Some(
+                iface
+                    .mac_address
+                    .clone()
+                    .filter(|m| !m.is_empty())
+                    .unwrap_or_else(|| derived_mac(&uid, name)),
+            ),
+            boot_order: iface.boot_order,
+        });
+    }
+    Ok(out)
+}
+
+/// Whether files in `dir` can be opened with `O_DIRECT` (false on tmpfs).
+pub fn supports_direct_io(dir: &Path) -> bool {
+    use std::os::unix::fs::OpenOptionsExt;
+    let probe = dir.join(".direct-io-probe");
+    let ok = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .custom_flags(nix::libc::O_DIRECT)
+        .open(&probe)
+        .is_ok();
+    let _ = std::fs::remove_file(&probe);
+    ok
+}
+
+/// Performs `files` in order; a target that exists already is left as it is.
+///
+/// # Errors
+/// [`SpecError::Prepare`] or [`SpecError::Tool`] for the first action that fails.
+pub fn prepare_files(files: &[FileAction]) -> Result<(), SpecError> {
+    for action in files {
+        let target = action.target();
+        if std::fs::symlink_metadata(target).is_ok() {
+            continue;
+        }
+        let io = |source| SpecError::Prepare {
+            path: target.to_owned(),
+            source,
+        };
+        if let Some(parent) = target.parent() {
+            std::fs::create_dir_all(parent).map_err(io)?;
+        }
+        let mut temporary = target.to_owned().into_os_string();
+        temporary.push(".preparing");
+        let temporary = PathBuf::from(temporary);
+        let _ = std::fs::remove_file(&temporary);
+        match action {
+            FileAction::Copy { from, .. } => {
+                std::fs::copy(from, &temporary).map_err(io)?;
+            }
+            FileAction::Link { from, .. } => {
+                if std::fs::hard_link(from, &temporary).is_err() {
+                    std::fs::copy(from, &temporary).map_err(io)?;
+                }
+            }
+            FileAction::Sparse { size, .. } => {
+                let file = std::fs::File::create(&temporary).map_err(io)?;
+                file.set_len(*size).map_err(io)?;
+            }
+            FileAction::CloudInit { files, .. } => build_cidata(&temporary, files)?,
+        }
+        std::fs::rename(&temporary, target).map_err(io)?;
+    }
+    Ok(())
+}
+
+fn run_tool(program: &str, args: &[&std::ffi::OsStr]) -> Result<(), SpecError> {
+    let output = std::process::Command::new(program)
+        .args(args)
+        .output()
+        .map_err(|e| SpecError::Tool {
+            program: program.to_owned(),
+            message: e.to_string(),
+        })?;
+    if output.status.success() {
+        Ok(())
+    } else {
+        Err(SpecError::Tool {
+            program: program.to_owned(),
+            message: String::from_utf8_lossy(&output.stderr).trim().to_owned(),
+        })
+    }
+}
+
+/// A 2 MiB FAT image labelled `cidata` with the NoCloud files.
+fn build_cidata(image: &Path, files: &[(String, String)]) -> Result<(), SpecError> {
+    let staging = image.with_extension("d");
+    let io = |source| SpecError::Prepare {
+        path: staging.clone(),
+        source,
+    };
+    std::fs::create_dir_all(&staging).map_err(io)?;
+    run_tool(
+        "mkfs.vfat",
+        &[
+            "-n".as_ref(),
+            "cidata".as_ref(),
+            "-C".as_ref(),
+            image.as_os_str(),
+            "2048".as_ref(),
+        ],
+    )?;
+    for (name, content) in files {
+        let local = staging.join(name);
+        std::fs::write(&local, content).map_err(io)?;
+        let dest = format!("::{name}");
+        run_tool(
+            "mcopy",
+            &[
+                "-o".as_ref(),
+                "-i".as_ref(),
+                image.as_os_str(),
+                local.as_os_str(),
+                dest.as_ref(),
+            ],
+        )?;
+    }
+    let _ = std::fs::remove_dir_all(&staging);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;

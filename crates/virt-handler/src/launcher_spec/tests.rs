@@ -1,0 +1,372 @@
+use super::*;
+use crate::images::{ImportFile, import};
+
+struct Fixture {
+    _tmp: tempfile::TempDir,
+    data: PathBuf,
+    pod: PathBuf,
+    hostdisks: PathBuf,
+    images: ImageStore,
+}
+
+fn fixture() -> Fixture {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    let pod = data.join("pods").join("pod-uid");
+    let hostdisks = data.join("hostdisks");
+    std::fs::create_dir_all(&pod).unwrap();
+    std::fs::create_dir_all(&hostdisks).unwrap();
+    let src = tmp.path().join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    for name in ["vmlinux", "initramfs.cpio.gz", "guest.qcow2"] {
+        std::fs::write(src.join(name), name).unwrap();
+    }
+    import(
+        &data,
+        "kubevirt-rs/test-guest:latest",
+        &[
+            ImportFile {
+                source: src.join("vmlinux"),
+                destination: None,
+            },
+            ImportFile {
+                source: src.join("initramfs.cpio.gz"),
+                destination: None,
+            },
+            ImportFile {
+                source: src.join("guest.qcow2"),
+                destination: Some("/disk/".into()),
+            },
+        ],
+    )
+    .unwrap();
+    let images = ImageStore::new(&data);
+    Fixture {
+        _tmp: tmp,
+        data,
+        pod,
+        hostdisks,
+        images,
+    }
+}
+
+impl Fixture {
+    fn ctx(&self) -> SpecContext<'_> {
+        SpecContext {
+            pod_dir: &self.pod,
+            images: &self.images,
+            host_disk_dir: &self.hostdisks,
+            accel: Accel::Tcg,
+            direct_io: false,
+        }
+    }
+}
+
+fn vmi(yaml_spec: serde_json::Value) -> VirtualMachineInstance {
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "kubevirt.io/v1",
+        "kind": "VirtualMachineInstance",
+        "metadata": {"name": "demo", "namespace": "default", "uid": "1234-uid"},
+        "spec": yaml_spec,
+    }))
+    .unwrap()
+}
+
+fn demo_vmi() -> VirtualMachineInstance {
+    vmi(serde_json::json!({
+        "domain": {
+            "cpu": {"cores": 1},
+            "memory": {"guest": "128Mi"},
+            "firmware": {"kernelBoot": {
+                "kernelArgs": "console=ttyS0 panic=-1",
+                "container": {
+                    "image": "kubevirt-rs/test-guest:latest",
+                    "kernelPath": "/vmlinux",
+                    "initrdPath": "/initramfs.cpio.gz"
+                }
+            }},
+            "devices": {
+                "disks": [],
+                "interfaces": [{"name": "default", "masquerade": {}}]
+            }
+        },
+        "networks": [{"name": "default", "pod": {}}]
+    }))
+}
+
+#[test]
+fn the_demo_vm_becomes_a_tcg_kernel_boot_spec_with_files_in_the_pod_dir() {
+    let f = fixture();
+    let prepared = build_spec(&demo_vmi(), &f.ctx()).unwrap();
+    let spec = &prepared.spec;
+    let pod = f.pod.display().to_string();
+    assert_eq!(spec.vmi.name, "demo");
+    assert_eq!(spec.machine_type, "q35");
+    assert_eq!(spec.accel, Accel::Tcg);
+    assert_eq!(spec.tcg_translation_cache_mib, Some(32));
+    assert_eq!(
+        (spec.cpu.sockets, spec.cpu.cores, spec.cpu.threads),
+        (1, 1, 1)
+    );
+    assert_eq!(spec.cpu.model, CpuModel::HostModel);
+    assert_eq!(spec.memory.guest_bytes, 128 << 20);
+    let kb = spec.firmware.kernel_boot.as_ref().unwrap();
+    assert_eq!(kb.kernel_path, format!("{pod}/boot/kernel"));
+    assert_eq!(
+        kb.initrd_path.as_deref(),
+        Some(&*format!("{pod}/boot/initrd"))
+    );
+    assert_eq!(kb.kernel_args, "console=ttyS0 panic=-1");
+    assert_eq!(
+        spec.paths.serial_log,
+        format!("{pod}/guest-console-log.log")
+    );
+    assert_eq!(spec.paths.qmp_socket, format!("{pod}/qmp.sock"));
+    assert_eq!(spec.interfaces.len(), 1);
+    assert_eq!(spec.interfaces[0].binding, InterfaceBinding::UserMode);
+    assert_eq!(
+        spec.interfaces[0].mac_address.as_deref(),
+        Some(&*derived_mac("1234-uid", "default"))
+    );
+    let image_dir = f.data.join("images/kubevirt-rs_test-guest_latest");
+    assert_eq!(
+        prepared.files,
+        vec![
+            FileAction::Link {
+                from: image_dir.join("vmlinux"),
+                to: f.pod.join("boot/kernel")
+            },
+            FileAction::Link {
+                from: image_dir.join("initramfs.cpio.gz"),
+                to: f.pod.join("boot/initrd")
+            },
+        ]
+    );
+    prepare_files(&prepared.files).unwrap();
+    assert_eq!(
+        std::fs::read_to_string(f.pod.join("boot/kernel")).unwrap(),
+        "vmlinux"
+    );
+}
+
+#[test]
+fn the_spec_serialises_to_the_expected_launcher_json() {
+    let f = fixture();
+    let spec = build_spec(&demo_vmi(), &f.ctx()).unwrap().spec;
+    let json = serde_json::to_value(&spec).unwrap();
+    let pod = f.pod.display().to_string();
+    let expected = serde_json::json!({
+        "vmi": {"name": "demo", "namespace": "default", "uid": "1234-uid"},
+        "machineType": "q35",
+        "accel": "tcg",
+        "tcgTranslationCacheMib": 32,
+        "cpu": {"sockets": 1, "cores": 1, "threads": 1, "model": "host-model"},
+        "memory": {"guestBytes": 134_217_728},
+        "firmware": {
+            "bootloader": "bios",
+            "kernelBoot": {
+                "kernelPath": format!("{pod}/boot/kernel"),
+                "initrdPath": format!("{pod}/boot/initrd"),
+                "kernelArgs": "console=ttyS0 panic=-1"
+            }
+        },
+        "disks": [],
+        "interfaces": [{
+            "name": "default", "model": "virtio", "binding": "userMode",
+            "macAddress": derived_mac("1234-uid", "default")
+        }],
+        "hotplugPorts": 3,
+        "paths": {
+            "serialConsoleSocket": format!("{pod}/serial0.sock"),
+            "serialLog": format!("{pod}/guest-console-log.log"),
+            "qmpSocket": format!("{pod}/qmp.sock"),
+            "pidFile": format!("{pod}/qemu.pid")
+        }
+    });
+    assert_eq!(json, expected);
+}
+
+#[test]
+fn topology_memory_efi_and_disks_are_resolved() {
+    let f = fixture();
+    let v = vmi(serde_json::json!({
+        "domain": {
+            "cpu": {"sockets": 2, "cores": 2, "threads": 1, "maxSockets": 4, "model": "Skylake-Server"},
+            "memory": {"guest": "1Gi", "maxGuest": "4Gi"},
+            "firmware": {"uuid": "5d307ca9-b3ef-428c-8861-06e72d69f223", "serial": "s-1", "bootloader": {"efi": {"secureBoot": false}}},
+            "devices": {"disks": [
+                {"name": "root", "disk": {"bus": "virtio"}, "bootOrder": 1},
+                {"name": "scratch", "disk": {"bus": "sata"}, "cache": "writeback"},
+                {"name": "host", "disk": {}}
+            ]}
+        },
+        "volumes": [
+            {"name": "root", "containerDisk": {"image": "kubevirt-rs/test-guest:latest"}},
+            {"name": "scratch", "emptyDisk": {"capacity": "2Gi"}},
+            {"name": "host", "hostDisk": {"path": f.hostdisks.join("h.img").display().to_string(), "type": "DiskOrCreate", "capacity": "1Mi"}}
+        ]
+    }));
+    let prepared = build_spec(&v, &f.ctx()).unwrap();
+    let spec = &prepared.spec;
+    assert_eq!(
+        (spec.cpu.sockets, spec.cpu.cores, spec.cpu.max_sockets),
+        (2, 2, Some(4))
+    );
+    assert_eq!(spec.cpu.model, CpuModel::Named("Skylake-Server".into()));
+    assert_eq!(spec.memory.guest_bytes, 1 << 30);
+    assert_eq!(spec.memory.max_guest_bytes, Some(4 << 30));
+    assert_eq!(
+        spec.firmware.uuid.as_deref(),
+        Some("5d307ca9-b3ef-428c-8861-06e72d69f223")
+    );
+    match &spec.firmware.bootloader {
+        Bootloader::Efi(efi) => {
+            assert_eq!(efi.code_path, OVMF_CODE);
+            assert_eq!(
+                efi.vars_path,
+                f.pod.join("efi-vars.fd").display().to_string()
+            );
+        }
+        Bootloader::Bios => panic!("expected EFI"),
+    }
+    let root = &spec.disks[0];
+    assert_eq!(root.format, DiskFormat::Qcow2);
+    assert_eq!(
+        root.source_path,
+        f.pod.join("disks/root.qcow2").display().to_string()
+    );
+    assert_eq!(root.boot_order, Some(1));
+    assert_eq!(
+        root.cache,
+        CacheMode::Writethrough,
+        "no O_DIRECT in this context"
+    );
+    assert_eq!(spec.disks[1].bus, DiskBus::Sata);
+    assert_eq!(spec.disks[1].cache, CacheMode::Writeback);
+    // The EFI vars copy needs Debian's ovmf package; check the disk actions only.
+    let disk_actions: Vec<_> = prepared
+        .files
+        .iter()
+        .filter(|a| !matches!(a, FileAction::Copy { from, .. } if from.starts_with("/usr")))
+        .cloned()
+        .collect();
+    prepare_files(&disk_actions).unwrap();
+    assert_eq!(
+        std::fs::metadata(f.pod.join("disks/scratch.img"))
+            .unwrap()
+            .len(),
+        2 << 30
+    );
+    assert_eq!(
+        std::fs::read_to_string(f.pod.join("disks/root.qcow2")).unwrap(),
+        "guest.qcow2"
+    );
+    assert_eq!(
+        std::fs::metadata(f.pod.join("disks/host.img"))
+            .unwrap()
+            .len(),
+        1 << 20
+    );
+    // A second prepare leaves existing files alone.
+    std::fs::write(f.pod.join("disks/root.qcow2"), "guest wrote").unwrap();
+    prepare_files(&disk_actions).unwrap();
+    assert_eq!(
+        std::fs::read_to_string(f.pod.join("disks/root.qcow2")).unwrap(),
+        "guest wrote"
+    );
+}
+
+#[test]
+fn cpu_requests_become_cores_when_no_topology_is_given() {
+    let f = fixture();
+    let v = vmi(serde_json::json!({
+        "domain": {"resources": {"requests": {"cpu": "1500m", "memory": "100M"}}, "devices": {}}
+    }));
+    let spec = build_spec(&v, &f.ctx()).unwrap().spec;
+    assert_eq!(spec.cpu.cores, 2);
+    assert_eq!(
+        spec.memory.guest_bytes,
+        96 << 20,
+        "100M rounded up to whole MiB"
+    );
+}
+
+#[test]
+fn unsupported_volumes_and_bindings_are_clear_errors() {
+    let f = fixture();
+    let pvc = vmi(serde_json::json!({
+        "domain": {"memory": {"guest": "128Mi"}, "devices": {"disks": [{"name": "d", "disk": {}}]}},
+        "volumes": [{"name": "d", "persistentVolumeClaim": {"claimName": "c"}}]
+    }));
+    let err = build_spec(&pvc, &f.ctx()).unwrap_err();
+    assert!(matches!(err, SpecError::Unsupported(_)));
+    assert!(err.to_string().contains("persistentVolumeClaim"), "{err}");
+
+    let missing_image = vmi(serde_json::json!({
+        "domain": {"memory": {"guest": "128Mi"}, "devices": {"disks": [{"name": "d", "disk": {}}]}},
+        "volumes": [{"name": "d", "containerDisk": {"image": "quay.io/nope:1"}}]
+    }));
+    let err = build_spec(&missing_image, &f.ctx()).unwrap_err();
+    assert_eq!(err.reason(), "ImageNotFound");
+
+    let sriov = vmi(serde_json::json!({
+        "domain": {"memory": {"guest": "128Mi"}, "devices": {"interfaces": [{"name": "n", "sriov": {}}]}},
+        "networks": [{"name": "n", "pod": {}}]
+    }));
+    assert!(matches!(
+        build_spec(&sriov, &f.ctx()).unwrap_err(),
+        SpecError::Unsupported(_)
+    ));
+
+    let outside = vmi(serde_json::json!({
+        "domain": {"memory": {"guest": "128Mi"}, "devices": {"disks": [{"name": "d", "disk": {}}]}},
+        "volumes": [{"name": "d", "hostDisk": {"path": "/etc/passwd", "type": "Disk"}}]
+    }));
+    assert_eq!(
+        build_spec(&outside, &f.ctx()).unwrap_err().reason(),
+        "HostDiskNotUsable"
+    );
+
+    let no_memory = vmi(serde_json::json!({"domain": {"devices": {}}}));
+    assert_eq!(
+        build_spec(&no_memory, &f.ctx()).unwrap_err().reason(),
+        "InvalidSpec"
+    );
+}
+
+#[test]
+fn cloud_init_no_cloud_becomes_a_cidata_disk() {
+    if std::process::Command::new("mkfs.vfat")
+        .arg("--help")
+        .output()
+        .is_err()
+    {
+        eprintln!("skipped: mkfs.vfat (dosfstools) is not installed");
+        return;
+    }
+    let f = fixture();
+    let v = vmi(serde_json::json!({
+        "domain": {"memory": {"guest": "128Mi"}, "devices": {"disks": [{"name": "ci", "disk": {}}]}},
+        "volumes": [{"name": "ci", "cloudInitNoCloud": {"userData": "#!/bin/sh\necho hi\n"}}]
+    }));
+    let prepared = build_spec(&v, &f.ctx()).unwrap();
+    prepare_files(&prepared.files).unwrap();
+    let image = f.pod.join("disks/ci-cidata.img");
+    let listing = std::process::Command::new("mdir")
+        .args(["-b", "-i"])
+        .arg(&image)
+        .arg("::")
+        .output()
+        .unwrap();
+    let listing = String::from_utf8_lossy(&listing.stdout);
+    assert!(listing.contains("user-data"), "{listing}");
+    assert!(listing.contains("meta-data"), "{listing}");
+}
+
+#[test]
+fn derived_macs_are_stable_and_local_to_qemus_prefix() {
+    let a = derived_mac("uid-1", "default");
+    assert_eq!(a, derived_mac("uid-1", "default"));
+    assert_ne!(a, derived_mac("uid-2", "default"));
+    assert!(a.starts_with("52:54:00:") && a.len() == 17, "{a}");
+}
