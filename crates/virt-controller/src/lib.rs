@@ -9,3 +9,4 @@
 pub mod runtime;
 
 pub mod labelsync;
+pub mod kubevirt_config;

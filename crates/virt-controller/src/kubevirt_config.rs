@@ -1,0 +1,152 @@
+//! The cluster configuration as the KubeVirt CR states it, published to running components.
+//!
+//! KubeVirt users change component flags through
+//! `spec.customizeComponents.flags.{api,controller,handler}` of the `KubeVirt` CR (upstream's
+//! operator then rolls the component's pods). Here the running components pick the change up
+//! in place: [`watch_kubevirt`] follows the CR and publishes a [`ClusterSettings`] on a
+//! `tokio::sync::watch` channel, and each component derives its effective settings from its
+//! command-line flags overlaid with the CR's ([`effective_flag`]) — so changing the label-sync
+//! patterns restarts nothing, VMs included.
+
+use std::collections::BTreeMap;
+
+use futures::StreamExt;
+use kube::api::Api;
+use kube::runtime::{WatchStreamExt, watcher};
+use kubevirt_api::v1::KubeVirt;
+use tokio::sync::watch;
+use tracing::{info, warn};
+
+/// What the components need from the KubeVirt CR.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ClusterSettings {
+    /// `spec.customizeComponents.flags.api`.
+    pub api_flags: BTreeMap<String, String>,
+    /// `spec.customizeComponents.flags.controller`.
+    pub controller_flags: BTreeMap<String, String>,
+    /// `spec.customizeComponents.flags.handler`.
+    pub handler_flags: BTreeMap<String, String>,
+    /// `spec.configuration.developerConfiguration.useEmulation`.
+    pub use_emulation: Option<bool>,
+    /// `spec.configuration.developerConfiguration.featureGates`.
+    pub feature_gates: Vec<String>,
+}
+
+impl ClusterSettings {
+    /// The settings a KubeVirt CR states (defaults when there is none).
+    pub fn from_kubevirt(kv: Option<&KubeVirt>) -> ClusterSettings {
+        let Some(kv) = kv else {
+            return ClusterSettings::default();
+        };
+        let flags = kv
+            .spec
+            .customize_components
+            .as_ref()
+            .and_then(|c| c.flags.clone())
+            .unwrap_or_default();
+        let developer = kv
+            .spec
+            .configuration
+            .as_ref()
+            .and_then(|c| c.developer_configuration.as_ref());
+        ClusterSettings {
+            api_flags: flags.api,
+            controller_flags: flags.controller,
+            handler_flags: flags.handler,
+            use_emulation: developer.and_then(|d| d.use_emulation),
+            feature_gates: developer
+                .map(|d| d.feature_gates.clone())
+                .unwrap_or_default(),
+        }
+    }
+}
+
+/// A flag's effective value: the CR's value when it sets the flag (the CR is how users change
+/// a running installation), else the command line's.
+pub fn effective_flag<'a>(
+    cr_flags: &'a BTreeMap<String, String>,
+    name: &str,
+    command_line: &'a str,
+) -> &'a str {
+    cr_flags.get(name).map_or(command_line, String::as_str)
+}
+
+/// Follows the KubeVirt CRs of `namespace` and publishes the settings of the first one (by
+/// name) whenever they change. Runs until the watch stream ends.
+pub async fn watch_kubevirt(
+    client: kube::Client,
+    namespace: &str,
+    tx: watch::Sender<ClusterSettings>,
+) {
+    let api: Api<KubeVirt> = Api::namespaced(client, namespace);
+    let mut current: BTreeMap<String, KubeVirt> = BTreeMap::new();
+    let mut events = watcher(api, watcher::Config::default())
+        .default_backoff()
+        .boxed();
+    while let Some(event) = events.next().await {
+        match event {
+            Ok(watcher::Event::Apply(kv) | watcher::Event::InitApply(kv)) => {
+                current.insert(kv.metadata.name.clone().unwrap_or_default(), kv);
+            }
+            Ok(watcher::Event::Delete(kv)) => {
+                current.remove(kv.metadata.name.as_deref().unwrap_or_default());
+            }
+            Ok(watcher::Event::Init) => current.clear(),
+            Ok(watcher::Event::InitDone) => {}
+            Err(e) => {
+                warn!(error = %e, "watching the KubeVirt CR failed; retrying");
+                continue;
+            }
+        }
+        let settings = ClusterSettings::from_kubevirt(current.values().next());
+        tx.send_if_modified(|old| {
+            if *old == settings {
+                return false;
+            }
+            info!(?settings, "cluster settings changed");
+            *old = settings;
+            true
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_crs_flags_come_from_customize_components() {
+        let kv: KubeVirt = serde_json::from_value(serde_json::json!({
+            "apiVersion": "kubevirt.io/v1", "kind": "KubeVirt",
+            "metadata": {"name": "kubevirt", "namespace": "kubevirt"},
+            "spec": {
+                "customizeComponents": {"flags": {"controller": {"additional-launcher-labels-sync": "ops.example.com/*"}}},
+                "configuration": {"developerConfiguration": {"useEmulation": true, "featureGates": ["LiveMigration"]}}
+            }
+        }))
+        .expect("KubeVirt");
+        let s = ClusterSettings::from_kubevirt(Some(&kv));
+        assert_eq!(
+            effective_flag(
+                &s.controller_flags,
+                "additional-launcher-labels-sync",
+                "cli.example.com/*"
+            ),
+            "ops.example.com/*"
+        );
+        assert_eq!(
+            effective_flag(
+                &s.controller_flags,
+                "additional-launcher-annotations-sync",
+                "a"
+            ),
+            "a"
+        );
+        assert_eq!(s.use_emulation, Some(true));
+        assert_eq!(s.feature_gates, vec!["LiveMigration".to_owned()]);
+        assert_eq!(
+            ClusterSettings::from_kubevirt(None),
+            ClusterSettings::default()
+        );
+    }
+}
