@@ -32,6 +32,7 @@ pub mod auth;
 pub mod cause;
 pub mod crd;
 pub mod discovery;
+pub mod gc;
 pub mod handlers;
 pub mod jsonpath;
 pub mod metadata;

@@ -80,6 +80,8 @@ pub struct RunningServer {
     pub state: Arc<ApiState>,
     shutdown: Option<tokio::sync::oneshot::Sender<()>>,
     task: tokio::task::JoinHandle<()>,
+    /// Background tasks (garbage collector …), aborted on stop.
+    background: Vec<tokio::task::JoinHandle<()>>,
 }
 
 impl RunningServer {
@@ -89,12 +91,19 @@ impl RunningServer {
             let _ = tx.send(());
         }
         let _ = (&mut self.task).await;
+        for t in self.background.drain(..) {
+            t.abort();
+            let _ = t.await;
+        }
     }
 }
 
 impl Drop for RunningServer {
     fn drop(&mut self) {
         self.task.abort();
+        for t in &self.background {
+            t.abort();
+        }
     }
 }
 
@@ -257,6 +266,7 @@ pub async fn start(config: Config) -> Result<RunningServer, ServerError> {
         .map_err(|e| ServerError::Bind(config.listen, e))?;
     pki::write_kubeconfigs(&config.data_dir, &pki, &format!("https://{addr}"))
         .map_err(ServerError::Pki)?;
+    let background = vec![crate::gc::spawn(state.clone())];
     let app = router(state.clone());
     let (tx, rx) = tokio::sync::oneshot::channel();
     let task = tokio::spawn(serve(listener, tls, app, rx));
@@ -267,6 +277,7 @@ pub async fn start(config: Config) -> Result<RunningServer, ServerError> {
         state,
         shutdown: Some(tx),
         task,
+        background,
     })
 }
 

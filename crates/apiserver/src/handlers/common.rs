@@ -4,7 +4,7 @@
 use kubevirt_store::{Encode, Record, StoreError};
 use serde_json::{Map, Value, json};
 
-use crate::admission::{AdmissionRequest, Operation};
+use crate::admission::{AdmissionRequest, Operation, Phase};
 use crate::cause::Cause;
 use crate::metadata::validate_object_meta;
 use crate::registry::ResourceInfo;
@@ -162,15 +162,16 @@ pub fn validate_object(
     Ok(warnings)
 }
 
-/// Runs every admission hook; returns their warnings.
+/// Runs every admission hook in `phase`; returns their warnings.
 pub async fn admit(
     state: &ApiState,
+    phase: Phase,
     request: &AdmissionRequest<'_>,
     obj: &mut Value,
 ) -> Result<Vec<String>, ApiError> {
     let mut warnings = Vec::new();
     for hook in &state.admission {
-        warnings.extend(hook.admit(request, obj).await?);
+        warnings.extend(hook.admit(phase, request, obj).await?);
     }
     Ok(warnings)
 }

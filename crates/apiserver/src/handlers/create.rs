@@ -8,7 +8,7 @@ use super::common::{
     Reply, WriteOptions, admission_request, admit, check_size, encoder, meta_mut, now_rfc3339,
     require_namespace, set_rv, store_error, validate_object,
 };
-use crate::admission::Operation;
+use crate::admission::{Operation, Phase};
 use crate::registry::ResourceInfo;
 use crate::state::ApiState;
 use crate::status::ApiError;
@@ -157,7 +157,6 @@ pub async fn create(
         meta_mut(&mut obj).insert("generation".into(), json!(1));
     }
     prepare_for_create(info, &mut obj);
-    let mut warnings = validate_object(info, &mut obj, opts.field_validation)?;
     let name = obj["metadata"]["name"].as_str().unwrap_or("").to_owned();
     if let Some(ns) = &ns {
         let ns_obj = require_namespace(state, ns)?;
@@ -177,7 +176,11 @@ pub async fn create(
         None,
         opts,
     );
-    warnings.extend(admit(state, &req, &mut obj).await?);
+    let mut warnings = admit(state, Phase::Mutating, &req, &mut obj).await?;
+    // A webhook may not rename the object.
+    meta_mut(&mut obj).insert("name".into(), json!(name));
+    warnings.extend(validate_object(info, &mut obj, opts.field_validation)?);
+    warnings.extend(admit(state, Phase::Validating, &req, &mut obj).await?);
     check_size(&obj)?;
     let key = info.key(ns.as_deref(), &name);
     if opts.dry_run {

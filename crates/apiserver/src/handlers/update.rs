@@ -11,7 +11,7 @@ use super::common::{
     meta_mut, object_rv, set_rv, spec_part, store_error, validate_object,
 };
 use super::create::check_type;
-use crate::admission::Operation;
+use crate::admission::{Operation, Phase};
 use crate::cause::Cause;
 use crate::registry::ResourceInfo;
 use crate::state::ApiState;
@@ -138,7 +138,6 @@ pub async fn write_update(
             ));
         }
     }
-    let mut warnings = validate_object(info, &mut obj, opts.field_validation)?;
     let req = admission_request(
         Operation::Update,
         info,
@@ -148,7 +147,9 @@ pub async fn write_update(
         Some(old),
         opts,
     );
-    warnings.extend(admit(state, &req, &mut obj).await?);
+    let mut warnings = admit(state, Phase::Mutating, &req, &mut obj).await?;
+    warnings.extend(validate_object(info, &mut obj, opts.field_validation)?);
+    warnings.extend(admit(state, Phase::Validating, &req, &mut obj).await?);
     check_size(&obj)?;
     set_rv(&mut obj, old_rev);
     if comparable(&obj) == comparable(old) {
@@ -160,7 +161,12 @@ pub async fn write_update(
         });
     }
     let key = info.key(ns, name);
-    if deleting && finalizers(&obj).is_empty() {
+    // As kube: an object being deleted goes once it has no finalizers left and its grace
+    // period is over (a gracefully deleted pod stays until deleted with grace 0).
+    let grace_over = obj["metadata"]["deletionGracePeriodSeconds"]
+        .as_i64()
+        .is_none_or(|g| g == 0);
+    if deleting && grace_over && finalizers(&obj).is_empty() {
         if !opts.dry_run {
             let record = super::common::timed(state, state.store.delete(&key, Some(old_rev)))
                 .await
