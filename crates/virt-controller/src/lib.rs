@@ -9,4 +9,6 @@
 pub mod runtime;
 
 pub mod labelsync;
+
+pub mod vm;
 pub mod kubevirt_config;

@@ -1,0 +1,165 @@
+//! The thin executor: performs the [`VmAction`]s of a [`super::sync::SyncPlan`] in order
+//! through the API, raising and lowering expectations around creates and deletes, and maps a
+//! failure to upstream's sync error reason and message.
+
+use k8s_openapi::api::apps::v1::ControllerRevision;
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client};
+use kubevirt_api::v1::{VirtualMachine, VirtualMachineInstance};
+use serde_json::Value;
+
+use super::SyncFailure;
+use super::sync::{
+    ANNOTATIONS_LABELS_CHANGE_ERROR, FAILED_CREATE, FAILED_DELETE, FAILED_UPDATE, VmAction,
+};
+use crate::runtime::expectations::Expectations;
+
+/// A JSON Patch request from a list of operations.
+pub(super) fn json_patch(ops: Vec<Value>) -> Result<Patch<()>, serde_json::Error> {
+    serde_json::from_value::<json_patch::Patch>(Value::Array(ops)).map(Patch::Json)
+}
+
+/// What the executor needs to act for one VM.
+pub(super) struct Executor<'a> {
+    pub client: &'a Client,
+    pub expectations: &'a Expectations,
+    /// The VM key (`namespace/name`).
+    pub key: &'a str,
+    pub namespace: &'a str,
+    pub vm_name: &'a str,
+}
+
+impl Executor<'_> {
+    /// Performs `actions` in order; stops at, and reports, the first failure.
+    pub async fn run(&self, actions: Vec<VmAction>) -> Result<(), SyncFailure> {
+        for action in actions {
+            self.perform(action).await?;
+        }
+        Ok(())
+    }
+
+    async fn patch_vm(&self, ops: Vec<Value>, status: bool) -> Result<(), String> {
+        let api: Api<VirtualMachine> = Api::namespaced(self.client.clone(), self.namespace);
+        let patch = json_patch(ops).map_err(|e| e.to_string())?;
+        let params = PatchParams::default();
+        let result = if status {
+            api.patch_status(self.vm_name, &params, &patch).await
+        } else {
+            api.patch(self.vm_name, &params, &patch).await
+        };
+        result.map(|_| ()).map_err(|e| e.to_string())
+    }
+
+    async fn perform(&self, action: VmAction) -> Result<(), SyncFailure> {
+        let vmis: Api<VirtualMachineInstance> =
+            Api::namespaced(self.client.clone(), self.namespace);
+        match action {
+            VmAction::PatchVm(ops) => self.patch_vm(ops, false).await.map_err(|e| {
+                SyncFailure::new(FAILED_UPDATE, format!("Failure updating the VM: {e}"))
+            }),
+            VmAction::StartHaltedVm(ops) => {
+                // Upstream reports a failure even when the update succeeded ("<nil>").
+                let outcome = self.patch_vm(ops, false).await.err();
+                let detail = outcome.unwrap_or_else(|| "<nil>".to_owned());
+                Err(SyncFailure::new(
+                    FAILED_CREATE,
+                    format!("Failure while starting VMI: {detail}"),
+                ))
+            }
+            VmAction::PatchVmStatus(ops) => self.patch_vm(ops, true).await.map_err(|e| {
+                SyncFailure::new(
+                    FAILED_DELETE,
+                    format!("failed to patch VM with start action: {e}"),
+                )
+            }),
+            VmAction::PatchVmi(ops) => {
+                let result = match json_patch(ops) {
+                    Ok(patch) => vmis
+                        .patch(self.vm_name, &PatchParams::default(), &patch)
+                        .await
+                        .map(|_| ())
+                        .map_err(|e| e.to_string()),
+                    Err(e) => Err(e.to_string()),
+                };
+                result.map_err(|e| {
+                    SyncFailure::new(
+                        ANNOTATIONS_LABELS_CHANGE_ERROR,
+                        format!("Error encountered while handling annotation and labels sync request: {e}"),
+                    )
+                })
+            }
+            VmAction::DeleteVmi(name) => {
+                let object_key = format!("{}/{name}", self.namespace);
+                self.expectations
+                    .expect_deletions(self.key, std::slice::from_ref(&object_key));
+                match vmis.delete(&name, &DeleteParams::default()).await {
+                    Ok(_) => {
+                        tracing::info!(vmi = %name, "deleted virtual machine instance");
+                        Ok(())
+                    }
+                    Err(e) => {
+                        self.expectations.deletion_observed(self.key, &object_key);
+                        Err(SyncFailure::new(
+                            FAILED_DELETE,
+                            format!("Failure attempting to delete VMI: {e}"),
+                        ))
+                    }
+                }
+            }
+            VmAction::CreateVmi {
+                vmi,
+                revision,
+                stale_revisions,
+            } => self
+                .create_vmi(*vmi, *revision, stale_revisions)
+                .await
+                .map_err(|e| {
+                    SyncFailure::new(FAILED_CREATE, format!("Failure while starting VMI: {e}"))
+                }),
+        }
+    }
+
+    /// Writes the start revision (replacing a stale one of the same name), deletes older
+    /// revisions, then creates the VMI under a creation expectation.
+    async fn create_vmi(
+        &self,
+        vmi: VirtualMachineInstance,
+        revision: ControllerRevision,
+        stale: Vec<String>,
+    ) -> Result<(), kube::Error> {
+        let revisions: Api<ControllerRevision> =
+            Api::namespaced(self.client.clone(), self.namespace);
+        let name = revision.metadata.name.clone().unwrap_or_default();
+        match revisions.create(&PostParams::default(), &revision).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(status)) if status.code == 409 => {
+                let existing = revisions.get(&name).await?;
+                if existing.data != revision.data {
+                    revisions.delete(&name, &DeleteParams::default()).await?;
+                    revisions.create(&PostParams::default(), &revision).await?;
+                }
+            }
+            Err(e) => return Err(e),
+        }
+        for old in stale {
+            match revisions.delete(&old, &DeleteParams::default()).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(status)) if status.code == 404 => {}
+                Err(e) => return Err(e),
+            }
+        }
+        let vmis: Api<VirtualMachineInstance> =
+            Api::namespaced(self.client.clone(), self.namespace);
+        self.expectations.expect_creations(self.key, 1);
+        match vmis.create(&PostParams::default(), &vmi).await {
+            Ok(_) => {
+                tracing::info!(vmi = %self.vm_name, "created virtual machine instance");
+                Ok(())
+            }
+            Err(e) => {
+                self.expectations.creation_observed(self.key);
+                Err(e)
+            }
+        }
+    }
+}

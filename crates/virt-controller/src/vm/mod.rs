@@ -1,0 +1,498 @@
+//! The VM controller: keeps one VirtualMachineInstance per VirtualMachine according to its run
+//! strategy, and mirrors the VMI into the VM status (reference §2).
+//!
+//! Data flow: informers on VMs, VMIs and ControllerRevisions fill caches and enqueue the VM
+//! key (`namespace/name`; a VMI wakes its controlling VM, an orphan VMI the VM of the same
+//! name) → [`reconcile`]: fetch the VM from the cache, record the observed API version,
+//! claim (or adopt) the VMI → [`sync::plan`] computes the intended writes purely from the
+//! observed state → [`execute`] performs them → [`status::compute_status`] derives the new
+//! status from the same observation and the sync outcome → [`status::status_patch`] writes
+//! only what changed → a final VMI's controller finalizer is removed.
+//!
+//! The label/annotation sync patterns come through a `tokio::sync::watch` channel of
+//! [`SyncConfig`]: every reconcile reads the current value, and a change re-enqueues all VMs.
+//! Whoever owns the flags (or watches the KubeVirt CR) keeps the sender and calls
+//! `send_replace` to reconfigure a running controller.
+//!
+//! Deviations from upstream: writes are JSON (or merge) patches of just what changed — the
+//! api-version annotations, finalizers, the VM spec, the VMI metadata and the VM status —
+//! never full updates; an unchanged status is never written.
+
+mod execute;
+
+pub mod backoff;
+pub mod label_sync;
+pub mod start;
+pub mod status;
+pub mod sync;
+
+use std::sync::Arc;
+
+use k8s_openapi::api::apps::v1::ControllerRevision;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Patch, PatchParams};
+use kube::runtime::watcher;
+use kube::{Api, Client};
+use kubevirt_api::constants::{
+    LATEST_OBSERVED_API_VERSION_ANNOTATION, STORAGE_OBSERVED_API_VERSION_ANNOTATION, VERSION,
+    VM_CONTROLLER_FINALIZER,
+};
+use kubevirt_api::v1::{VirtualMachine, VirtualMachineInstance};
+use serde_json::json;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use crate::labelsync::SyncPatterns;
+use crate::runtime::controller::{Action, Controller, ControllerError, Reconciler};
+use crate::runtime::expectations::Expectations;
+use crate::runtime::informer::{Informer, InformerHandle};
+use crate::runtime::metrics::Metrics;
+use crate::runtime::queue::{RateLimiterConfig, WorkQueue};
+use crate::runtime::{key_of, split_key};
+
+use execute::{Executor, json_patch};
+use status::{StatusInput, compute_status, status_patch};
+use sync::{SyncInput, SyncPlan};
+
+/// Name of the VM controller's queue and metrics.
+pub const CONTROLLER_NAME: &str = "virt-controller-vm";
+
+/// The label and annotation keys synced from the VM template to the VMI (and on to the pod).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SyncConfig {
+    /// `--additional-launcher-labels-sync`.
+    pub labels: SyncPatterns,
+    /// `--additional-launcher-annotations-sync`.
+    pub annotations: SyncPatterns,
+}
+
+/// Configuration of [`run_vm_controller`].
+#[derive(Clone, Debug)]
+pub struct VmControllerConfig {
+    /// The current sync patterns; a new value re-enqueues every VM.
+    pub sync: watch::Receiver<SyncConfig>,
+    /// Concurrent reconciles (upstream `--vm-controller-threads`, 3).
+    pub workers: usize,
+}
+
+impl VmControllerConfig {
+    /// A configuration whose patterns never change.
+    pub fn fixed(
+        labels_sync: SyncPatterns,
+        annotations_sync: SyncPatterns,
+        workers: usize,
+    ) -> Self {
+        let (_, sync) = watch::channel(SyncConfig {
+            labels: labels_sync,
+            annotations: annotations_sync,
+        });
+        Self { sync, workers }
+    }
+}
+
+/// The expectations of one VM key as the decisions need them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ExpectView {
+    /// No creation or deletion pending (or the record expired).
+    pub satisfied: bool,
+    /// A VMI creation is pending (read without the expiry, as upstream).
+    pub creations_pending: bool,
+    /// A VMI deletion is pending (read without the expiry, as upstream).
+    pub deletions_pending: bool,
+}
+
+impl ExpectView {
+    /// The view of `key` in `expectations`.
+    pub fn of(expectations: &Expectations, key: &str) -> Self {
+        let pending = expectations.pending(key);
+        Self {
+            satisfied: expectations.satisfied(key),
+            creations_pending: pending.is_some_and(|p| p.add > 0),
+            deletions_pending: pending.is_some_and(|p| p.del > 0),
+        }
+    }
+
+    /// Nothing pending.
+    pub fn idle() -> Self {
+        Self {
+            satisfied: true,
+            ..Self::default()
+        }
+    }
+}
+
+/// A failed sync: upstream's reason (`FailedCreate`, `FailedDelete`, …) and message; it
+/// becomes the VM's `Failure` condition.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct SyncFailure {
+    /// The condition reason.
+    pub reason: &'static str,
+    /// The condition message.
+    pub message: String,
+}
+
+impl SyncFailure {
+    /// A failure with `reason` and `message`.
+    pub fn new(reason: &'static str, message: String) -> Self {
+        Self { reason, message }
+    }
+}
+
+/// A failed VM reconcile.
+#[derive(Debug, thiserror::Error)]
+pub enum VmError {
+    /// The sync failed; the VM got a `Failure` condition.
+    #[error(transparent)]
+    Sync(SyncFailure),
+    /// Recording the observed API version on the VM failed.
+    #[error("recording the observed API version failed")]
+    ApiVersionPatch(#[source] kube::Error),
+    /// Adopting an orphan VMI failed.
+    #[error("adopting the orphan VMI failed")]
+    Adopt(#[source] kube::Error),
+    /// Writing the VM status failed.
+    #[error("patching the VM status failed")]
+    StatusPatch(#[source] kube::Error),
+    /// Removing the controller finalizer from a final VMI failed.
+    #[error("removing the VMI finalizer failed")]
+    VmiFinalizer(#[source] kube::Error),
+}
+
+impl ControllerError for VmError {
+    fn reason(&self) -> &str {
+        match self {
+            VmError::Sync(f) => f.reason,
+            VmError::ApiVersionPatch(_) => "FailedUpdate",
+            VmError::Adopt(_) => "FailedAdopt",
+            VmError::StatusPatch(_) => "FailedUpdateStatus",
+            VmError::VmiFinalizer(_) => "FailedVMIFinalizer",
+        }
+    }
+}
+
+/// What the reconciler reads and writes through.
+pub struct Context {
+    client: Client,
+    vms: InformerHandle<VirtualMachine>,
+    vmis: InformerHandle<VirtualMachineInstance>,
+    revisions: InformerHandle<ControllerRevision>,
+    expectations: Arc<Expectations>,
+    sync: watch::Receiver<SyncConfig>,
+}
+
+impl Reconciler for Arc<Context> {
+    type Error = VmError;
+
+    async fn reconcile(&self, key: &str) -> Result<Action, VmError> {
+        reconcile(self, key).await
+    }
+}
+
+/// The VM key a VMI change wakes: its controlling VM, or the VM of the same name for an orphan.
+pub fn vm_key_of_vmi(vmi: &VirtualMachineInstance) -> Option<String> {
+    let namespace = vmi.metadata.namespace.as_deref().unwrap_or_default();
+    let owner = controller_ref(vmi);
+    match owner {
+        Some(o) if o.kind == "VirtualMachine" => Some(format!("{namespace}/{}", o.name)),
+        Some(_) => None,
+        None => Some(key_of(vmi)),
+    }
+}
+
+fn controller_ref(
+    vmi: &VirtualMachineInstance,
+) -> Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference> {
+    vmi.metadata
+        .owner_references
+        .as_ref()
+        .and_then(|refs| refs.iter().find(|r| r.controller == Some(true)))
+}
+
+/// Builds the informers, queue and workers of the VM controller and runs them until `cancel`.
+pub async fn run_vm_controller(
+    client: Client,
+    config: VmControllerConfig,
+    metrics: &Metrics,
+    cancel: CancellationToken,
+) {
+    let queue = WorkQueue::with_config(
+        RateLimiterConfig::default(),
+        metrics.controller(CONTROLLER_NAME),
+    );
+    let expectations = Arc::new(Expectations::new());
+    let mut vms = Informer::<VirtualMachine>::new();
+    vms.enqueue(queue.clone(), |vm| Some(key_of(vm)));
+    let mut vmis = Informer::<VirtualMachineInstance>::new();
+    vmis.enqueue(queue.clone(), vm_key_of_vmi);
+    vmis.on_change(observe_vmi(Arc::clone(&expectations)));
+    let revisions = Informer::<ControllerRevision>::new();
+    let ctx = Arc::new(Context {
+        client: client.clone(),
+        vms: vms.handle(),
+        vmis: vmis.handle(),
+        revisions: revisions.handle(),
+        expectations,
+        sync: config.sync.clone(),
+    });
+    let mut tasks = tokio::task::JoinSet::new();
+    tasks.spawn(vms.run(Api::all(client.clone()), watcher::Config::default()));
+    tasks.spawn(vmis.run(Api::all(client.clone()), watcher::Config::default()));
+    tasks.spawn(revisions.run(Api::all(client), watcher::Config::default()));
+    tasks.spawn(requeue_on_config_change(
+        config.sync,
+        ctx.vms.clone(),
+        queue.clone(),
+    ));
+    let synced = async {
+        ctx.vms.wait_for_sync().await?;
+        ctx.vmis.wait_for_sync().await?;
+        ctx.revisions.wait_for_sync().await
+    };
+    tokio::select! {
+        () = cancel.cancelled() => return,
+        res = synced => if res.is_err() { return; },
+    }
+    Controller::new(CONTROLLER_NAME, queue, ctx)
+        .workers(config.workers)
+        .run(cancel)
+        .await;
+    tasks.abort_all();
+}
+
+/// Lowers the VM expectations when VMI creations and deletions are observed.
+fn observe_vmi(
+    expectations: Arc<Expectations>,
+) -> impl Fn(&crate::runtime::informer::Change<'_, VirtualMachineInstance>) + Send + Sync + 'static
+{
+    use crate::runtime::informer::Change;
+    move |change| {
+        let vmi = change.object();
+        let Some(vm_key) = vm_key_of_vmi(vmi) else {
+            return;
+        };
+        let deleting = |v: &VirtualMachineInstance| v.metadata.deletion_timestamp.is_some();
+        match change {
+            Change::Added(v) if deleting(v) => expectations.deletion_observed(&vm_key, &key_of(*v)),
+            Change::Added(_) => expectations.creation_observed(&vm_key),
+            Change::Updated { old, new } if !deleting(old) && deleting(new) => {
+                expectations.deletion_observed(&vm_key, &key_of(*new));
+            }
+            Change::Updated { .. } => {}
+            Change::Deleted(v) => expectations.deletion_observed(&vm_key, &key_of(*v)),
+        }
+    }
+}
+
+/// Re-enqueues every cached VM whenever the sync patterns change.
+async fn requeue_on_config_change(
+    mut sync: watch::Receiver<SyncConfig>,
+    vms: InformerHandle<VirtualMachine>,
+    queue: WorkQueue<String>,
+) {
+    while sync.changed().await.is_ok() {
+        for vm in vms.store().state() {
+            queue.add(key_of(vm.as_ref()));
+        }
+    }
+}
+
+/// One reconcile of the VM `key`.
+async fn reconcile(ctx: &Context, key: &str) -> Result<Action, VmError> {
+    let Some(vm) = ctx.vms.get_by_key(key) else {
+        ctx.expectations.delete_expectations(key);
+        return Ok(Action::Done);
+    };
+    let (namespace, name) = split_key(key);
+    let namespace = namespace.unwrap_or_default();
+    let vms: Api<VirtualMachine> = Api::namespaced(ctx.client.clone(), namespace);
+    if needs_api_version_annotations(&vm) {
+        let patch = json!({"metadata": {"annotations": {
+            LATEST_OBSERVED_API_VERSION_ANNOTATION: VERSION,
+            STORAGE_OBSERVED_API_VERSION_ANNOTATION: VERSION,
+        }}});
+        vms.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map_err(VmError::ApiVersionPatch)?;
+        return Ok(Action::Done);
+    }
+    let vmi = claim_vmi(ctx, &vm, key).await?;
+    let revisions = start_revisions(ctx, &vm);
+    let config = ctx.sync.borrow().clone();
+    let now = Timestamp::now();
+    let expectations = ExpectView::of(&ctx.expectations, key);
+    let plan: SyncPlan = sync::plan(&SyncInput {
+        vm: &vm,
+        vmi: vmi.as_deref(),
+        expectations,
+        revisions: &revisions,
+        config: &config,
+        now,
+    });
+    let executor = Executor {
+        client: &ctx.client,
+        expectations: &ctx.expectations,
+        key,
+        namespace,
+        vm_name: name,
+    };
+    let outcome = match plan.error.clone() {
+        Some(failure) => Err(failure),
+        None => executor.run(plan.actions).await,
+    };
+    let status = compute_status(
+        &StatusInput {
+            vm: &vm,
+            vmi: vmi.as_deref(),
+            expectations: ExpectView::of(&ctx.expectations, key),
+            sync_error: outcome
+                .as_ref()
+                .err()
+                .map(|f| (f.reason, f.message.clone())),
+            vmi_generation: plan.vmi_generation,
+            restart_required: plan.restart_required,
+            now,
+        },
+        &mut rand::rng(),
+    );
+    if let Some(ops) = status_patch(vm.status.as_ref(), &status) {
+        let patch = json_patch(ops)
+            .map_err(|e| VmError::Sync(SyncFailure::new("FailedUpdateStatus", e.to_string())))?;
+        vms.patch_status(name, &PatchParams::default(), &patch)
+            .await
+            .map_err(VmError::StatusPatch)?;
+    }
+    if let Some(vmi) = vmi.as_deref() {
+        remove_vmi_finalizer(ctx, namespace, vmi).await?;
+    }
+    outcome.map_err(VmError::Sync)?;
+    Ok(plan
+        .requeue_after
+        .map_or(Action::Done, Action::RequeueAfter))
+}
+
+fn needs_api_version_annotations(vm: &VirtualMachine) -> bool {
+    let annotations = vm.metadata.annotations.as_ref();
+    let get = |k: &str| annotations.and_then(|a| a.get(k)).map(String::as_str);
+    get(LATEST_OBSERVED_API_VERSION_ANNOTATION) != Some(VERSION)
+}
+
+/// The cached start revisions of `vm` (by name prefix, in its namespace).
+fn start_revisions(ctx: &Context, vm: &VirtualMachine) -> Vec<Arc<ControllerRevision>> {
+    let uid = vm.metadata.uid.as_deref().unwrap_or_default();
+    let prefix = format!("{}{uid}-", start::START_REVISION_PREFIX);
+    ctx.revisions
+        .store()
+        .state()
+        .into_iter()
+        .filter(|r| {
+            r.metadata.namespace == vm.metadata.namespace
+                && r.metadata
+                    .name
+                    .as_deref()
+                    .is_some_and(|n| n.starts_with(&prefix))
+        })
+        .collect()
+}
+
+/// What to do with the cached VMI of the VM's name.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Claim {
+    /// Ours.
+    Owned,
+    /// An orphan to adopt.
+    Adopt,
+    /// Not ours (another controller, or adoption not allowed now).
+    Ignore,
+}
+
+/// Decides whether `vm` keeps, adopts or ignores `vmi`.
+pub fn claim(vm: &VirtualMachine, vmi: &VirtualMachineInstance) -> Claim {
+    match controller_ref(vmi) {
+        Some(owner) if Some(&owner.uid) == vm.metadata.uid.as_ref() => Claim::Owned,
+        Some(_) => Claim::Ignore,
+        None if vm.metadata.deletion_timestamp.is_some()
+            || vmi.metadata.deletion_timestamp.is_some() =>
+        {
+            Claim::Ignore
+        }
+        None => Claim::Adopt,
+    }
+}
+
+/// The VMI this VM controls, adopting an orphan of the same name after an uncached check
+/// that the VM still exists unchanged and is not being deleted.
+async fn claim_vmi(
+    ctx: &Context,
+    vm: &VirtualMachine,
+    key: &str,
+) -> Result<Option<Arc<VirtualMachineInstance>>, VmError> {
+    let Some(vmi) = ctx.vmis.get_by_key(key) else {
+        return Ok(None);
+    };
+    match claim(vm, &vmi) {
+        Claim::Owned => Ok(Some(vmi)),
+        Claim::Ignore => Ok(None),
+        Claim::Adopt => {
+            let (namespace, name) = split_key(key);
+            let namespace = namespace.unwrap_or_default();
+            let vms: Api<VirtualMachine> = Api::namespaced(ctx.client.clone(), namespace);
+            let fresh = vms.get(name).await.map_err(VmError::Adopt)?;
+            if fresh.metadata.uid != vm.metadata.uid || fresh.metadata.deletion_timestamp.is_some()
+            {
+                return Ok(None);
+            }
+            let patch = json!({"metadata": {
+                "ownerReferences": [start::owner_reference(vm)],
+                "uid": vmi.metadata.uid,
+            }});
+            let vmis: Api<VirtualMachineInstance> = Api::namespaced(ctx.client.clone(), namespace);
+            let adopted = vmis
+                .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+                .map_err(VmError::Adopt)?;
+            tracing::info!(vmi = %name, "adopted orphan virtual machine instance");
+            Ok(Some(Arc::new(adopted)))
+        }
+    }
+}
+
+/// The JSON Patch removing the VM controller finalizer from a final VMI, if it has it.
+pub fn vmi_finalizer_ops(vmi: &VirtualMachineInstance) -> Option<Vec<serde_json::Value>> {
+    let phase = vmi.status.as_ref().and_then(|s| s.phase.as_ref());
+    let finalizers = vmi.metadata.finalizers.as_ref()?;
+    let done = phase.is_some_and(kubevirt_api::v1::VirtualMachineInstancePhase::is_final);
+    if !done || !finalizers.iter().any(|f| f == VM_CONTROLLER_FINALIZER) {
+        return None;
+    }
+    let next: Vec<&String> = finalizers
+        .iter()
+        .filter(|f| *f != VM_CONTROLLER_FINALIZER)
+        .collect();
+    Some(vec![
+        json!({"op": "test", "path": "/metadata/finalizers", "value": finalizers}),
+        json!({"op": "replace", "path": "/metadata/finalizers", "value": next}),
+    ])
+}
+
+async fn remove_vmi_finalizer(
+    ctx: &Context,
+    namespace: &str,
+    vmi: &VirtualMachineInstance,
+) -> Result<(), VmError> {
+    let Some(ops) = vmi_finalizer_ops(vmi) else {
+        return Ok(());
+    };
+    let name = vmi.metadata.name.as_deref().unwrap_or_default();
+    let patch = json_patch(ops)
+        .map_err(|e| VmError::Sync(SyncFailure::new("FailedVMIFinalizer", e.to_string())))?;
+    let vmis: Api<VirtualMachineInstance> = Api::namespaced(ctx.client.clone(), namespace);
+    match vmis.patch(name, &PatchParams::default(), &patch).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(e) => Err(VmError::VmiFinalizer(e)),
+    }
+}
+
+#[cfg(test)]
+mod tests;

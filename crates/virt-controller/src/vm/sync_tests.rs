@@ -1,0 +1,445 @@
+use super::*;
+use crate::vm::tests::fixtures::{now, time, vm, vmi};
+use kubevirt_api::v1::{
+    ConditionStatus, PersistentVolumeClaimVolumeSource, VirtualMachineCondition,
+    VirtualMachineConditionType, VirtualMachineStartFailure, Volume, VolumeSource,
+};
+use std::collections::BTreeMap;
+
+const NO_REVISIONS: &[Arc<ControllerRevision>] = &[];
+
+fn input<'a>(
+    vm: &'a VirtualMachine,
+    vmi: Option<&'a VirtualMachineInstance>,
+    revisions: &'a [Arc<ControllerRevision>],
+    config: &'a SyncConfig,
+) -> SyncInput<'a> {
+    SyncInput {
+        vm,
+        vmi,
+        expectations: ExpectView::idle(),
+        revisions,
+        config,
+        now: now(),
+    }
+}
+
+fn run(vm: &VirtualMachine, vmi: Option<&VirtualMachineInstance>) -> SyncPlan {
+    plan(&input(vm, vmi, NO_REVISIONS, &SyncConfig::default()))
+}
+
+/// A short name per action, for tables.
+fn kinds(plan: &SyncPlan) -> Vec<&'static str> {
+    plan.actions
+        .iter()
+        .map(|a| match a {
+            VmAction::PatchVm(_) => "patch-vm",
+            VmAction::StartHaltedVm(_) => "start-halted",
+            VmAction::CreateVmi { .. } => "create",
+            VmAction::DeleteVmi(_) => "delete",
+            VmAction::PatchVmStatus(_) => "start-request",
+            VmAction::PatchVmi(_) => "patch-vmi",
+        })
+        .collect()
+}
+
+fn request(
+    action: StateChangeRequestAction,
+    uid: Option<&str>,
+) -> VirtualMachineStateChangeRequest {
+    VirtualMachineStateChangeRequest {
+        action,
+        data: BTreeMap::new(),
+        uid: uid.map(str::to_owned),
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Scenario {
+    NoVmi,
+    RunningVmi,
+    FailedVmi,
+    SucceededVmi,
+    StopRequest,
+    StartRequest,
+}
+
+fn scenario(
+    strategy: RunStrategy,
+    s: Scenario,
+) -> (VirtualMachine, Option<VirtualMachineInstance>) {
+    let mut vm = vm(strategy);
+    let status = vm.status.as_mut().unwrap();
+    let vmi = match s {
+        Scenario::NoVmi => None,
+        Scenario::RunningVmi => Some(vmi(Phase::Running)),
+        Scenario::FailedVmi => Some(vmi(Phase::Failed)),
+        Scenario::SucceededVmi => Some(vmi(Phase::Succeeded)),
+        Scenario::StopRequest => {
+            status.state_change_requests =
+                vec![request(StateChangeRequestAction::Stop, Some("vmi-uid"))];
+            Some(vmi(Phase::Running))
+        }
+        Scenario::StartRequest => {
+            status.state_change_requests = vec![request(StateChangeRequestAction::Start, None)];
+            None
+        }
+    };
+    (vm, vmi)
+}
+
+#[test]
+fn every_run_strategy_starts_and_stops_as_upstream() {
+    use RunStrategy as R;
+    use Scenario as S;
+    let cases: &[(RunStrategy, Scenario, &[&str])] = &[
+        (R::Always, S::NoVmi, &["create"]),
+        (R::Always, S::RunningVmi, &[]),
+        (R::Always, S::FailedVmi, &["delete"]),
+        (R::Always, S::SucceededVmi, &["delete"]),
+        (R::Always, S::StopRequest, &["delete"]),
+        (R::Always, S::StartRequest, &["create"]),
+        (R::RerunOnFailure, S::NoVmi, &[]),
+        (R::RerunOnFailure, S::RunningVmi, &[]),
+        (
+            R::RerunOnFailure,
+            S::FailedVmi,
+            &["delete", "start-request"],
+        ),
+        (R::RerunOnFailure, S::SucceededVmi, &["delete"]),
+        (R::RerunOnFailure, S::StopRequest, &["delete"]),
+        (R::RerunOnFailure, S::StartRequest, &["create"]),
+        (R::Manual, S::NoVmi, &[]),
+        (R::Manual, S::RunningVmi, &[]),
+        (R::Manual, S::FailedVmi, &[]),
+        (R::Manual, S::SucceededVmi, &[]),
+        (R::Manual, S::StopRequest, &["delete"]),
+        (R::Manual, S::StartRequest, &["create"]),
+        (R::Halted, S::NoVmi, &[]),
+        (R::Halted, S::RunningVmi, &["delete"]),
+        (R::Halted, S::FailedVmi, &["delete"]),
+        (R::Halted, S::SucceededVmi, &["delete"]),
+        (R::Halted, S::StopRequest, &["delete"]),
+        (R::Halted, S::StartRequest, &["start-halted"]),
+        (R::Once, S::NoVmi, &["create"]),
+        (R::Once, S::RunningVmi, &[]),
+        (R::Once, S::FailedVmi, &[]),
+        (R::Once, S::SucceededVmi, &[]),
+        (R::Once, S::StopRequest, &[]),
+        (R::Once, S::StartRequest, &["create"]),
+        (R::WaitAsReceiver, S::NoVmi, &["create"]),
+        (R::WaitAsReceiver, S::StartRequest, &["create"]),
+    ];
+    for (strategy, s, want) in cases {
+        let (vm, vmi) = scenario(strategy.clone(), *s);
+        let plan = run(&vm, vmi.as_ref());
+        assert_eq!(kinds(&plan), *want, "{strategy:?} with {s:?}");
+        assert_eq!(plan.error, None, "{strategy:?} with {s:?}");
+    }
+}
+
+#[test]
+fn rerun_on_failure_starts_when_never_started_or_switched_from_another_strategy() {
+    for previous in [
+        None,
+        Some(RunStrategy::Halted),
+        Some(RunStrategy::Manual),
+        Some(RunStrategy::Always),
+    ] {
+        let mut vm = vm(RunStrategy::RerunOnFailure);
+        vm.status.as_mut().unwrap().run_strategy = previous.clone();
+        assert_eq!(kinds(&run(&vm, None)), ["create"], "previous {previous:?}");
+    }
+}
+
+#[test]
+fn rerun_on_failure_appends_a_start_request_to_the_existing_ones() {
+    let (vm, vmi) = scenario(RunStrategy::RerunOnFailure, Scenario::FailedVmi);
+    let plan = run(&vm, vmi.as_ref());
+    let VmAction::PatchVmStatus(ops) = &plan.actions[1] else {
+        panic!("{plan:?}");
+    };
+    assert_eq!(
+        ops,
+        &vec![
+            json!({"op": "add", "path": "/status/stateChangeRequests", "value": [{"action": "Start"}]})
+        ]
+    );
+}
+
+#[test]
+fn halted_start_request_switches_the_spec_to_running() {
+    let (vm, _) = scenario(RunStrategy::Halted, Scenario::StartRequest);
+    assert_eq!(
+        run(&vm, None).actions,
+        [VmAction::StartHaltedVm(vec![
+            json!({"op": "replace", "path": "/spec/runStrategy", "value": "Always"})
+        ])]
+    );
+    let mut legacy = vm.clone();
+    legacy.spec.run_strategy = None;
+    legacy.spec.running = Some(false);
+    assert_eq!(
+        run(&legacy, None).actions,
+        [VmAction::StartHaltedVm(vec![
+            json!({"op": "add", "path": "/spec/running", "value": true})
+        ])]
+    );
+}
+
+#[test]
+fn running_and_run_strategy_together_fail_without_acting() {
+    let mut vm = vm(RunStrategy::Always);
+    vm.spec.running = Some(true);
+    let plan = run(&vm, None);
+    assert!(plan.actions.is_empty());
+    let error = plan.error.unwrap();
+    assert_eq!(error.reason, "FailedCreate");
+    assert_eq!(
+        error.message,
+        "running and runstrategy are mutually exclusive"
+    );
+}
+
+#[test]
+fn an_unknown_or_receiver_mismatch_strategy_is_a_failed_create() {
+    let vm = vm(RunStrategy::from("Sometimes"));
+    assert_eq!(
+        run(&vm, None).error.unwrap().message,
+        "unknown runstrategy: Sometimes"
+    );
+    let vm = crate::vm::tests::fixtures::vm(RunStrategy::WaitAsReceiver);
+    let plan = run(&vm, Some(&vmi(Phase::Running)));
+    assert_eq!(
+        plan.error.unwrap().message,
+        "Found non receiver VMI while VM is receiver"
+    );
+}
+
+#[test]
+fn pending_expectations_stop_every_action() {
+    let vm = vm(RunStrategy::Always);
+    let config = SyncConfig::default();
+    let mut input = input(&vm, None, NO_REVISIONS, &config);
+    input.expectations = ExpectView {
+        satisfied: false,
+        creations_pending: true,
+        deletions_pending: false,
+    };
+    assert_eq!(plan(&input), SyncPlan::default());
+}
+
+#[test]
+fn a_vmi_already_being_deleted_is_not_deleted_again() {
+    let mut deleting = vmi(Phase::Running);
+    deleting.metadata.deletion_timestamp = Some(time(0));
+    assert!(
+        run(&vm(RunStrategy::Halted), Some(&deleting))
+            .actions
+            .is_empty()
+    );
+}
+
+#[test]
+fn the_vm_finalizer_is_added_once_and_removed_after_the_vmi_is_gone() {
+    let mut fresh = vm(RunStrategy::Halted);
+    fresh.metadata.finalizers = None;
+    assert_eq!(
+        run(&fresh, None).actions,
+        [VmAction::PatchVm(vec![
+            json!({"op": "add", "path": "/metadata/finalizers", "value": [VM_CONTROLLER_FINALIZER]})
+        ])]
+    );
+    assert!(run(&vm(RunStrategy::Halted), None).actions.is_empty());
+
+    let mut deleting = vm(RunStrategy::Always);
+    deleting.metadata.deletion_timestamp = Some(time(0));
+    let running = vmi(Phase::Running);
+    assert_eq!(kinds(&run(&deleting, Some(&running))), ["delete"]);
+    let finalizer_removed = VmAction::PatchVm(vec![
+        json!({"op": "test", "path": "/metadata/finalizers", "value": [VM_CONTROLLER_FINALIZER]}),
+        json!({"op": "replace", "path": "/metadata/finalizers", "value": []}),
+    ]);
+    assert_eq!(run(&deleting, None).actions, [finalizer_removed]);
+
+    let mut orphaning = deleting.clone();
+    orphaning.metadata.finalizers = Some(vec!["orphan".into(), VM_CONTROLLER_FINALIZER.into()]);
+    assert_eq!(
+        run(&orphaning, Some(&running)).actions,
+        [VmAction::PatchVm(vec![
+            json!({"op": "test", "path": "/metadata/finalizers", "value": ["orphan", VM_CONTROLLER_FINALIZER]}),
+            json!({"op": "replace", "path": "/metadata/finalizers", "value": ["orphan"]}),
+        ])]
+    );
+}
+
+#[test]
+fn a_start_failure_backoff_defers_the_start_and_requeues() {
+    let mut vm = vm(RunStrategy::Always);
+    vm.status.as_mut().unwrap().start_failure = Some(VirtualMachineStartFailure {
+        consecutive_fail_count: Some(1),
+        last_failed_vmi_uid: Some("old".into()),
+        retry_after_timestamp: Some(time(300)),
+    });
+    let plan = run(&vm, None);
+    assert!(plan.actions.is_empty());
+    assert_eq!(plan.requeue_after, Some(Duration::from_secs(300)));
+    // Manual ignores the backoff.
+    vm.spec.run_strategy = Some(RunStrategy::Manual);
+    vm.status.as_mut().unwrap().state_change_requests =
+        vec![request(StateChangeRequestAction::Start, None)];
+    assert_eq!(kinds(&run(&vm, None)), ["create"]);
+}
+
+#[test]
+fn manual_recovery_required_blocks_the_start() {
+    let mut vm = vm(RunStrategy::Always);
+    vm.status.as_mut().unwrap().conditions = vec![VirtualMachineCondition::new(
+        VirtualMachineConditionType::ManualRecoveryRequired,
+        ConditionStatus::True,
+    )];
+    assert!(run(&vm, None).actions.is_empty());
+}
+
+#[test]
+fn the_created_vmi_records_the_generation_and_stale_revisions_are_deleted() {
+    let mut vm = vm(RunStrategy::Always);
+    vm.metadata.generation = Some(4);
+    let mut old = build_revision(&vm);
+    old.metadata.name = Some("revision-start-vm-vm-uid-2".into());
+    let mut foreign = old.clone();
+    foreign.metadata.name = Some("revision-start-vm-other-uid-2".into());
+    let revisions = [Arc::new(old), Arc::new(foreign)];
+    let plan = plan(&input(&vm, None, &revisions, &SyncConfig::default()));
+    let [
+        VmAction::CreateVmi {
+            vmi,
+            revision,
+            stale_revisions,
+        },
+    ] = plan.actions.as_slice()
+    else {
+        panic!("{plan:?}");
+    };
+    assert_eq!(
+        vmi.metadata.annotations.as_ref().unwrap()[VM_GENERATION_ANNOTATION],
+        "4"
+    );
+    assert_eq!(
+        revision.metadata.name.as_deref(),
+        Some("revision-start-vm-vm-uid-4")
+    );
+    assert_eq!(stale_revisions, &["revision-start-vm-vm-uid-2".to_owned()]);
+    assert_eq!(plan.restart_required, RestartRequired::Remove);
+}
+
+fn started_revision(vm: &VirtualMachine) -> Arc<ControllerRevision> {
+    Arc::new(build_revision(vm))
+}
+
+fn with_revision(mut vmi: VirtualMachineInstance, name: &str) -> VirtualMachineInstance {
+    vmi.status.as_mut().unwrap().virtual_machine_revision_name = Some(name.to_owned());
+    vmi
+}
+
+#[test]
+fn the_generation_annotation_is_bumped_only_when_the_templates_still_match() {
+    let started = vm(RunStrategy::Always);
+    let revisions = [started_revision(&started)];
+    let running = with_revision(vmi(Phase::Running), "revision-start-vm-vm-uid-1");
+    let config = SyncConfig::default();
+
+    let mut relabelled = started.clone();
+    relabelled.metadata.generation = Some(2);
+    let plan = plan(&input(&relabelled, Some(&running), &revisions, &config));
+    assert_eq!(plan.vmi_generation, Some(1));
+    let VmAction::PatchVmi(ops) = &plan.actions[0] else {
+        panic!("{plan:?}");
+    };
+    assert_eq!(ops[1]["value"][VM_GENERATION_ANNOTATION], "2");
+    assert_eq!(plan.restart_required, RestartRequired::Remove);
+
+    let mut changed = relabelled.clone();
+    changed.spec.template.spec.as_mut().unwrap().hostname = Some("new".into());
+    let plan = super::plan(&input(&changed, Some(&running), &revisions, &config));
+    assert!(plan.actions.is_empty(), "{plan:?}");
+    assert_eq!(
+        plan.restart_required,
+        RestartRequired::Set(RESTART_REQUIRED_MESSAGE.into())
+    );
+}
+
+#[test]
+fn a_missing_generation_annotation_is_recovered_from_the_revision_name() {
+    let started = vm(RunStrategy::Always);
+    let revisions = [started_revision(&started)];
+    let mut running = with_revision(vmi(Phase::Running), "revision-start-vm-vm-uid-1");
+    running.metadata.annotations = None;
+    let plan = plan(&input(
+        &started,
+        Some(&running),
+        &revisions,
+        &SyncConfig::default(),
+    ));
+    assert_eq!(plan.vmi_generation, Some(1));
+    assert_eq!(
+        plan.actions,
+        [VmAction::PatchVmi(vec![
+            json!({"op": "add", "path": "/metadata/annotations", "value": {VM_GENERATION_ANNOTATION: "1"}})
+        ])]
+    );
+}
+
+#[test]
+fn adding_a_hotpluggable_volume_does_not_require_a_restart() {
+    let started = vm(RunStrategy::Always);
+    let revisions = [started_revision(&started)];
+    let running = with_revision(vmi(Phase::Running), "revision-start-vm-vm-uid-1");
+    let mut hotplugged = started.clone();
+    hotplugged
+        .spec
+        .template
+        .spec
+        .as_mut()
+        .unwrap()
+        .volumes
+        .push(Volume {
+            name: "hp".into(),
+            volume_source: VolumeSource {
+                persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+                    hotpluggable: Some(true),
+                    ..PersistentVolumeClaimVolumeSource::default()
+                }),
+                ..VolumeSource::default()
+            },
+        });
+    let plan = plan(&input(
+        &hotplugged,
+        Some(&running),
+        &revisions,
+        &SyncConfig::default(),
+    ));
+    assert_eq!(plan.restart_required, RestartRequired::Remove);
+}
+
+#[test]
+fn template_labels_matching_the_patterns_are_synced_to_a_running_vmi() {
+    let mut vm = vm(RunStrategy::Always);
+    let labels = vm
+        .spec
+        .template
+        .metadata
+        .as_mut()
+        .unwrap()
+        .labels
+        .as_mut()
+        .unwrap();
+    labels.insert("ops.example.com/team".into(), "a".into());
+    let config = SyncConfig {
+        labels: crate::labelsync::SyncPatterns::parse_flag("ops.example.com/*").0,
+        ..SyncConfig::default()
+    };
+    let running = vmi(Phase::Running);
+    let plan = plan(&input(&vm, Some(&running), NO_REVISIONS, &config));
+    assert_eq!(kinds(&plan), ["patch-vmi"]);
+}
