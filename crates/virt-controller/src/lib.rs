@@ -11,4 +11,6 @@ pub mod runtime;
 pub mod labelsync;
 
 pub mod vm;
+
+pub mod vmi;
 pub mod kubevirt_config;

@@ -1,0 +1,495 @@
+//! The VMI controller: creates the virt-launcher pod of every VMI, derives the VMI's early
+//! phases and conditions from that pod, and keeps selected VMI labels and annotations on it.
+//!
+//! Data flow: informers on VMIs and on launcher pods (`kubevirt.io=virt-launcher`; a pod is
+//! mapped to its VMI through its controller reference) feed the queue
+//! `virt-controller-vmi`. A reconcile reads the VMI and its pods from the caches, waits while
+//! pod or VMI expectations are unmet, then runs [`sync`] (create or delete pods) and
+//! [`status`] (phase table, conditions), syncs labels/annotations to the pod
+//! ([`label_sync`]), and writes the VMI with one JSON Patch — only when something changed.
+//! The launcher pod itself is rendered by [`template`].
+//!
+//! # Who writes what on a VMI
+//!
+//! The VMI CRD has no status subresource; every writer JSON-patches the object itself and
+//! guards what it replaces with `test` operations, so a lost race fails and is retried from a
+//! fresh cache instead of overwriting the other writer.
+//!
+//! | field | this controller | virt-handler |
+//! |---|---|---|
+//! | `status.phase` | `""` → `Pending` → `Scheduling` → `Scheduled`; → `Failed` when the pod fails or disappears (also from `Scheduled`/`Running`); `WaitingForSync` ↔ `Scheduling` | `Scheduled` → `Running` → `Succeeded`/`Failed` |
+//! | `status.phaseTransitionTimestamps` | appends (`add …/-`) for its own transitions | appends for its own |
+//! | conditions `Ready`, `PodScheduled`, `EvictionRequested` | owns | — |
+//! | condition `Synchronized` | owns, before hand-off only | — |
+//! | other conditions (`Paused`, `AgentConnected`, `LiveMigratable`, …) | never touches (the list is replaced with a `test` of the old list) | owns |
+//! | `status.activePods`, `launcherContainerImageVersion`, `qosClass`, `nodeName`, `migrationTransport` | owns (`nodeName` and `migrationTransport` only at the `Scheduled` transition) | reads |
+//! | `status.interfaces`, `guestOSInfo`, `volumeStatus`, `migrationState`, … | never touches | owns |
+//! | labels `kubevirt.io/nodeName`, `kubevirt.io/outdatedLauncherImage` | owns | reads (selects its VMIs by node) |
+//! | finalizers `kubevirt.io/foregroundDeleteVirtualMachine` | removes when final and podless | — |
+//!
+//! "Hand-off" is the VMI being read in phase `Scheduled` or `Running`: from then on this
+//! controller patches only `conditions`, `activePods`, `phase`, `launcherContainerImageVersion`,
+//! labels and finalizers, each with a `test` of the value it read.
+//!
+//! # Run-time sync patterns
+//!
+//! The additional label/annotation patterns ([`MetadataSyncPatterns`]) come through a
+//! [`tokio::sync::watch::Receiver`]: every reconcile reads the current value, and a change
+//! re-queues every cached VMI, so reconfiguring them (say, from the KubeVirt CR's
+//! `customizeComponents.flags.controller`) needs no restart. The VM controller can share the
+//! same receiver.
+
+pub mod label_sync;
+pub mod status;
+pub mod sync;
+pub mod template;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::watcher;
+use kube::{Client, ResourceExt};
+use kubevirt_api::constants as c;
+use kubevirt_api::v1::VirtualMachineInstance;
+use serde_json::{Value, json};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use crate::labelsync::SyncPatterns;
+use crate::runtime::controller::{Action, Controller, ControllerError, Reconciler};
+use crate::runtime::expectations::Expectations;
+use crate::runtime::informer::{Change, Informer, InformerHandle};
+use crate::runtime::key_of;
+use crate::runtime::metrics::ControllerMetrics;
+use crate::runtime::queue::{RateLimiterConfig, WorkQueue};
+use status::{Observed, SyncFailure};
+use template::LauncherPodConfig;
+
+/// Name of the VMI controller's queue (as upstream).
+pub const QUEUE_NAME: &str = "virt-controller-vmi";
+/// How long a key with unmet expectations waits before it is looked at again.
+pub const EXPECTATIONS_RECHECK: Duration = Duration::from_secs(5 * 60);
+
+/// The additional sync patterns of `--additional-launcher-labels-sync` and
+/// `--additional-launcher-annotations-sync` (the built-in keys are added by each controller).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MetadataSyncPatterns {
+    /// Additional label patterns.
+    pub labels: SyncPatterns,
+    /// Additional annotation patterns.
+    pub annotations: SyncPatterns,
+}
+
+impl MetadataSyncPatterns {
+    /// Parses the two comma-separated flag values; returns the warnings of ignored patterns
+    /// (a bare `*`).
+    pub fn from_flags(labels: &str, annotations: &str) -> (Self, Vec<String>) {
+        let (labels, mut warnings) = SyncPatterns::parse_flag(labels);
+        let (annotations, more) = SyncPatterns::parse_flag(annotations);
+        warnings.extend(more);
+        (
+            Self {
+                labels,
+                annotations,
+            },
+            warnings,
+        )
+    }
+}
+
+/// Configuration of [`run_vmi_controller`].
+#[derive(Clone, Debug)]
+pub struct VmiControllerConfig {
+    /// How launcher pods are built.
+    pub launcher: LauncherPodConfig,
+    /// The current sync patterns; changes take effect at once (see the module docs).
+    pub sync_patterns: watch::Receiver<MetadataSyncPatterns>,
+    /// Concurrent workers (upstream `--vmi-controller-threads`, default 10).
+    pub workers: usize,
+}
+
+impl VmiControllerConfig {
+    /// Default launcher config, fixed empty patterns, 10 workers.
+    pub fn new(
+        launcher: LauncherPodConfig,
+        sync_patterns: watch::Receiver<MetadataSyncPatterns>,
+    ) -> Self {
+        Self {
+            launcher,
+            sync_patterns,
+            workers: 10,
+        }
+    }
+}
+
+/// Why one reconcile of a VMI failed.
+#[derive(Debug, thiserror::Error)]
+pub enum VmiError {
+    /// Creating or deleting pods failed, or the pod could not be rendered.
+    #[error("{}", .0.message)]
+    Sync(SyncFailure),
+    /// The status pass refused the VMI.
+    #[error(transparent)]
+    Status(#[from] status::StatusError),
+    /// Writing the VMI failed.
+    #[error("patching of vmi conditions and activePods failed")]
+    PatchVmi(#[source] kube::Error),
+    /// Patching the launcher pod's labels, annotations or readiness condition failed.
+    #[error("error syncing annotations and labels to pod")]
+    PatchPod(#[source] kube::Error),
+}
+
+impl ControllerError for VmiError {
+    fn reason(&self) -> &str {
+        match self {
+            VmiError::Sync(f) => &f.reason,
+            VmiError::Status(e) => e.reason(),
+            VmiError::PatchVmi(_) => "FailedPatchVMI",
+            VmiError::PatchPod(_) => "FailedPodPatch",
+        }
+    }
+}
+
+/// Everything a reconcile needs; shared by the workers.
+pub struct VmiReconciler {
+    client: Client,
+    vmis: InformerHandle<VirtualMachineInstance>,
+    pods: InformerHandle<Pod>,
+    pod_expectations: Arc<Expectations>,
+    vmi_expectations: Arc<Expectations>,
+    launcher: LauncherPodConfig,
+    patterns: watch::Receiver<MetadataSyncPatterns>,
+}
+
+/// The pods in the VMI's namespace whose controller reference is the VMI.
+fn controlled_pods(pods: &InformerHandle<Pod>, vmi: &VirtualMachineInstance) -> Vec<Arc<Pod>> {
+    let uid = vmi.metadata.uid.as_deref();
+    let ns = vmi.metadata.namespace.as_deref();
+    pods.store()
+        .state()
+        .into_iter()
+        .filter(|p| {
+            p.metadata.namespace.as_deref() == ns
+                && p.owner_references()
+                    .iter()
+                    .any(|o| o.controller == Some(true) && Some(o.uid.as_str()) == uid)
+        })
+        .collect()
+}
+
+/// The newest controlled pod, restricted to `status.nodeName` when that is set.
+fn current_pod<'a>(vmi: &VirtualMachineInstance, pods: &[&'a Pod]) -> Option<&'a Pod> {
+    let node = vmi.status.as_ref().and_then(|s| s.node_name.as_deref());
+    pods.iter()
+        .copied()
+        .filter(|p| node.is_none() || p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == node)
+        .max_by(|a, b| {
+            let t = |p: &Pod| p.metadata.creation_timestamp.as_ref().map(|t| t.0);
+            t(a).cmp(&t(b))
+        })
+}
+
+/// Now, truncated to whole seconds (the precision of Kubernetes timestamps), so a value we
+/// write reads back equal and a later `test` of it succeeds.
+fn now_seconds() -> Time {
+    let now = k8s_openapi::jiff::Timestamp::now();
+    Time(k8s_openapi::jiff::Timestamp::from_second(now.as_second()).unwrap_or(now))
+}
+
+impl VmiReconciler {
+    async fn reconcile_vmi(&self, key: &str) -> Result<Action, VmiError> {
+        let Some(vmi) = self.vmis.get_by_key(key) else {
+            self.pod_expectations.delete_expectations(key);
+            self.vmi_expectations.delete_expectations(key);
+            return Ok(Action::Done);
+        };
+        if !self.pod_expectations.satisfied(key) || !self.vmi_expectations.satisfied(key) {
+            return Ok(Action::RequeueAfter(EXPECTATIONS_RECHECK));
+        }
+        let patterns = self.patterns.borrow().clone();
+        let owned = controlled_pods(&self.pods, &vmi);
+        let mut pods: Vec<&Pod> = owned.iter().map(AsRef::as_ref).collect();
+        let ns = vmi.metadata.namespace.as_deref().unwrap_or_default();
+        let pods_api: Api<Pod> = Api::namespaced(self.client.clone(), ns);
+
+        let plan = sync::plan(&vmi, &pods, current_pod(&vmi, &pods));
+        let synced = sync::execute(
+            &pods_api,
+            &self.pod_expectations,
+            key,
+            &vmi,
+            plan,
+            &self.launcher,
+        )
+        .await;
+        let (created, sync_failure) = match synced {
+            Ok(created) => (created, None),
+            Err(failure) => (None, Some(failure)),
+        };
+        if let Some(created) = created.as_ref() {
+            pods.push(created);
+        }
+        let pod = current_pod(&vmi, &pods);
+        let now = now_seconds();
+        let observed = Observed {
+            pod,
+            pods: &pods,
+            sync_failure: sync_failure.as_ref(),
+            launcher_image: &self.launcher.launcher_image,
+            now: &now,
+        };
+        let (desired, status_failure) = status::desired_vmi(&vmi, &observed)?;
+        if let Some(pod) = pod.filter(|p| p.metadata.uid.is_some() && !status::pod_is_down(p)) {
+            self.sync_pod(&pods_api, &desired, pod, &patterns, &now)
+                .await?;
+        }
+        self.write_vmi(key, &vmi, &desired).await?;
+        match status_failure.or(sync_failure) {
+            Some(f) if f.requeue => Err(VmiError::Sync(f)),
+            _ => Ok(Action::Done),
+        }
+    }
+
+    /// Pod-side updates: the unpaused readiness condition, then the label/annotation sync.
+    async fn sync_pod(
+        &self,
+        pods_api: &Api<Pod>,
+        vmi: &VirtualMachineInstance,
+        pod: &Pod,
+        patterns: &MetadataSyncPatterns,
+        now: &Time,
+    ) -> Result<(), VmiError> {
+        let name = pod.name_any();
+        if let Some(condition) = unpaused_condition(vmi, pod, now) {
+            let body = json!({"status": {"conditions": [condition]}});
+            pods_api
+                .patch_status(&name, &PatchParams::default(), &Patch::Strategic(body))
+                .await
+                .map_err(VmiError::PatchPod)?;
+        }
+        let empty = BTreeMap::new();
+        let labels = vmi.metadata.labels.as_ref().unwrap_or(&empty);
+        let ops = label_sync::pod_sync_ops(vmi, labels, pod, patterns);
+        if ops.is_empty() {
+            return Ok(());
+        }
+        let patch = json_patch(ops).map_err(VmiError::PatchPod)?;
+        pods_api
+            .patch(&name, &PatchParams::default(), &Patch::Json::<()>(patch))
+            .await
+            .map_err(VmiError::PatchPod)?;
+        Ok(())
+    }
+
+    /// Writes `desired` over `old` when anything changed, with VMI expectations around it.
+    async fn write_vmi(
+        &self,
+        key: &str,
+        old: &VirtualMachineInstance,
+        desired: &VirtualMachineInstance,
+    ) -> Result<(), VmiError> {
+        let ops = status::vmi_patch(old, desired);
+        if ops.is_empty() {
+            return Ok(());
+        }
+        let patch = json_patch(ops).map_err(VmiError::PatchVmi)?;
+        let ns = old.metadata.namespace.as_deref().unwrap_or_default();
+        let api: Api<VirtualMachineInstance> = Api::namespaced(self.client.clone(), ns);
+        self.vmi_expectations.set_expectations(key, 1, 0);
+        match api
+            .patch(
+                &old.name_any(),
+                &PatchParams::default(),
+                &Patch::Json::<()>(patch),
+            )
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(err) => {
+                self.vmi_expectations.set_expectations(key, 0, 0);
+                Err(VmiError::PatchVmi(err))
+            }
+        }
+    }
+}
+
+fn json_patch(ops: Vec<Value>) -> Result<json_patch::Patch, kube::Error> {
+    serde_json::from_value(Value::Array(ops)).map_err(kube::Error::SerdeError)
+}
+
+/// The pod condition `kubevirt.io/virtual-machine-unpaused` to write, if it must change:
+/// False/`Paused` while the VMI is paused, True/`NotPaused` otherwise.
+fn unpaused_condition(vmi: &VirtualMachineInstance, pod: &Pod, now: &Time) -> Option<Value> {
+    let paused = vmi.status.as_ref().is_some_and(|s| {
+        s.conditions
+            .iter()
+            .any(|c| c.is_true(&kubevirt_api::v1::VirtualMachineInstanceConditionType::Paused))
+    });
+    let current = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|cs| {
+            cs.iter()
+                .find(|c| c.type_ == c::VIRTUAL_MACHINE_UNPAUSED_READINESS_GATE)
+        })
+        .map(|c| c.status.as_str());
+    let (status, reason, message) = match (paused, current) {
+        (true, Some("True")) => ("False", "Paused", "the virtual machine is paused"),
+        (false, Some("True")) | (true, _) => return None,
+        (false, _) => ("True", "NotPaused", "the virtual machine is not paused"),
+    };
+    Some(json!({
+        "type": c::VIRTUAL_MACHINE_UNPAUSED_READINESS_GATE,
+        "status": status,
+        "reason": reason,
+        "message": message,
+        "lastTransitionTime": now,
+    }))
+}
+
+impl Reconciler for VmiReconciler {
+    type Error = VmiError;
+
+    async fn reconcile(&self, key: &str) -> Result<Action, VmiError> {
+        self.reconcile_vmi(key).await
+    }
+}
+
+/// The VMI key of a pod: its controller reference when that is a VMI.
+fn vmi_key_of_pod(pod: &Pod) -> Option<String> {
+    let owner = pod
+        .owner_references()
+        .iter()
+        .find(|o| o.controller == Some(true) && o.kind == "VirtualMachineInstance")?;
+    let ns = pod.metadata.namespace.as_deref().unwrap_or_default();
+    Some(format!("{ns}/{}", owner.name))
+}
+
+/// Wires the informers' handlers to the queue and the expectations.
+fn register_handlers(
+    vmis: &mut Informer<VirtualMachineInstance>,
+    pods: &mut Informer<Pod>,
+    queue: &WorkQueue<String>,
+    pod_expectations: &Arc<Expectations>,
+    vmi_expectations: &Arc<Expectations>,
+) {
+    let (q, exp) = (queue.clone(), Arc::clone(vmi_expectations));
+    vmis.on_change(move |change| {
+        let key = key_of(change.object());
+        exp.set_expectations(&key, 0, 0);
+        q.add(key);
+    });
+    let (q, exp) = (queue.clone(), Arc::clone(pod_expectations));
+    pods.on_change(move |change| match change {
+        Change::Added(pod) => {
+            if let Some(key) = vmi_key_of_pod(pod) {
+                if pod.metadata.deletion_timestamp.is_some() {
+                    exp.deletion_observed(&key, &key_of(*pod));
+                } else {
+                    exp.creation_observed(&key);
+                }
+                q.add(key);
+            }
+        }
+        Change::Updated { old, new } => {
+            let keys = [vmi_key_of_pod(old), vmi_key_of_pod(new)];
+            if new.metadata.deletion_timestamp.is_some()
+                && old.metadata.deletion_timestamp.is_none()
+                && let Some(key) = &keys[1]
+            {
+                exp.deletion_observed(key, &key_of(*new));
+            }
+            let mut keys: Vec<String> = keys.into_iter().flatten().collect();
+            keys.dedup();
+            keys.into_iter().for_each(|k| q.add(k));
+        }
+        Change::Deleted(pod) => {
+            if let Some(key) = vmi_key_of_pod(pod) {
+                exp.deletion_observed(&key, &key_of(*pod));
+                q.add(key);
+            }
+        }
+    });
+}
+
+/// Runs the VMI controller until `cancel` fires.
+///
+/// Starts the VMI and launcher-pod informers, waits for their first list, then runs
+/// `config.workers` workers. A change of `config.sync_patterns` re-queues every cached VMI.
+pub async fn run_vmi_controller(
+    client: Client,
+    config: VmiControllerConfig,
+    metrics: ControllerMetrics,
+    cancel: CancellationToken,
+) {
+    let queue = WorkQueue::with_config(RateLimiterConfig::default(), metrics);
+    let pod_expectations = Arc::new(Expectations::new());
+    let vmi_expectations = Arc::new(Expectations::new());
+    let mut vmi_informer = Informer::<VirtualMachineInstance>::new();
+    let mut pod_informer = Informer::<Pod>::new();
+    register_handlers(
+        &mut vmi_informer,
+        &mut pod_informer,
+        &queue,
+        &pod_expectations,
+        &vmi_expectations,
+    );
+    let (vmis, pods) = (vmi_informer.handle(), pod_informer.handle());
+    let mut tasks = tokio::task::JoinSet::new();
+    tasks.spawn(vmi_informer.run(Api::all(client.clone()), watcher::Config::default()));
+    let selector = format!("{}={}", c::APP_LABEL, c::VIRT_LAUNCHER_VALUE);
+    tasks.spawn(pod_informer.run(
+        Api::all(client.clone()),
+        watcher::Config::default().labels(&selector),
+    ));
+    tasks.spawn(requeue_on_pattern_change(
+        config.sync_patterns.clone(),
+        vmis.clone(),
+        queue.clone(),
+    ));
+
+    let synced = async { vmis.wait_for_sync().await.and(pods.wait_for_sync().await) };
+    tokio::select! {
+        () = cancel.cancelled() => { tasks.abort_all(); return; }
+        res = synced => if res.is_err() { tasks.abort_all(); return; },
+    }
+    let reconciler = VmiReconciler {
+        client,
+        vmis,
+        pods,
+        pod_expectations,
+        vmi_expectations,
+        launcher: config.launcher,
+        patterns: config.sync_patterns,
+    };
+    let panics = Controller::new(QUEUE_NAME, queue, reconciler)
+        .workers(config.workers)
+        .run(cancel)
+        .await;
+    if panics > 0 {
+        tracing::error!(panics, "VMI controller workers panicked");
+    }
+    tasks.abort_all();
+}
+
+/// Re-queues every cached VMI whenever the sync patterns change.
+async fn requeue_on_pattern_change(
+    mut patterns: watch::Receiver<MetadataSyncPatterns>,
+    vmis: InformerHandle<VirtualMachineInstance>,
+    queue: WorkQueue<String>,
+) {
+    while patterns.changed().await.is_ok() {
+        tracing::info!("launcher sync patterns changed; re-queueing every VMI");
+        for vmi in vmis.store().state() {
+            queue.add(key_of(vmi.as_ref()));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

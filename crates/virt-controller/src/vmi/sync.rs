@@ -1,0 +1,285 @@
+//! Sync: the pod-level actions of one VMI reconcile (upstream's `sync()` for launcher pods).
+//!
+//! Data flow: [`plan`] decides from the cached VMI and its pods what to do ([`SyncPlan`]);
+//! [`execute`] does it through the API, raising expectations before each call and lowering
+//! them again when a call fails (the watch event that would lower them never comes).
+//!
+//! Rules, in order:
+//! 1. VMI being deleted → delete every pod it controls (pods already being deleted are skipped
+//!    unless they are finished);
+//! 2. VMI final → nothing;
+//! 3. receiver VMI (`kubevirt.io/create-migration-target=true`) without
+//!    `kubevirt.io/migrationTargetNodeName` → wait;
+//! 4. no pod and phase `""`/`Pending` → create the launcher pod;
+//! 5. otherwise nothing.
+//!
+//! Not implemented (yet): volume readiness (PVC/DataVolume checks and WFFC doppelganger pods),
+//! backend storage, hotplug attachment pods, the eviction-in-progress pod annotation, events.
+
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, DeleteParams, PostParams};
+use kubevirt_api::constants as c;
+use kubevirt_api::v1::{VirtualMachineInstance, VirtualMachineInstancePhase as Phase};
+
+use super::status::SyncFailure;
+use super::template::{LauncherPodConfig, render_launcher_pod};
+use crate::runtime::expectations::Expectations;
+use crate::runtime::key_of;
+
+/// What sync should do for a VMI.
+#[derive(Debug, PartialEq)]
+pub enum SyncPlan {
+    /// Delete these pods (`namespace/name` keys).
+    DeletePods(Vec<String>),
+    /// Create the launcher pod.
+    CreatePod,
+    /// Nothing to do.
+    Nothing,
+}
+
+fn phase(vmi: &VirtualMachineInstance) -> Phase {
+    vmi.status
+        .as_ref()
+        .and_then(|s| s.phase.clone())
+        .unwrap_or_default()
+}
+
+fn pod_finished(pod: &Pod) -> bool {
+    matches!(
+        pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+        Some("Succeeded" | "Failed")
+    )
+}
+
+/// Decides what sync does; `pods` are the pods the VMI controls, `current` its launcher pod.
+pub fn plan(vmi: &VirtualMachineInstance, pods: &[&Pod], current: Option<&Pod>) -> SyncPlan {
+    if vmi.metadata.deletion_timestamp.is_some() {
+        let doomed: Vec<String> = pods
+            .iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none() || pod_finished(p))
+            .map(|p| key_of(*p))
+            .collect();
+        return if doomed.is_empty() {
+            SyncPlan::Nothing
+        } else {
+            SyncPlan::DeletePods(doomed)
+        };
+    }
+    let phase = phase(vmi);
+    if phase.is_final() {
+        return SyncPlan::Nothing;
+    }
+    let annotations = vmi.metadata.annotations.as_ref();
+    let receiver = annotations
+        .and_then(|a| a.get(c::CREATE_MIGRATION_TARGET_ANNOTATION))
+        .is_some_and(|v| v == "true");
+    let target_known = vmi
+        .metadata
+        .labels
+        .as_ref()
+        .is_some_and(|l| l.contains_key(c::MIGRATION_TARGET_NODE_NAME_LABEL));
+    if receiver && !target_known {
+        return SyncPlan::Nothing;
+    }
+    if current.is_none() && phase.is_unprocessed() {
+        return SyncPlan::CreatePod;
+    }
+    SyncPlan::Nothing
+}
+
+/// Carries out `plan` for the VMI with queue key `key`; returns a pod it created.
+pub async fn execute(
+    pods_api: &Api<Pod>,
+    expectations: &Arc<Expectations>,
+    key: &str,
+    vmi: &VirtualMachineInstance,
+    plan: SyncPlan,
+    config: &LauncherPodConfig,
+) -> Result<Option<Pod>, SyncFailure> {
+    match plan {
+        SyncPlan::Nothing => Ok(None),
+        SyncPlan::CreatePod => {
+            let pod = render_launcher_pod(vmi, config).map_err(|e| {
+                SyncFailure::new(e.reason(), format!("failed to render launch manifest: {e}"))
+            })?;
+            expectations.expect_creations(key, 1);
+            match pods_api.create(&PostParams::default(), &pod).await {
+                Ok(created) => {
+                    tracing::info!(pod = ?created.metadata.name, "created virtual machine pod");
+                    Ok(Some(created))
+                }
+                Err(err) => {
+                    expectations.creation_observed(key);
+                    Err(create_failure(vmi, &err))
+                }
+            }
+        }
+        SyncPlan::DeletePods(keys) => {
+            expectations.expect_deletions(key, &keys);
+            let mut failure = None;
+            for pod_key in &keys {
+                let name = pod_key.rsplit('/').next().unwrap_or(pod_key);
+                match pods_api.delete(name, &DeleteParams::default()).await {
+                    Ok(_) => tracing::info!(pod = %name, "deleted virtual machine pod"),
+                    Err(kube::Error::Api(status)) if status.code == 404 => {
+                        expectations.deletion_observed(key, pod_key);
+                    }
+                    Err(err) => {
+                        expectations.deletion_observed(key, pod_key);
+                        failure = Some(SyncFailure::new(
+                            "FailedDelete",
+                            format!("failed to delete pod: {err}"),
+                        ));
+                    }
+                }
+            }
+            failure.map_or(Ok(None), Err)
+        }
+    }
+}
+
+fn create_failure(vmi: &VirtualMachineInstance, err: &kube::Error) -> SyncFailure {
+    let text = err.to_string();
+    if matches!(err, kube::Error::Api(s) if s.code == 403) && text.contains("violates PodSecurity")
+    {
+        let ns = vmi.metadata.namespace.as_deref().unwrap_or_default();
+        let name = vmi.metadata.name.as_deref().unwrap_or_default();
+        return SyncFailure::new(
+            "FailedCreate",
+            format!(
+                "failed to create pod for vmi {ns}/{name}, it needs a privileged namespace to run: {text}"
+            ),
+        );
+    }
+    SyncFailure::new(
+        "FailedCreate",
+        format!("failed to create virtual machine pod: {text}"),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+    fn vmi(phase: Phase, deleting: bool) -> VirtualMachineInstance {
+        let mut vmi = VirtualMachineInstance::new("vmi", Default::default());
+        vmi.metadata.namespace = Some("ns".into());
+        vmi.status = Some(Default::default());
+        if let Some(s) = vmi.status.as_mut() {
+            s.phase = Some(phase);
+        }
+        if deleting {
+            vmi.metadata.deletion_timestamp = Some(Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH));
+        }
+        vmi
+    }
+
+    fn pod(name: &str, deleting: bool, phase: &str) -> Pod {
+        let mut pod = Pod::default();
+        pod.metadata.name = Some(name.into());
+        pod.metadata.namespace = Some("ns".into());
+        if deleting {
+            pod.metadata.deletion_timestamp = Some(Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH));
+        }
+        pod.status = Some(k8s_openapi::api::core::v1::PodStatus {
+            phase: Some(phase.into()),
+            ..Default::default()
+        });
+        pod
+    }
+
+    /// (case, vmi, pods, current pod, expected plan)
+    type Case<'a> = (
+        &'a str,
+        VirtualMachineInstance,
+        Vec<&'a Pod>,
+        Option<&'a Pod>,
+        SyncPlan,
+    );
+
+    #[test]
+    fn sync_plans_follow_upstream_rules() {
+        let running = pod("p1", false, "Running");
+        let terminating = pod("p2", true, "Running");
+        let finished_terminating = pod("p3", true, "Failed");
+        // (case, vmi, pods, current, expected)
+        let cases: Vec<Case<'_>> = vec![
+            (
+                "a pending VMI without a pod gets one",
+                vmi(Phase::Pending, false),
+                vec![],
+                None,
+                SyncPlan::CreatePod,
+            ),
+            (
+                "a new VMI without a phase gets one",
+                vmi(Phase::Unset, false),
+                vec![],
+                None,
+                SyncPlan::CreatePod,
+            ),
+            (
+                "an existing pod is left alone",
+                vmi(Phase::Pending, false),
+                vec![&running],
+                Some(&running),
+                SyncPlan::Nothing,
+            ),
+            (
+                "a scheduling VMI whose pod vanished gets no new pod",
+                vmi(Phase::Scheduling, false),
+                vec![],
+                None,
+                SyncPlan::Nothing,
+            ),
+            (
+                "a failed VMI gets no pod",
+                vmi(Phase::Failed, false),
+                vec![],
+                None,
+                SyncPlan::Nothing,
+            ),
+            (
+                "a deleted VMI deletes its pods but not those already terminating",
+                vmi(Phase::Running, true),
+                vec![&running, &terminating, &finished_terminating],
+                Some(&running),
+                SyncPlan::DeletePods(vec!["ns/p1".into(), "ns/p3".into()]),
+            ),
+            (
+                "a deleted VMI without pods does nothing",
+                vmi(Phase::Pending, true),
+                vec![],
+                None,
+                SyncPlan::Nothing,
+            ),
+        ];
+        for (case, vmi, pods, current, expected) in cases {
+            assert_eq!(plan(&vmi, &pods, current), expected, "{case}");
+        }
+    }
+
+    #[test]
+    fn a_receiver_without_a_target_node_waits() {
+        let mut receiver = vmi(Phase::Pending, false);
+        receiver.metadata.annotations = Some(
+            [(
+                c::CREATE_MIGRATION_TARGET_ANNOTATION.to_owned(),
+                "true".to_owned(),
+            )]
+            .into(),
+        );
+        assert_eq!(plan(&receiver, &[], None), SyncPlan::Nothing);
+        receiver.metadata.labels = Some(
+            [(
+                c::MIGRATION_TARGET_NODE_NAME_LABEL.to_owned(),
+                "node1".to_owned(),
+            )]
+            .into(),
+        );
+        assert_eq!(plan(&receiver, &[], None), SyncPlan::CreatePod);
+    }
+}

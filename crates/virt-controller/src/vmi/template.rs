@@ -1,0 +1,766 @@
+//! The virt-launcher pod of a VMI, rendered as a pure function of the VMI and a
+//! [`LauncherPodConfig`].
+//!
+//! Metadata follows upstream's launcher template (labels, annotations in upstream's write
+//! order, `generateName`, controller owner reference), so selectors and tools written for
+//! KubeVirt find the pod. The containers are ours:
+//!
+//! | container | command | role |
+//! |---|---|---|
+//! | `compute` (always first) | `kubevirt-rs launcher --namespace NS --name NAME --uid UID --grace-period-seconds G` | the launcher; `G` = VMI grace period + 15 s, the time it gives the guest to shut down |
+//! | `guest-console-log` | `kubevirt-rs guest-console-log --namespace NS --name NAME --uid UID` | present unless `spec.domain.devices.logSerialConsole` is false, so `kubectl logs POD -c guest-console-log` names a container |
+//!
+//! Both use [`LauncherPodConfig::launcher_image`]; the pod runner of the embedded mode runs
+//! `command[1..] + args` with its own `kubevirt-rs` binary.
+//!
+//! # Memory request
+//! The `compute` container requests the guest memory (`spec.domain.resources.requests.memory`,
+//! else `spec.domain.memory.guest`) plus an overhead for everything outside guest RAM.
+//!
+//! - Upstream estimates a fixed part of roughly 200 MiB or more (its launcher, monitor, log
+//!   daemon, libvirt daemon and QEMU), plus page tables (guest memory / 512), about 8 MiB per
+//!   vCPU, and per-device parts (graphics, IO threads, and so on).
+//! - Ours runs QEMU directly under a small Rust launcher, with no libvirt and no log daemon;
+//!   measured resident sizes are a few MiB for the launcher and tens of MiB for QEMU, so:
+//!   [`OVERHEAD_FIXED`] (40 MiB) + [`OVERHEAD_PER_VCPU`] (2 MiB) × vCPUs +
+//!   guest memory / [`OVERHEAD_GUEST_DIVISOR`] (1 %, rounded up, for page tables and device
+//!   buffers) + [`OVERHEAD_TCG`] (32 MiB) when the guest is emulated (TCG translation cache),
+//!   the sum rounded up to a whole MiB.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Container, Pod, PodReadinessGate, PodSpec, ResourceRequirements};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use kube::Resource;
+use kubevirt_api::constants as c;
+use kubevirt_api::v1::{DEFAULT_GRACE_PERIOD_SECONDS, VirtualMachineInstance};
+use sha1::{Digest, Sha1};
+
+/// Name of the serial console log container.
+pub const GUEST_CONSOLE_LOG_CONTAINER_NAME: &str = "guest-console-log";
+/// Extended resource that grants `/dev/kvm`.
+pub const KVM_RESOURCE: &str = "devices.kubevirt.io/kvm";
+/// Seconds added to the VMI grace period for the pod's `terminationGracePeriodSeconds`.
+pub const POD_GRACE_EXTRA_SECONDS: i64 = 30;
+/// Seconds added to the VMI grace period for the launcher's `--grace-period-seconds`.
+pub const LAUNCHER_GRACE_EXTRA_SECONDS: i64 = 15;
+/// Fixed memory overhead: launcher plus QEMU's own code, heap and device model.
+pub const OVERHEAD_FIXED: u64 = 40 * MIB;
+/// Memory overhead per vCPU (thread stacks and per-vCPU state).
+pub const OVERHEAD_PER_VCPU: u64 = 2 * MIB;
+/// Guest memory is divided by this for the proportional overhead (1 %).
+pub const OVERHEAD_GUEST_DIVISOR: u64 = 100;
+/// Extra overhead of software emulation (the TCG translation cache).
+pub const OVERHEAD_TCG: u64 = 32 * MIB;
+/// Longest value of a label.
+const MAX_LABEL_VALUE: usize = 63;
+const MIB: u64 = 1024 * 1024;
+
+/// How launcher pods are built; the same for every VMI.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LauncherPodConfig {
+    /// Image of the launcher containers (upstream flag `--launcher-image`).
+    pub launcher_image: String,
+    /// CPU request of the `compute` container when the VMI requests none.
+    pub cpu_request: String,
+    /// Guests run under TCG: no `/dev/kvm` request, and the TCG memory overhead.
+    pub use_emulation: bool,
+}
+
+impl Default for LauncherPodConfig {
+    fn default() -> Self {
+        Self {
+            launcher_image: default_launcher_image(),
+            cpu_request: "100m".to_owned(),
+            use_emulation: false,
+        }
+    }
+}
+
+/// `kubevirt-rs/virt-launcher:<version of this crate>`.
+pub fn default_launcher_image() -> String {
+    format!("kubevirt-rs/virt-launcher:{}", env!("CARGO_PKG_VERSION"))
+}
+
+/// Why a VMI cannot be rendered into a pod.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum TemplateError {
+    /// The VMI lacks a name, namespace or UID.
+    #[error("the VMI has no {0}")]
+    MissingMetadata(&'static str),
+    /// A memory quantity of the VMI cannot be parsed.
+    #[error("invalid memory quantity {0:?}")]
+    InvalidMemory(String),
+    /// The VMI asks for neither guest memory nor a memory request.
+    #[error("the VMI specifies neither spec.domain.memory.guest nor a memory request")]
+    NoMemory,
+}
+
+impl TemplateError {
+    /// The sync-error reason of a render failure (as upstream: `FailedCreate`).
+    pub fn reason(&self) -> &'static str {
+        "FailedCreate"
+    }
+}
+
+/// Renders the launcher pod of `vmi`.
+pub fn render_launcher_pod(
+    vmi: &VirtualMachineInstance,
+    config: &LauncherPodConfig,
+) -> Result<Pod, TemplateError> {
+    let meta = &vmi.metadata;
+    let name = meta
+        .name
+        .as_deref()
+        .ok_or(TemplateError::MissingMetadata("name"))?;
+    let namespace = meta
+        .namespace
+        .as_deref()
+        .ok_or(TemplateError::MissingMetadata("namespace"))?;
+    let uid = meta
+        .uid
+        .as_deref()
+        .ok_or(TemplateError::MissingMetadata("uid"))?;
+    let spec = &vmi.spec;
+    let grace = spec
+        .termination_grace_period_seconds
+        .unwrap_or(DEFAULT_GRACE_PERIOD_SECONDS);
+    let hostname = pod_hostname(vmi, name);
+
+    let mut containers = vec![compute_container(vmi, config, namespace, name, uid, grace)?];
+    if spec.domain.devices.log_serial_console != Some(false) {
+        containers.push(console_log_container(config, namespace, name, uid));
+    }
+    let mut node_selector =
+        BTreeMap::from([(c::NODE_SCHEDULABLE_LABEL.to_owned(), "true".to_owned())]);
+    node_selector.extend(spec.node_selector.clone());
+
+    Ok(Pod {
+        metadata: ObjectMeta {
+            generate_name: Some(format!("virt-launcher-{name}-")),
+            namespace: Some(namespace.to_owned()),
+            labels: Some(pod_labels(vmi, name, uid, &hostname)),
+            annotations: Some(pod_annotations(vmi, name, namespace)),
+            owner_references: Some(vec![controller_ref(name, uid)]),
+            ..ObjectMeta::default()
+        },
+        spec: Some(PodSpec {
+            hostname: Some(hostname),
+            subdomain: spec.subdomain.clone(),
+            restart_policy: Some("Never".to_owned()),
+            termination_grace_period_seconds: Some(grace + POD_GRACE_EXTRA_SECONDS),
+            readiness_gates: Some(vec![PodReadinessGate {
+                condition_type: c::VIRTUAL_MACHINE_UNPAUSED_READINESS_GATE.to_owned(),
+            }]),
+            enable_service_links: Some(false),
+            node_selector: Some(node_selector),
+            affinity: spec.affinity.clone(),
+            tolerations: (!spec.tolerations.is_empty()).then(|| spec.tolerations.clone()),
+            topology_spread_constraints: (!spec.topology_spread_constraints.is_empty())
+                .then(|| spec.topology_spread_constraints.clone()),
+            scheduler_name: spec.scheduler_name.clone(),
+            priority_class_name: spec.priority_class_name.clone(),
+            service_account_name: spec.service_account_name.clone(),
+            dns_policy: spec.dns_policy.clone(),
+            dns_config: spec.dns_config.clone(),
+            containers,
+            ..PodSpec::default()
+        }),
+        status: None,
+    })
+}
+
+/// `spec.hostname`, else the VMI name up to the first `.`; at most 63 characters.
+fn pod_hostname(vmi: &VirtualMachineInstance, name: &str) -> String {
+    let base = match vmi.spec.hostname.as_deref() {
+        Some(h) if !h.is_empty() => h,
+        _ => name.split('.').next().unwrap_or(name),
+    };
+    base.chars().take(MAX_LABEL_VALUE).collect()
+}
+
+/// The VMI name, or when longer than 63 characters its first 54 characters, `-` and the
+/// first 8 hex digits of its SHA-1.
+pub fn vmi_id_label(name: &str) -> String {
+    if name.len() <= MAX_LABEL_VALUE {
+        return name.to_owned();
+    }
+    let digest = Sha1::digest(name.as_bytes());
+    let hex: String = digest.iter().take(4).map(|b| format!("{b:02x}")).collect();
+    let head: String = name.chars().take(54).collect();
+    format!("{head}-{hex}")
+}
+
+fn pod_labels(
+    vmi: &VirtualMachineInstance,
+    name: &str,
+    uid: &str,
+    hostname: &str,
+) -> BTreeMap<String, String> {
+    let mut labels = vmi.metadata.labels.clone().unwrap_or_default();
+    labels.insert(c::APP_LABEL.to_owned(), c::VIRT_LAUNCHER_VALUE.to_owned());
+    labels.insert(c::CREATED_BY_LABEL.to_owned(), uid.to_owned());
+    labels.insert(c::DEPRECATED_VM_NAME_LABEL.to_owned(), hostname.to_owned());
+    labels.insert(c::VMI_ID_LABEL.to_owned(), vmi_id_label(name));
+    if let Some(inject) = annotation(vmi, c::ISTIO_INJECT_ANNOTATION) {
+        labels.insert(c::ISTIO_INJECT_ANNOTATION.to_owned(), inject.to_owned());
+    }
+    labels
+}
+
+fn annotation<'a>(vmi: &'a VirtualMachineInstance, key: &str) -> Option<&'a str> {
+    vmi.metadata
+        .annotations
+        .as_ref()?
+        .get(key)
+        .map(String::as_str)
+}
+
+/// Whether the VMI annotation `kubevirt.io/skip-backup-hooks` parses as boolean true.
+pub fn skip_backup_hooks(annotations: Option<&BTreeMap<String, String>>) -> bool {
+    annotations
+        .and_then(|a| a.get(c::SKIP_BACKUP_HOOKS_ANNOTATION))
+        .is_some_and(|v| parse_go_bool(v) == Some(true))
+}
+
+/// Go's `strconv.ParseBool`.
+fn parse_go_bool(value: &str) -> Option<bool> {
+    match value {
+        "1" | "t" | "T" | "true" | "TRUE" | "True" => Some(true),
+        "0" | "f" | "F" | "false" | "FALSE" | "False" => Some(false),
+        _ => None,
+    }
+}
+
+/// The five velero hook annotations that freeze and thaw the guest around a backup.
+pub fn backup_hook_annotations(name: &str, namespace: &str) -> BTreeMap<String, String> {
+    let command = |verb: &str| {
+        format!(
+            r#"["/usr/bin/virt-freezer", "--{verb}", "--name", "{name}", "--namespace", "{namespace}"]"#
+        )
+    };
+    BTreeMap::from([
+        (
+            c::VELERO_PRE_BACKUP_HOOK_CONTAINER_ANNOTATION.to_owned(),
+            c::COMPUTE_CONTAINER_NAME.to_owned(),
+        ),
+        (
+            c::VELERO_PRE_BACKUP_HOOK_COMMAND_ANNOTATION.to_owned(),
+            command("freeze"),
+        ),
+        (
+            c::VELERO_PRE_BACKUP_HOOK_TIMEOUT_ANNOTATION.to_owned(),
+            "60s".to_owned(),
+        ),
+        (
+            c::VELERO_POST_BACKUP_HOOK_CONTAINER_ANNOTATION.to_owned(),
+            c::COMPUTE_CONTAINER_NAME.to_owned(),
+        ),
+        (
+            c::VELERO_POST_BACKUP_HOOK_COMMAND_ANNOTATION.to_owned(),
+            command("unfreeze"),
+        ),
+    ])
+}
+
+/// Annotations in upstream's write order; a later write of the same key wins.
+fn pod_annotations(
+    vmi: &VirtualMachineInstance,
+    name: &str,
+    namespace: &str,
+) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::from([(c::DOMAIN_ANNOTATION.to_owned(), name.to_owned())]);
+    let vmi_annotations = vmi.metadata.annotations.as_ref();
+    for (k, v) in vmi_annotations.into_iter().flatten() {
+        let excluded = k.starts_with(c::KUBECTL_ANNOTATION_PREFIX)
+            || k == c::STORAGE_OBSERVED_API_VERSION_ANNOTATION
+            || k == c::LATEST_OBSERVED_API_VERSION_ANNOTATION;
+        if !excluded {
+            out.insert(k.clone(), v.clone());
+        }
+    }
+    out.insert(
+        c::DEFAULT_CONTAINER_ANNOTATION.to_owned(),
+        c::COMPUTE_CONTAINER_NAME.to_owned(),
+    );
+    out.insert(
+        c::MIGRATION_TRANSPORT_UNIX_ANNOTATION.to_owned(),
+        "true".to_owned(),
+    );
+    out.insert(
+        c::DESCHEDULER_REQUEST_EVICT_ONLY_ANNOTATION.to_owned(),
+        String::new(),
+    );
+    let masquerade = vmi
+        .spec
+        .domain
+        .devices
+        .interfaces
+        .iter()
+        .any(|i| i.binding_method.masquerade.is_some());
+    if masquerade {
+        for key in [
+            c::ISTIO_KUBEVIRT_INTERFACES_ANNOTATION,
+            c::ISTIO_REROUTE_VIRTUAL_INTERFACES_ANNOTATION,
+        ] {
+            out.insert(key.to_owned(), "k6t-eth0".to_owned());
+        }
+    }
+    if !skip_backup_hooks(vmi_annotations) {
+        out.extend(backup_hook_annotations(name, namespace));
+    }
+    out
+}
+
+/// The controller reference to the VMI `name` with `uid`.
+pub fn controller_ref(name: &str, uid: &str) -> OwnerReference {
+    OwnerReference {
+        api_version: VirtualMachineInstance::api_version(&()).into_owned(),
+        kind: VirtualMachineInstance::kind(&()).into_owned(),
+        name: name.to_owned(),
+        uid: uid.to_owned(),
+        controller: Some(true),
+        block_owner_deletion: Some(true),
+    }
+}
+
+fn identity_args(namespace: &str, name: &str, uid: &str) -> Vec<String> {
+    ["--namespace", namespace, "--name", name, "--uid", uid]
+        .map(str::to_owned)
+        .to_vec()
+}
+
+fn compute_container(
+    vmi: &VirtualMachineInstance,
+    config: &LauncherPodConfig,
+    namespace: &str,
+    name: &str,
+    uid: &str,
+    grace: i64,
+) -> Result<Container, TemplateError> {
+    let mut args = identity_args(namespace, name, uid);
+    args.push("--grace-period-seconds".to_owned());
+    args.push((grace + LAUNCHER_GRACE_EXTRA_SECONDS).to_string());
+    Ok(Container {
+        name: c::COMPUTE_CONTAINER_NAME.to_owned(),
+        image: Some(config.launcher_image.clone()),
+        command: Some(vec!["kubevirt-rs".to_owned(), "launcher".to_owned()]),
+        args: Some(args),
+        resources: Some(compute_resources(vmi, config)?),
+        ..Container::default()
+    })
+}
+
+fn console_log_container(
+    config: &LauncherPodConfig,
+    namespace: &str,
+    name: &str,
+    uid: &str,
+) -> Container {
+    Container {
+        name: GUEST_CONSOLE_LOG_CONTAINER_NAME.to_owned(),
+        image: Some(config.launcher_image.clone()),
+        command: Some(vec![
+            "kubevirt-rs".to_owned(),
+            "guest-console-log".to_owned(),
+        ]),
+        args: Some(identity_args(namespace, name, uid)),
+        ..Container::default()
+    }
+}
+
+/// Requests (and limits, where the VMI sets them) of the `compute` container.
+fn compute_resources(
+    vmi: &VirtualMachineInstance,
+    config: &LauncherPodConfig,
+) -> Result<ResourceRequirements, TemplateError> {
+    let domain = &vmi.spec.domain;
+    let (vmi_requests, vmi_limits) = domain
+        .resources
+        .as_ref()
+        .map(|r| (r.requests.clone(), r.limits.clone()))
+        .unwrap_or_default();
+    let guest = domain.memory.as_ref().and_then(|m| m.guest.as_ref());
+    let requested = vmi_requests.get("memory");
+    let guest_bytes = parse_bytes(guest.or(requested).ok_or(TemplateError::NoMemory)?)?;
+    let base = parse_bytes(requested.or(guest).ok_or(TemplateError::NoMemory)?)?;
+    let overhead = memory_overhead(guest_bytes, vcpus(vmi), config.use_emulation);
+
+    let mut requests = BTreeMap::new();
+    let cpu = vmi_requests
+        .get("cpu")
+        .cloned()
+        .unwrap_or_else(|| Quantity(config.cpu_request.clone()));
+    requests.insert("cpu".to_owned(), cpu);
+    requests.insert("memory".to_owned(), bytes_quantity(base + overhead));
+    let mut limits = BTreeMap::new();
+    if let Some(cpu) = vmi_limits.get("cpu") {
+        limits.insert("cpu".to_owned(), cpu.clone());
+    }
+    if let Some(memory) = vmi_limits.get("memory") {
+        limits.insert(
+            "memory".to_owned(),
+            bytes_quantity(parse_bytes(memory)? + overhead),
+        );
+    }
+    if !config.use_emulation {
+        // Extended resources must appear in limits; requests then default to the same.
+        requests.insert(KVM_RESOURCE.to_owned(), Quantity("1".to_owned()));
+        limits.insert(KVM_RESOURCE.to_owned(), Quantity("1".to_owned()));
+    }
+    Ok(ResourceRequirements {
+        requests: Some(requests),
+        limits: (!limits.is_empty()).then_some(limits),
+        ..ResourceRequirements::default()
+    })
+}
+
+/// vCPUs of the guest: sockets × cores × threads, each defaulting to 1.
+pub fn vcpus(vmi: &VirtualMachineInstance) -> u64 {
+    let cpu = vmi.spec.domain.cpu.as_ref();
+    let part = |v: Option<u32>| u64::from(v.unwrap_or(1).max(1));
+    part(cpu.and_then(|c| c.sockets))
+        * part(cpu.and_then(|c| c.cores))
+        * part(cpu.and_then(|c| c.threads))
+}
+
+/// Our memory overhead in bytes (see the module docs).
+pub fn memory_overhead(guest_bytes: u64, vcpus: u64, emulated: bool) -> u64 {
+    let proportional = guest_bytes.div_ceil(OVERHEAD_GUEST_DIVISOR);
+    let tcg = if emulated { OVERHEAD_TCG } else { 0 };
+    (OVERHEAD_FIXED + OVERHEAD_PER_VCPU * vcpus + proportional + tcg).div_ceil(MIB) * MIB
+}
+
+fn parse_bytes(q: &Quantity) -> Result<u64, TemplateError> {
+    parse_quantity_bytes(&q.0).ok_or_else(|| TemplateError::InvalidMemory(q.0.clone()))
+}
+
+/// Parses a Kubernetes quantity into whole bytes (rounded up): plain numbers, decimal
+/// fractions, binary (`Ki`…`Ei`) and decimal (`k`…`E`, `m`) suffixes and `e` exponents.
+pub fn parse_quantity_bytes(text: &str) -> Option<u64> {
+    let text = text.trim();
+    let split = text
+        .find(|ch: char| !(ch.is_ascii_digit() || ch == '.' || ch == '+'))
+        .unwrap_or(text.len());
+    let (number, suffix) = text.split_at(split);
+    let number: f64 = number.parse().ok()?;
+    let factor: f64 = match suffix {
+        "" => 1.0,
+        "m" => 1e-3,
+        "k" => 1e3,
+        "M" => 1e6,
+        "G" => 1e9,
+        "T" => 1e12,
+        "P" => 1e15,
+        "E" => 1e18,
+        "Ki" => 1024f64,
+        "Mi" => 1024f64.powi(2),
+        "Gi" => 1024f64.powi(3),
+        "Ti" => 1024f64.powi(4),
+        "Pi" => 1024f64.powi(5),
+        "Ei" => 1024f64.powi(6),
+        exp => {
+            let e: i32 = exp.strip_prefix(['e', 'E'])?.parse().ok()?;
+            10f64.powi(e)
+        }
+    };
+    let bytes = (number * factor).ceil();
+    // The float-to-int cast saturates; quantities beyond u64 are nonsense anyway.
+    (bytes.is_finite() && bytes >= 0.0).then_some(bytes as u64)
+}
+
+/// `bytes` as a quantity: in `Mi` or `Ki` when it divides evenly, else plain bytes.
+pub fn bytes_quantity(bytes: u64) -> Quantity {
+    Quantity(if bytes.is_multiple_of(MIB) {
+        format!("{}Mi", bytes / MIB)
+    } else if bytes.is_multiple_of(1024) {
+        format!("{}Ki", bytes / 1024)
+    } else {
+        bytes.to_string()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn vmi(extra: serde_json::Value) -> VirtualMachineInstance {
+        let mut base = json!({
+            "apiVersion": "kubevirt.io/v1",
+            "kind": "VirtualMachineInstance",
+            "metadata": {
+                "name": "testvmi", "namespace": "default", "uid": "1234",
+                "labels": {"kubevirt.io/vm": "testvmi", "ops.example.com/owner": "a"},
+                "annotations": {
+                    "kubectl.kubernetes.io/last-applied-configuration": "{}",
+                    "kubevirt.io/latest-observed-api-version": "v1",
+                    "kubevirt.io/storage-observed-api-version": "v1",
+                    "custom/annotation": "x"
+                }
+            },
+            "spec": {"domain": {"devices": {}, "memory": {"guest": "1Gi"}}}
+        });
+        merge(&mut base, extra);
+        serde_json::from_value(base).expect("valid VMI")
+    }
+
+    fn merge(base: &mut serde_json::Value, extra: serde_json::Value) {
+        match (base, extra) {
+            (serde_json::Value::Object(b), serde_json::Value::Object(e)) => {
+                for (k, v) in e {
+                    merge(b.entry(k).or_insert(serde_json::Value::Null), v);
+                }
+            }
+            (b, e) => *b = e,
+        }
+    }
+
+    fn render(vmi: &VirtualMachineInstance, config: &LauncherPodConfig) -> serde_json::Value {
+        serde_json::to_value(render_launcher_pod(vmi, config).expect("renders")).expect("json")
+    }
+
+    #[test]
+    fn the_launcher_pod_carries_upstream_metadata() {
+        let pod = render(&vmi(json!({})), &LauncherPodConfig::default());
+        let meta = &pod["metadata"];
+        assert_eq!(meta["generateName"], "virt-launcher-testvmi-");
+        assert_eq!(meta["namespace"], "default");
+        assert_eq!(
+            meta["labels"],
+            json!({
+                "kubevirt.io": "virt-launcher",
+                "kubevirt.io/created-by": "1234",
+                "kubevirt.io/vm": "testvmi",
+                "ops.example.com/owner": "a",
+                "vm.kubevirt.io/name": "testvmi",
+                "vmi.kubevirt.io/id": "testvmi"
+            })
+        );
+        assert_eq!(
+            meta["annotations"],
+            json!({
+                "kubevirt.io/domain": "testvmi",
+                "custom/annotation": "x",
+                "kubectl.kubernetes.io/default-container": "compute",
+                "kubevirt.io/migrationTransportUnix": "true",
+                "descheduler.alpha.kubernetes.io/request-evict-only": "",
+                "pre.hook.backup.velero.io/container": "compute",
+                "pre.hook.backup.velero.io/command": "[\"/usr/bin/virt-freezer\", \"--freeze\", \"--name\", \"testvmi\", \"--namespace\", \"default\"]",
+                "pre.hook.backup.velero.io/timeout": "60s",
+                "post.hook.backup.velero.io/container": "compute",
+                "post.hook.backup.velero.io/command": "[\"/usr/bin/virt-freezer\", \"--unfreeze\", \"--name\", \"testvmi\", \"--namespace\", \"default\"]"
+            })
+        );
+        assert_eq!(
+            meta["ownerReferences"],
+            json!([{
+                "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+                "name": "testvmi", "uid": "1234", "controller": true, "blockOwnerDeletion": true
+            }])
+        );
+    }
+
+    #[test]
+    fn the_pod_spec_runs_our_launcher_with_upstream_scheduling_rules() {
+        let pod = render(
+            &vmi(json!({"spec": {
+                "terminationGracePeriodSeconds": 0,
+                "nodeSelector": {"disk": "ssd"},
+                "tolerations": [{"key": "k", "operator": "Exists"}],
+                "schedulerName": "custom", "priorityClassName": "high",
+                "subdomain": "sub", "hostname": "guest"
+            }})),
+            &LauncherPodConfig::default(),
+        );
+        let spec = &pod["spec"];
+        assert_eq!(spec["restartPolicy"], "Never");
+        assert_eq!(spec["terminationGracePeriodSeconds"], 30);
+        assert_eq!(
+            spec["readinessGates"],
+            json!([{"conditionType": "kubevirt.io/virtual-machine-unpaused"}])
+        );
+        assert_eq!(spec["enableServiceLinks"], false);
+        assert_eq!(spec["hostname"], "guest");
+        assert_eq!(spec["subdomain"], "sub");
+        assert_eq!(
+            spec["nodeSelector"],
+            json!({"kubevirt.io/schedulable": "true", "disk": "ssd"})
+        );
+        assert_eq!(
+            spec["tolerations"],
+            json!([{"key": "k", "operator": "Exists"}])
+        );
+        assert_eq!(spec["schedulerName"], "custom");
+        assert_eq!(spec["priorityClassName"], "high");
+        let compute = &spec["containers"][0];
+        assert_eq!(compute["name"], "compute");
+        assert_eq!(compute["image"], default_launcher_image());
+        assert_eq!(compute["command"], json!(["kubevirt-rs", "launcher"]));
+        assert_eq!(
+            compute["args"],
+            json!([
+                "--namespace",
+                "default",
+                "--name",
+                "testvmi",
+                "--uid",
+                "1234",
+                "--grace-period-seconds",
+                "15"
+            ])
+        );
+        assert_eq!(spec["containers"][1]["name"], "guest-console-log");
+        assert_eq!(
+            spec["containers"][1]["command"],
+            json!(["kubevirt-rs", "guest-console-log"])
+        );
+        assert_eq!(pod["metadata"]["labels"]["vm.kubevirt.io/name"], "guest");
+    }
+
+    #[test]
+    fn the_default_grace_period_gives_the_pod_sixty_seconds() {
+        let pod = render(&vmi(json!({})), &LauncherPodConfig::default());
+        assert_eq!(pod["spec"]["terminationGracePeriodSeconds"], 60);
+        assert_eq!(pod["spec"]["containers"][0]["args"][7], "45");
+    }
+
+    #[test]
+    fn memory_requests_add_our_overhead_and_kvm_is_requested_only_with_kvm() {
+        // (case, vmi patch, emulation, memory request, cpu request, kvm requested)
+        let cases = [
+            // 1 GiB + 40 + 2 + 10.24 MiB, rounded up.
+            (
+                "1Gi guest, 1 vCPU, KVM",
+                json!({}),
+                false,
+                "1077Mi",
+                "100m",
+                true,
+            ),
+            // 1 GiB + 40 + 2×4 + 10.24 + 32 MiB, rounded up.
+            (
+                "4 vCPUs under TCG",
+                json!({"spec": {"domain": {"cpu": {"cores": 2, "sockets": 2}}}}),
+                true,
+                "1115Mi",
+                "100m",
+                false,
+            ),
+            // The 512 MiB request plus the overhead of the 1 GiB guest.
+            (
+                "explicit requests win",
+                json!({"spec": {"domain": {"resources": {"requests": {"memory": "512Mi", "cpu": "2"}}}}}),
+                false,
+                "565Mi",
+                "2",
+                true,
+            ),
+        ];
+        for (case, patch, emulation, memory, cpu, kvm) in cases {
+            let config = LauncherPodConfig {
+                use_emulation: emulation,
+                ..LauncherPodConfig::default()
+            };
+            let pod = render(&vmi(patch), &config);
+            let res = &pod["spec"]["containers"][0]["resources"];
+            assert_eq!(res["requests"]["memory"], memory, "{case}");
+            assert_eq!(res["requests"]["cpu"], cpu, "{case}");
+            assert_eq!(
+                res["limits"]["devices.kubevirt.io/kvm"].is_string(),
+                kvm,
+                "{case}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_overhead_formula_is_fixed_plus_per_vcpu_plus_one_percent_plus_tcg() {
+        assert_eq!(memory_overhead(0, 1, false), 42 * MIB);
+        assert_eq!(memory_overhead(100 * MIB, 2, true), (40 + 4 + 1 + 32) * MIB);
+        assert_eq!(
+            memory_overhead(101, 1, false),
+            43 * MIB,
+            "rounded up to a whole MiB"
+        );
+    }
+
+    #[test]
+    fn long_names_are_shortened_with_a_hash_in_the_id_label() {
+        let long = "a".repeat(70);
+        let id = vmi_id_label(&long);
+        assert_eq!(id.len(), 63);
+        assert!(id.starts_with(&"a".repeat(54)));
+        assert_eq!(&id[54..55], "-");
+        assert!(id[55..].chars().all(|c| c.is_ascii_hexdigit()));
+        assert_eq!(vmi_id_label(&"b".repeat(63)), "b".repeat(63));
+        let pod = render(
+            &vmi(json!({"metadata": {"name": "web.example.com"}})),
+            &LauncherPodConfig::default(),
+        );
+        assert_eq!(pod["metadata"]["labels"]["vm.kubevirt.io/name"], "web");
+        assert_eq!(pod["spec"]["hostname"], "web");
+    }
+
+    #[test]
+    fn skip_backup_hooks_masquerade_and_console_log_toggle_their_parts() {
+        let pod = render(
+            &vmi(json!({
+                "metadata": {"annotations": {"kubevirt.io/skip-backup-hooks": "true", "sidecar.istio.io/inject": "true"}},
+                "spec": {"domain": {"devices": {"logSerialConsole": false,
+                    "interfaces": [{"name": "default", "masquerade": {}}]}}}
+            })),
+            &LauncherPodConfig::default(),
+        );
+        let annotations = &pod["metadata"]["annotations"];
+        assert!(
+            annotations
+                .get("pre.hook.backup.velero.io/command")
+                .is_none()
+        );
+        assert_eq!(
+            annotations["traffic.sidecar.istio.io/kubevirtInterfaces"],
+            "k6t-eth0"
+        );
+        assert_eq!(
+            annotations["istio.io/reroute-virtual-interfaces"],
+            "k6t-eth0"
+        );
+        assert_eq!(pod["metadata"]["labels"]["sidecar.istio.io/inject"], "true");
+        assert_eq!(pod["spec"]["containers"].as_array().map(Vec::len), Some(1));
+    }
+
+    #[test]
+    fn quantities_parse_to_bytes() {
+        let cases = [
+            ("1Gi", Some(1 << 30)),
+            ("128M", Some(128_000_000)),
+            ("1.5Ki", Some(1536)),
+            ("2e3", Some(2000)),
+            ("100m", Some(1)),
+            ("12", Some(12)),
+            ("x", None),
+            ("1Zi", None),
+        ];
+        for (text, bytes) in cases {
+            assert_eq!(parse_quantity_bytes(text), bytes, "{text}");
+        }
+    }
+
+    #[test]
+    fn a_vmi_without_memory_or_uid_is_rejected() {
+        let mut no_memory = vmi(json!({}));
+        no_memory.spec.domain.memory = None;
+        assert_eq!(
+            render_launcher_pod(&no_memory, &LauncherPodConfig::default()).err(),
+            Some(TemplateError::NoMemory)
+        );
+        let mut no_uid = vmi(json!({}));
+        no_uid.metadata.uid = None;
+        assert_eq!(
+            render_launcher_pod(&no_uid, &LauncherPodConfig::default()).err(),
+            Some(TemplateError::MissingMetadata("uid"))
+        );
+    }
+}

@@ -1,0 +1,269 @@
+//! Tests of the VMI reconciler against a scripted API endpoint: which requests one
+//! reconcile makes, and that a burst of events never creates a second launcher pod.
+
+use super::*;
+use bytes::Bytes;
+use futures::channel::mpsc;
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// Requests the fake API server received: (method, path, body).
+#[derive(Default)]
+struct Recorded {
+    requests: Mutex<Vec<(Method, String, serde_json::Value)>>,
+    pod_creates: AtomicUsize,
+}
+
+impl Recorded {
+    fn requests(&self) -> Vec<(Method, String, serde_json::Value)> {
+        self.requests.lock().map(|r| r.clone()).unwrap_or_default()
+    }
+}
+
+fn reply(code: StatusCode, body: &serde_json::Value) -> Response<Full<Bytes>> {
+    let mut resp = Response::new(Full::new(Bytes::from(body.to_string())));
+    *resp.status_mut() = code;
+    resp
+}
+
+fn vmi_json() -> serde_json::Value {
+    json!({
+        "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+        "metadata": {"name": "vmi", "namespace": "ns", "uid": "vmi-uid", "resourceVersion": "1",
+                     "labels": {"ops.example.com/owner": "a"}},
+        "spec": {"domain": {"devices": {}, "memory": {"guest": "128Mi"}}},
+    })
+}
+
+/// An API endpoint that accepts pod creates after `create_delay` and every patch.
+fn client(recorded: &Arc<Recorded>, create_delay: Duration) -> Client {
+    let recorded = Arc::clone(recorded);
+    let service = tower::service_fn(move |req: Request<kube::client::Body>| {
+        let recorded = Arc::clone(&recorded);
+        async move {
+            let method = req.method().clone();
+            let path = req.uri().path().to_owned();
+            let bytes = req.into_body().collect().await?.to_bytes();
+            let body: serde_json::Value = serde_json::from_slice(&bytes).unwrap_or_default();
+            if let Ok(mut r) = recorded.requests.lock() {
+                r.push((method.clone(), path.clone(), body.clone()));
+            }
+            let resp = match (&method, path.as_str()) {
+                (&Method::POST, "/api/v1/namespaces/ns/pods") => {
+                    tokio::time::sleep(create_delay).await;
+                    let n = recorded.pod_creates.fetch_add(1, Ordering::SeqCst);
+                    let mut pod = body;
+                    pod["metadata"]["name"] = json!(format!("virt-launcher-vmi-{n}"));
+                    pod["metadata"]["uid"] = json!(format!("pod-uid-{n}"));
+                    reply(StatusCode::CREATED, &pod)
+                }
+                (&Method::PATCH, p) if p.contains("/virtualmachineinstances/") => {
+                    reply(StatusCode::OK, &vmi_json())
+                }
+                (&Method::PATCH, p) if p.starts_with("/api/v1/namespaces/ns/pods/") => reply(
+                    StatusCode::OK,
+                    &json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}}),
+                ),
+                _ => reply(
+                    StatusCode::NOT_FOUND,
+                    &json!({"kind": "Status", "apiVersion": "v1", "code": 404}),
+                ),
+            };
+            Ok::<_, Box<dyn std::error::Error + Send + Sync>>(resp)
+        }
+    });
+    Client::new(service, "default")
+}
+
+type Events<K> = mpsc::UnboundedSender<Result<watcher::Event<K>, watcher::Error>>;
+
+/// A reconciler whose informers are fed by the returned senders, already synced with `vmis`.
+async fn reconciler(
+    client: Client,
+    queue: &WorkQueue<String>,
+    vmis: Vec<VirtualMachineInstance>,
+) -> (
+    Arc<VmiReconciler>,
+    Events<VirtualMachineInstance>,
+    Events<Pod>,
+) {
+    let pod_expectations = Arc::new(Expectations::new());
+    let vmi_expectations = Arc::new(Expectations::new());
+    let mut vmi_informer = Informer::<VirtualMachineInstance>::new();
+    let mut pod_informer = Informer::<Pod>::new();
+    register_handlers(
+        &mut vmi_informer,
+        &mut pod_informer,
+        queue,
+        &pod_expectations,
+        &vmi_expectations,
+    );
+    let (vmi_handle, pod_handle) = (vmi_informer.handle(), pod_informer.handle());
+    let (vmi_tx, vmi_rx) = mpsc::unbounded();
+    let (pod_tx, pod_rx) = mpsc::unbounded();
+    tokio::spawn(vmi_informer.run_stream(vmi_rx));
+    tokio::spawn(pod_informer.run_stream(pod_rx));
+    let mut init = vec![watcher::Event::Init];
+    init.extend(vmis.into_iter().map(watcher::Event::InitApply));
+    init.push(watcher::Event::InitDone);
+    for event in init {
+        let _ = vmi_tx.unbounded_send(Ok(event));
+    }
+    for event in [watcher::Event::Init, watcher::Event::InitDone] {
+        let _ = pod_tx.unbounded_send(Ok(event));
+    }
+    assert!(vmi_handle.wait_for_sync().await.is_ok());
+    assert!(pod_handle.wait_for_sync().await.is_ok());
+    let (_, patterns) = watch::channel(MetadataSyncPatterns::from_flags("ops.example.com/*", "").0);
+    let reconciler = VmiReconciler {
+        client,
+        vmis: vmi_handle,
+        pods: pod_handle,
+        pod_expectations,
+        vmi_expectations,
+        launcher: LauncherPodConfig::default(),
+        patterns,
+    };
+    (Arc::new(reconciler), vmi_tx, pod_tx)
+}
+
+fn vmi() -> VirtualMachineInstance {
+    serde_json::from_value(vmi_json()).unwrap_or_default()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_new_vmi_gets_one_launcher_pod_and_goes_scheduling_in_one_patch() {
+    let recorded = Arc::new(Recorded::default());
+    let queue = WorkQueue::new("test");
+    let (reconciler, _vmis, _pods) =
+        reconciler(client(&recorded, Duration::ZERO), &queue, vec![vmi()]).await;
+    let action = reconciler.reconcile("ns/vmi").await;
+    assert!(matches!(action, Ok(Action::Done)), "{action:?}");
+
+    let requests = recorded.requests();
+    let summary: Vec<(Method, &str)> = requests
+        .iter()
+        .map(|(m, p, _)| (m.clone(), p.as_str()))
+        .collect();
+    assert_eq!(
+        summary,
+        vec![
+            (Method::POST, "/api/v1/namespaces/ns/pods"),
+            (
+                Method::PATCH,
+                "/api/v1/namespaces/ns/pods/virt-launcher-vmi-0/status"
+            ),
+            (
+                Method::PATCH,
+                "/apis/kubevirt.io/v1/namespaces/ns/virtualmachineinstances/vmi"
+            ),
+        ]
+    );
+    let pod = &requests[0].2;
+    assert_eq!(pod["metadata"]["generateName"], "virt-launcher-vmi-");
+    assert_eq!(
+        pod["metadata"]["labels"]["kubevirt.io/created-by"],
+        "vmi-uid"
+    );
+    assert_eq!(pod["metadata"]["labels"]["ops.example.com/owner"], "a");
+    let unpaused = &requests[1].2["status"]["conditions"][0];
+    assert_eq!(
+        (&unpaused["type"], &unpaused["status"]),
+        (
+            &json!("kubevirt.io/virtual-machine-unpaused"),
+            &json!("True")
+        )
+    );
+    let patch = requests[2].2.as_array().cloned().unwrap_or_default();
+    assert_eq!(
+        patch[0],
+        json!({"op": "test", "path": "/metadata/resourceVersion", "value": "1"})
+    );
+    assert_eq!(patch[1]["op"], "add");
+    assert_eq!(patch[1]["path"], "/status");
+    assert_eq!(patch[1]["value"]["phase"], "Scheduling");
+    assert_eq!(patch[1]["value"]["activePods"], json!({"pod-uid-0": ""}));
+}
+
+#[tokio::test(start_paused = true)]
+async fn two_hundred_events_during_an_in_flight_pod_create_make_one_pod() {
+    let recorded = Arc::new(Recorded::default());
+    let queue = WorkQueue::new("test");
+    let (reconciler, _vmis, pods) = reconciler(
+        client(&recorded, Duration::from_millis(50)),
+        &queue,
+        vec![vmi()],
+    )
+    .await;
+    let controller = Controller::new(
+        "vmi",
+        queue.clone(),
+        SharedReconciler(Arc::clone(&reconciler)),
+    )
+    .workers(10);
+    let cancel = CancellationToken::new();
+    let run = tokio::spawn(controller.run(cancel.clone()));
+
+    for _ in 0..200 {
+        queue.add("ns/vmi".to_owned());
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    assert_eq!(recorded.pod_creates.load(Ordering::SeqCst), 1);
+
+    // The pod's watch event arrives: expectation lowered, key re-queued, still one pod.
+    let created = recorded
+        .requests()
+        .into_iter()
+        .find(|(m, _, _)| m == Method::POST)
+        .map(|(_, _, body)| body);
+    let mut pod: Pod = created
+        .and_then(|b| serde_json::from_value(b).ok())
+        .unwrap_or_default();
+    pod.metadata.name = Some("virt-launcher-vmi-0".into());
+    pod.metadata.uid = Some("pod-uid-0".into());
+    let _ = pods.unbounded_send(Ok(watcher::Event::Apply(pod)));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(reconciler.pod_expectations.satisfied("ns/vmi"));
+    assert_eq!(recorded.pod_creates.load(Ordering::SeqCst), 1);
+
+    cancel.cancel();
+    assert_eq!(run.await.ok(), Some(0));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_changed_sync_pattern_requeues_every_vmi() {
+    let queue = WorkQueue::new("test");
+    let mut vmi_informer = Informer::<VirtualMachineInstance>::new();
+    let handle = vmi_informer.handle();
+    let (tx, rx) = mpsc::unbounded();
+    vmi_informer.on_change(|_| {});
+    tokio::spawn(vmi_informer.run_stream(rx));
+    for event in [
+        watcher::Event::Init,
+        watcher::Event::InitApply(vmi()),
+        watcher::Event::InitDone,
+    ] {
+        let _ = tx.unbounded_send(Ok(event));
+    }
+    assert!(handle.wait_for_sync().await.is_ok());
+    let (set, patterns) = watch::channel(MetadataSyncPatterns::default());
+    tokio::spawn(requeue_on_pattern_change(patterns, handle, queue.clone()));
+    tokio::task::yield_now().await;
+    assert_eq!(queue.len(), 0);
+    let _ = set.send(MetadataSyncPatterns::from_flags("ops.example.com/*", "").0);
+    let key = tokio::time::timeout(Duration::from_secs(1), queue.get()).await;
+    assert_eq!(key.ok().flatten().as_deref(), Some("ns/vmi"));
+}
+
+/// Lets a test keep a handle on the reconciler the controller runs.
+struct SharedReconciler(Arc<VmiReconciler>);
+
+impl Reconciler for SharedReconciler {
+    type Error = VmiError;
+
+    async fn reconcile(&self, key: &str) -> Result<Action, VmiError> {
+        self.0.reconcile_vmi(key).await
+    }
+}
