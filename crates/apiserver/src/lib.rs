@@ -30,6 +30,7 @@
 pub mod admission;
 pub mod auth;
 pub mod cause;
+pub mod client;
 pub mod crd;
 pub mod discovery;
 pub mod gc;
@@ -49,5 +50,6 @@ pub mod server;
 pub mod state;
 pub mod status;
 pub mod table;
+pub mod webhook;
 
 pub use server::{Config, RunningServer, ServerError, run, start};

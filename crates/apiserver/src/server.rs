@@ -254,6 +254,12 @@ pub async fn start(config: Config) -> Result<RunningServer, ServerError> {
     let pki = pki::load_or_create(&config.data_dir).map_err(ServerError::Pki)?;
     let mut state = ApiState::new(store);
     state.tokens = pki.tokens.clone();
+    state
+        .admission
+        .push(Arc::new(crate::webhook::WebhookAdmission::new(
+            state.store.clone(),
+            pki.ca_pem.clone().into_bytes(),
+        )));
     let state = Arc::new(state);
     crate::crd::load_all(&state);
     ensure_initial(&state, &config.initial_objects).await?;
@@ -313,7 +319,7 @@ async fn serve(
                         app.clone().oneshot(req.map(axum::body::Body::new))
                     });
                     let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-                    if let Err(e) = builder.serve_connection(TokioIo::new(stream), svc).await {
+                    if let Err(e) = builder.serve_connection_with_upgrades(TokioIo::new(stream), svc).await {
                         tracing::debug!(%peer, error = %e, "connection ended with an error");
                     }
                 });

@@ -1,0 +1,197 @@
+//! The API server's outgoing HTTPS client: admission webhooks ([`crate::webhook`]),
+//! aggregated APIs ([`crate::aggregation`]) and node log servers ([`crate::logs`]).
+//!
+//! One TLS connection per request (HTTP/1.1, no pooling): these calls are rare next to
+//! the server's own traffic, and a fresh connection never sends a request into a
+//! half-closed one. The connection task is spawned with upgrades enabled, so a `101
+//! Switching Protocols` answer can be taken over with `hyper::upgrade::on`.
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use hyper::client::conn::http1;
+use hyper_util::rt::TokioIo;
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use rustls::{DigitallySignedStruct, RootCertStore, SignatureScheme};
+use tokio::net::TcpStream;
+use tokio_rustls::TlsConnector;
+
+/// Failures of an outgoing request.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The URL is not `https://host[:port]/…`.
+    #[error("invalid URL {0:?}")]
+    Url(String),
+    /// The CA bundle or client identity could not be used.
+    #[error("TLS configuration: {0}")]
+    TlsConfig(String),
+    /// The TCP connection failed.
+    #[error("dial tcp {0}")]
+    Connect(String, #[source] std::io::Error),
+    /// The TLS handshake failed (certificate not trusted …).
+    #[error("tls: handshake with {0}")]
+    Handshake(String, #[source] std::io::Error),
+    /// The HTTP exchange failed.
+    #[error("http")]
+    Http(#[source] hyper::Error),
+}
+
+/// Whom to trust and who we are.
+#[derive(Clone, Debug, Default)]
+pub struct TlsOptions {
+    /// PEM CA certificates the server certificate must chain to.
+    pub ca_pem: Vec<u8>,
+    /// Skip server certificate verification (APIService `insecureSkipTLSVerify`).
+    pub insecure: bool,
+    /// Client certificate and key (PEM) to present.
+    pub identity: Option<(String, String)>,
+}
+
+#[derive(Debug)]
+struct NoVerification(Arc<rustls::crypto::CryptoProvider>);
+
+impl ServerCertVerifier for NoVerification {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+/// Builds a rustls client configuration from `opts`.
+pub fn tls_config(opts: &TlsOptions) -> Result<rustls::ClientConfig, ClientError> {
+    let err = |e: &dyn std::fmt::Display| ClientError::TlsConfig(e.to_string());
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| err(&e))?;
+    let builder = if opts.insecure {
+        builder
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(NoVerification(provider)))
+    } else {
+        let mut roots = RootCertStore::empty();
+        for c in CertificateDer::pem_slice_iter(&opts.ca_pem) {
+            roots.add(c.map_err(|e| err(&e))?).map_err(|e| err(&e))?;
+        }
+        if roots.is_empty() {
+            return Err(ClientError::TlsConfig(
+                "no CA certificate to verify the server with".into(),
+            ));
+        }
+        builder.with_root_certificates(roots)
+    };
+    let mut cfg = match &opts.identity {
+        Some((cert, key)) => {
+            let certs: Vec<CertificateDer<'static>> =
+                CertificateDer::pem_slice_iter(cert.as_bytes())
+                    .collect::<Result<_, _>>()
+                    .map_err(|e| err(&e))?;
+            let key = PrivateKeyDer::from_pem_slice(key.as_bytes()).map_err(|e| err(&e))?;
+            builder
+                .with_client_auth_cert(certs, key)
+                .map_err(|e| err(&e))?
+        }
+        None => builder.with_no_client_auth(),
+    };
+    cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(cfg)
+}
+
+/// Host and port of an `https://` URL (`[::1]` brackets removed for the SNI name).
+pub fn host_port(uri: &http::Uri) -> Result<(String, u16), ClientError> {
+    if uri.scheme_str() != Some("https") {
+        return Err(ClientError::Url(uri.to_string()));
+    }
+    let host = uri
+        .host()
+        .ok_or_else(|| ClientError::Url(uri.to_string()))?;
+    let host = host
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_owned();
+    Ok((host, uri.port_u16().unwrap_or(443)))
+}
+
+/// Sends `req` (whose URI is absolute `https://…`) over a new TLS connection.
+///
+/// The request's URI is rewritten to origin form and `Host` is set. The response body
+/// streams from the connection, which lives as long as the body (or an upgrade) is used.
+pub async fn send(
+    tls: Arc<rustls::ClientConfig>,
+    mut req: http::Request<Body>,
+) -> Result<http::Response<hyper::body::Incoming>, ClientError> {
+    let uri = req.uri().clone();
+    let (host, port) = host_port(&uri)?;
+    let addr = format!("{host}:{port}");
+    let tcp = TcpStream::connect((host.as_str(), port))
+        .await
+        .map_err(|e| ClientError::Connect(addr.clone(), e))?;
+    let _ = tcp.set_nodelay(true);
+    let name = ServerName::try_from(host.clone()).map_err(|_| ClientError::Url(uri.to_string()))?;
+    let stream = TlsConnector::from(tls)
+        .connect(name, tcp)
+        .await
+        .map_err(|e| ClientError::Handshake(addr.clone(), e))?;
+    let (mut sender, conn) = http1::handshake(TokioIo::new(stream))
+        .await
+        .map_err(ClientError::Http)?;
+    tokio::spawn(async move {
+        if let Err(e) = conn.with_upgrades().await {
+            tracing::debug!(error = %e, "outgoing connection ended with an error");
+        }
+    });
+    let path = uri
+        .path_and_query()
+        .map_or("/", |p| p.as_str())
+        .parse()
+        .map_err(|_| ClientError::Url(uri.to_string()))?;
+    *req.uri_mut() = path;
+    let host_header = match uri.port_u16() {
+        Some(p) => format!("{}:{p}", uri.host().unwrap_or("")),
+        None => uri.host().unwrap_or("").to_owned(),
+    };
+    if let Ok(v) = http::HeaderValue::from_str(&host_header) {
+        req.headers_mut().insert(http::header::HOST, v);
+    }
+    sender.send_request(req).await.map_err(ClientError::Http)
+}

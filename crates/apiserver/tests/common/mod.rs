@@ -1,0 +1,191 @@
+//! Shared pieces of the API server's integration tests: a server on a temporary data
+//! directory with an admin HTTPS client, and an HTTPS backend (webhook, aggregated API,
+//! log server) with its own CA.
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::Body;
+use http_body_util::BodyExt;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use kubevirt_apiserver::client::{self, TlsOptions};
+use kubevirt_apiserver::{Config, RunningServer};
+use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
+use serde_json::Value;
+use tokio::net::TcpListener;
+use tokio_rustls::TlsAcceptor;
+use tower::ServiceExt;
+
+/// Our API server on a temporary directory; stopped when dropped.
+pub struct TestServer {
+    pub server: RunningServer,
+    pub dir: tempfile::TempDir,
+    pub tls: Arc<rustls::ClientConfig>,
+}
+
+/// A reply: status, headers, body.
+pub struct Reply {
+    pub status: u16,
+    pub headers: http::HeaderMap,
+    pub body: Vec<u8>,
+}
+
+impl Reply {
+    pub fn json(&self) -> Value {
+        serde_json::from_slice(&self.body).unwrap_or(Value::Null)
+    }
+}
+
+pub fn read(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap()
+}
+
+impl TestServer {
+    pub async fn start() -> TestServer {
+        let dir = tempfile::tempdir().unwrap();
+        let server = kubevirt_apiserver::start(Config {
+            data_dir: dir.path().to_owned(),
+            listen: "127.0.0.1:0".parse().unwrap(),
+            initial_objects: Vec::new(),
+        })
+        .await
+        .unwrap();
+        let pki = dir.path().join("pki");
+        let tls = client::tls_config(&TlsOptions {
+            ca_pem: read(&pki.join("ca.crt")).into_bytes(),
+            insecure: false,
+            identity: Some((read(&pki.join("admin.crt")), read(&pki.join("admin.key")))),
+        })
+        .unwrap();
+        TestServer {
+            server,
+            dir,
+            tls: Arc::new(tls),
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("https://{}{path}", self.server.addr)
+    }
+
+    /// Sends a request; `body` as JSON (or `content_type` when given).
+    pub async fn request(&self, method: &str, path: &str, body: Option<&Value>) -> Reply {
+        self.request_with(method, path, body, "application/json", &[])
+            .await
+    }
+
+    pub async fn request_with(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&Value>,
+        content_type: &str,
+        headers: &[(&str, &str)],
+    ) -> Reply {
+        let mut b = http::Request::builder()
+            .method(method)
+            .uri(self.url(path))
+            .header("content-type", content_type);
+        for (k, v) in headers {
+            b = b.header(*k, *v);
+        }
+        let req = b
+            .body(match body {
+                Some(v) => Body::from(serde_json::to_vec(v).unwrap()),
+                None => Body::empty(),
+            })
+            .unwrap();
+        let resp = client::send(self.tls.clone(), req).await.unwrap();
+        let status = resp.status().as_u16();
+        let headers = resp.headers().clone();
+        let body = resp
+            .into_body()
+            .collect()
+            .await
+            .unwrap()
+            .to_bytes()
+            .to_vec();
+        Reply {
+            status,
+            headers,
+            body,
+        }
+    }
+}
+
+/// An HTTPS server for `app` with a fresh CA; aborted when dropped.
+pub struct Backend {
+    pub addr: SocketAddr,
+    pub ca_pem: String,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Backend {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Backend {
+    pub async fn start(app: Router) -> Backend {
+        let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        let ca_key = KeyPair::generate().unwrap();
+        let ca_cert = ca_params.self_signed(&ca_key).unwrap();
+        let issuer = Issuer::new(ca_params, ca_key);
+        let key = KeyPair::generate().unwrap();
+        let cert = CertificateParams::new(vec!["127.0.0.1".into(), "localhost".into()])
+            .unwrap()
+            .signed_by(&key, &issuer)
+            .unwrap();
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(
+                vec![cert.der().clone()],
+                rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()),
+            )
+            .unwrap();
+        cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
+        let acceptor = TlsAcceptor::from(Arc::new(cfg));
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let task = tokio::spawn(async move {
+            let mut conns = tokio::task::JoinSet::new();
+            loop {
+                let Ok((tcp, _)) = listener.accept().await else {
+                    continue;
+                };
+                let acceptor = acceptor.clone();
+                let app = app.clone();
+                conns.spawn(async move {
+                    let Ok(stream) = acceptor.accept(tcp).await else {
+                        return;
+                    };
+                    let svc = hyper::service::service_fn(
+                        move |req: hyper::Request<hyper::body::Incoming>| {
+                            app.clone().oneshot(req.map(Body::new))
+                        },
+                    );
+                    let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                        .serve_connection_with_upgrades(TokioIo::new(stream), svc)
+                        .await;
+                });
+            }
+        });
+        Backend {
+            addr,
+            ca_pem: ca_cert.pem(),
+            task,
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("https://{}{path}", self.addr)
+    }
+}
