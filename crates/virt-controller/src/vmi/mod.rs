@@ -36,8 +36,8 @@
 //! The additional label/annotation patterns ([`MetadataSyncPatterns`]) come through a
 //! [`tokio::sync::watch::Receiver`]: every reconcile reads the current value, and a change
 //! re-queues every cached VMI, so reconfiguring them (say, from the KubeVirt CR's
-//! `customizeComponents.flags.controller`) needs no restart. The VM controller can share the
-//! same receiver.
+//! `customizeComponents.flags.controller`, see [`crate::kubevirt_config`]) needs no restart.
+//! The type is the VM controller's [`crate::vm::SyncConfig`]: one channel serves both.
 
 pub mod label_sync;
 pub mod status;
@@ -59,7 +59,6 @@ use serde_json::{Value, json};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::labelsync::SyncPatterns;
 use crate::runtime::controller::{Action, Controller, ControllerError, Reconciler};
 use crate::runtime::expectations::Expectations;
 use crate::runtime::informer::{Change, Informer, InformerHandle};
@@ -75,31 +74,9 @@ pub const QUEUE_NAME: &str = "virt-controller-vmi";
 pub const EXPECTATIONS_RECHECK: Duration = Duration::from_secs(5 * 60);
 
 /// The additional sync patterns of `--additional-launcher-labels-sync` and
-/// `--additional-launcher-annotations-sync` (the built-in keys are added by each controller).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct MetadataSyncPatterns {
-    /// Additional label patterns.
-    pub labels: SyncPatterns,
-    /// Additional annotation patterns.
-    pub annotations: SyncPatterns,
-}
-
-impl MetadataSyncPatterns {
-    /// Parses the two comma-separated flag values; returns the warnings of ignored patterns
-    /// (a bare `*`).
-    pub fn from_flags(labels: &str, annotations: &str) -> (Self, Vec<String>) {
-        let (labels, mut warnings) = SyncPatterns::parse_flag(labels);
-        let (annotations, more) = SyncPatterns::parse_flag(annotations);
-        warnings.extend(more);
-        (
-            Self {
-                labels,
-                annotations,
-            },
-            warnings,
-        )
-    }
-}
+/// `--additional-launcher-annotations-sync` (each controller adds its built-in keys). The VM
+/// controller's type, so one `watch` channel feeds both controllers.
+pub use crate::vm::SyncConfig as MetadataSyncPatterns;
 
 /// Configuration of [`run_vmi_controller`].
 #[derive(Clone, Debug)]

@@ -116,7 +116,10 @@ async fn reconciler(
     }
     assert!(vmi_handle.wait_for_sync().await.is_ok());
     assert!(pod_handle.wait_for_sync().await.is_ok());
-    let (_, patterns) = watch::channel(MetadataSyncPatterns::from_flags("ops.example.com/*", "").0);
+    let (_, patterns) = watch::channel(MetadataSyncPatterns {
+        labels: crate::labelsync::SyncPatterns::parse_flag("ops.example.com/*").0,
+        annotations: Default::default(),
+    });
     let reconciler = VmiReconciler {
         client,
         vmis: vmi_handle,
@@ -252,7 +255,10 @@ async fn a_changed_sync_pattern_requeues_every_vmi() {
     tokio::spawn(requeue_on_pattern_change(patterns, handle, queue.clone()));
     tokio::task::yield_now().await;
     assert_eq!(queue.len(), 0);
-    let _ = set.send(MetadataSyncPatterns::from_flags("ops.example.com/*", "").0);
+    let _ = set.send(MetadataSyncPatterns {
+        labels: crate::labelsync::SyncPatterns::parse_flag("ops.example.com/*").0,
+        annotations: Default::default(),
+    });
     let key = tokio::time::timeout(Duration::from_secs(1), queue.get()).await;
     assert_eq!(key.ok().flatten().as_deref(), Some("ns/vmi"));
 }
