@@ -1,7 +1,125 @@
-//! virt-handler: the node agent. In embedded mode this crate also holds the scheduler and
-//! the pod runner that play kube-scheduler and kubelet for launcher pods.
+//! virt-handler: the node agent.
+//!
+//! Data flow: [`run_handler`] registers this machine's Node and keeps its heartbeat
+//! ([`node`]), follows the VMIs scheduled here through their launchers ([`vmi_sync`], with the
+//! VMI → launcher spec conversion in [`launcher_spec`] and images from the local store in
+//! [`images`]), and in embedded mode also runs the [`scheduler`] and the [`podrunner`] that
+//! play kube-scheduler and kubelet for launcher pods.
+//!
+//! Directory layout below `data_dir`: `pods/<pod uid>/` (one per launcher pod: the launcher
+//! socket, QMP and serial sockets, disks, logs), `images/<name>/` (the image store) and
+//! `hostdisks/` (the only place `hostDisk` volumes may point to).
 
 pub mod images;
 pub mod launcher_spec;
+pub mod node;
 pub mod podrunner;
 pub mod scheduler;
+pub mod vmi_sync;
+
+use std::path::PathBuf;
+
+use tokio_util::sync::CancellationToken;
+
+/// How the handler runs.
+#[derive(Debug, Clone)]
+pub struct HandlerConfig {
+    /// This node's name (the hostname unless configured).
+    pub node_name: String,
+    /// Root of the handler's state: `pods/`, `images/`, `hostdisks/`.
+    pub data_dir: PathBuf,
+    /// Pod images starting with this are launcher images the pod runner can run.
+    pub launcher_image: String,
+    /// The program that runs launcher containers (the `kubevirt-rs` binary).
+    pub launcher_program: PathBuf,
+    /// The node's address (Node `InternalIP`, pod and host IP of launcher pods).
+    pub host_ip: String,
+    /// Also run the scheduler and the pod runner, and act as the node's kubelet.
+    pub embedded: bool,
+    /// Force (`Some(true)`) or forbid (`Some(false)`) software emulation; `None` follows
+    /// the KubeVirt CR's `developerConfiguration.useEmulation`, then host detection.
+    pub use_emulation: Option<bool>,
+}
+
+impl HandlerConfig {
+    /// `data_dir/pods`: launcher pod directories.
+    pub fn pods_dir(&self) -> PathBuf {
+        self.data_dir.join("pods")
+    }
+
+    /// `data_dir/hostdisks`: where `hostDisk` volumes may live.
+    pub fn host_disk_dir(&self) -> PathBuf {
+        self.data_dir.join("hostdisks")
+    }
+}
+
+/// The machine's hostname, as the default node name.
+pub fn default_node_name() -> String {
+    hostname::get()
+        .ok()
+        .and_then(|h| h.into_string().ok())
+        .map(|h| h.to_lowercase())
+        .unwrap_or_else(|| "localhost".to_owned())
+}
+
+/// Errors starting the handler.
+#[derive(Debug, thiserror::Error)]
+pub enum HandlerError {
+    /// A state directory could not be created.
+    #[error("creating {0:?}")]
+    StateDir(PathBuf, #[source] std::io::Error),
+}
+
+/// Runs the node agent until `cancel` fires. Launchers and their guests keep running when
+/// it returns: they live in their own sessions.
+///
+/// # Errors
+/// [`HandlerError`] when the state directories cannot be created.
+pub async fn run_handler(
+    client: kube::Client,
+    config: HandlerConfig,
+    cancel: CancellationToken,
+) -> Result<(), HandlerError> {
+    for dir in [
+        config.pods_dir(),
+        config.host_disk_dir(),
+        config.data_dir.join("images"),
+    ] {
+        std::fs::create_dir_all(&dir).map_err(|e| HandlerError::StateDir(dir.clone(), e))?;
+    }
+    let sync = vmi_sync::SyncConfig {
+        node_name: config.node_name.clone(),
+        pods_dir: config.pods_dir(),
+        images: images::ImageStore::new(&config.data_dir),
+        host_disk_dir: config.host_disk_dir(),
+        use_emulation: config.use_emulation,
+    };
+    let node = node::run_node_agent(
+        client.clone(),
+        config.node_name.clone(),
+        config.host_ip.clone(),
+        config.embedded,
+        cancel.clone(),
+    );
+    let vmis = vmi_sync::run(client.clone(), sync, cancel.clone());
+    if config.embedded {
+        let runner = podrunner::PodRunnerConfig {
+            node_name: config.node_name.clone(),
+            state_dir: config.pods_dir(),
+            launcher_image: config.launcher_image.clone(),
+            launcher_program: config.launcher_program.clone(),
+            host_ip: config.host_ip.clone(),
+        };
+        let embedded = async {
+            tokio::select! {
+                () = cancel.cancelled() => {}
+                () = scheduler::run(client.clone()) => {}
+                () = podrunner::run(client.clone(), runner) => {}
+            }
+        };
+        tokio::join!(node, vmis, embedded);
+    } else {
+        tokio::join!(node, vmis);
+    }
+    Ok(())
+}

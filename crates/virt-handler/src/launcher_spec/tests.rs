@@ -62,18 +62,18 @@ impl Fixture {
     }
 }
 
-fn vmi(yaml_spec: serde_json::Value) -> VirtualMachineInstance {
+fn vmi(spec: &serde_json::Value) -> VirtualMachineInstance {
     serde_json::from_value(serde_json::json!({
         "apiVersion": "kubevirt.io/v1",
         "kind": "VirtualMachineInstance",
         "metadata": {"name": "demo", "namespace": "default", "uid": "1234-uid"},
-        "spec": yaml_spec,
+        "spec": spec,
     }))
     .unwrap()
 }
 
 fn demo_vmi() -> VirtualMachineInstance {
-    vmi(serde_json::json!({
+    vmi(&serde_json::json!({
         "domain": {
             "cpu": {"cores": 1},
             "memory": {"guest": "128Mi"},
@@ -189,7 +189,7 @@ fn the_spec_serialises_to_the_expected_launcher_json() {
 #[test]
 fn topology_memory_efi_and_disks_are_resolved() {
     let f = fixture();
-    let v = vmi(serde_json::json!({
+    let v = vmi(&serde_json::json!({
         "domain": {
             "cpu": {"sockets": 2, "cores": 2, "threads": 1, "maxSockets": 4, "model": "Skylake-Server"},
             "memory": {"guest": "1Gi", "maxGuest": "4Gi"},
@@ -279,7 +279,7 @@ fn topology_memory_efi_and_disks_are_resolved() {
 #[test]
 fn cpu_requests_become_cores_when_no_topology_is_given() {
     let f = fixture();
-    let v = vmi(serde_json::json!({
+    let v = vmi(&serde_json::json!({
         "domain": {"resources": {"requests": {"cpu": "1500m", "memory": "100M"}}, "devices": {}}
     }));
     let spec = build_spec(&v, &f.ctx()).unwrap().spec;
@@ -294,7 +294,7 @@ fn cpu_requests_become_cores_when_no_topology_is_given() {
 #[test]
 fn unsupported_volumes_and_bindings_are_clear_errors() {
     let f = fixture();
-    let pvc = vmi(serde_json::json!({
+    let pvc = vmi(&serde_json::json!({
         "domain": {"memory": {"guest": "128Mi"}, "devices": {"disks": [{"name": "d", "disk": {}}]}},
         "volumes": [{"name": "d", "persistentVolumeClaim": {"claimName": "c"}}]
     }));
@@ -302,14 +302,14 @@ fn unsupported_volumes_and_bindings_are_clear_errors() {
     assert!(matches!(err, SpecError::Unsupported(_)));
     assert!(err.to_string().contains("persistentVolumeClaim"), "{err}");
 
-    let missing_image = vmi(serde_json::json!({
+    let missing_image = vmi(&serde_json::json!({
         "domain": {"memory": {"guest": "128Mi"}, "devices": {"disks": [{"name": "d", "disk": {}}]}},
         "volumes": [{"name": "d", "containerDisk": {"image": "quay.io/nope:1"}}]
     }));
     let err = build_spec(&missing_image, &f.ctx()).unwrap_err();
     assert_eq!(err.reason(), "ImageNotFound");
 
-    let sriov = vmi(serde_json::json!({
+    let sriov = vmi(&serde_json::json!({
         "domain": {"memory": {"guest": "128Mi"}, "devices": {"interfaces": [{"name": "n", "sriov": {}}]}},
         "networks": [{"name": "n", "pod": {}}]
     }));
@@ -318,7 +318,7 @@ fn unsupported_volumes_and_bindings_are_clear_errors() {
         SpecError::Unsupported(_)
     ));
 
-    let outside = vmi(serde_json::json!({
+    let outside = vmi(&serde_json::json!({
         "domain": {"memory": {"guest": "128Mi"}, "devices": {"disks": [{"name": "d", "disk": {}}]}},
         "volumes": [{"name": "d", "hostDisk": {"path": "/etc/passwd", "type": "Disk"}}]
     }));
@@ -327,7 +327,7 @@ fn unsupported_volumes_and_bindings_are_clear_errors() {
         "HostDiskNotUsable"
     );
 
-    let no_memory = vmi(serde_json::json!({"domain": {"devices": {}}}));
+    let no_memory = vmi(&serde_json::json!({"domain": {"devices": {}}}));
     assert_eq!(
         build_spec(&no_memory, &f.ctx()).unwrap_err().reason(),
         "InvalidSpec"
@@ -345,7 +345,7 @@ fn cloud_init_no_cloud_becomes_a_cidata_disk() {
         return;
     }
     let f = fixture();
-    let v = vmi(serde_json::json!({
+    let v = vmi(&serde_json::json!({
         "domain": {"memory": {"guest": "128Mi"}, "devices": {"disks": [{"name": "ci", "disk": {}}]}},
         "volumes": [{"name": "ci", "cloudInitNoCloud": {"userData": "#!/bin/sh\necho hi\n"}}]
     }));

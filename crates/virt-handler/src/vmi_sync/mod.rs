@@ -1,0 +1,144 @@
+//! Drives the VMIs on this node through their launchers: Scheduled → Running →
+//! Succeeded/Failed.
+//!
+//! Data flow: a reflector watches VMIs labelled `kubevirt.io/nodeName=<node>`. Each VMI gets
+//! one worker task ([`worker`]) fed the latest object through a `watch` channel. The worker
+//! finds the launcher pod in `status.activePods`, connects to
+//! `<pods dir>/<pod uid>/launcher.sock` ([`link`]), learns the domain state from the
+//! launcher's first event, sends `sync` with the spec built by
+//! [`crate::launcher_spec::build_spec`] when the domain has not started, and turns every
+//! domain event into a VMI status patch ([`status`]). A VMI with a `deletionTimestamp` gets one
+//! `shutdown` with its grace period (ACPI power-down; the launcher kills QEMU afterwards).
+//!
+//! # Guarantees
+//! - A running domain is never restarted: `sync` is only sent when the launcher reports
+//!   `Pending`, so a restarted handler re-attaches by reconnecting.
+//! - Status patches test the phase they expect, so they never overwrite a concurrent
+//!   transition (the worker recomputes on the next VMI update).
+//!
+//! # Caveats
+//! - "Launcher gone" is decided from the socket: connecting fails while the VMI is Running,
+//!   or the pod runner's exit record exists (embedded mode). A launcher that is slow to
+//!   create its socket keeps a Scheduled VMI waiting.
+
+pub mod link;
+pub mod status;
+mod worker;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use futures::StreamExt;
+use kube::api::Api;
+use kube::runtime::{WatchStreamExt, reflector, watcher};
+use kubevirt_api::constants::NODE_NAME_LABEL;
+use kubevirt_api::v1::{KubeVirt, VirtualMachineInstance};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use virt_launcher::accel::{AccelDecision, AccelMode, detect_accel};
+
+use crate::images::ImageStore;
+
+/// Settings of the VMI sync loop.
+#[derive(Debug, Clone)]
+pub struct SyncConfig {
+    /// This node's name.
+    pub node_name: String,
+    /// Launcher pod directories: `<pods_dir>/<pod uid>/`.
+    pub pods_dir: PathBuf,
+    /// The local image store.
+    pub images: ImageStore,
+    /// Host disks must lie below this directory.
+    pub host_disk_dir: PathBuf,
+    /// Forces (`Some(true)`) or forbids (`Some(false)`) software emulation; `None` follows
+    /// the KubeVirt CR's `developerConfiguration.useEmulation`, then host detection.
+    pub use_emulation: Option<bool>,
+}
+
+/// Chooses the accelerator: TCG when emulation is forced by the handler's configuration or
+/// by the KubeVirt CR, else host detection (KVM only where it really works).
+pub async fn choose_accel(client: &kube::Client, use_emulation: Option<bool>) -> AccelDecision {
+    let forced = match use_emulation {
+        Some(value) => value,
+        None => {
+            let api: Api<KubeVirt> = Api::all(client.clone());
+            api.list(&Default::default()).await.is_ok_and(|list| {
+                list.items.iter().any(|kv| {
+                    kv.spec
+                        .configuration
+                        .as_ref()
+                        .and_then(|c| c.developer_configuration.as_ref())
+                        .and_then(|d| d.use_emulation)
+                        == Some(true)
+                })
+            })
+        }
+    };
+    if forced {
+        let mut decision = detect_accel(AccelMode::Tcg);
+        decision.reason =
+            "software emulation requested by developerConfiguration.useEmulation".into();
+        decision
+    } else {
+        detect_accel(AccelMode::Auto)
+    }
+}
+
+/// Runs the VMI sync loop until `cancel` fires.
+pub async fn run(client: kube::Client, config: SyncConfig, cancel: CancellationToken) {
+    let config = Arc::new(config);
+    let api: Api<VirtualMachineInstance> = Api::all(client.clone());
+    let selector = format!("{NODE_NAME_LABEL}={}", config.node_name);
+    let (store, writer) = reflector::store::<VirtualMachineInstance>();
+    let mut events = watcher(api, watcher::Config::default().labels(&selector))
+        .default_backoff()
+        .reflect(writer)
+        .boxed();
+    let mut workers: BTreeMap<String, watch::Sender<Arc<VirtualMachineInstance>>> = BTreeMap::new();
+    loop {
+        tokio::select! {
+            () = cancel.cancelled() => return,
+            event = events.next() => if event.is_none() { return },
+        }
+        while let Some(Some(_)) = futures::FutureExt::now_or_never(events.next()) {}
+        if store.wait_until_ready().await.is_err() {
+            return;
+        }
+        let vmis = store.state();
+        let mut seen = std::collections::BTreeSet::new();
+        for vmi in vmis {
+            let Some(uid) = vmi.metadata.uid.clone() else {
+                continue;
+            };
+            seen.insert(uid.clone());
+            match workers.get(&uid) {
+                Some(tx) if !tx.is_closed() => {
+                    tx.send_if_modified(|current| {
+                        let changed =
+                            current.metadata.resource_version != vmi.metadata.resource_version;
+                        if changed {
+                            *current = Arc::clone(&vmi);
+                        }
+                        changed
+                    });
+                }
+                _ => {
+                    if worker::is_final(&vmi) {
+                        continue;
+                    }
+                    let (tx, rx) = watch::channel(Arc::clone(&vmi));
+                    workers.insert(uid, tx);
+                    tokio::spawn(worker::run(
+                        client.clone(),
+                        Arc::clone(&config),
+                        rx,
+                        cancel.child_token(),
+                    ));
+                }
+            }
+        }
+        // Dropping the sender of a VMI that left the store ends its worker.
+        workers.retain(|uid, tx| seen.contains(uid) && !tx.is_closed());
+    }
+}

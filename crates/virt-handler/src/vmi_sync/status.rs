@@ -1,0 +1,316 @@
+//! What the handler writes on a VMI, computed from what it observed (pure).
+//!
+//! [`phase_for`] maps a launcher domain state to a VMI phase as upstream's
+//! `calculateVmPhaseForStatusReason` does; [`desired_status`] takes the VMI as it is and an
+//! [`Observation`] and returns the handler-owned status fields as they should be;
+//! [`status_patch`] turns the difference into a JSON Patch that starts with a `test` of the
+//! phase (and of the conditions when it rewrites them), so a concurrent writer makes the
+//! patch fail instead of being overwritten. Nothing is written when nothing changed.
+//!
+//! Handler-owned fields: `phase` from Scheduled on, `reason` for failures,
+//! `phaseTransitionTimestamps` (appended on each phase change), `interfaces`, `machine`,
+//! `currentCPUTopology`, `memory`, and the conditions `LiveMigratable`, `Paused`,
+//! `SoftwareEmulation` and `Synchronized` (the last only while a sync fails).
+
+use kubevirt_api::v1::{VirtualMachineInstance, VirtualMachineInstancePhase as Phase};
+use serde_json::{Value, json};
+use virt_launcher::protocol::{DomainState, DomainStatus, StateReason};
+use virt_launcher::spec::{Accel, LauncherSpec};
+
+use crate::launcher_spec::USER_MODE_GUEST_IP;
+
+/// What the handler knows about a VMI's domain.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Observation {
+    /// The launcher reported this state.
+    Domain(DomainStatus),
+    /// The launcher is gone without reporting a final state.
+    LauncherGone(String),
+    /// The launcher is up, the domain not started, and the spec could not be built or was
+    /// refused: `(reason, message)`.
+    SyncFailed(String, String),
+}
+
+/// Facts about how the handler runs the domain, for the status.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DomainFacts {
+    /// The spec that was (or would be) sent, when it could be built.
+    pub spec: Option<LauncherSpec>,
+    /// Why this accelerator was chosen (condition message).
+    pub accel_reason: String,
+}
+
+/// The phase (and failure reason) a domain state means; `None` leaves the phase alone.
+pub fn phase_for(
+    domain: &DomainStatus,
+    grace_period_seconds: i64,
+) -> Option<(Phase, Option<String>)> {
+    match domain.state {
+        DomainState::Pending => None,
+        DomainState::Running | DomainState::Paused => Some((Phase::Running, None)),
+        DomainState::Shutoff => match domain.reason {
+            // Ended on request: a kill with no grace period is an orderly stop; a shutdown
+            // escalated after the grace period is a failure, as upstream.
+            StateReason::Destroyed if grace_period_seconds > 0 => {
+                Some((Phase::Failed, Some("Destroyed".to_owned())))
+            }
+            _ => Some((Phase::Succeeded, None)),
+        },
+        DomainState::Crashed => Some((Phase::Failed, Some(format!("{:?}", domain.reason)))),
+    }
+}
+
+fn condition(type_: &str, status: &str, reason: &str, message: &str, now: &str) -> Value {
+    let mut c = json!({
+        "type": type_,
+        "status": status,
+        "lastProbeTime": null,
+        "lastTransitionTime": now,
+    });
+    if !reason.is_empty() {
+        c["reason"] = json!(reason);
+    }
+    if !message.is_empty() {
+        c["message"] = json!(message);
+    }
+    c
+}
+
+/// Replaces (or removes, with `None`) the condition of `type_`, keeping the old
+/// `lastTransitionTime` when the status did not change.
+fn set_condition(conditions: &mut Vec<Value>, type_: &str, new: Option<Value>) {
+    let old = conditions.iter().position(|c| c["type"] == type_);
+    match (old, new) {
+        (Some(i), None) => {
+            conditions.remove(i);
+        }
+        (None, Some(c)) => conditions.push(c),
+        (Some(i), Some(mut c)) => {
+            let same = |k: &str| conditions[i][k] == c[k];
+            if same("status") && same("reason") && same("message") {
+                return;
+            }
+            if same("status") {
+                c["lastTransitionTime"] = conditions[i]["lastTransitionTime"].clone();
+            }
+            conditions[i] = c;
+        }
+        (None, None) => {}
+    }
+}
+
+fn live_migratable(vmi: &VirtualMachineInstance, now: &str) -> Value {
+    let spec = &vmi.spec;
+    let bridge_on_pod = spec.domain.devices.interfaces.iter().any(|i| {
+        i.binding_method.bridge.is_some()
+            && spec
+                .networks
+                .iter()
+                .any(|n| n.name == i.name && n.network_source.pod.is_some())
+    });
+    if bridge_on_pod {
+        return condition(
+            "LiveMigratable",
+            "False",
+            "InterfaceNotLiveMigratable",
+            "cannot migrate VMI which does not use masquerade to connect to the pod network",
+            now,
+        );
+    }
+    let host_disk = spec.volumes.iter().find(|v| {
+        v.volume_source
+            .host_disk
+            .as_ref()
+            .is_some_and(|h| h.shared != Some(true))
+    });
+    if let Some(v) = host_disk {
+        return condition(
+            "LiveMigratable",
+            "False",
+            "DisksNotLiveMigratable",
+            &format!(
+                "cannot migrate VMI: hostDisk volume {:?} is not shared",
+                v.name
+            ),
+            now,
+        );
+    }
+    condition("LiveMigratable", "True", "", "", now)
+}
+
+fn mib_quantity(bytes: u64) -> String {
+    format!("{}Mi", bytes >> 20)
+}
+
+/// The status fields the handler owns, as they should be given `observation`.
+/// Returns the VMI's status (as JSON) with those fields updated.
+pub fn desired_status(
+    vmi: &VirtualMachineInstance,
+    observation: &Observation,
+    facts: &DomainFacts,
+    now: &str,
+) -> Value {
+    let mut status = serde_json::to_value(&vmi.status).unwrap_or_else(|_| json!({}));
+    if status.is_null() {
+        status = json!({});
+    }
+    let old_phase = vmi.status.as_ref().and_then(|s| s.phase.clone());
+    if old_phase
+        .as_ref()
+        .is_some_and(|p| matches!(p, Phase::Succeeded | Phase::Failed))
+    {
+        return status;
+    }
+    let grace = vmi
+        .spec
+        .termination_grace_period_seconds
+        .unwrap_or(kubevirt_api::v1::DEFAULT_GRACE_PERIOD_SECONDS);
+    let mut conditions: Vec<Value> = status["conditions"].as_array().cloned().unwrap_or_default();
+    let (phase, reason) = match observation {
+        Observation::Domain(domain) => match phase_for(domain, grace) {
+            Some(p) => p,
+            None => (old_phase.clone().unwrap_or(Phase::Scheduled), None),
+        },
+        Observation::LauncherGone(_) => (Phase::Failed, Some("LauncherUnresponsive".to_owned())),
+        Observation::SyncFailed(..) => (old_phase.clone().unwrap_or(Phase::Scheduled), None),
+    };
+    if let Observation::SyncFailed(reason, message) = observation {
+        set_condition(
+            &mut conditions,
+            "Synchronized",
+            Some(condition("Synchronized", "False", reason, message, now)),
+        );
+    } else {
+        set_condition(&mut conditions, "Synchronized", None);
+    }
+    if let Observation::Domain(domain) = observation {
+        let paused = (domain.state == DomainState::Paused).then(|| {
+            let reason = if domain.reason == StateReason::User {
+                "PausedByUser"
+            } else {
+                "PausedIOError"
+            };
+            condition("Paused", "True", reason, "VMI was paused", now)
+        });
+        set_condition(&mut conditions, "Paused", paused);
+    }
+    if phase == Phase::Running {
+        set_condition(
+            &mut conditions,
+            "LiveMigratable",
+            Some(live_migratable(vmi, now)),
+        );
+        let tcg = facts.spec.as_ref().is_some_and(|s| s.accel == Accel::Tcg);
+        let emulation = tcg.then(|| {
+            condition(
+                "SoftwareEmulation",
+                "True",
+                "SoftwareEmulation",
+                &facts.accel_reason,
+                now,
+            )
+        });
+        set_condition(&mut conditions, "SoftwareEmulation", emulation);
+        if let Some(spec) = &facts.spec {
+            running_fields(&mut status, spec);
+        }
+    }
+    if matches!(phase, Phase::Succeeded | Phase::Failed) {
+        set_condition(&mut conditions, "Paused", None);
+    }
+    status["conditions"] = Value::Array(conditions);
+    if old_phase.as_ref() != Some(&phase) {
+        status["phase"] = json!(phase.as_str());
+        let mut stamps = status["phaseTransitionTimestamps"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        stamps.push(json!({"phase": phase.as_str(), "phaseTransitionTimestamp": now}));
+        status["phaseTransitionTimestamps"] = Value::Array(stamps);
+        if let Some(reason) = reason {
+            status["reason"] = json!(reason);
+        }
+    }
+    status
+}
+
+fn running_fields(status: &mut Value, spec: &LauncherSpec) {
+    status["interfaces"] = spec
+        .interfaces
+        .iter()
+        .map(|i| {
+            json!({
+                "name": i.name,
+                "mac": i.mac_address,
+                "ipAddress": USER_MODE_GUEST_IP,
+                "ipAddresses": [USER_MODE_GUEST_IP],
+                "podInterfaceName": "eth0",
+                "infoSource": "domain",
+                "queueCount": 1,
+            })
+        })
+        .collect();
+    status["machine"] = json!({"type": spec.machine_type});
+    status["currentCPUTopology"] = json!({
+        "sockets": spec.cpu.sockets,
+        "cores": spec.cpu.cores,
+        "threads": spec.cpu.threads,
+    });
+    let guest = mib_quantity(spec.memory.guest_bytes);
+    let mut memory = status["memory"].as_object().cloned().unwrap_or_default();
+    memory.insert("guestAtBoot".into(), json!(guest));
+    memory.insert("guestCurrent".into(), json!(guest));
+    memory.entry("guestRequested").or_insert(json!(guest));
+    status["memory"] = Value::Object(memory);
+}
+
+/// The fields [`desired_status`] may change, in patch order.
+const OWNED: &[&str] = &[
+    "interfaces",
+    "machine",
+    "currentCPUTopology",
+    "memory",
+    "reason",
+    "phaseTransitionTimestamps",
+    "phase",
+];
+
+/// A JSON Patch from the VMI's status to `desired`, or `None` when nothing changes.
+pub fn status_patch(vmi: &VirtualMachineInstance, desired: &Value) -> Option<Value> {
+    let current = serde_json::to_value(&vmi.status).unwrap_or(Value::Null);
+    let current = if current.is_null() {
+        json!({})
+    } else {
+        current
+    };
+    let mut ops = Vec::new();
+    if current.get("phase").is_some() {
+        ops.push(json!({"op": "test", "path": "/status/phase", "value": current["phase"]}));
+    }
+    let mut changed = false;
+    if current.as_object().is_none_or(serde_json::Map::is_empty) && vmi.status.is_none() {
+        ops.push(json!({"op": "add", "path": "/status", "value": {}}));
+    }
+    let empty = Value::Array(Vec::new());
+    let old_conditions = current.get("conditions").unwrap_or(&empty);
+    let new_conditions = desired.get("conditions").unwrap_or(&empty);
+    if old_conditions != new_conditions {
+        if current.get("conditions").is_some() {
+            ops.push(json!({"op": "test", "path": "/status/conditions", "value": old_conditions}));
+        }
+        ops.push(json!({"op": "add", "path": "/status/conditions", "value": new_conditions}));
+        changed = true;
+    }
+    for field in OWNED {
+        if let Some(new) = desired.get(*field)
+            && current.get(*field) != Some(new)
+        {
+            ops.push(json!({"op": "add", "path": format!("/status/{field}"), "value": new}));
+            changed = true;
+        }
+    }
+    changed.then_some(Value::Array(ops))
+}
+
+#[cfg(test)]
+mod tests;

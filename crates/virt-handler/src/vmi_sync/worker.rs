@@ -1,0 +1,344 @@
+//! The task that follows one VMI: connect to its launcher, sync, report, shut down.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use kube::api::{Api, Patch, PatchParams};
+use kubevirt_api::v1::{VirtualMachineInstance, VirtualMachineInstancePhase as Phase};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+use virt_launcher::protocol::{Command, DomainState, DomainStatus, UpMessage};
+
+use super::SyncConfig;
+use super::link::LauncherLink;
+use super::status::{DomainFacts, Observation, desired_status, status_patch};
+use crate::launcher_spec::{
+    PreparedSpec, SpecContext, build_spec, prepare_files, supports_direct_io,
+};
+use crate::podrunner::process::ContainerPaths;
+
+/// The launcher's command socket inside its pod directory.
+pub const LAUNCHER_SOCKET: &str = "launcher.sock";
+/// How often a missing launcher socket is retried.
+const RETRY: Duration = Duration::from_millis(500);
+/// How often a refused sync is retried when nothing else changes.
+const SYNC_RETRY: Duration = Duration::from_secs(10);
+
+/// Whether the VMI's phase is final.
+pub fn is_final(vmi: &VirtualMachineInstance) -> bool {
+    matches!(phase(vmi), Some(Phase::Succeeded | Phase::Failed))
+}
+
+fn phase(vmi: &VirtualMachineInstance) -> Option<Phase> {
+    vmi.status.as_ref().and_then(|s| s.phase.clone())
+}
+
+fn name(vmi: &VirtualMachineInstance) -> String {
+    format!(
+        "{}/{}",
+        vmi.metadata.namespace.as_deref().unwrap_or_default(),
+        vmi.metadata.name.as_deref().unwrap_or_default()
+    )
+}
+
+/// The launcher pod directory of the VMI's active pod on this node.
+pub fn pod_dir(vmi: &VirtualMachineInstance, config: &SyncConfig) -> Option<PathBuf> {
+    let status = vmi.status.as_ref()?;
+    let uid = status
+        .active_pods
+        .iter()
+        .find(|(_, node)| **node == config.node_name)
+        .map(|(uid, _)| uid)?;
+    Some(config.pods_dir.join(uid))
+}
+
+/// The launcher pod's container has exited (the pod runner's exit record exists).
+fn launcher_exited(pod_dir: &Path) -> bool {
+    ContainerPaths::new(pod_dir, kubevirt_api::constants::COMPUTE_CONTAINER_NAME)
+        .exit
+        .exists()
+}
+
+fn grace_seconds(vmi: &VirtualMachineInstance) -> u64 {
+    let grace = vmi
+        .spec
+        .termination_grace_period_seconds
+        .unwrap_or(kubevirt_api::v1::DEFAULT_GRACE_PERIOD_SECONDS);
+    u64::try_from(grace).unwrap_or(0)
+}
+
+/// One VMI's state in the worker.
+struct Follow {
+    client: kube::Client,
+    config: Arc<SyncConfig>,
+    vmi: watch::Receiver<Arc<VirtualMachineInstance>>,
+    current: Arc<VirtualMachineInstance>,
+    facts: DomainFacts,
+    observation: Option<Observation>,
+}
+
+/// How a launcher session ended.
+enum SessionEnd {
+    /// The domain reached a final state (reported).
+    Final,
+    /// The connection dropped without a final state.
+    Disconnected,
+    /// The VMI left the store or the handler is stopping.
+    Stop,
+}
+
+/// Follows one VMI until it is final, leaves this node, or `cancel` fires.
+pub async fn run(
+    client: kube::Client,
+    config: Arc<SyncConfig>,
+    vmi: watch::Receiver<Arc<VirtualMachineInstance>>,
+    cancel: CancellationToken,
+) {
+    let current = vmi.borrow().clone();
+    let mut follow = Follow {
+        client,
+        config,
+        vmi,
+        current,
+        facts: DomainFacts {
+            spec: None,
+            accel_reason: String::new(),
+        },
+        observation: None,
+    };
+    tokio::select! {
+        () = cancel.cancelled() => {}
+        () = follow.run() => {}
+    }
+}
+
+impl Follow {
+    async fn run(&mut self) {
+        let mut connected_once = false;
+        loop {
+            if is_final(&self.current) {
+                return;
+            }
+            let Some(dir) = pod_dir(&self.current, &self.config) else {
+                if !self.wait_change(None).await {
+                    return;
+                }
+                continue;
+            };
+            match LauncherLink::connect(&dir.join(LAUNCHER_SOCKET)).await {
+                Ok(link) => {
+                    connected_once = true;
+                    match self.session(link, &dir).await {
+                        SessionEnd::Final | SessionEnd::Stop => return,
+                        SessionEnd::Disconnected => continue,
+                    }
+                }
+                Err(e) => {
+                    let running = phase(&self.current) == Some(Phase::Running);
+                    if running || connected_once || launcher_exited(&dir) {
+                        let message = format!("the launcher of this VMI is gone: {e}");
+                        warn!(vmi = %name(&self.current), "{message}");
+                        self.observe(Observation::LauncherGone(message)).await;
+                        return;
+                    }
+                    debug!(vmi = %name(&self.current), error = %e, "launcher not up yet");
+                    if !self.wait_change(Some(RETRY)).await {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Waits for a VMI update (true) or `timeout` (true); false when the VMI is gone.
+    async fn wait_change(&mut self, timeout: Option<Duration>) -> bool {
+        let changed = async {
+            let ok = self.vmi.changed().await.is_ok();
+            if ok {
+                self.current = self.vmi.borrow_and_update().clone();
+            }
+            ok
+        };
+        match timeout {
+            Some(t) => tokio::time::timeout(t, changed).await.unwrap_or(true),
+            None => changed.await,
+        }
+    }
+
+    async fn session(&mut self, mut link: LauncherLink, dir: &Path) -> SessionEnd {
+        let mut sync_id = None;
+        let mut shutdown_sent = false;
+        let mut sync_retry = tokio::time::interval(SYNC_RETRY);
+        sync_retry.reset();
+        let mut domain = DomainStatus::pending();
+        loop {
+            let deleting = self.current.metadata.deletion_timestamp.is_some();
+            let active = matches!(domain.state, DomainState::Running | DomainState::Paused);
+            if deleting && active && !shutdown_sent {
+                let grace = grace_seconds(&self.current);
+                info!(vmi = %name(&self.current), grace, "VMI is being deleted: powering the guest off");
+                if link
+                    .send(Command::Shutdown {
+                        grace_period_seconds: grace,
+                    })
+                    .await
+                    .is_err()
+                {
+                    return SessionEnd::Disconnected;
+                }
+                shutdown_sent = true;
+            }
+            tokio::select! {
+                message = link.recv() => match message {
+                    None => return SessionEnd::Disconnected,
+                    Some(UpMessage::Domain(status)) => {
+                        domain = status.clone();
+                        let first = self.facts.spec.is_none();
+                        if domain.state == DomainState::Pending && sync_id.is_none() && !deleting {
+                            sync_id = self.sync(&mut link, dir).await;
+                        } else if first {
+                            // Re-attached to a started domain: rebuild the spec for the
+                            // status fields only (files exist; nothing is sent).
+                            self.build(dir).await.ok();
+                        }
+                        self.observe(Observation::Domain(status)).await;
+                        if domain.is_final() {
+                            return SessionEnd::Final;
+                        }
+                    }
+                    Some(UpMessage::Ack { id, result: Err(message) }) if Some(id) == sync_id => {
+                        warn!(vmi = %name(&self.current), %message, "the launcher refused the spec");
+                        sync_id = None;
+                        if domain.state == DomainState::Pending {
+                            self.observe(Observation::SyncFailed("SyncFailed".into(), message)).await;
+                        }
+                    }
+                    Some(UpMessage::Ack { .. }) => {}
+                    Some(UpMessage::Error(message)) => {
+                        warn!(vmi = %name(&self.current), %message, "launcher error");
+                    }
+                    Some(UpMessage::Hello(_)) => {}
+                },
+                changed = self.vmi.changed() => {
+                    if changed.is_err() {
+                        return SessionEnd::Stop;
+                    }
+                    self.current = self.vmi.borrow_and_update().clone();
+                    if is_final(&self.current) {
+                        return SessionEnd::Stop;
+                    }
+                    if let Some(observation) = self.observation.clone() {
+                        self.observe(observation).await;
+                    }
+                }
+                _ = sync_retry.tick() => {
+                    if domain.state == DomainState::Pending && sync_id.is_none() && !deleting {
+                        sync_id = self.sync(&mut link, dir).await;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Builds the spec and prepares its files (blocking work off the runtime threads).
+    async fn build(&mut self, dir: &Path) -> Result<PreparedSpec, crate::launcher_spec::SpecError> {
+        let decision = super::choose_accel(&self.client, self.config.use_emulation).await;
+        self.facts.accel_reason.clone_from(&decision.reason);
+        let vmi = Arc::clone(&self.current);
+        let config = Arc::clone(&self.config);
+        let dir = dir.to_owned();
+        let built = tokio::task::spawn_blocking(move || {
+            let ctx = SpecContext {
+                pod_dir: &dir,
+                images: &config.images,
+                host_disk_dir: &config.host_disk_dir,
+                accel: decision.accel,
+                direct_io: supports_direct_io(&dir),
+            };
+            build_spec(&vmi, &ctx)
+        })
+        .await
+        .map_err(|e| {
+            crate::launcher_spec::SpecError::Invalid(format!("spec task failed: {e}"))
+        })??;
+        self.facts.spec = Some(built.spec.clone());
+        Ok(built)
+    }
+
+    /// Builds, prepares and sends the spec; returns the sync command's id.
+    async fn sync(&mut self, link: &mut LauncherLink, dir: &Path) -> Option<u64> {
+        let prepared = match self.build(dir).await {
+            Ok(p) => p,
+            Err(e) => {
+                self.report_sync_error(&e).await;
+                return None;
+            }
+        };
+        let files = prepared.files.clone();
+        let prepared_files = tokio::task::spawn_blocking(move || prepare_files(&files)).await;
+        match prepared_files {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                self.report_sync_error(&e).await;
+                return None;
+            }
+            Err(e) => {
+                warn!(error = %e, "file preparation task failed");
+                return None;
+            }
+        }
+        info!(vmi = %name(&self.current), accel = ?prepared.spec.accel, "starting the domain");
+        link.send(Command::Sync(Box::new(prepared.spec))).await.ok()
+    }
+
+    async fn report_sync_error(&mut self, e: &crate::launcher_spec::SpecError) {
+        warn!(vmi = %name(&self.current), error = %e, "cannot build the launcher spec");
+        self.observe(Observation::SyncFailed(
+            e.reason().to_owned(),
+            e.to_string(),
+        ))
+        .await;
+    }
+
+    /// Records `observation` and patches the VMI if its status should change.
+    async fn observe(&mut self, observation: Observation) {
+        self.observation = Some(observation.clone());
+        let now = jiff::Timestamp::now().to_string();
+        let desired = desired_status(&self.current, &observation, &self.facts, &now);
+        let Some(patch) = status_patch(&self.current, &desired) else {
+            return;
+        };
+        let patch: json_patch::Patch = match serde_json::from_value(patch) {
+            Ok(p) => p,
+            Err(e) => {
+                warn!(error = %e, "built an invalid status patch");
+                return;
+            }
+        };
+        let namespace = self.current.metadata.namespace.clone().unwrap_or_default();
+        let api: Api<VirtualMachineInstance> = Api::namespaced(self.client.clone(), &namespace);
+        let vmi_name = self.current.metadata.name.clone().unwrap_or_default();
+        match api
+            .patch(
+                &vmi_name,
+                &PatchParams::default(),
+                &Patch::Json::<()>(patch),
+            )
+            .await
+        {
+            Ok(patched) => {
+                if let Some(p) = desired.get("phase").and_then(|p| p.as_str())
+                    && Some(p) != phase(&self.current).as_ref().map(|p| p.as_str())
+                {
+                    info!(vmi = %name(&self.current), phase = p, "VMI phase changed");
+                }
+                self.current = Arc::new(patched);
+            }
+            Err(e) => {
+                debug!(vmi = %name(&self.current), error = %e, "status patch not applied; retrying on the next update")
+            }
+        }
+    }
+}
