@@ -1,0 +1,197 @@
+//! The VM controller against our embedded API server, started in-process on a temporary
+//! data directory with the KubeVirt CRDs installed. The test plays virt-handler by writing
+//! VMI phases itself.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use kube::api::{Patch, PatchParams, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Api, Client};
+use kubevirt_api::constants::{VM_CONTROLLER_FINALIZER, VM_GENERATION_ANNOTATION};
+use kubevirt_api::v1::{PrintableStatus, VirtualMachine, VirtualMachineInstance};
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+use virt_controller::runtime::metrics::Metrics;
+use virt_controller::vm::{VmControllerConfig, run_vm_controller};
+
+const DEADLINE: Duration = Duration::from_secs(30);
+
+/// Polls `check` every 50 ms until it yields a value, or fails after [`DEADLINE`].
+async fn eventually<T, F, Fut>(what: &str, mut check: F) -> anyhow::Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let start = Instant::now();
+    loop {
+        if let Some(v) = check().await {
+            return Ok(v);
+        }
+        if start.elapsed() > DEADLINE {
+            bail!("timed out waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn printable_status(vms: &Api<VirtualMachine>) -> Option<PrintableStatus> {
+    vms.get("testvm").await.ok()?.status?.printable_status
+}
+
+async fn wait_status(vms: &Api<VirtualMachine>, want: PrintableStatus) -> anyhow::Result<()> {
+    eventually(&format!("printableStatus {want:?}"), || async {
+        (printable_status(vms).await.as_ref() == Some(&want)).then_some(())
+    })
+    .await
+}
+
+async fn set_vmi_phase(vmis: &Api<VirtualMachineInstance>, phase: &str) -> anyhow::Result<()> {
+    let patch = json!({"status": {"phase": phase, "phaseTransitionTimestamps": [
+        {"phase": phase, "phaseTransitionTimestamp": "2024-01-01T00:00:00Z"}
+    ]}});
+    vmis.patch("testvm", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .context("patching the VMI phase")?;
+    Ok(())
+}
+
+/// The embedded API server with the CRDs, and the VM controller running against it.
+struct Harness {
+    client: Client,
+    server: kubevirt_apiserver::RunningServer,
+    cancel: CancellationToken,
+    controller: tokio::task::JoinHandle<()>,
+    _data: tempfile::TempDir,
+}
+
+impl Harness {
+    async fn start() -> anyhow::Result<Harness> {
+        let data = tempfile::tempdir()?;
+        let crds = kubevirt_api::crd::all_crds()?
+            .iter()
+            .map(serde_json::to_value)
+            .collect::<Result<Vec<_>, _>>()?;
+        let server = kubevirt_apiserver::start(kubevirt_apiserver::Config {
+            data_dir: data.path().to_owned(),
+            listen: "127.0.0.1:0".parse()?,
+            initial_objects: crds,
+        })
+        .await?;
+        let kubeconfig = Kubeconfig::read_from(&server.kubeconfig)?;
+        let config =
+            kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?;
+        let client = Client::try_from(config)?;
+        let cancel = CancellationToken::new();
+        let controller = {
+            let client = client.clone();
+            let cancel = cancel.clone();
+            tokio::spawn(async move {
+                let metrics = Metrics::new();
+                let config = VmControllerConfig::fixed(Default::default(), Default::default(), 2);
+                run_vm_controller(client, config, &metrics, cancel).await;
+            })
+        };
+        Ok(Harness {
+            client,
+            server,
+            cancel,
+            controller,
+            _data: data,
+        })
+    }
+
+    async fn stop(self) -> anyhow::Result<()> {
+        self.cancel.cancel();
+        self.controller.await?;
+        self.server.stop().await;
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_vm_starts_runs_and_stops_against_the_embedded_api_server() -> anyhow::Result<()> {
+    let harness = Harness::start().await?;
+    let client = harness.client.clone();
+    let vms: Api<VirtualMachine> = Api::namespaced(client.clone(), "default");
+    let vmis: Api<VirtualMachineInstance> = Api::namespaced(client.clone(), "default");
+    let vm: VirtualMachine = serde_json::from_value(json!({
+        "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",
+        "metadata": {"name": "testvm", "namespace": "default"},
+        "spec": {"runStrategy": "Always", "template": {
+            "metadata": {"labels": {"kubevirt.io/vm": "testvm"}},
+            "spec": {"domain": {"devices": {}}, "volumes": [
+                {"name": "containerdisk", "containerDisk": {"image": "quay.io/containerdisks/cirros"}}
+            ]}
+        }}
+    }))?;
+    let created = vms.create(&PostParams::default(), &vm).await?;
+
+    let vmi = eventually("the VMI", || async { vmis.get("testvm").await.ok() }).await?;
+    let owner = &vmi.metadata.owner_references.clone().unwrap_or_default()[0];
+    assert_eq!(Some(&owner.uid), created.metadata.uid.as_ref());
+    assert_eq!(
+        (owner.controller, owner.block_owner_deletion),
+        (Some(true), Some(true))
+    );
+    assert!(
+        vmi.metadata
+            .finalizers
+            .unwrap_or_default()
+            .contains(&VM_CONTROLLER_FINALIZER.to_owned())
+    );
+    assert_eq!(
+        vmi.metadata.labels.unwrap_or_default()["kubevirt.io/vm"],
+        "testvm"
+    );
+    let annotations = vmi.metadata.annotations.unwrap_or_default();
+    assert_eq!(
+        annotations
+            .get(VM_GENERATION_ANNOTATION)
+            .map(String::as_str),
+        Some("1")
+    );
+    assert_eq!(vmi.spec.domain.devices.disks[0].name, "containerdisk");
+    wait_status(&vms, PrintableStatus::Starting).await?;
+    let vm = vms.get("testvm").await?;
+    assert!(
+        vm.metadata
+            .finalizers
+            .unwrap_or_default()
+            .contains(&VM_CONTROLLER_FINALIZER.to_owned())
+    );
+
+    set_vmi_phase(&vmis, "Running").await?;
+    wait_status(&vms, PrintableStatus::Running).await?;
+
+    vms.patch(
+        "testvm",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"runStrategy": "Halted"}})),
+    )
+    .await?;
+    eventually("the VMI deletion", || async {
+        vmis.get("testvm")
+            .await
+            .ok()?
+            .metadata
+            .deletion_timestamp
+            .map(|_| ())
+    })
+    .await?;
+    wait_status(&vms, PrintableStatus::Stopping).await?;
+    set_vmi_phase(&vmis, "Succeeded").await?;
+    eventually("the VMI to disappear", || async {
+        matches!(vmis.get_opt("testvm").await, Ok(None)).then_some(())
+    })
+    .await?;
+    wait_status(&vms, PrintableStatus::Stopped).await?;
+    let status = vms.get("testvm").await?.status.unwrap_or_default();
+    assert_eq!(status.created, Some(false));
+    assert_eq!(
+        status.start_failure, None,
+        "a VMI that ran is no start failure"
+    );
+
+    harness.stop().await
+}
