@@ -83,6 +83,18 @@ fn aggregated_list(state: &ApiState, core: bool) -> Value {
             json!({"metadata": {"name": g, "creationTimestamp": null}, "versions": versions})
         })
         .collect();
+    let mut items = items;
+    if !core {
+        for (g, versions) in crate::aggregation::remote_groups(state) {
+            let versions: Vec<Value> = versions
+                .iter()
+                .map(|v| json!({"version": v, "resources": [], "freshness": "Current"}))
+                .collect();
+            items.push(
+                json!({"metadata": {"name": g, "creationTimestamp": null}, "versions": versions}),
+            );
+        }
+    }
     json!({"kind": "APIGroupDiscoveryList", "apiVersion": "apidiscovery.k8s.io/v2", "metadata": {}, "items": items})
 }
 
@@ -165,6 +177,7 @@ pub fn serve(state: &ApiState, path: &ApiPath, accept: &str) -> Response {
                 .groups()
                 .into_iter()
                 .filter(|(g, _)| !g.is_empty())
+                .chain(crate::aggregation::remote_groups(state))
                 .map(|(g, vs)| group_entry(&g, &vs))
                 .collect();
             Ok(respond(
@@ -176,6 +189,7 @@ pub fn serve(state: &ApiState, path: &ApiPath, accept: &str) -> Response {
             .registry
             .groups()
             .into_iter()
+            .chain(crate::aggregation::remote_groups(state))
             .find(|(g, _)| g == group && !g.is_empty())
             .map(|(g, vs)| {
                 let mut e = group_entry(&g, &vs);

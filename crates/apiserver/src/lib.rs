@@ -28,6 +28,7 @@
 //! - RBAC authorization (every authenticated user may do everything).
 
 pub mod admission;
+pub mod aggregation;
 pub mod auth;
 pub mod cause;
 pub mod client;

@@ -2,7 +2,12 @@
 //! per-component bearer tokens, and the kubeconfig files that carry them.
 //!
 //! Layout under the data directory:
-//! `pki/ca.{crt,key}`, `pki/server.{crt,key}`, `pki/admin.{crt,key}`, `tokens`
+//! `pki/ca.{crt,key}`, `pki/server.{crt,key}`, `pki/admin.{crt,key}`,
+//! `pki/front-proxy-client.{crt,key}` (CN `front-proxy-client`: the server's identity
+//! towards aggregated API backends, which trust the `X-Remote-User`/`X-Remote-Group`
+//! headers of a client presenting it), `pki/apiserver-kubelet-client.{crt,key}` (CN
+//! `kube-apiserver-kubelet-client`, O `system:masters`: the server's identity towards node
+//! log servers, see [`crate::logs`]), `tokens`
 //! (`token,user` lines), `kubeconfig` (admin, client certificate) and
 //! `kubeconfig-{controller,handler,api}` (bearer tokens). Every file is written atomically
 //! (temporary file + rename); keys and tokens are mode 0600.
@@ -58,6 +63,10 @@ pub struct Pki {
     pub server_key_pem: String,
     pub admin_cert_pem: String,
     pub admin_key_pem: String,
+    /// Client certificate and key presented to aggregated API backends.
+    pub proxy_client: (String, String),
+    /// Client certificate and key presented to node log servers.
+    pub kubelet_client: (String, String),
     /// Bearer token → user name.
     pub tokens: HashMap<String, String>,
     /// Component → its token.
@@ -141,6 +150,28 @@ fn read(path: &Path) -> Option<String> {
     std::fs::read_to_string(path).ok()
 }
 
+/// Issues a client certificate and writes it as `pki/{file}.{crt,key}`.
+fn client_cert(
+    dir: &Path,
+    issuer: &Issuer<'_, KeyPair>,
+    cn: &str,
+    org: Option<&str>,
+    file: &str,
+    what: &'static str,
+) -> Result<(String, String), PkiError> {
+    let (c, k) = leaf(
+        Vec::new(),
+        cn,
+        org,
+        ExtendedKeyUsagePurpose::ClientAuth,
+        issuer,
+        what,
+    )?;
+    write_atomic(&dir.join(format!("{file}.key")), k.as_bytes(), true)?;
+    write_atomic(&dir.join(format!("{file}.crt")), c.as_bytes(), false)?;
+    Ok((c, k))
+}
+
 /// Loads the PKI from `data_dir`, creating whatever is missing. The serving certificate is
 /// re-issued on every start.
 pub fn load_or_create(data_dir: &Path) -> Result<Pki, PkiError> {
@@ -199,6 +230,22 @@ pub fn load_or_create(data_dir: &Path) -> Result<Pki, PkiError> {
             (c, k)
         }
     };
+    let proxy_client = client_cert(
+        &dir,
+        &issuer,
+        "front-proxy-client",
+        None,
+        "front-proxy-client",
+        "front proxy client certificate",
+    )?;
+    let kubelet_client = client_cert(
+        &dir,
+        &issuer,
+        "kube-apiserver-kubelet-client",
+        Some("system:masters"),
+        "apiserver-kubelet-client",
+        "kubelet client certificate",
+    )?;
     let tokens_path = data_dir.join("tokens");
     let mut tokens = HashMap::new();
     let mut component_tokens = Vec::new();
@@ -222,6 +269,8 @@ pub fn load_or_create(data_dir: &Path) -> Result<Pki, PkiError> {
         server_key_pem,
         admin_cert_pem,
         admin_key_pem,
+        proxy_client,
+        kubelet_client,
         tokens,
         component_tokens,
     })

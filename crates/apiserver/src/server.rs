@@ -254,6 +254,11 @@ pub async fn start(config: Config) -> Result<RunningServer, ServerError> {
     let pki = pki::load_or_create(&config.data_dir).map_err(ServerError::Pki)?;
     let mut state = ApiState::new(store);
     state.tokens = pki.tokens.clone();
+    state.outgoing = crate::state::Outgoing {
+        ca_pem: pki.ca_pem.clone(),
+        proxy_client: Some(pki.proxy_client.clone()),
+        kubelet_client: Some(pki.kubelet_client.clone()),
+    };
     state
         .admission
         .push(Arc::new(crate::webhook::WebhookAdmission::new(

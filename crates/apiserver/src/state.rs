@@ -18,6 +18,20 @@ pub struct ApiState {
     pub admission: Vec<Arc<dyn Admission>>,
     /// Bearer token → user name.
     pub tokens: HashMap<String, String>,
+    /// Credentials for the server's own outgoing calls.
+    pub outgoing: Outgoing,
+}
+
+/// The CA and client identities the server uses when it calls out (aggregated APIs, node
+/// log servers); empty in states built without a PKI (unit tests).
+#[derive(Clone, Debug, Default)]
+pub struct Outgoing {
+    /// The cluster CA (PEM).
+    pub ca_pem: String,
+    /// Certificate and key (PEM) presented to aggregated API backends.
+    pub proxy_client: Option<(String, String)>,
+    /// Certificate and key (PEM) presented to node log servers.
+    pub kubelet_client: Option<(String, String)>,
 }
 
 impl ApiState {
@@ -29,6 +43,7 @@ impl ApiState {
             metrics: Metrics::default(),
             admission: Vec::new(),
             tokens: HashMap::new(),
+            outgoing: Outgoing::default(),
         }
     }
 }

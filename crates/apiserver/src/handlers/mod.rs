@@ -116,6 +116,9 @@ fn render_error(e: ApiError, info: Option<RequestInfo>) -> Response {
 /// The axum handler for every `/api/…` and `/apis/…` path.
 pub async fn api_request(State(state): State<Arc<ApiState>>, req: Request) -> Response {
     let path = req.uri().path().to_owned();
+    if let Some(target) = crate::aggregation::target(&state, &path) {
+        return crate::aggregation::proxy(target, req).await;
+    }
     match parse_path(&path) {
         Ok(ApiPath::Resource(rp)) => {
             let span = tracing::info_span!(
