@@ -63,7 +63,7 @@ use crate::runtime::controller::{Action, Controller, ControllerError, Reconciler
 use crate::runtime::expectations::Expectations;
 use crate::runtime::informer::{Change, Informer, InformerHandle};
 use crate::runtime::key_of;
-use crate::runtime::metrics::ControllerMetrics;
+use crate::runtime::metrics::Metrics;
 use crate::runtime::queue::{RateLimiterConfig, WorkQueue};
 use status::{Observed, SyncFailure};
 use template::LauncherPodConfig;
@@ -401,10 +401,11 @@ fn register_handlers(
 pub async fn run_vmi_controller(
     client: Client,
     config: VmiControllerConfig,
-    metrics: ControllerMetrics,
+    metrics: &Metrics,
     cancel: CancellationToken,
 ) {
-    let queue = WorkQueue::with_config(RateLimiterConfig::default(), metrics);
+    let queue =
+        WorkQueue::with_config(RateLimiterConfig::default(), metrics.controller(QUEUE_NAME));
     let pod_expectations = Arc::new(Expectations::new());
     let vmi_expectations = Arc::new(Expectations::new());
     let mut vmi_informer = Informer::<VirtualMachineInstance>::new();
