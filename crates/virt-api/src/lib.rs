@@ -1,1 +1,18 @@
-//! virt-api (work in progress).
+//! virt-api: KubeVirt's admission webhooks (and, later, the subresource API).
+//!
+//! Data flow: the API server sends an `AdmissionReview` over HTTPS to [`webhook`]; the handler
+//! decodes the object, runs the pure [`mutate`] functions (defaults, returned as an RFC 6902 JSON
+//! patch) or the pure [`validate`] functions (field-path [`validate::Cause`]s, answered as one
+//! 422 `Invalid` status), both driven by a [`ClusterConfig`] derived from the `KubeVirt` CR.
+//! The validators take no I/O, so `virtctl --dry-run` reuses them unchanged.
+//!
+//! Entry points for the binary: [`webhook::run_webhook_server`] (serve) and
+//! [`webhook::webhook_configurations`] (the registration objects to create in the API server).
+
+pub mod config;
+pub mod mutate;
+pub mod quantity;
+pub mod validate;
+pub mod webhook;
+
+pub use config::ClusterConfig;
