@@ -90,12 +90,14 @@ pub fn compute_status(input: &StatusInput<'_>, rng: &mut impl Rng) -> VirtualMac
     let mut status = vm.status.clone().unwrap_or_default();
     let strategy = vm.run_strategy().ok();
 
-    status.created = Some(vmi.is_some());
-    status.ready = Some(vmi.is_some_and(|v| {
+    // Upstream's `created`/`ready` are `omitempty` booleans: false is not written.
+    status.created = vmi.is_some().then_some(true);
+    status.ready = (vmi.is_some_and(|v| {
         v.status
             .as_ref()
             .is_some_and(|s| has_true_condition(&s.conditions, &VmiCond::Ready))
-    }));
+    }))
+    .then_some(true);
     if vmi.is_some()
         && let Some(generation) = input.vmi_generation
     {
