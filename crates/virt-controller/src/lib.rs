@@ -14,3 +14,4 @@ pub mod vm;
 
 pub mod vmi;
 pub mod kubevirt_config;
+pub mod app;

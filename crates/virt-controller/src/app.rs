@@ -1,0 +1,162 @@
+//! virt-controller as an application: leader election, the KubeVirt CR's settings, and the
+//! VM and VMI controllers — what `kubevirt-rs controller` and `kubevirt-rs server` run.
+//!
+//! Data flow: [`kubevirt_config::watch_kubevirt`] publishes the CR's settings; the effective
+//! label/annotation sync patterns (command-line flags overlaid by
+//! `spec.customizeComponents.flags.controller`) go to both controllers through one
+//! `watch` channel, so a `kubectl patch kubevirt` reconfigures them in place. The controllers
+//! run only while this replica holds the `virt-controller` Lease.
+//!
+//! # Caveats
+//! Losing the lease stops the controllers and ends [`run_controller`] with an error, as
+//! upstream's virt-controller exits; the caller (a Deployment, or the embedded server's
+//! supervisor) starts it again.
+
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::kubevirt_config::{self, ClusterSettings, effective_flag};
+use crate::labelsync::SyncPatterns;
+use crate::runtime::leader::{LeaderElectionConfig, LeaderElector};
+use crate::runtime::metrics::Metrics;
+use crate::vm::{SyncConfig, VmControllerConfig, run_vm_controller};
+use crate::vmi::template::LauncherPodConfig;
+use crate::vmi::{VmiControllerConfig, run_vmi_controller};
+
+/// Flag names shared by the command line and the KubeVirt CR.
+pub const LABELS_SYNC_FLAG: &str = "additional-launcher-labels-sync";
+pub const ANNOTATIONS_SYNC_FLAG: &str = "additional-launcher-annotations-sync";
+
+/// How virt-controller is set up.
+#[derive(Clone, Debug)]
+pub struct ControllerAppConfig {
+    /// Namespace of the KubeVirt CR and the leader Lease.
+    pub namespace: String,
+    /// `--additional-launcher-labels-sync` (comma-separated).
+    pub labels_sync: String,
+    /// `--additional-launcher-annotations-sync` (comma-separated).
+    pub annotations_sync: String,
+    /// How launcher pods are built.
+    pub launcher: LauncherPodConfig,
+    /// Leader election settings.
+    pub leader: LeaderElectionConfig,
+}
+
+/// Errors that end the controller application.
+#[derive(Debug, thiserror::Error)]
+pub enum ControllerAppError {
+    /// Leadership was lost (or could not be kept); the controllers were stopped.
+    #[error("leader election")]
+    LeaderElection(#[source] crate::runtime::leader::LeaderElectionError),
+}
+
+/// The sync patterns in effect: the CR's flag values where set, else the command line's.
+/// Ignored patterns (a bare `*`) are logged.
+pub fn effective_sync_config(
+    config: &ControllerAppConfig,
+    settings: &ClusterSettings,
+) -> SyncConfig {
+    let parse = |name: &str, cli: &str| {
+        let (patterns, warnings) =
+            SyncPatterns::parse_flag(effective_flag(&settings.controller_flags, name, cli));
+        for w in warnings {
+            warn!(flag = name, "{w}");
+        }
+        patterns
+    };
+    SyncConfig {
+        labels: parse(LABELS_SYNC_FLAG, &config.labels_sync),
+        annotations: parse(ANNOTATIONS_SYNC_FLAG, &config.annotations_sync),
+    }
+}
+
+/// Runs virt-controller until `cancel` fires or leadership is lost.
+pub async fn run_controller(
+    client: kube::Client,
+    config: ControllerAppConfig,
+    metrics: &Metrics,
+    cancel: CancellationToken,
+) -> Result<(), ControllerAppError> {
+    let (settings_tx, mut settings_rx) = watch::channel(ClusterSettings::default());
+    let (sync_tx, sync_rx) =
+        watch::channel(effective_sync_config(&config, &ClusterSettings::default()));
+    let watcher = tokio::spawn({
+        let (client, namespace) = (client.clone(), config.namespace.clone());
+        async move { kubevirt_config::watch_kubevirt(client, &namespace, settings_tx).await }
+    });
+    let republish = tokio::spawn({
+        let config = config.clone();
+        async move {
+            while settings_rx.changed().await.is_ok() {
+                let next = effective_sync_config(&config, &settings_rx.borrow_and_update());
+                sync_tx.send_if_modified(|old| {
+                    let changed = *old != next;
+                    *old = next;
+                    changed
+                });
+            }
+        }
+    });
+
+    let (elector, status) = LeaderElector::new(client.clone(), config.leader.clone());
+    let election_cancel = cancel.child_token();
+    let election = tokio::spawn(elector.run(election_cancel.clone()));
+    let result = tokio::select! {
+        _ = cancel.cancelled() => Ok(()),
+        acquired = status.acquired() => match acquired {
+            Err(_) => Ok(()),
+            Ok(()) => {
+                info!("acquired the virt-controller lease; starting controllers");
+                let controllers = cancel.child_token();
+                let vm = run_vm_controller(client.clone(), VmControllerConfig { sync: sync_rx.clone(), workers: 3 }, metrics, controllers.clone());
+                let vmi = run_vmi_controller(client.clone(), VmiControllerConfig::new(config.launcher.clone(), sync_rx.clone()), metrics, controllers.clone());
+                tokio::select! {
+                    _ = async { tokio::join!(vm, vmi) } => Ok(()),
+                    _ = status.lost() => {
+                        warn!("lost the virt-controller lease; stopping controllers");
+                        controllers.cancel();
+                        Ok(())
+                    }
+                }
+            }
+        },
+    };
+    election_cancel.cancel();
+    let election_result = election.await;
+    watcher.abort();
+    republish.abort();
+    match election_result {
+        Ok(Err(e)) if !cancel.is_cancelled() => Err(ControllerAppError::LeaderElection(e)),
+        _ => result,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config() -> ControllerAppConfig {
+        ControllerAppConfig {
+            namespace: "kubevirt".into(),
+            labels_sync: "cli.example.com/*".into(),
+            annotations_sync: String::new(),
+            launcher: LauncherPodConfig::default(),
+            leader: LeaderElectionConfig::default(),
+        }
+    }
+
+    #[test]
+    fn the_crs_flags_override_the_command_line() {
+        let mut settings = ClusterSettings::default();
+        let cli = effective_sync_config(&config(), &settings);
+        assert!(cli.labels.matches("cli.example.com/a"));
+        settings
+            .controller_flags
+            .insert(LABELS_SYNC_FLAG.into(), "ops.example.com/*".into());
+        let cr = effective_sync_config(&config(), &settings);
+        assert!(cr.labels.matches("ops.example.com/a"));
+        assert!(!cr.labels.matches("cli.example.com/a"));
+        assert!(cr.annotations.is_empty());
+    }
+}
