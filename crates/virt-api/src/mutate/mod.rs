@@ -14,3 +14,6 @@ pub use migration::mutate_migration_create;
 pub use patch::diff;
 pub use vm::mutate_vm_create;
 pub use vmi::{DefaultsError, mutate_vmi_create, set_spec_defaults};
+
+#[cfg(test)]
+mod tests;

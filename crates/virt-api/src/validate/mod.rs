@@ -90,3 +90,6 @@ pub fn restricted_labels(labels: &BTreeMap<String, String>) -> BTreeMap<&str, &s
         .map(|(k, v)| (k.as_str(), v.as_str()))
         .collect()
 }
+
+#[cfg(test)]
+mod tests;
