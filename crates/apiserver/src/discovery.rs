@@ -27,6 +27,7 @@ fn subresource_entries(r: &ResourceInfo) -> Vec<(String, Value, Vec<&'static str
         .filter(|s| s.as_str() != "scale")
         .map(|s| match s.as_str() {
             "binding" => (s.clone(), gvk("Binding", "", "v1"), vec!["create"]),
+            "log" => (s.clone(), gvk(&r.kind, &r.group, &r.version), vec!["get"]),
             _ => (
                 s.clone(),
                 gvk(&r.kind, &r.group, &r.version),

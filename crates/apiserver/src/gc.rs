@@ -615,22 +615,31 @@ mod tests {
         assert!(is_deleting(&o));
         assert!(has_finalizer(&o, FOREGROUND_FINALIZER));
         // Release the dependent: it goes, then the owner.
-        let (info, c, rev) = load(&s, "/registry/core/configmaps/default/child").unwrap();
-        let mut released = c.clone();
-        released["metadata"]["finalizers"] = json!([]);
-        write_update(
-            &s,
-            &info,
-            Some("default"),
-            "child",
-            None,
-            released,
-            &c,
-            rev,
-            &gc_opts(),
-        )
-        .await
-        .unwrap();
+        // Like any client, retry on a conflict with the collector's own writes.
+        loop {
+            let (info, c, rev) = load(&s, "/registry/core/configmaps/default/child").unwrap();
+            let mut released = c.clone();
+            released["metadata"]["finalizers"] = json!([]);
+            match write_update(
+                &s,
+                &info,
+                Some("default"),
+                "child",
+                None,
+                released,
+                &c,
+                rev,
+                &gc_opts(),
+            )
+            .await
+            {
+                Err(e) if e.code == 409 => continue,
+                other => {
+                    other.unwrap();
+                    break;
+                }
+            }
+        }
         wait_until(&s, || !exists(&s, "owner")).await;
         assert!(!exists(&s, "child"));
         gc.abort();

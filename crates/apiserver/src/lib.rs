@@ -37,6 +37,7 @@ pub mod discovery;
 pub mod gc;
 pub mod handlers;
 pub mod jsonpath;
+pub mod logs;
 pub mod metadata;
 pub mod metrics;
 pub mod openapi;

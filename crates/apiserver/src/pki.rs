@@ -172,6 +172,31 @@ fn client_cert(
     Ok((c, k))
 }
 
+/// Issues a serving certificate for `sans` (IP addresses or DNS names) from the cluster
+/// CA in `data_dir` (which must exist): what a node's log server presents (see
+/// [`crate::logs`]). Returns the certificate and key as PEM; nothing is written.
+pub fn issue_serving_cert(
+    data_dir: &Path,
+    sans: Vec<String>,
+) -> Result<(String, String), PkiError> {
+    let ca_key = data_dir.join("pki").join("ca.key");
+    let pem = std::fs::read_to_string(&ca_key).map_err(io_err(&ca_key))?;
+    let key = KeyPair::from_pem(&pem).map_err(|source| PkiError::Cert {
+        what: "CA key (loading)",
+        source,
+    })?;
+    let issuer = Issuer::new(ca_params()?, key);
+    let cn = sans.first().cloned().unwrap_or_default();
+    leaf(
+        sans,
+        &cn,
+        None,
+        ExtendedKeyUsagePurpose::ServerAuth,
+        &issuer,
+        "node serving certificate",
+    )
+}
+
 /// Loads the PKI from `data_dir`, creating whatever is missing. The serving certificate is
 /// re-issued on every start.
 pub fn load_or_create(data_dir: &Path) -> Result<Pki, PkiError> {

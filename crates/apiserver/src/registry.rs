@@ -171,7 +171,7 @@ const BUILTINS: &[Builtin] = &[
     ),
     all(sub(
         b("", "v1", "Pod", "pods", &["po"], true),
-        &["status", "binding"],
+        &["status", "binding", "log"],
     )),
     sub(b("", "v1", "Node", "nodes", &["no"], false), &["status"]),
     rule(

@@ -193,6 +193,20 @@ async fn execute(
             return Err(ApiError::no_route());
         }
     }
+    let ns = rp.namespace.as_deref();
+    let name = rp.name.as_deref().unwrap_or("");
+    let sub = rp.subresource.as_deref();
+    if sub == Some("log") {
+        return match verb {
+            Verb::Get => {
+                let q = req.uri().query().unwrap_or("").to_owned();
+                crate::logs::serve(&state, ns.unwrap_or(""), name, &q).await
+            }
+            _ => Err(ApiError::method_not_allowed(
+                "the server does not allow this method on the requested resource",
+            )),
+        };
+    }
     let accept = header_str(&req, header::ACCEPT);
     let content_type = header_str(&req, header::CONTENT_TYPE);
     let user = req
@@ -205,9 +219,6 @@ async fn execute(
         field_validation: query.field_validation,
         user,
     };
-    let ns = rp.namespace.as_deref();
-    let name = rp.name.as_deref().unwrap_or("");
-    let sub = rp.subresource.as_deref();
     let ri = RequestInfo {
         verb: verb.as_str(),
         group: info.group.clone(),

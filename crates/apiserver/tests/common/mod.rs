@@ -141,16 +141,44 @@ impl Backend {
             .unwrap()
             .signed_by(&key, &issuer)
             .unwrap();
+        Backend::start_with(app, &cert.pem(), &key.serialize_pem(), None, ca_cert.pem()).await
+    }
+
+    /// A backend presenting `cert_pem`/`key_pem`; with `client_ca`, clients must present
+    /// a certificate it signed.
+    pub async fn start_with(
+        app: Router,
+        cert_pem: &str,
+        key_pem: &str,
+        client_ca: Option<&str>,
+        ca_pem: String,
+    ) -> Backend {
+        use rustls::pki_types::pem::PemObject;
         let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
+        let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
             .with_safe_default_protocol_versions()
-            .unwrap()
-            .with_no_client_auth()
-            .with_single_cert(
-                vec![cert.der().clone()],
-                rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()),
-            )
             .unwrap();
+        let builder = match client_ca {
+            Some(ca) => {
+                let mut roots = rustls::RootCertStore::empty();
+                for c in rustls::pki_types::CertificateDer::pem_slice_iter(ca.as_bytes()) {
+                    roots.add(c.unwrap()).unwrap();
+                }
+                let v = rustls::server::WebPkiClientVerifier::builder_with_provider(
+                    Arc::new(roots),
+                    provider,
+                )
+                .build()
+                .unwrap();
+                builder.with_client_cert_verifier(v)
+            }
+            None => builder.with_no_client_auth(),
+        };
+        let certs = rustls::pki_types::CertificateDer::pem_slice_iter(cert_pem.as_bytes())
+            .collect::<Result<Vec<_>, _>>()
+            .unwrap();
+        let key = rustls::pki_types::PrivateKeyDer::from_pem_slice(key_pem.as_bytes()).unwrap();
+        let mut cfg = builder.with_single_cert(certs, key).unwrap();
         cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
         let acceptor = TlsAcceptor::from(Arc::new(cfg));
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -178,11 +206,7 @@ impl Backend {
                 });
             }
         });
-        Backend {
-            addr,
-            ca_pem: ca_cert.pem(),
-            task,
-        }
+        Backend { addr, ca_pem, task }
     }
 
     pub fn url(&self, path: &str) -> String {
