@@ -5,6 +5,8 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 
+mod cmd_server;
+
 #[derive(Parser)]
 #[command(name = "kubevirt-rs", about = "KubeVirt, in Rust", version)]
 struct Cli {
@@ -16,8 +18,9 @@ struct Cli {
 enum Command {
     /// Print the KubeVirt CustomResourceDefinitions as a multi-document YAML stream.
     Crds,
-    /// Run everything on this machine: the API server with the KubeVirt CRDs installed.
-    Server(ServerArgs),
+    /// Run everything on this machine: the API server with the KubeVirt CRDs, virt-api,
+    /// virt-controller and virt-handler (with the embedded scheduler and pod runner).
+    Server(cmd_server::ServerArgs),
     /// Run the embedded Kubernetes-compatible API server alone.
     Apiserver(ServerArgs),
 }
@@ -32,7 +35,7 @@ struct ServerArgs {
     listen: SocketAddr,
 }
 
-async fn shutdown_signal() {
+pub(crate) async fn shutdown_signal() {
     use tokio::signal::unix::{SignalKind, signal};
     match (
         signal(SignalKind::interrupt()),
@@ -48,14 +51,6 @@ async fn shutdown_signal() {
             let _ = tokio::signal::ctrl_c().await;
         }
     }
-}
-
-fn kubevirt_crds() -> anyhow::Result<Vec<serde_json::Value>> {
-    kubevirt_api::crd::all_crds()
-        .context("generating the KubeVirt CRDs")?
-        .iter()
-        .map(|c| serde_json::to_value(c).context("serializing a CRD"))
-        .collect()
 }
 
 fn serve(args: ServerArgs, initial_objects: Vec<serde_json::Value>) -> anyhow::Result<()> {
@@ -82,7 +77,7 @@ fn main() -> anyhow::Result<()> {
         .init();
     match Cli::parse().command {
         Command::Crds => print!("{}", kubevirt_api::crd::all_crds_yaml()?),
-        Command::Server(args) => serve(args, kubevirt_crds()?)?,
+        Command::Server(args) => cmd_server::run(args)?,
         Command::Apiserver(args) => serve(args, Vec::new())?,
     }
     Ok(())

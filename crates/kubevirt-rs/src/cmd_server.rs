@@ -1,0 +1,259 @@
+//! `kubevirt-rs server`: the whole stack in one process on one machine.
+//!
+//! Wiring only: the API server (with the KubeVirt CRDs and a default `KubeVirt` CR), then each
+//! component with its own client and credentials to the loopback API server, exactly as they
+//! would run against a real cluster — virt-api (admission webhooks, registered through
+//! webhook configuration objects), virt-controller (behind its Lease) and virt-handler for
+//! this machine (with the embedded scheduler and pod runner). Components that stop with an
+//! error are restarted after a second.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Args;
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
+};
+use kube::api::{Api, PostParams};
+use serde_json::json;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+#[derive(Args)]
+pub struct ServerArgs {
+    /// Directory for the database, certificates, kubeconfig files, images and VM state.
+    #[arg(long)]
+    pub data_dir: PathBuf,
+    /// Address of the API server (port 0 picks a free port; see DATA_DIR/kubeconfig).
+    #[arg(long, default_value = "127.0.0.1:6443")]
+    pub listen: SocketAddr,
+    /// Label keys (or `prefix/*`) synced from VM templates to VMIs and launcher pods.
+    #[arg(long = "additional-launcher-labels-sync", default_value = "")]
+    pub labels_sync: String,
+    /// Annotation keys (or `prefix/*`) synced from VM templates to VMIs and launcher pods.
+    #[arg(long = "additional-launcher-annotations-sync", default_value = "")]
+    pub annotations_sync: String,
+    /// This machine's node name (default: the hostname).
+    #[arg(long)]
+    pub node_name: Option<String>,
+    /// Run guests under software emulation (TCG) even where KVM works.
+    #[arg(long)]
+    pub use_emulation: bool,
+}
+
+/// The namespace KubeVirt's components and CR live in.
+const KUBEVIRT_NAMESPACE: &str = "kubevirt";
+
+/// The default `KubeVirt` CR: software emulation where KVM is not really usable.
+fn default_kubevirt_cr(use_emulation: bool) -> serde_json::Value {
+    json!({
+        "apiVersion": "kubevirt.io/v1",
+        "kind": "KubeVirt",
+        "metadata": {"name": "kubevirt", "namespace": KUBEVIRT_NAMESPACE},
+        "spec": {
+            "configuration": {"developerConfiguration": {"useEmulation": use_emulation}},
+            "customizeComponents": {}
+        }
+    })
+}
+
+pub fn kubevirt_crds() -> anyhow::Result<Vec<serde_json::Value>> {
+    kubevirt_api::crd::all_crds()
+        .context("generating the KubeVirt CRDs")?
+        .iter()
+        .map(|c| serde_json::to_value(c).context("serializing a CRD"))
+        .collect()
+}
+
+async fn client_from(kubeconfig: &Path) -> anyhow::Result<kube::Client> {
+    let kc = kube::config::Kubeconfig::read_from(kubeconfig)
+        .with_context(|| format!("reading {}", kubeconfig.display()))?;
+    let config =
+        kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+            .await
+            .context("client configuration")?;
+    kube::Client::try_from(config).context("client")
+}
+
+/// Creates `object`, or replaces it when it exists (keeping nothing of the old one).
+async fn create_or_replace<K>(api: &Api<K>, object: serde_json::Value) -> anyhow::Result<()>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + serde::Serialize + std::fmt::Debug,
+{
+    let mut typed: K = serde_json::from_value(object).context("decoding the object")?;
+    let name = typed.meta().name.clone().unwrap_or_default();
+    match api.get_opt(&name).await? {
+        None => {
+            api.create(&PostParams::default(), &typed).await?;
+        }
+        Some(existing) => {
+            typed.meta_mut().resource_version = existing.meta().resource_version.clone();
+            api.replace(&name, &PostParams::default(), &typed).await?;
+        }
+    }
+    Ok(())
+}
+
+/// Follows the KubeVirt CR into virt-api's cluster configuration.
+async fn follow_api_config(client: kube::Client, tx: watch::Sender<virt_api::ClusterConfig>) {
+    use futures::StreamExt;
+    use kube::runtime::{WatchStreamExt, watcher};
+    let api: Api<kubevirt_api::v1::KubeVirt> = Api::namespaced(client, KUBEVIRT_NAMESPACE);
+    let mut stream = watcher(api, watcher::Config::default())
+        .default_backoff()
+        .applied_objects()
+        .boxed();
+    while let Some(kv) = stream.next().await {
+        match kv {
+            Ok(kv) => {
+                tx.send_replace(virt_api::ClusterConfig::from_kubevirt(Some(&kv)));
+            }
+            Err(e) => warn!(error = %e, "watching the KubeVirt CR for virt-api failed"),
+        }
+    }
+}
+
+/// Starts virt-api's admission webhooks and registers them.
+async fn start_virt_api(
+    data_dir: &Path,
+    client: kube::Client,
+    cancel: &CancellationToken,
+) -> anyhow::Result<virt_api::webhook::WebhookServer> {
+    let (cert, key) = kubevirt_apiserver::pki::issue_serving_cert(
+        data_dir,
+        vec!["127.0.0.1".into(), "localhost".into()],
+    )
+    .context("issuing virt-api's serving certificate")?;
+    let ca_pem =
+        std::fs::read(data_dir.join("pki").join("ca.crt")).context("reading the cluster CA")?;
+    let (config_tx, config_rx) = watch::channel(virt_api::ClusterConfig::from_kubevirt(None));
+    tokio::spawn(follow_api_config(client.clone(), config_tx));
+    let server = virt_api::webhook::run_webhook_server(
+        virt_api::webhook::WebhookServerConfig {
+            listen: "127.0.0.1:0".parse().context("address")?,
+            cert_pem: cert.into_bytes(),
+            key_pem: key.into_bytes(),
+            cluster_config: config_rx,
+            service_accounts: virt_api::webhook::kubevirt_service_accounts(KUBEVIRT_NAMESPACE),
+            client: Some(client.clone()),
+        },
+        cancel.clone().cancelled_owned(),
+    )
+    .await
+    .context("starting virt-api's webhook server")?;
+    let (mutating, validating) =
+        virt_api::webhook::webhook_configurations(&ca_pem, &format!("https://{}", server.addr));
+    create_or_replace(
+        &Api::<MutatingWebhookConfiguration>::all(client.clone()),
+        mutating,
+    )
+    .await
+    .context("registering the mutating webhooks")?;
+    create_or_replace(
+        &Api::<ValidatingWebhookConfiguration>::all(client),
+        validating,
+    )
+    .await
+    .context("registering the validating webhooks")?;
+    info!(addr = %server.addr, "virt-api webhooks registered");
+    Ok(server)
+}
+
+/// Runs `component` until `cancel`, restarting it a second after it stops early.
+fn supervise<F, Fut>(name: &'static str, cancel: CancellationToken, mut component: F)
+where
+    F: FnMut(CancellationToken) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = anyhow::Result<()>> + Send,
+{
+    tokio::spawn(async move {
+        while !cancel.is_cancelled() {
+            match component(cancel.child_token()).await {
+                Ok(()) if cancel.is_cancelled() => break,
+                Ok(()) => warn!(component = name, "stopped; restarting"),
+                Err(e) => warn!(
+                    component = name,
+                    error = format!("{e:#}"),
+                    "failed; restarting"
+                ),
+            }
+            tokio::select! {
+                _ = cancel.cancelled() => break,
+                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+            }
+        }
+    });
+}
+
+pub fn run(args: ServerArgs) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Runtime::new().context("starting the tokio runtime")?;
+    runtime.block_on(serve(args))
+}
+
+async fn serve(args: ServerArgs) -> anyhow::Result<()> {
+    let accel = virt_launcher::accel::detect_accel(virt_launcher::accel::AccelMode::Auto);
+    let use_emulation = args.use_emulation || accel.accel == virt_launcher::spec::Accel::Tcg;
+    info!(use_emulation, reason = %accel.reason, "acceleration");
+    let mut initial_objects = kubevirt_crds()?;
+    initial_objects.push(default_kubevirt_cr(use_emulation));
+    let server = kubevirt_apiserver::start(kubevirt_apiserver::Config {
+        data_dir: args.data_dir.clone(),
+        listen: args.listen,
+        initial_objects,
+    })
+    .await
+    .context("starting the API server")?;
+    let cancel = CancellationToken::new();
+    let data_dir = args.data_dir.clone();
+
+    let api_client = client_from(&data_dir.join("kubeconfig-api")).await?;
+    let _webhooks = start_virt_api(&data_dir, api_client, &cancel).await?;
+
+    let controller_client = client_from(&data_dir.join("kubeconfig-controller")).await?;
+    let controller_config = virt_controller::app::ControllerAppConfig {
+        namespace: KUBEVIRT_NAMESPACE.into(),
+        labels_sync: args.labels_sync.clone(),
+        annotations_sync: args.annotations_sync.clone(),
+        launcher: virt_controller::vmi::template::LauncherPodConfig {
+            use_emulation,
+            ..Default::default()
+        },
+        leader: virt_controller::runtime::leader::LeaderElectionConfig::default(),
+    };
+    let metrics = std::sync::Arc::new(virt_controller::runtime::metrics::Metrics::new());
+    supervise("virt-controller", cancel.clone(), move |token| {
+        let (client, config, metrics) = (
+            controller_client.clone(),
+            controller_config.clone(),
+            metrics.clone(),
+        );
+        async move { Ok(virt_controller::app::run_controller(client, config, &metrics, token).await?) }
+    });
+
+    let handler_client = client_from(&data_dir.join("kubeconfig-handler")).await?;
+    let handler_config = virt_handler::HandlerConfig {
+        node_name: args
+            .node_name
+            .clone()
+            .unwrap_or_else(virt_handler::default_node_name),
+        data_dir: data_dir.clone(),
+        launcher_image: virt_controller::vmi::template::LauncherPodConfig::default().launcher_image,
+        launcher_program: std::env::current_exe().context("locating the kubevirt-rs binary")?,
+        host_ip: "127.0.0.1".into(),
+        embedded: true,
+        use_emulation: args.use_emulation.then_some(true),
+    };
+    supervise("virt-handler", cancel.clone(), move |token| {
+        let (client, config) = (handler_client.clone(), handler_config.clone());
+        async move { Ok(virt_handler::run_handler(client, config, token).await?) }
+    });
+
+    info!(kubeconfig = %server.kubeconfig.display(), "kubevirt-rs server ready");
+    crate::shutdown_signal().await;
+    info!("shutting down (running VMs keep running)");
+    cancel.cancel();
+    server.stop().await;
+    Ok(())
+}
