@@ -378,8 +378,11 @@ pub async fn run(client: kube::Client, config: PodRunnerConfig) {
             _ = tick.tick() => {},
         }
         while let Some(Some(_)) = futures::FutureExt::now_or_never(events.next()) {}
-        if store.wait_until_ready().await.is_err() {
-            return;
+        // Not ready until the initial list is in; blocking here would stop the watcher.
+        match futures::FutureExt::now_or_never(store.wait_until_ready()) {
+            None => continue,
+            Some(Err(_)) => return,
+            Some(Ok(())) => {}
         }
         let pods: Vec<Arc<Pod>> = store.state();
         let known: BTreeSet<String> = pods.iter().filter_map(|p| p.metadata.uid.clone()).collect();

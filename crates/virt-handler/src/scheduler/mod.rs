@@ -202,10 +202,15 @@ pub async fn run(client: kube::Client) {
         }
         // Drain whatever else is ready so a burst of events gives one pass.
         while let Some(Some(())) = futures::FutureExt::now_or_never(changes.next()) {}
-        if pod_store.wait_until_ready().await.is_err()
-            || node_store.wait_until_ready().await.is_err()
-        {
-            return;
+        // Not ready until both initial lists are in; blocking here would stop the watchers.
+        let ready = |r: Option<Result<(), _>>| r.map(|r| r.is_ok());
+        match (
+            ready(futures::FutureExt::now_or_never(pod_store.wait_until_ready())),
+            ready(futures::FutureExt::now_or_never(node_store.wait_until_ready())),
+        ) {
+            (Some(true), Some(true)) => {}
+            (Some(false), _) | (_, Some(false)) => return,
+            _ => continue,
         }
         let nodes: Vec<Node> = node_store.state().iter().map(|n| (**n).clone()).collect();
         if let Err(e) = schedule_pending(&client, &pod_store.state(), &nodes).await {

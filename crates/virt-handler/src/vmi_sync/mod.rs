@@ -99,11 +99,19 @@ pub async fn run(client: kube::Client, config: SyncConfig, cancel: CancellationT
     loop {
         tokio::select! {
             () = cancel.cancelled() => return,
-            event = events.next() => if event.is_none() { return },
+            event = events.next() => match event {
+                None => return,
+                Some(Err(e)) => tracing::warn!(error = %e, "VMI watch failed; retrying"),
+                Some(Ok(e)) => tracing::trace!(event = ?std::mem::discriminant(&e), "VMI watch event"),
+            },
         }
         while let Some(Some(_)) = futures::FutureExt::now_or_never(events.next()) {}
-        if store.wait_until_ready().await.is_err() {
-            return;
+        // The watcher yields `Init` before its list completes and only progresses while
+        // polled: never block on readiness here, wait for the next event instead.
+        match futures::FutureExt::now_or_never(store.wait_until_ready()) {
+            None => continue,
+            Some(Err(_)) => return,
+            Some(Ok(())) => {}
         }
         let vmis = store.state();
         let mut seen = std::collections::BTreeSet::new();

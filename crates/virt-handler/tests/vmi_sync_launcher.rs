@@ -1,0 +1,429 @@
+//! The handler's VMI sync against a real API server (in-process, temporary SQLite) and real
+//! launchers (in-process `run_launcher`): fake QEMU for the phase machine, and one real TCG
+//! guest when `KUBEVIRT_RS_TEST_GUEST` points at the test guest.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use kube::api::{Api, DeleteParams, PostParams};
+use kubevirt_api::v1::VirtualMachineInstance;
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+use virt_handler::images::{ImageStore, ImportFile, import};
+use virt_handler::vmi_sync::{self, SyncConfig};
+use virt_launcher::LauncherOptions;
+use virt_launcher::protocol::{Command, LauncherClient};
+
+const NODE: &str = "node01";
+const DEADLINE: Duration = Duration::from_secs(30);
+
+struct Cluster {
+    _tmp: tempfile::TempDir,
+    data: PathBuf,
+    server: Option<kubevirt_apiserver::RunningServer>,
+    client: kube::Client,
+}
+
+impl Cluster {
+    async fn start() -> anyhow::Result<Self> {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(
+                tracing_subscriber::EnvFilter::try_from_default_env()
+                    .unwrap_or_else(|_| "virt_handler=debug,virt_launcher=info".into()),
+            )
+            .with_test_writer()
+            .try_init();
+        let tmp = tempfile::tempdir()?;
+        let data = tmp.path().to_owned();
+        let crds = kubevirt_api::crd::all_crds()?
+            .iter()
+            .map(serde_json::to_value)
+            .collect::<Result<Vec<_>, _>>()?;
+        let server = kubevirt_apiserver::start(kubevirt_apiserver::Config {
+            data_dir: data.join("apiserver"),
+            listen: "127.0.0.1:0".parse()?,
+            initial_objects: crds,
+        })
+        .await?;
+        let kubeconfig = kube::config::Kubeconfig::read_from(&server.kubeconfig)?;
+        let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await?;
+        let client = kube::Client::try_from(config)?;
+        Ok(Self {
+            _tmp: tmp,
+            data,
+            server: Some(server),
+            client,
+        })
+    }
+
+    fn sync_config(&self) -> SyncConfig {
+        SyncConfig {
+            node_name: NODE.into(),
+            pods_dir: self.data.join("pods"),
+            images: ImageStore::new(&self.data),
+            host_disk_dir: self.data.join("hostdisks"),
+            use_emulation: Some(true),
+        }
+    }
+
+    fn pod_dir(&self, pod_uid: &str) -> PathBuf {
+        self.data.join("pods").join(pod_uid)
+    }
+
+    fn vmis(&self) -> Api<VirtualMachineInstance> {
+        Api::namespaced(self.client.clone(), "default")
+    }
+
+    /// Creates a VMI as the VMI controller leaves it at Scheduled (CRD not served yet → retry).
+    async fn create_scheduled_vmi(&self, name: &str, pod_uid: &str) -> anyhow::Result<()> {
+        let vmi: VirtualMachineInstance = serde_json::from_value(json!({
+            "apiVersion": "kubevirt.io/v1",
+            "kind": "VirtualMachineInstance",
+            "metadata": {
+                "name": name, "namespace": "default",
+                "labels": {"kubevirt.io/nodeName": NODE},
+                "finalizers": ["test.kubevirt-rs.io/hold"],
+            },
+            "spec": {
+                "terminationGracePeriodSeconds": 30,
+                "domain": {
+                    "cpu": {"cores": 1},
+                    "memory": {"guest": "128Mi"},
+                    "firmware": {"kernelBoot": {
+                        "kernelArgs": "console=ttyS0 panic=-1 quiet tg.quiet=1",
+                        "container": {
+                            "image": "kubevirt-rs/test-guest:latest",
+                            "kernelPath": "/vmlinux",
+                            "initrdPath": "/initramfs.cpio.gz"
+                        }
+                    }},
+                    "devices": {"interfaces": [{"name": "default", "masquerade": {}}]}
+                },
+                "networks": [{"name": "default", "pod": {}}]
+            },
+            "status": {
+                "phase": "Scheduled",
+                "nodeName": NODE,
+                "activePods": {pod_uid: NODE},
+                "phaseTransitionTimestamps": [
+                    {"phase": "Scheduled", "phaseTransitionTimestamp": "2026-11-30T10:00:00Z"}
+                ]
+            }
+        }))?;
+        let start = Instant::now();
+        loop {
+            match self.vmis().create(&PostParams::default(), &vmi).await {
+                Ok(_) => return Ok(()),
+                Err(e) if start.elapsed() < DEADLINE => {
+                    tracing::debug!(error = %e, "CRD not served yet");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Err(e) => return Err(e).context("creating the VMI"),
+            }
+        }
+    }
+
+    async fn wait_vmi(
+        &self,
+        name: &str,
+        what: &str,
+        check: impl Fn(&serde_json::Value) -> bool,
+    ) -> anyhow::Result<serde_json::Value> {
+        let start = Instant::now();
+        loop {
+            let vmi = serde_json::to_value(self.vmis().get(name).await?)?;
+            if check(&vmi) {
+                return Ok(vmi);
+            }
+            if start.elapsed() > DEADLINE {
+                bail!(
+                    "timed out waiting for {what}; VMI status: {}",
+                    vmi["status"]
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    async fn stop(mut self) {
+        if let Some(server) = self.server.take() {
+            server.stop().await;
+        }
+    }
+}
+
+fn import_guest(data: &Path, kernel: &Path, initrd: &Path) -> anyhow::Result<()> {
+    import(
+        data,
+        "kubevirt-rs/test-guest:latest",
+        &[
+            ImportFile {
+                source: kernel.to_owned(),
+                destination: Some("/vmlinux".into()),
+            },
+            ImportFile {
+                source: initrd.to_owned(),
+                destination: Some("/initramfs.cpio.gz".into()),
+            },
+        ],
+    )?;
+    Ok(())
+}
+
+/// Starts a launcher for `pod_dir` in this process, as the pod runner would in its own.
+fn spawn_launcher(pod_dir: &Path, fake: bool) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+    std::fs::create_dir_all(pod_dir)?;
+    let mut opts = LauncherOptions::new(pod_dir.join("launcher.sock"));
+    opts.fake_qemu = fake;
+    opts.base_dir = Some(pod_dir.to_owned());
+    Ok(tokio::spawn(async move {
+        let _ = virt_launcher::run_launcher(opts).await;
+    }))
+}
+
+fn phase_is(phase: &'static str) -> impl Fn(&serde_json::Value) -> bool {
+    move |v| v["status"]["phase"] == phase
+}
+
+async fn release(cluster: &Cluster, name: &str) -> anyhow::Result<()> {
+    let patch = json!({"metadata": {"finalizers": null}});
+    cluster
+        .vmis()
+        .patch(name, &Default::default(), &kube::api::Patch::Merge(patch))
+        .await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn fake_launchers_drive_vmis_to_running_succeeded_and_failed_and_survive_a_handler_restart()
+-> anyhow::Result<()> {
+    let cluster = Cluster::start().await?;
+    let files = cluster.data.join("guest-src");
+    std::fs::create_dir_all(&files)?;
+    std::fs::write(files.join("vmlinux"), "kernel")?;
+    std::fs::write(files.join("initramfs.cpio.gz"), "initrd")?;
+    import_guest(
+        &cluster.data,
+        &files.join("vmlinux"),
+        &files.join("initramfs.cpio.gz"),
+    )?;
+
+    cluster.create_scheduled_vmi("alpha", "pod-alpha").await?;
+    cluster.create_scheduled_vmi("beta", "pod-beta").await?;
+    let launcher_a = spawn_launcher(&cluster.pod_dir("pod-alpha"), true)?;
+    let launcher_b = spawn_launcher(&cluster.pod_dir("pod-beta"), true)?;
+
+    let cancel = CancellationToken::new();
+    let handler = tokio::spawn(vmi_sync::run(
+        cluster.client.clone(),
+        cluster.sync_config(),
+        cancel.clone(),
+    ));
+    let running = cluster
+        .wait_vmi("alpha", "alpha Running", phase_is("Running"))
+        .await?;
+    let status = &running["status"];
+    assert_eq!(status["interfaces"][0]["name"], "default");
+    assert_eq!(status["interfaces"][0]["ipAddress"], "10.0.2.15");
+    assert_eq!(status["currentCPUTopology"]["cores"], 1);
+    assert_eq!(status["memory"]["guestAtBoot"], "128Mi");
+    let stamps = status["phaseTransitionTimestamps"]
+        .as_array()
+        .context("stamps")?;
+    assert_eq!(stamps.len(), 2);
+    assert_eq!(stamps[1]["phase"], "Running");
+    let conditions = status["conditions"].as_array().context("conditions")?;
+    assert!(
+        conditions
+            .iter()
+            .any(|c| c["type"] == "SoftwareEmulation" && c["status"] == "True")
+    );
+    assert!(conditions.iter().any(|c| c["type"] == "LiveMigratable"));
+    assert!(
+        cluster.pod_dir("pod-alpha").join("boot/kernel").exists(),
+        "the kernel was linked into the pod directory"
+    );
+    cluster
+        .wait_vmi("beta", "beta Running", phase_is("Running"))
+        .await?;
+
+    // Handler restart: a new sync loop re-attaches and does not restart or re-stamp.
+    cancel.cancel();
+    handler.await?;
+    let cancel = CancellationToken::new();
+    let handler = tokio::spawn(vmi_sync::run(
+        cluster.client.clone(),
+        cluster.sync_config(),
+        cancel.clone(),
+    ));
+
+    // QEMU killed behind the handler's back (here: through the launcher socket) → Failed.
+    let mut client =
+        LauncherClient::connect(&cluster.pod_dir("pod-beta").join("launcher.sock")).await?;
+    client
+        .request(Command::Kill)
+        .await?
+        .map_err(anyhow::Error::msg)?;
+    let failed = cluster
+        .wait_vmi("beta", "beta Failed", phase_is("Failed"))
+        .await?;
+    assert_eq!(failed["status"]["reason"], "Destroyed");
+
+    let alpha = serde_json::to_value(cluster.vmis().get("alpha").await?)?;
+    assert_eq!(alpha["status"]["phase"], "Running");
+    assert_eq!(
+        alpha["status"]["phaseTransitionTimestamps"]
+            .as_array()
+            .map(Vec::len),
+        Some(2),
+        "re-attaching wrote no new transition"
+    );
+
+    // Deleting the VMI powers the guest off; the VMI ends Succeeded.
+    cluster
+        .vmis()
+        .delete("alpha", &DeleteParams::default())
+        .await?;
+    let done = cluster
+        .wait_vmi("alpha", "alpha Succeeded", phase_is("Succeeded"))
+        .await?;
+    let phases: Vec<_> = done["status"]["phaseTransitionTimestamps"]
+        .as_array()
+        .context("stamps")?
+        .iter()
+        .map(|s| s["phase"].as_str().unwrap_or_default().to_owned())
+        .collect();
+    assert_eq!(phases, ["Scheduled", "Running", "Succeeded"]);
+
+    release(&cluster, "alpha").await?;
+    release(&cluster, "beta").await?;
+    cancel.cancel();
+    handler.await?;
+    launcher_a.abort();
+    launcher_b.abort();
+    cluster.stop().await;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_missing_image_is_reported_as_a_sync_condition_and_the_vmi_stays_scheduled()
+-> anyhow::Result<()> {
+    let cluster = Cluster::start().await?;
+    cluster.create_scheduled_vmi("gamma", "pod-gamma").await?;
+    let launcher = spawn_launcher(&cluster.pod_dir("pod-gamma"), true)?;
+    let cancel = CancellationToken::new();
+    let handler = tokio::spawn(vmi_sync::run(
+        cluster.client.clone(),
+        cluster.sync_config(),
+        cancel.clone(),
+    ));
+    let vmi = cluster
+        .wait_vmi("gamma", "a Synchronized=False condition", |v| {
+            v["status"]["conditions"]
+                .as_array()
+                .is_some_and(|c| c.iter().any(|c| c["type"] == "Synchronized"))
+        })
+        .await?;
+    assert_eq!(vmi["status"]["phase"], "Scheduled");
+    let condition = vmi["status"]["conditions"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["type"] == "Synchronized").cloned())
+        .context("condition")?;
+    assert_eq!(condition["reason"], "ImageNotFound");
+    assert!(
+        condition["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("kubevirt-rs images import")),
+        "{condition}"
+    );
+    release(&cluster, "gamma").await?;
+    cancel.cancel();
+    handler.await?;
+    launcher.abort();
+    cluster.stop().await;
+    Ok(())
+}
+
+/// Kills QEMU (by its pid file) when the test ends, even on failure.
+struct QemuGuard(PathBuf);
+
+impl Drop for QemuGuard {
+    fn drop(&mut self) {
+        if let Ok(pid) = std::fs::read_to_string(&self.0)
+            && let Ok(pid) = pid.trim().parse::<i32>()
+        {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_real_tcg_guest_boots_to_running_and_powers_off_on_delete() -> anyhow::Result<()> {
+    let Some(guest) = std::env::var_os("KUBEVIRT_RS_TEST_GUEST").map(PathBuf::from) else {
+        eprintln!(
+            "skipped: KUBEVIRT_RS_TEST_GUEST is not set (scripts/build-test-guest.sh builds the guest)"
+        );
+        return Ok(());
+    };
+    if std::process::Command::new("qemu-system-x86_64")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        eprintln!("skipped: qemu-system-x86_64 is not installed");
+        return Ok(());
+    }
+    let cluster = Cluster::start().await?;
+    import_guest(
+        &cluster.data,
+        &guest.join("vmlinux"),
+        &guest.join("initramfs.cpio.gz"),
+    )?;
+    cluster.create_scheduled_vmi("real", "pod-real").await?;
+    let pod = cluster.pod_dir("pod-real");
+    let _qemu = QemuGuard(pod.join("qemu.pid"));
+    let launcher = spawn_launcher(&pod, false)?;
+    let cancel = CancellationToken::new();
+    let handler = tokio::spawn(vmi_sync::run(
+        cluster.client.clone(),
+        cluster.sync_config(),
+        cancel.clone(),
+    ));
+    cluster
+        .wait_vmi("real", "real Running", phase_is("Running"))
+        .await?;
+    let serial = pod.join("guest-console-log.log");
+    let start = Instant::now();
+    while !std::fs::read_to_string(&serial).is_ok_and(|s| s.contains("GUEST-READY")) {
+        if start.elapsed() > Duration::from_secs(60) {
+            bail!(
+                "no GUEST-READY on the serial console: {:?}",
+                std::fs::read_to_string(&serial)
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    cluster
+        .vmis()
+        .delete("real", &DeleteParams::default())
+        .await?;
+    cluster
+        .wait_vmi(
+            "real",
+            "real Succeeded after ACPI power-down",
+            phase_is("Succeeded"),
+        )
+        .await?;
+    let console = std::fs::read_to_string(&serial)?;
+    assert!(console.contains("ACPI-POWER-BUTTON"), "{console}");
+    release(&cluster, "real").await?;
+    cancel.cancel();
+    handler.await?;
+    launcher.abort();
+    cluster.stop().await;
+    Ok(())
+}
