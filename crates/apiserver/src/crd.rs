@@ -224,6 +224,7 @@ pub fn resources_of(crd: &Value) -> Vec<Arc<ResourceInfo>> {
                 (
                     s(sc, "specReplicasPath").to_owned(),
                     s(sc, "statusReplicasPath").to_owned(),
+                    s(sc, "labelSelectorPath").to_owned(),
                 )
             });
             Arc::new(ResourceInfo {

@@ -24,10 +24,14 @@ fn subresource_entries(r: &ResourceInfo) -> Vec<(String, Value, Vec<&'static str
     let gvk = |kind: &str, group: &str, version: &str| json!({"group": group, "version": version, "kind": kind});
     r.subresources
         .iter()
-        .filter(|s| s.as_str() != "scale")
         .map(|s| match s.as_str() {
             "binding" => (s.clone(), gvk("Binding", "", "v1"), vec!["create"]),
             "log" => (s.clone(), gvk(&r.kind, &r.group, &r.version), vec!["get"]),
+            "scale" => (
+                s.clone(),
+                gvk("Scale", "autoscaling", "v1"),
+                vec!["get", "patch", "update"],
+            ),
             _ => (
                 s.clone(),
                 gvk(&r.kind, &r.group, &r.version),

@@ -12,19 +12,35 @@
 //! - [`jsonpath`]: the JSONPath subset of `additionalPrinterColumns`,
 //! - [`patch`]: JSON Patch, JSON merge patch and strategic merge patch.
 //!
+//! Object lifecycle and the calls out of the server:
+//! - [`gc`]: the garbage collector (ownerReferences; Background, Foreground with
+//!   `blockOwnerDeletion`, Orphan; a start-up scan for owners deleted while down);
+//! - [`handlers::delete`]: graceful deletion of pods bound to a node;
+//! - [`webhook`]: admission webhooks (AdmissionReview v1 over HTTPS) behind the
+//!   [`admission::Admission`] seam, in a mutating phase before schema validation and a
+//!   validating phase after it;
+//! - [`aggregation`]: APIService proxying (websocket upgrades included);
+//! - [`handlers::scale`]: the `scale` subresource (`autoscaling/v1` Scale);
+//! - [`logs`]: `pods/log` from the node's log server (its contract is documented there);
+//! - [`client`]: the outgoing HTTPS client they share.
+//!
 //! Kubernetes API behaviours not implemented yet (each answers sensibly, never wrongly
 //! silently, unless noted):
 //! - server-side apply (`application/apply-patch+yaml` → 415 with a clear message) and
 //!   `managedFields`;
-//! - garbage collection of dependents: `propagationPolicy` is accepted, but every policy
-//!   deletes the owner at once and dependents stay (seam: `handlers::delete`);
-//! - graceful pod deletion (`deletionGracePeriodSeconds` countdown for bound pods);
-//! - `scale` subresources (not advertised in discovery, 404);
 //! - list snapshots: `continue` pages read current state; `resourceVersionMatch=Exact` and
 //!   lists "at" an old revision read the current state;
 //! - unknown-field detection for built-in kinds (only CRD schemas prune/report);
-//! - webhook admission and aggregation (seam: [`admission::Admission`], called on every write);
+//! - namespace deletion removes the contents synchronously with grace period 0 (kube's
+//!   namespace controller waits for graceful pod termination);
+//! - webhooks: no `reinvocationPolicy`, `matchPolicy: Equivalent` or `matchConditions`;
+//!   webhooks see objects before CRD schema defaulting (defaults are applied after
+//!   mutation);
+//! - aggregated discovery lists an aggregated group's versions without resources (the
+//!   legacy `/apis/<group>/<version>` document comes from the backend);
 //! - certificate rotation (the CA and leaf certificates are long-lived);
+//! - authentication maps every client certificate of our CA to `kubernetes-admin`
+//!   (including the server's own front-proxy and kubelet client certificates);
 //! - RBAC authorization (every authenticated user may do everything).
 
 pub mod admission;

@@ -32,8 +32,9 @@ pub struct CrdVersionInfo {
     /// The raw schema (served in OpenAPI).
     pub raw_schema: Value,
     pub printer_columns: Vec<PrinterColumn>,
-    /// `subresources.scale` paths (`specReplicasPath`, `statusReplicasPath`), if any.
-    pub scale: Option<(String, String)>,
+    /// `subresources.scale` paths (`specReplicasPath`, `statusReplicasPath`,
+    /// `labelSelectorPath` — empty when absent), if any.
+    pub scale: Option<(String, String, String)>,
 }
 
 /// One served resource at one version.

@@ -11,6 +11,7 @@ pub mod delete;
 pub mod get;
 pub mod list;
 pub mod patch;
+pub mod scale;
 pub mod update;
 pub mod watch;
 
@@ -188,7 +189,7 @@ async fn execute(
         return Err(ApiError::no_route());
     }
     if let Some(sub) = &rp.subresource {
-        let served = info.subresources.iter().any(|s| s == sub) && sub != "scale";
+        let served = info.subresources.iter().any(|s| s == sub);
         if !served {
             return Err(ApiError::no_route());
         }
@@ -225,6 +226,10 @@ async fn execute(
         resource: info.plural.clone(),
         subresource: sub.unwrap_or("").to_owned(),
     };
+    if sub == Some("scale") {
+        let reply = scale_request(&state, &info, ns, name, verb, &content_type, req, &opts).await?;
+        return Ok(render(reply, ri));
+    }
     let table_include = table::wants_table(&accept).then_some(query.include_object);
     let reply = match verb {
         Verb::Get | Verb::List => {
@@ -263,6 +268,38 @@ async fn execute(
         }
     };
     Ok(render(reply, ri))
+}
+
+/// GET, PUT and PATCH of the `scale` subresource.
+#[allow(clippy::too_many_arguments)]
+async fn scale_request(
+    state: &ApiState,
+    info: &ResourceInfo,
+    ns: Option<&str>,
+    name: &str,
+    verb: Verb,
+    content_type: &str,
+    req: Request,
+    opts: &WriteOptions,
+) -> Result<Reply, ApiError> {
+    match verb {
+        Verb::Get => scale::get(state, info, ns, name),
+        Verb::Update => {
+            let body = read_body(req).await?;
+            let obj = decode_body(content_type, &body)?;
+            require_object(&obj)?;
+            scale::update(state, info, ns, name, &obj, opts).await
+        }
+        Verb::Patch => {
+            let pt = patch::PatchType::from_content_type(content_type)?;
+            let body = read_body(req).await?;
+            let p = decode_body(content_type, &body)?;
+            scale::patch(state, info, ns, name, pt, &p, opts).await
+        }
+        _ => Err(ApiError::method_not_allowed(
+            "the server does not allow this method on the requested resource",
+        )),
+    }
 }
 
 fn table_response(t: &Value) -> Response {
