@@ -5,6 +5,9 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 
+mod cmd_handler;
+mod cmd_images;
+mod cmd_launcher;
 mod cmd_server;
 
 #[derive(Parser)]
@@ -23,6 +26,12 @@ enum Command {
     Server(cmd_server::ServerArgs),
     /// Run the embedded Kubernetes-compatible API server alone.
     Apiserver(ServerArgs),
+    /// Run virt-handler for this node.
+    Handler(cmd_handler::HandlerArgs),
+    /// Run one VMI's launcher (the launcher pod's `compute` container).
+    Launcher(cmd_launcher::LauncherArgs),
+    /// Manage the local image store.
+    Images(cmd_images::ImagesArgs),
 }
 
 #[derive(Args)]
@@ -79,6 +88,9 @@ fn main() -> anyhow::Result<()> {
         Command::Crds => print!("{}", kubevirt_api::crd::all_crds_yaml()?),
         Command::Server(args) => cmd_server::run(args)?,
         Command::Apiserver(args) => serve(args, Vec::new())?,
+        Command::Handler(args) => cmd_handler::run(args)?,
+        Command::Launcher(args) => cmd_launcher::run(args)?,
+        Command::Images(args) => cmd_images::run(args)?,
     }
     Ok(())
 }

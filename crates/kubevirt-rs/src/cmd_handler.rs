@@ -1,0 +1,68 @@
+//! `kubevirt-rs handler`: virt-handler for this node against any API server.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use clap::Args;
+use tokio_util::sync::CancellationToken;
+
+#[derive(Args)]
+pub struct HandlerArgs {
+    /// Kubeconfig of the API server.
+    #[arg(long)]
+    pub kubeconfig: PathBuf,
+    /// State directory: `pods/`, `images/`, `hostdisks/`.
+    #[arg(long)]
+    pub data_dir: PathBuf,
+    /// This node's name (default: the hostname).
+    #[arg(long)]
+    pub node_name: Option<String>,
+    /// Also run the scheduler and the pod runner and act as this node's kubelet.
+    #[arg(long)]
+    pub embedded: bool,
+    /// The node's address.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host_ip: String,
+    /// Force (`true`) or forbid (`false`) software emulation instead of following the
+    /// KubeVirt CR.
+    #[arg(long)]
+    pub use_emulation: Option<bool>,
+}
+
+async fn client_from(kubeconfig: &Path) -> anyhow::Result<kube::Client> {
+    let kc = kube::config::Kubeconfig::read_from(kubeconfig)
+        .with_context(|| format!("reading {}", kubeconfig.display()))?;
+    let config =
+        kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+            .await
+            .context("client configuration")?;
+    kube::Client::try_from(config).context("client")
+}
+
+pub fn run(args: HandlerArgs) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Runtime::new().context("starting the tokio runtime")?;
+    runtime.block_on(async move {
+        let client = client_from(&args.kubeconfig).await?;
+        let config = virt_handler::HandlerConfig {
+            node_name: args
+                .node_name
+                .unwrap_or_else(virt_handler::default_node_name),
+            data_dir: args.data_dir,
+            launcher_image: virt_controller::vmi::template::LauncherPodConfig::default()
+                .launcher_image,
+            launcher_program: std::env::current_exe().context("locating the kubevirt-rs binary")?,
+            host_ip: args.host_ip,
+            embedded: args.embedded,
+            use_emulation: args.use_emulation,
+        };
+        let cancel = CancellationToken::new();
+        let token = cancel.clone();
+        tokio::spawn(async move {
+            crate::shutdown_signal().await;
+            token.cancel();
+        });
+        virt_handler::run_handler(client, config, cancel)
+            .await
+            .context("virt-handler")
+    })
+}
