@@ -7,11 +7,11 @@ use super::*;
 use crate::config::ClusterConfig;
 use kubevirt_api::v1::{VirtualMachine, VirtualMachineInstance, VirtualMachineInstanceMigration};
 
-fn vmi(spec: Value) -> VirtualMachineInstance {
+fn vmi(spec: &Value) -> VirtualMachineInstance {
     serde_json::from_value(json!({"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance", "metadata": {"name": "t", "namespace": "default"}, "spec": spec})).unwrap()
 }
 
-fn mutated(spec: Value) -> Value {
+fn mutated(spec: &Value) -> Value {
     let mut v = vmi(spec);
     mutate_vmi_create(&mut v, &ClusterConfig::default()).unwrap();
     serde_json::to_value(v).unwrap()
@@ -26,7 +26,7 @@ fn minimal() -> Value {
 
 #[test]
 fn vmi_defaults_match_upstream_field_by_field() {
-    let v = mutated(minimal());
+    let v = mutated(&minimal());
     let spec = &v["spec"];
     assert_eq!(spec["architecture"], "amd64");
     assert_eq!(spec["domain"]["machine"]["type"], "q35");
@@ -88,14 +88,14 @@ fn vmi_defaults_match_upstream_field_by_field() {
 
 #[test]
 fn memory_hotplug_limit_is_four_times_an_aligned_guest() {
-    let v = mutated(json!({"domain": {"devices": {}, "memory": {"guest": "2Gi"}}}));
+    let v = mutated(&json!({"domain": {"devices": {}, "memory": {"guest": "2Gi"}}}));
     assert_eq!(v["spec"]["domain"]["memory"]["maxGuest"], "8Gi");
 }
 
 #[test]
 fn cpu_limit_sets_sockets_and_request() {
     let v = mutated(
-        json!({"domain": {"devices": {}, "resources": {"limits": {"cpu": "2", "memory": "1Gi"}}}}),
+        &json!({"domain": {"devices": {}, "resources": {"limits": {"cpu": "2", "memory": "1Gi"}}}}),
     );
     assert_eq!(v["spec"]["domain"]["cpu"]["sockets"], 2);
     assert_eq!(v["spec"]["domain"]["cpu"]["maxSockets"], 8);
@@ -105,7 +105,7 @@ fn cpu_limit_sets_sockets_and_request() {
 
 #[test]
 fn existing_interfaces_features_and_timers_get_their_defaults_only() {
-    let v = mutated(json!({
+    let v = mutated(&json!({
         "domain": {
             "devices": {"interfaces": [{"name": "n", "masquerade": {}}], "disks": [{"name": "c", "cdrom": {}}], "inputs": [{"name": "t"}]},
             "features": {"acpi": {}, "hyperv": {"spinlocks": {}}},
@@ -146,7 +146,7 @@ fn existing_interfaces_features_and_timers_get_their_defaults_only() {
 #[test]
 fn autoattach_pod_interface_false_adds_no_network() {
     let v = mutated(
-        json!({"domain": {"devices": {"autoattachPodInterface": false}, "memory": {"guest": "1Gi"}}}),
+        &json!({"domain": {"devices": {"autoattachPodInterface": false}, "memory": {"guest": "1Gi"}}}),
     );
     assert!(v["spec"].get("networks").is_none());
     assert!(v["spec"]["domain"]["devices"].get("interfaces").is_none());
@@ -158,7 +158,7 @@ fn bridge_default_is_refused_when_bridge_on_pod_network_is_not_permitted() {
         permit_bridge_interface_on_pod_network: false,
         ..ClusterConfig::default()
     };
-    let mut v = vmi(minimal());
+    let mut v = vmi(&minimal());
     assert_eq!(
         mutate_vmi_create(&mut v, &cfg),
         Err(DefaultsError::BridgeNotPermitted)
@@ -171,8 +171,8 @@ fn bridge_default_is_refused_when_bridge_on_pod_network_is_not_permitted() {
 
 #[test]
 fn the_patch_of_a_vmi_mutation_applies_to_the_submitted_object() {
-    let before = serde_json::to_value(vmi(minimal())).unwrap();
-    let after = mutated(minimal());
+    let before = serde_json::to_value(vmi(&minimal())).unwrap();
+    let after = mutated(&minimal());
     let ops = diff(&before, &after);
     let patch: json_patch::Patch = serde_json::from_value(Value::Array(ops)).unwrap();
     let mut doc = before.clone();

@@ -63,10 +63,15 @@ fn the_base_vmi_is_valid() {
     assert_eq!(vmi_causes(&json!({})), vec![]);
 }
 
+fn check_cases(cases: Vec<(Value, &str, &str)>) {
+    for (patch, field, message) in cases {
+        assert_cause(&vmi_causes(&patch), field, message);
+    }
+}
+
 #[test]
-fn vmi_create_rules_report_upstream_messages_and_fields() {
-    let disks_and = |extra: Value| json!({"spec": {"domain": {"devices": {"disks": [{"name": "root", "disk": {"bus": "virtio"}}, extra]}}}});
-    let cases: Vec<(Value, &str, &str)> = vec![
+fn compute_rules_report_upstream_messages_and_fields() {
+    check_cases(vec![
         // 1. feature gates
         (
             json!({"spec": {"volumes": [{"name": "root", "hostDisk": {"path": "/d", "type": "Disk"}}]}}),
@@ -154,6 +159,13 @@ fn vmi_create_rules_report_upstream_messages_and_fields() {
             "spec.topologySpreadConstraints[0].maxSkew",
             "spec.topologySpreadConstraints[0].maxSkew: Invalid value: 0: must be greater than zero",
         ),
+    ]);
+}
+
+#[test]
+fn network_device_and_firmware_rules_report_upstream_messages_and_fields() {
+    let disks_and = |extra: Value| json!({"spec": {"domain": {"devices": {"disks": [{"name": "root", "disk": {"bus": "virtio"}}, extra]}}}});
+    check_cases(vec![
         // 14. network
         (
             json!({"spec": {"domain": {"devices": {"interfaces": [{"name": "default", "bridge": {}}]}}}}),
@@ -241,6 +253,12 @@ fn vmi_create_rules_report_upstream_messages_and_fields() {
             "spec.domain",
             "spec.domain has EFI SecureBoot enabled. SecureBoot requires SMM, which is currently disabled.",
         ),
+    ]);
+}
+
+#[test]
+fn volume_credential_dns_and_metadata_rules_report_upstream_messages_and_fields() {
+    check_cases(vec![
         // 21. volumes
         (
             json!({"spec": {"volumes": [{"name": "root", "containerDisk": {"image": "x"}}, {"name": "root", "containerDisk": {"image": "y"}}]}}),
@@ -320,10 +338,7 @@ fn vmi_create_rules_report_upstream_messages_and_fields() {
             "spec.architecture",
             "unsupported architecture: riscv64",
         ),
-    ];
-    for (patch, field, message) in cases {
-        assert_cause(&vmi_causes(&patch), field, message);
-    }
+    ]);
 }
 
 #[test]

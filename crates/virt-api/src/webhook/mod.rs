@@ -222,3 +222,6 @@ async fn serve(
     while conns.join_next().await.is_some() {}
     info!("virt-api webhooks stopped");
 }
+
+#[cfg(test)]
+mod tests;

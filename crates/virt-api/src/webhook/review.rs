@@ -179,13 +179,44 @@ fn decode<T: DeserializeOwned>(request: &Value, key: &str) -> Result<T, String> 
     serde_json::from_value(raw).map_err(|e| e.to_string())
 }
 
-fn mutation<T: Serialize>(before: &Value, after: &T) -> Outcome {
-    match serde_json::to_value(after) {
-        Ok(after) => Outcome {
-            patch: mutate::diff(before, &after),
+/// The patch turning the submitted `raw` object into `after`.
+///
+/// `typed_before` is the submitted object after a decode/encode round trip; diffing it (not the
+/// raw body) against `after` keeps round-trip artifacts out of the patch. Top-level members whose
+/// raw value differs from the round trip (unknown fields) are replaced whole with `add`, which
+/// also works when the member is absent.
+fn mutation<T: Serialize>(raw: &Value, typed_before: &Value, after: &T) -> Outcome {
+    let after = match serde_json::to_value(after) {
+        Ok(a) => a,
+        Err(e) => return Outcome::error(e.to_string()),
+    };
+    let (Some(before_map), Some(after_map)) = (typed_before.as_object(), after.as_object()) else {
+        return Outcome {
+            patch: mutate::diff(raw, &after),
             ..Outcome::default()
-        },
-        Err(e) => Outcome::error(e.to_string()),
+        };
+    };
+    let mut patch = Vec::new();
+    for (key, value) in after_map {
+        let old = before_map.get(key).unwrap_or(&Value::Null);
+        if old == value {
+            continue;
+        }
+        let path = format!("/{}", mutate::patch::escape(key));
+        match raw.get(key) {
+            Some(r) if r == old => {
+                for mut op in mutate::diff(old, value) {
+                    let sub = op["path"].as_str().unwrap_or_default().to_owned();
+                    op["path"] = json!(format!("{path}{sub}"));
+                    patch.push(op);
+                }
+            }
+            _ => patch.push(json!({"op": "add", "path": path, "value": value})),
+        }
+    }
+    Outcome {
+        patch,
+        ..Outcome::default()
     }
 }
 
@@ -294,9 +325,10 @@ fn admit_mutation(path: &str, request: &Value, ctx: &ReviewContext<'_>, is_sa: b
     match path {
         paths::VMI_MUTATE => {
             let mut vmi = obj!(VirtualMachineInstance, "object");
+            let before = serde_json::to_value(&vmi).unwrap_or(Value::Null);
             if op == "CREATE" {
                 match mutate::mutate_vmi_create(&mut vmi, ctx.cfg) {
-                    Ok(()) => mutation(&object, &vmi),
+                    Ok(()) => mutation(&object, &before, &vmi),
                     Err(e) => Outcome::error(e.to_string()),
                 }
             } else if op == "UPDATE" && !is_sa {
@@ -305,7 +337,7 @@ fn admit_mutation(path: &str, request: &Value, ctx: &ReviewContext<'_>, is_sa: b
                     Outcome::default()
                 } else {
                     vmi.status = old.status;
-                    mutation(&object, &vmi)
+                    mutation(&object, &before, &vmi)
                 }
             } else {
                 Outcome::default()
@@ -313,17 +345,19 @@ fn admit_mutation(path: &str, request: &Value, ctx: &ReviewContext<'_>, is_sa: b
         }
         paths::VM_MUTATE => {
             let mut vm = obj!(VirtualMachine, "object");
+            let before = serde_json::to_value(&vm).unwrap_or(Value::Null);
             if op == "CREATE" {
                 mutate::mutate_vm_create(&mut vm, ctx.cfg);
-                mutation(&object, &vm)
+                mutation(&object, &before, &vm)
             } else {
                 Outcome::default()
             }
         }
         paths::MIGRATION_MUTATE => {
             let mut m = obj!(VirtualMachineInstanceMigration, "object");
+            let before = serde_json::to_value(&m).unwrap_or(Value::Null);
             mutate::mutate_migration_create(&mut m);
-            mutation(&object, &m)
+            mutation(&object, &before, &m)
         }
         _ => Outcome::default(),
     }
