@@ -12,6 +12,7 @@
 pub mod config;
 pub mod mutate;
 pub mod quantity;
+pub mod subresources;
 pub mod validate;
 pub mod webhook;
 

@@ -1,0 +1,281 @@
+//! virt-api → node agent: the node-side half of pause, unpause, softreboot, console and vnc.
+//!
+//! Data flow: the VMI's `status.nodeName` → the `Node` object → its `InternalIP` and the
+//! port in `status.daemonEndpoints.kubeletEndpoint.Port` → the VMI's launcher pod (label
+//! `kubevirt.io/created-by=<vmi uid>` on that node) → HTTPS to
+//! `/v1/namespaces/{ns}/pods/{pod}/{pause|unpause|softreboot}` (PUT) or a websocket to
+//! `…/{console|vnc}`.
+//!
+//! # Assumptions
+//! The client certificate given in [`NodeClientConfig`] is signed by the CA the node agent
+//! trusts (in embedded mode the cluster CA: `pki/apiserver-kubelet-client.{crt,key}`
+//! under the server's data directory will do).
+//!
+//! # Caveats
+//! The node's serving certificate is not verified: node agents serve a self-signed
+//! certificate, as kubelet does by default, and kube-apiserver does not verify it either.
+
+use std::sync::Arc;
+
+use axum::http::{HeaderValue, Request};
+use hyper_util::rt::TokioIo;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::Api;
+use kube::api::ListParams;
+use kubevirt_api::v1::VirtualMachineInstance;
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::crypto::CryptoProvider;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use rustls::{DigitallySignedStruct, SignatureScheme};
+use tokio::net::TcpStream;
+use tokio_rustls::TlsConnector;
+use tokio_rustls::client::TlsStream;
+use tokio_tungstenite::WebSocketStream;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+
+use super::error::SubError;
+
+/// The websocket subprotocol of the console and vnc streams (raw bytes in binary frames).
+pub const PLAIN_STREAM_PROTOCOL: &str = "plain.kubevirt.io";
+
+/// The client credentials virt-api presents to node agents.
+#[derive(Clone, Debug)]
+pub struct NodeClientConfig {
+    /// Client certificate chain, PEM, signed by the cluster CA.
+    pub client_cert_pem: Vec<u8>,
+    /// Its private key, PEM.
+    pub client_key_pem: Vec<u8>,
+}
+
+/// Where a VMI's launcher pod is served.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeTarget {
+    /// Node address (IP or host name).
+    pub host: String,
+    /// Node agent port.
+    pub port: u16,
+    /// Pod namespace.
+    pub namespace: String,
+    /// Launcher pod name.
+    pub pod: String,
+}
+
+impl NodeTarget {
+    fn path(&self, sub: &str) -> String {
+        format!("/v1/namespaces/{}/pods/{}/{sub}", self.namespace, self.pod)
+    }
+}
+
+/// A TLS client for node agents.
+#[derive(Clone)]
+pub struct NodeClient {
+    tls: TlsConnector,
+}
+
+#[derive(Debug)]
+struct AnyServerCert(Arc<CryptoProvider>);
+
+impl ServerCertVerifier for AnyServerCert {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+impl NodeClient {
+    /// Builds the TLS client.
+    ///
+    /// # Errors
+    /// A message when the certificate or key cannot be used.
+    pub fn new(config: &NodeClientConfig) -> Result<Self, String> {
+        let certs: Vec<CertificateDer<'static>> =
+            CertificateDer::pem_slice_iter(&config.client_cert_pem)
+                .collect::<Result<_, _>>()
+                .map_err(|e| e.to_string())?;
+        let key =
+            PrivateKeyDer::from_pem_slice(&config.client_key_pem).map_err(|e| e.to_string())?;
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut cfg = rustls::ClientConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()
+            .map_err(|e| e.to_string())?
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(AnyServerCert(provider)))
+            .with_client_auth_cert(certs, key)
+            .map_err(|e| e.to_string())?;
+        cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
+        Ok(Self {
+            tls: TlsConnector::from(Arc::new(cfg)),
+        })
+    }
+
+    /// Finds the node and launcher pod serving `vmi`.
+    ///
+    /// # Errors
+    /// 500 when the VMI has no node, the node no address, or no launcher pod is found.
+    pub async fn locate(
+        client: &kube::Client,
+        vmi: &VirtualMachineInstance,
+    ) -> Result<NodeTarget, SubError> {
+        let node_name = vmi
+            .status
+            .as_ref()
+            .and_then(|s| s.node_name.clone())
+            .filter(|n| !n.is_empty())
+            .ok_or_else(|| SubError::internal("VMI is not scheduled to a node"))?;
+        let node = Api::<Node>::all(client.clone())
+            .get(&node_name)
+            .await
+            .map_err(SubError::internal)?;
+        let status = node.status.unwrap_or_default();
+        let addresses = status.addresses.unwrap_or_default();
+        let host = addresses
+            .iter()
+            .find(|a| a.type_ == "InternalIP")
+            .or_else(|| addresses.first())
+            .map(|a| a.address.clone())
+            .ok_or_else(|| SubError::internal(format!("node {node_name} has no address")))?;
+        let port = status
+            .daemon_endpoints
+            .and_then(|d| d.kubelet_endpoint)
+            .and_then(|k| u16::try_from(k.port).ok())
+            .filter(|p| *p != 0)
+            .ok_or_else(|| SubError::internal(format!("node {node_name} has no agent port")))?;
+        let namespace = vmi.metadata.namespace.clone().unwrap_or_default();
+        let uid = vmi.metadata.uid.clone().unwrap_or_default();
+        let pods = Api::<Pod>::namespaced(client.clone(), &namespace)
+            .list(&ListParams::default().labels(&format!("kubevirt.io/created-by={uid}")))
+            .await
+            .map_err(SubError::internal)?;
+        let pod = pods
+            .items
+            .iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .find(|p| {
+                p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node_name.as_str())
+            })
+            .and_then(|p| p.metadata.name.clone())
+            .ok_or_else(|| SubError::internal("failed to find the VMI's launcher pod"))?;
+        Ok(NodeTarget {
+            host,
+            port,
+            namespace,
+            pod,
+        })
+    }
+
+    async fn connect(&self, target: &NodeTarget) -> Result<TlsStream<TcpStream>, SubError> {
+        let tcp = TcpStream::connect((target.host.as_str(), target.port))
+            .await
+            .map_err(|e| SubError::internal(format!("connecting to the node agent: {e}")))?;
+        let name = ServerName::try_from(target.host.clone())
+            .map_err(|e| SubError::internal(format!("node address {}: {e}", target.host)))?;
+        self.tls
+            .connect(name, tcp)
+            .await
+            .map_err(|e| SubError::internal(format!("TLS with the node agent: {e}")))
+    }
+
+    /// `PUT`s `sub` (pause, unpause, softreboot) to the node agent. A 4xx answer of the
+    /// agent is passed on as a 400 with its message; any other failure is a 500.
+    ///
+    /// # Errors
+    /// See above.
+    pub async fn put(&self, target: &NodeTarget, sub: &str) -> Result<(), SubError> {
+        let stream = self.connect(target).await?;
+        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .map_err(SubError::internal)?;
+        tokio::spawn(conn);
+        let req = Request::put(target.path(sub))
+            .header("host", format!("{}:{}", target.host, target.port))
+            .body(axum::body::Body::empty())
+            .map_err(SubError::internal)?;
+        let res = sender.send_request(req).await.map_err(SubError::internal)?;
+        let status = res.status();
+        if status.is_success() {
+            return Ok(());
+        }
+        let body = axum::body::to_bytes(axum::body::Body::new(res.into_body()), 64 * 1024)
+            .await
+            .unwrap_or_default();
+        let message = String::from_utf8_lossy(&body).trim().to_owned();
+        if status.is_client_error() {
+            Err(SubError::bad_request(message))
+        } else {
+            Err(SubError::internal(message))
+        }
+    }
+
+    /// Opens the websocket of `sub` (console, vnc) on the node agent.
+    ///
+    /// # Errors
+    /// The agent's 4xx answer as a 400 with its message; other failures as 500.
+    pub async fn websocket(
+        &self,
+        target: &NodeTarget,
+        sub: &str,
+    ) -> Result<WebSocketStream<TlsStream<TcpStream>>, SubError> {
+        let stream = self.connect(target).await?;
+        let url = format!("wss://{}:{}{}", target.host, target.port, target.path(sub));
+        let mut req = url.into_client_request().map_err(SubError::internal)?;
+        req.headers_mut().insert(
+            "sec-websocket-protocol",
+            HeaderValue::from_static(PLAIN_STREAM_PROTOCOL),
+        );
+        match tokio_tungstenite::client_async(req, stream).await {
+            Ok((ws, _)) => Ok(ws),
+            Err(tokio_tungstenite::tungstenite::Error::Http(res)) => {
+                let message = res
+                    .body()
+                    .as_ref()
+                    .map(|b| String::from_utf8_lossy(b).trim().to_owned())
+                    .unwrap_or_default();
+                if res.status().is_client_error() {
+                    Err(SubError::bad_request(message))
+                } else {
+                    Err(SubError::internal(message))
+                }
+            }
+            Err(e) => Err(SubError::internal(e)),
+        }
+    }
+}
