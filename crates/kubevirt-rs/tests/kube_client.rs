@@ -146,3 +146,82 @@ async fn kube_client_crud_and_watcher_survive_a_forced_410() {
     watch_task.abort();
     server.stop().await;
 }
+
+fn owned(name: &str, owner: &ConfigMap, block: bool) -> ConfigMap {
+    serde_json::from_value(json!({"metadata": {"name": name, "ownerReferences": [{
+        "apiVersion": "v1", "kind": "ConfigMap", "name": owner.metadata.name,
+        "uid": owner.metadata.uid, "blockOwnerDeletion": block}]}}))
+    .unwrap()
+}
+
+/// Waits (watch-driven, at most 30 s) until object `name` with `uid` is gone.
+async fn gone(api: &Api<ConfigMap>, name: &str, uid: &str) {
+    let cond = kube::runtime::wait::conditions::is_deleted(uid);
+    tokio::time::timeout(
+        Duration::from_secs(30),
+        kube::runtime::wait::await_condition(api.clone(), name, cond),
+    )
+    .await
+    .expect("deleted in time")
+    .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delete_propagation_policies_behave_as_on_kube() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let dir = tempfile::tempdir().unwrap();
+    let server = start(dir.path(), "127.0.0.1:0").await;
+    let cms: Api<ConfigMap> = Api::namespaced(client(&server).await, "default");
+    let pp = PostParams::default();
+    let uid = |c: &ConfigMap| c.metadata.uid.clone().unwrap();
+
+    // Background: the owner goes at once, the dependent after it.
+    let owner = cms.create(&pp, &cm("bg-owner")).await.unwrap();
+    let dep = cms
+        .create(&pp, &owned("bg-dep", &owner, false))
+        .await
+        .unwrap();
+    cms.delete("bg-owner", &DeleteParams::background())
+        .await
+        .unwrap();
+    gone(&cms, "bg-dep", &uid(&dep)).await;
+
+    // Orphan: the dependent stays, without its owner reference.
+    let owner = cms.create(&pp, &cm("or-owner")).await.unwrap();
+    cms.create(&pp, &owned("or-dep", &owner, true))
+        .await
+        .unwrap();
+    cms.delete("or-owner", &DeleteParams::orphan())
+        .await
+        .unwrap();
+    gone(&cms, "or-owner", &uid(&owner)).await;
+    let kept = cms.get("or-dep").await.unwrap();
+    assert!(
+        kept.metadata
+            .owner_references
+            .unwrap_or_default()
+            .is_empty()
+    );
+
+    // Foreground: the owner is marked, its blocking dependent goes first, then the owner.
+    let owner = cms.create(&pp, &cm("fg-owner")).await.unwrap();
+    cms.create(&pp, &owned("fg-dep", &owner, true))
+        .await
+        .unwrap();
+    let marked = cms
+        .delete("fg-owner", &DeleteParams::foreground())
+        .await
+        .unwrap();
+    if let Some(o) = marked.left() {
+        assert!(o.metadata.deletion_timestamp.is_some());
+        assert!(
+            o.metadata
+                .finalizers
+                .unwrap_or_default()
+                .contains(&"foregroundDeletion".to_owned())
+        );
+    }
+    gone(&cms, "fg-owner", &uid(&owner)).await;
+    assert!(cms.get_opt("fg-dep").await.unwrap().is_none());
+    server.stop().await;
+}

@@ -11,6 +11,12 @@ use crate::registry::ResourceInfo;
 use crate::state::ApiState;
 use crate::status::ApiError;
 
+/// How often a patch without a resourceVersion is re-applied to a fresh object after
+/// losing a race (kube-apiserver retries such patches until they apply; writers such as
+/// controllers updating status can make a few rounds necessary, more so while admission
+/// webhooks are called).
+const MAX_ATTEMPTS: u32 = 20;
+
 /// The patch flavours, by `Content-Type`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PatchType {
@@ -114,7 +120,11 @@ pub async fn patch(
         )
         .await
         {
-            Err(e) if e.reason == "Conflict" && explicit_rv.is_none() && attempts < 5 => continue,
+            Err(e)
+                if e.reason == "Conflict" && explicit_rv.is_none() && attempts < MAX_ATTEMPTS =>
+            {
+                continue;
+            }
             other => return other,
         }
     }
