@@ -1,29 +1,17 @@
-//! `virtctl`: the KubeVirt command-line client.
-use clap::{Parser, Subcommand};
+//! `virtctl`: the KubeVirt command-line client (thin main; the commands live in the library).
 
-#[derive(Parser)]
-#[command(name = "virtctl", about = "Control KubeVirt virtual machines", version)]
-struct Cli {
-    #[command(subcommand)]
-    command: Command,
-}
+use std::process::ExitCode;
 
-#[derive(Subcommand)]
-enum Command {
-    /// Print the client version.
-    Version,
-}
+use clap::Parser;
 
-fn main() -> anyhow::Result<()> {
-    match Cli::parse().command {
-        Command::Version => {
-            println!(
-                "Client Version: version.Info{{GitVersion:\"v{}\", GoVersion:\"n/a\", Compiler:\"rustc\", Platform:\"{}/{}\"}}",
-                env!("CARGO_PKG_VERSION"),
-                std::env::consts::OS,
-                std::env::consts::ARCH
-            );
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = virtctl::Cli::parse();
+    match virtctl::run(cli).await.map_err(anyhow::Error::from) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("Error: {e:#}");
+            ExitCode::FAILURE
         }
     }
-    Ok(())
 }

@@ -1,0 +1,269 @@
+//! The command line: upstream virtctl's commands and flags, as clap derive structs.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+/// virtctl controls virtual machine related operations on your kubernetes cluster.
+#[derive(Parser, Debug)]
+#[command(name = "virtctl", version)]
+pub struct Cli {
+    /// Path to the kubeconfig file to use for CLI requests.
+    #[arg(long, global = true)]
+    pub kubeconfig: Option<PathBuf>,
+    /// If present, the namespace scope for this CLI request.
+    #[arg(short = 'n', long, global = true)]
+    pub namespace: Option<String>,
+    /// The command.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The commands.
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Start a virtual machine.
+    Start(Start),
+    /// Stop a virtual machine.
+    Stop(Stop),
+    /// Restart a virtual machine.
+    Restart(Stop),
+    /// Migrate a virtual machine.
+    Migrate(Named),
+    /// Cancel migration of a virtual machine.
+    MigrateCancel(Named),
+    /// Pause a virtual machine (vm|vmi NAME).
+    #[command(subcommand)]
+    Pause(PauseTarget),
+    /// Unpause a virtual machine (vm|vmi NAME).
+    #[command(subcommand)]
+    Unpause(PauseTarget),
+    /// Soft reboot a virtual machine instance.
+    SoftReboot(Named),
+    /// Add a volume to a running VM.
+    Addvolume(AddVolume),
+    /// Remove a volume from a running VM.
+    Removevolume(RemoveVolume),
+    /// Return guest agent info about the operating system.
+    Guestosinfo(Named),
+    /// Connect to a console of a virtual machine instance.
+    Console(Console),
+    /// Open a VNC connection to a virtual machine instance.
+    Vnc(Vnc),
+    /// Expose a virtual machine instance, virtual machine, or virtual machine instance
+    /// replica set as a new service.
+    Expose(Expose),
+    /// Create a manifest for the specified Kind.
+    #[command(subcommand)]
+    Create(Create),
+    /// Print the client and server version information.
+    Version(Version),
+}
+
+/// A command taking one VM/VMI name.
+#[derive(Args, Debug)]
+pub struct Named {
+    /// Name of the virtual machine (instance).
+    pub name: String,
+    /// --dry-run=false: Flag used to set whether to perform a dry run or not. If true the
+    /// command will be executed without performing any changes.
+    #[arg(long)]
+    pub dry_run: bool,
+}
+
+/// `start`.
+#[derive(Args, Debug)]
+pub struct Start {
+    /// Name of the virtual machine.
+    pub name: String,
+    /// --paused=false: If set to true, start virtual machine in paused state.
+    #[arg(long)]
+    pub paused: bool,
+    /// --dry-run=false: perform a dry run without changing anything.
+    #[arg(long)]
+    pub dry_run: bool,
+}
+
+/// `stop` and `restart`.
+#[derive(Args, Debug)]
+pub struct Stop {
+    /// Name of the virtual machine.
+    pub name: String,
+    /// --grace-period=-1: Period of time in seconds given to the VMI to terminate
+    /// gracefully. Can only be set to 0 when --force is true (force deletion).
+    #[arg(long, allow_negative_numbers = true)]
+    pub grace_period: Option<i64>,
+    /// --force=false: Only used when grace-period=0. If true, immediately remove VMI pod
+    /// from API and bypass graceful deletion.
+    #[arg(long)]
+    pub force: bool,
+    /// --dry-run=false: perform a dry run without changing anything.
+    #[arg(long)]
+    pub dry_run: bool,
+}
+
+/// `pause`/`unpause` targets.
+#[derive(Subcommand, Debug)]
+pub enum PauseTarget {
+    /// The VMI of a virtual machine.
+    Vm(Named),
+    /// A virtual machine instance.
+    Vmi(Named),
+}
+
+/// `addvolume`.
+#[derive(Args, Debug)]
+pub struct AddVolume {
+    /// Name of the VM (or VMI).
+    pub name: String,
+    /// name used in volumes section of spec (the PVC to attach).
+    #[arg(long, required = true)]
+    pub volume_name: String,
+    /// serial number you want to assign to the disk.
+    #[arg(long)]
+    pub serial: Option<String>,
+    /// specifies disk type to be hotplugged (disk/lun). Disk by default.
+    #[arg(long, default_value = "disk")]
+    pub disk_type: String,
+    /// Specifies the bus type (scsi by default).
+    #[arg(long, default_value = "scsi")]
+    pub bus: String,
+    /// if set, the added volume will be persisted in the VM spec (if it exists).
+    #[arg(long)]
+    pub persist: bool,
+    /// --dry-run=false: perform a dry run without changing anything.
+    #[arg(long)]
+    pub dry_run: bool,
+}
+
+/// `removevolume`.
+#[derive(Args, Debug)]
+pub struct RemoveVolume {
+    /// Name of the VM (or VMI).
+    pub name: String,
+    /// name used in volumes section of spec.
+    #[arg(long, required = true)]
+    pub volume_name: String,
+    /// if set, the volume will be removed from the VM spec (if it exists).
+    #[arg(long)]
+    pub persist: bool,
+    /// --dry-run=false: perform a dry run without changing anything.
+    #[arg(long)]
+    pub dry_run: bool,
+}
+
+/// `console`.
+#[derive(Args, Debug)]
+pub struct Console {
+    /// Name of the virtual machine instance.
+    pub name: String,
+    /// The number of minutes to wait for the virtual machine instance to be ready.
+    #[arg(long, default_value_t = 5)]
+    pub timeout: u64,
+}
+
+/// `vnc`.
+#[derive(Args, Debug)]
+pub struct Vnc {
+    /// Name of the virtual machine instance.
+    pub name: String,
+    /// Only start a proxy; print its port as JSON (`{"port":N}`) and wait for a viewer.
+    #[arg(long)]
+    pub proxy_only: bool,
+    /// Local port of the proxy (0: any free port).
+    #[arg(long, default_value_t = 0)]
+    pub port: u16,
+    /// Local address of the proxy.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub address: String,
+}
+
+/// `expose`.
+#[derive(Args, Debug)]
+pub struct Expose {
+    /// vmi | vm | vmirs (case insensitive, singular or plural, long or short form).
+    #[arg(value_name = "TYPE")]
+    pub kind: String,
+    /// Name of the resource to expose.
+    pub resource: String,
+    /// Name of the service created for the exposure of the VM.
+    #[arg(long, required = true)]
+    pub name: String,
+    /// The port that the service should serve on.
+    #[arg(long, required = true)]
+    pub port: i32,
+    /// Name or number for the port on the VM that the service should direct traffic to.
+    #[arg(long)]
+    pub target_port: Option<String>,
+    /// The network protocol for the service to be created.
+    #[arg(long, default_value = "TCP")]
+    pub protocol: String,
+    /// Type for this service: ClusterIP, NodePort, or LoadBalancer.
+    #[arg(long = "type", default_value = "ClusterIP")]
+    pub service_type: String,
+    /// Port used to expose the service on each node in a cluster.
+    #[arg(long)]
+    pub node_port: Option<i32>,
+    /// ClusterIP to be assigned to the service ('None' for a headless service).
+    #[arg(long)]
+    pub cluster_ip: Option<String>,
+    /// Additional external IP address (not managed by the cluster) to accept for the service.
+    #[arg(long)]
+    pub external_ip: Option<String>,
+    /// IP to assign to the Load Balancer.
+    #[arg(long)]
+    pub load_balancer_ip: Option<String>,
+    /// Name of the port.
+    #[arg(long)]
+    pub port_name: Option<String>,
+}
+
+/// `create` kinds.
+#[derive(Subcommand, Debug)]
+pub enum Create {
+    /// Create a VirtualMachine manifest.
+    Vm(CreateVm),
+}
+
+/// `create vm`.
+#[derive(Args, Debug, Default)]
+pub struct CreateVm {
+    /// Specify the name of the VM.
+    #[arg(long)]
+    pub name: Option<String>,
+    /// Specify the RunStrategy of the VM.
+    #[arg(long, default_value = "Always")]
+    pub run_strategy: String,
+    /// Specify the termination grace period of the VM.
+    #[arg(long, default_value_t = 180)]
+    pub termination_grace_period: i64,
+    /// Specify the Instance Type of the VM ([kind/]name).
+    #[arg(long)]
+    pub instancetype: Option<String>,
+    /// Specify the Preference of the VM ([kind/]name).
+    #[arg(long)]
+    pub preference: Option<String>,
+    /// Specify the memory of the VM (512Mi when no instance type is given).
+    #[arg(long)]
+    pub memory: Option<String>,
+    /// A containerdisk volume: `src:IMAGE[,name:NAME][,bootorder:N]` (repeatable).
+    #[arg(long)]
+    pub volume_containerdisk: Vec<String>,
+    /// A PVC volume: `src:PVC[,name:NAME][,bootorder:N]` (repeatable).
+    #[arg(long)]
+    pub volume_pvc: Vec<String>,
+    /// Base64 encoded cloud-init user data.
+    #[arg(long)]
+    pub cloud_init_user_data: Option<String>,
+    /// The user created by cloud-init (`#cloud-config` user data).
+    #[arg(long)]
+    pub user: Option<String>,
+}
+
+/// `version`.
+#[derive(Args, Debug)]
+pub struct Version {
+    /// Client version only (no server required).
+    #[arg(short = 'c', long)]
+    pub client: bool,
+}

@@ -1,0 +1,70 @@
+//! virtctl: KubeVirt's command-line client, as a library the thin `main` drives.
+//!
+//! Data flow: [`Cli`] (clap) → [`run`] builds a kube `Client` from `--kubeconfig` (or the
+//! usual inference) → each command calls the API server: the `subresources.kubevirt.io/v1`
+//! endpoints through [`client`] (start, stop, pause, …; the console and vnc websockets in
+//! [`console`]), plain objects for `migrate-cancel` and [`expose`]; [`create`] only prints
+//! a manifest. Output lines and flags follow upstream's virtctl.
+
+pub mod cli;
+pub mod client;
+pub mod console;
+pub mod create;
+pub mod expose;
+pub mod vm;
+
+pub use cli::{Cli, Command};
+
+/// Why a command failed; the message is what the user sees after `Error: `.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A refused request or bad flags, already worded for the user.
+    #[error("{0}")]
+    Message(String),
+    /// Loading the kubeconfig or building the client failed.
+    #[error("cannot obtain KubeVirt client")]
+    Client(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// Terminal or socket I/O failed.
+    #[error("I/O failed")]
+    Io(#[from] std::io::Error),
+    /// Encoding a manifest failed.
+    #[error("encoding the manifest")]
+    Encode(#[source] Box<dyn std::error::Error + Send + Sync>),
+}
+
+/// Runs the parsed command line.
+///
+/// # Errors
+/// [`Error`] with the message to print.
+pub async fn run(cli: Cli) -> Result<(), Error> {
+    use cli::Command as C;
+    match &cli.command {
+        C::Create(create) => return create::run(create),
+        C::Version(v) if v.client => {
+            println!("{}", vm::client_version());
+            return Ok(());
+        }
+        _ => {}
+    }
+    let (client, namespace) =
+        client::connect(cli.kubeconfig.as_deref(), cli.namespace.as_deref()).await?;
+    let ctx = client::Ctx { client, namespace };
+    match cli.command {
+        C::Start(a) => vm::start(&ctx, &a).await,
+        C::Stop(a) => vm::stop(&ctx, &a).await,
+        C::Restart(a) => vm::restart(&ctx, &a).await,
+        C::Migrate(a) => vm::migrate(&ctx, &a).await,
+        C::MigrateCancel(a) => vm::migrate_cancel(&ctx, &a).await,
+        C::Pause(t) => vm::pause(&ctx, &t, true).await,
+        C::Unpause(t) => vm::pause(&ctx, &t, false).await,
+        C::SoftReboot(a) => vm::soft_reboot(&ctx, &a).await,
+        C::Addvolume(a) => vm::add_volume(&ctx, &a).await,
+        C::Removevolume(a) => vm::remove_volume(&ctx, &a).await,
+        C::Guestosinfo(a) => vm::guest_os_info(&ctx, &a).await,
+        C::Console(a) => console::console(&ctx, &a).await,
+        C::Vnc(a) => console::vnc(&ctx, &a).await,
+        C::Expose(a) => expose::run(&ctx, &a).await,
+        C::Version(_) => vm::version(&ctx).await,
+        C::Create(_) => Ok(()),
+    }
+}
