@@ -27,6 +27,10 @@ pub struct HandlerArgs {
     /// KubeVirt CR.
     #[arg(long)]
     pub use_emulation: Option<bool>,
+    /// Start launchers with a fake QEMU that reports a running domain (control-plane
+    /// benchmarks).
+    #[arg(long)]
+    pub fake_qemu: bool,
 }
 
 async fn client_from(kubeconfig: &Path) -> anyhow::Result<kube::Client> {
@@ -37,6 +41,17 @@ async fn client_from(kubeconfig: &Path) -> anyhow::Result<kube::Client> {
             .await
             .context("client configuration")?;
     kube::Client::try_from(config).context("client")
+}
+
+/// The cluster CA (PEM) named by the kubeconfig's current cluster, if it carries one.
+fn cluster_ca(kubeconfig: &std::path::Path) -> Option<Vec<u8>> {
+    use base64::Engine;
+    let kc = kube::config::Kubeconfig::read_from(kubeconfig).ok()?;
+    let cluster = kc.clusters.first()?.cluster.as_ref()?;
+    if let Some(data) = &cluster.certificate_authority_data {
+        return base64::engine::general_purpose::STANDARD.decode(data).ok();
+    }
+    std::fs::read(cluster.certificate_authority.as_ref()?).ok()
 }
 
 pub fn run(args: HandlerArgs) -> anyhow::Result<()> {
@@ -54,6 +69,9 @@ pub fn run(args: HandlerArgs) -> anyhow::Result<()> {
             host_ip: args.host_ip,
             embedded: args.embedded,
             use_emulation: args.use_emulation,
+            fake_qemu: args.fake_qemu,
+            cluster_ca_pem: cluster_ca(&args.kubeconfig),
+            node_serving_cert: None,
         };
         let cancel = CancellationToken::new();
         let token = cancel.clone();

@@ -42,6 +42,10 @@ pub struct ServerArgs {
     /// Run guests under software emulation (TCG) even where KVM works.
     #[arg(long)]
     pub use_emulation: bool,
+    /// Start launchers with a fake QEMU that reports a running domain (control-plane
+    /// benchmarks).
+    #[arg(long)]
+    pub fake_qemu: bool,
 }
 
 /// The namespace KubeVirt's components and CR live in.
@@ -163,7 +167,11 @@ async fn start_virt_api(
 }
 
 /// Runs `component` until `cancel`, restarting it a second after it stops early.
-fn supervise<F, Fut>(name: &'static str, cancel: CancellationToken, mut component: F)
+fn supervise<F, Fut>(
+    name: &'static str,
+    cancel: CancellationToken,
+    mut component: F,
+) -> tokio::task::JoinHandle<()>
 where
     F: FnMut(CancellationToken) -> Fut + Send + 'static,
     Fut: std::future::Future<Output = anyhow::Result<()>> + Send,
@@ -184,7 +192,7 @@ where
                 _ = tokio::time::sleep(Duration::from_secs(1)) => {}
             }
         }
-    });
+    })
 }
 
 pub fn run(args: ServerArgs) -> anyhow::Result<()> {
@@ -211,6 +219,10 @@ async fn serve(args: ServerArgs) -> anyhow::Result<()> {
     let api_client = client_from(&data_dir.join("kubeconfig-api")).await?;
     let _webhooks = start_virt_api(&data_dir, api_client, &cancel).await?;
 
+    let node_name = args
+        .node_name
+        .clone()
+        .unwrap_or_else(virt_handler::default_node_name);
     let controller_client = client_from(&data_dir.join("kubeconfig-controller")).await?;
     let controller_config = virt_controller::app::ControllerAppConfig {
         namespace: KUBEVIRT_NAMESPACE.into(),
@@ -220,10 +232,15 @@ async fn serve(args: ServerArgs) -> anyhow::Result<()> {
             use_emulation,
             ..Default::default()
         },
-        leader: virt_controller::runtime::leader::LeaderElectionConfig::default(),
+        // A stable identity: after a restart this process still holds its own Lease and
+        // resumes at once instead of waiting for the old holder's lease to expire.
+        leader: virt_controller::runtime::leader::LeaderElectionConfig {
+            identity: format!("kubevirt-rs-server-{node_name}"),
+            ..Default::default()
+        },
     };
     let metrics = std::sync::Arc::new(virt_controller::runtime::metrics::Metrics::new());
-    supervise("virt-controller", cancel.clone(), move |token| {
+    let controller = supervise("virt-controller", cancel.clone(), move |token| {
         let (client, config, metrics) = (
             controller_client.clone(),
             controller_config.clone(),
@@ -244,8 +261,19 @@ async fn serve(args: ServerArgs) -> anyhow::Result<()> {
         host_ip: "127.0.0.1".into(),
         embedded: true,
         use_emulation: args.use_emulation.then_some(true),
+        fake_qemu: args.fake_qemu,
+        cluster_ca_pem: Some(
+            std::fs::read(data_dir.join("pki").join("ca.crt")).context("reading the cluster CA")?,
+        ),
+        node_serving_cert: Some(
+            kubevirt_apiserver::pki::issue_serving_cert(
+                &data_dir,
+                vec!["127.0.0.1".into(), "localhost".into()],
+            )
+            .context("issuing the node's serving certificate")?,
+        ),
     };
-    supervise("virt-handler", cancel.clone(), move |token| {
+    let handler = supervise("virt-handler", cancel.clone(), move |token| {
         let (client, config) = (handler_client.clone(), handler_config.clone());
         async move { Ok(virt_handler::run_handler(client, config, token).await?) }
     });
@@ -254,6 +282,12 @@ async fn serve(args: ServerArgs) -> anyhow::Result<()> {
     crate::shutdown_signal().await;
     info!("shutting down (running VMs keep running)");
     cancel.cancel();
+    // Let the components finish their last API calls (the controller releases its Lease)
+    // before the API server goes away.
+    let _ = tokio::time::timeout(Duration::from_secs(5), async {
+        let _ = tokio::join!(controller, handler);
+    })
+    .await;
     server.stop().await;
     Ok(())
 }

@@ -39,6 +39,15 @@ pub struct HandlerConfig {
     /// Force (`Some(true)`) or forbid (`Some(false)`) software emulation; `None` follows
     /// the KubeVirt CR's `developerConfiguration.useEmulation`, then host detection.
     pub use_emulation: Option<bool>,
+    /// Start every launcher with `--fake-qemu` (a running domain without QEMU): control-plane
+    /// benchmarks and tests.
+    pub fake_qemu: bool,
+    /// The cluster CA (PEM). In embedded mode the node serves kubelet's `/containerLogs`
+    /// to clients with certificates from this CA (the API server's `pods/log`) and publishes
+    /// the port in the Node's `daemonEndpoints`; without it no log endpoint is served.
+    pub cluster_ca_pem: Option<Vec<u8>>,
+    /// Certificate and key (PEM) the log endpoint presents (self-signed when `None`).
+    pub node_serving_cert: Option<(String, String)>,
 }
 
 impl HandlerConfig {
@@ -51,6 +60,14 @@ impl HandlerConfig {
     pub fn host_disk_dir(&self) -> PathBuf {
         self.data_dir.join("hostdisks")
     }
+}
+
+/// The current time as Kubernetes writes `metav1.Time`: RFC 3339 in UTC, whole seconds.
+///
+/// Every status this crate writes uses it, so what is stored equals what typed clients
+/// re-encode — a JSON Patch `test` built from a typed cache then matches the stored value.
+pub fn now_rfc3339() -> String {
+    jiff::fmt::strtime::format("%Y-%m-%dT%H:%M:%SZ", jiff::Timestamp::now()).unwrap_or_default()
 }
 
 /// The machine's hostname, as the default node name.
@@ -68,6 +85,55 @@ pub enum HandlerError {
     /// A state directory could not be created.
     #[error("creating {0:?}")]
     StateDir(PathBuf, #[source] std::io::Error),
+    /// The node's log endpoint could not be started.
+    #[error("starting the node log endpoint")]
+    LogEndpoint(#[source] podrunner::logs::LogServerError),
+}
+
+/// Serves the node's container logs (see [`podrunner::logs`]) on the node address and a free
+/// port, answering from a cache of the pods bound to this node; returns the port.
+async fn start_log_endpoint(
+    client: &kube::Client,
+    config: &HandlerConfig,
+    ca_pem: &[u8],
+) -> Result<u16, HandlerError> {
+    use futures::StreamExt;
+    use k8s_openapi::api::core::v1::Pod;
+    use kube::runtime::{WatchStreamExt, reflector, watcher};
+    let (store, writer) = reflector::store::<Pod>();
+    let selector = format!("spec.nodeName={}", config.node_name);
+    let pods = watcher(
+        kube::Api::<Pod>::all(client.clone()),
+        watcher::Config::default().fields(&selector),
+    )
+    .default_backoff()
+    .reflect(writer)
+    .for_each(|_| async {});
+    tokio::spawn(pods);
+    let lookup: podrunner::logs::PodLookup =
+        std::sync::Arc::new(move |namespace: &str, name: &str| {
+            let pod = store.get(&reflector::ObjectRef::new(name).within(namespace))?;
+            let containers = pod
+                .spec
+                .as_ref()
+                .map(|s| s.containers.iter().map(|c| c.name.clone()).collect())
+                .unwrap_or_default();
+            Some((pod.metadata.uid.clone()?, containers))
+        });
+    let ip: std::net::IpAddr = config
+        .host_ip
+        .parse()
+        .unwrap_or(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST));
+    let (addr, _task) = podrunner::logs::serve_logs(
+        std::net::SocketAddr::new(ip, 0),
+        ca_pem,
+        config.pods_dir(),
+        lookup,
+        config.node_serving_cert.as_ref(),
+    )
+    .await
+    .map_err(HandlerError::LogEndpoint)?;
+    Ok(addr.port())
 }
 
 /// Runs the node agent until `cancel` fires. Launchers and their guests keep running when
@@ -94,11 +160,16 @@ pub async fn run_handler(
         host_disk_dir: config.host_disk_dir(),
         use_emulation: config.use_emulation,
     };
+    let kubelet_port = match (&config.cluster_ca_pem, config.embedded) {
+        (Some(ca), true) => Some(start_log_endpoint(&client, &config, ca).await?),
+        _ => None,
+    };
     let node = node::run_node_agent(
         client.clone(),
         config.node_name.clone(),
         config.host_ip.clone(),
         config.embedded,
+        kubelet_port,
         cancel.clone(),
     );
     let vmis = vmi_sync::run(client.clone(), sync, cancel.clone());
@@ -109,6 +180,7 @@ pub async fn run_handler(
             launcher_image: config.launcher_image.clone(),
             launcher_program: config.launcher_program.clone(),
             host_ip: config.host_ip.clone(),
+            fake_qemu: config.fake_qemu,
         };
         let embedded = async {
             tokio::select! {

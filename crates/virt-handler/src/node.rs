@@ -337,9 +337,10 @@ pub async fn register_node(
     node_name: &str,
     host_ip: &str,
     embedded: bool,
+    kubelet_port: Option<u16>,
     facts: &HostFacts,
 ) -> Result<(), NodeError> {
-    let now = jiff::Timestamp::now().to_string();
+    let now = crate::now_rfc3339();
     let labels = node_labels(node_name, facts);
     let name = node_name.to_owned();
     let existing = api
@@ -373,7 +374,10 @@ pub async fn register_node(
             .map_err(|e| NodeError::Patch(name.clone(), e))?;
     }
     if embedded {
-        let status = node_status(host_ip, node_name, facts, &now);
+        let mut status = node_status(host_ip, node_name, facts, &now);
+        if let Some(port) = kubelet_port {
+            status["daemonEndpoints"] = json!({"kubeletEndpoint": {"Port": port}});
+        }
         api.patch_status(
             node_name,
             &PatchParams::default(),
@@ -388,7 +392,7 @@ pub async fn register_node(
 /// Refreshes the heartbeat annotation, the schedulable label and (embedded) the Ready
 /// condition's heartbeat time.
 async fn heartbeat(api: &Api<Node>, node_name: &str, embedded: bool) -> Result<(), NodeError> {
-    let now = jiff::Timestamp::now().to_string();
+    let now = crate::now_rfc3339();
     let patch = json!({"metadata": {
         "labels": {NODE_SCHEDULABLE_LABEL: "true"},
         "annotations": {HEARTBEAT_ANNOTATION: now},
@@ -431,12 +435,13 @@ pub async fn run_node_agent(
     node_name: String,
     host_ip: String,
     embedded: bool,
+    kubelet_port: Option<u16>,
     cancel: CancellationToken,
 ) {
     let api: Api<Node> = Api::all(client);
     let facts = HostFacts::read();
     loop {
-        match register_node(&api, &node_name, &host_ip, embedded, &facts).await {
+        match register_node(&api, &node_name, &host_ip, embedded, kubelet_port, &facts).await {
             Ok(()) => break,
             Err(e) => warn!(error = %e, "node registration failed; retrying"),
         }

@@ -180,10 +180,22 @@ async fn process<R: Reconciler>(name: &str, queue: &WorkQueue<String>, reconcile
         Err(err) => {
             metrics.inc_error(err.reason());
             let retries = queue.num_requeues(&key.to_owned());
-            tracing::warn!(reason = err.reason(), retries, error = %err, "reconcile failed");
+            tracing::warn!(reason = err.reason(), retries, error = %error_chain(&err), "reconcile failed");
             queue.add_rate_limited(key.to_owned());
         }
     }
+}
+
+/// An error with its causes: `outer: cause: root cause`.
+pub fn error_chain(err: &dyn std::error::Error) -> String {
+    let mut out = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        out.push_str(": ");
+        out.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    out
 }
 
 #[cfg(test)]

@@ -20,8 +20,9 @@
 //! name the pod declares, never from request text.
 //!
 //! # Caveats
-//! The serving certificate is self-signed, as kubelet's default is; kube-apiserver does not
-//! verify kubelet serving certificates unless configured to.
+//! Without a given serving certificate a self-signed one is made, as kubelet's default is;
+//! the embedded API server verifies node certificates against the cluster CA, so the embedded
+//! server hands the node one issued by that CA.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -76,7 +77,11 @@ struct LogQuery {
     tail_lines: Option<usize>,
 }
 
-fn tls_config(cluster_ca_pem: &[u8], host: &str) -> Result<rustls::ServerConfig, LogServerError> {
+fn tls_config(
+    cluster_ca_pem: &[u8],
+    host: &str,
+    serving: Option<&(String, String)>,
+) -> Result<rustls::ServerConfig, LogServerError> {
     let err = |e: &dyn std::fmt::Display| LogServerError::Tls(e.to_string());
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut roots = RootCertStore::empty();
@@ -86,17 +91,26 @@ fn tls_config(cluster_ca_pem: &[u8], host: &str) -> Result<rustls::ServerConfig,
     let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone())
         .build()
         .map_err(|e| err(&e))?;
-    let key = rcgen::KeyPair::generate().map_err(|e| err(&e))?;
-    let params = rcgen::CertificateParams::new(vec![host.to_owned(), "localhost".to_owned()])
+    let (cert_pem, key_pem) = match serving {
+        Some((cert, key)) => (cert.clone(), key.clone()),
+        None => {
+            let key = rcgen::KeyPair::generate().map_err(|e| err(&e))?;
+            let params =
+                rcgen::CertificateParams::new(vec![host.to_owned(), "localhost".to_owned()])
+                    .map_err(|e| err(&e))?;
+            let cert = params.self_signed(&key).map_err(|e| err(&e))?;
+            (cert.pem(), key.serialize_pem())
+        }
+    };
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(cert_pem.as_bytes())
+        .collect::<Result<_, _>>()
         .map_err(|e| err(&e))?;
-    let cert = params.self_signed(&key).map_err(|e| err(&e))?;
-    let key_der =
-        PrivateKeyDer::from_pem_slice(key.serialize_pem().as_bytes()).map_err(|e| err(&e))?;
+    let key_der = PrivateKeyDer::from_pem_slice(key_pem.as_bytes()).map_err(|e| err(&e))?;
     let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .map_err(|e| err(&e))?
         .with_client_cert_verifier(verifier)
-        .with_single_cert(vec![cert.der().clone()], key_der)
+        .with_single_cert(certs, key_der)
         .map_err(|e| err(&e))?;
     cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok(cfg)
@@ -347,15 +361,19 @@ fn router(state_dir: PathBuf, lookup: PodLookup) -> Router {
 }
 
 /// Serves container logs on `listen` until the task is dropped; returns the bound address.
+/// `serving` is the certificate and key (PEM) to present; without one a self-signed
+/// certificate is made, as kubelet does by default.
 pub async fn serve_logs(
     listen: SocketAddr,
     cluster_ca_pem: &[u8],
     state_dir: PathBuf,
     lookup: PodLookup,
+    serving: Option<&(String, String)>,
 ) -> Result<(SocketAddr, tokio::task::JoinHandle<()>), LogServerError> {
     let tls = TlsAcceptor::from(Arc::new(tls_config(
         cluster_ca_pem,
         &listen.ip().to_string(),
+        serving,
     )?));
     let listener = TcpListener::bind(listen)
         .await

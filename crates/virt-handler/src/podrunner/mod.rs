@@ -53,6 +53,8 @@ pub struct PodRunnerConfig {
     pub launcher_program: PathBuf,
     /// The address reported as host and pod IP.
     pub host_ip: String,
+    /// Append `--fake-qemu` to `launcher` containers (control-plane benchmarks).
+    pub fake_qemu: bool,
 }
 
 /// Errors of one reconcile of one pod.
@@ -138,7 +140,7 @@ impl PodRunner {
             let exit = ExitRecord {
                 exit_code: 137,
                 reason: "ContainerStatusUnknown".into(),
-                finished_at: jiff::Timestamp::now().to_string(),
+                finished_at: crate::now_rfc3339(),
             };
             process::record_exit(&paths, &exit);
             terminated(Some(record), exit)
@@ -175,6 +177,9 @@ impl PodRunner {
             .skip(1)
             .collect();
         args.extend(main.and_then(|c| c.args.clone()).unwrap_or_default());
+        if self.config.fake_qemu && args.first().is_some_and(|a| a == "launcher") {
+            args.push("--fake-qemu".into());
+        }
         let mut env: Vec<(String, String)> = main
             .and_then(|c| c.env.clone())
             .unwrap_or_default()
@@ -219,7 +224,7 @@ impl PodRunner {
             .flat_map(|s| s.containers.iter())
             .map(|c| (c.name.clone(), c.image.clone().unwrap_or_default()))
             .collect();
-        let now = jiff::Timestamp::now().to_string();
+        let now = crate::now_rfc3339();
         let wanted = status::pod_status(&containers, state, &self.config.host_ip, &now);
         let current = pod
             .status

@@ -151,7 +151,7 @@ pub fn spawn(
     let record = ProcessRecord {
         pid,
         start_ticks: start_ticks(pid).unwrap_or(0),
-        started_at: jiff::Timestamp::now().to_string(),
+        started_at: crate::now_rfc3339(),
     };
     let _ = std::fs::remove_file(&paths.exit);
     write_json(&paths.record, &record).map_err(|source| ProcessError::Record {
@@ -181,7 +181,7 @@ pub fn exit_from_status(status: std::process::ExitStatus) -> ExitRecord {
         } else {
             "Error".into()
         },
-        finished_at: jiff::Timestamp::now().to_string(),
+        finished_at: crate::now_rfc3339(),
     }
 }
 

@@ -22,7 +22,7 @@ pub enum ContainerState {
 }
 
 fn condition(type_: &str, status: bool, now: &str) -> Value {
-    json!({"type": type_, "status": if status { "True" } else { "False" }, "lastProbeTime": null, "lastTransitionTime": now})
+    json!({"type": type_, "status": if status { "True" } else { "False" }, "lastTransitionTime": now})
 }
 
 /// The pod status for `state` of container `main` (other containers of the pod, like

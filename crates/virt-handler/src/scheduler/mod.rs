@@ -162,10 +162,10 @@ pub async fn schedule_pending(
                 if unschedulable_message(pod) == Some(message.as_str()) {
                     continue;
                 }
-                let now = jiff::Timestamp::now().to_string();
+                let now = crate::now_rfc3339();
                 let patch = json!({"status": {"conditions": [{
                     "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
-                    "message": message, "lastProbeTime": null, "lastTransitionTime": now
+                    "message": message, "lastTransitionTime": now
                 }]}});
                 api.patch_status(&name, &PatchParams::default(), &Patch::Strategic(patch))
                     .await
@@ -205,8 +205,12 @@ pub async fn run(client: kube::Client) {
         // Not ready until both initial lists are in; blocking here would stop the watchers.
         let ready = |r: Option<Result<(), _>>| r.map(|r| r.is_ok());
         match (
-            ready(futures::FutureExt::now_or_never(pod_store.wait_until_ready())),
-            ready(futures::FutureExt::now_or_never(node_store.wait_until_ready())),
+            ready(futures::FutureExt::now_or_never(
+                pod_store.wait_until_ready(),
+            )),
+            ready(futures::FutureExt::now_or_never(
+                node_store.wait_until_ready(),
+            )),
         ) {
             (Some(true), Some(true)) => {}
             (Some(false), _) | (_, Some(false)) => return,

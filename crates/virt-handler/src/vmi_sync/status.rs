@@ -64,7 +64,6 @@ fn condition(type_: &str, status: &str, reason: &str, message: &str, now: &str) 
     let mut c = json!({
         "type": type_,
         "status": status,
-        "lastProbeTime": null,
         "lastTransitionTime": now,
     });
     if !reason.is_empty() {

@@ -305,7 +305,7 @@ impl Follow {
     /// Records `observation` and patches the VMI if its status should change.
     async fn observe(&mut self, observation: Observation) {
         self.observation = Some(observation.clone());
-        let now = jiff::Timestamp::now().to_string();
+        let now = crate::now_rfc3339();
         let desired = desired_status(&self.current, &observation, &self.facts, &now);
         let Some(patch) = status_patch(&self.current, &desired) else {
             return;
