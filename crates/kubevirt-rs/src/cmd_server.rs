@@ -121,11 +121,48 @@ async fn follow_api_config(client: kube::Client, tx: watch::Sender<virt_api::Clu
 }
 
 /// Starts virt-api's admission webhooks and registers them.
+/// What keeps virt-api's servers running.
+struct VirtApi {
+    _webhooks: virt_api::webhook::WebhookServer,
+    _subresources: tokio::task::JoinHandle<()>,
+}
+
+/// Creates or replaces an object of a kind without a Rust type (such as an APIService).
+async fn create_or_replace_dynamic(
+    client: kube::Client,
+    object: serde_json::Value,
+) -> anyhow::Result<()> {
+    use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
+    let obj: DynamicObject = serde_json::from_value(object).context("decoding the object")?;
+    let types = obj
+        .types
+        .clone()
+        .context("object without apiVersion/kind")?;
+    let (group, version) = types
+        .api_version
+        .split_once('/')
+        .unwrap_or(("", &types.api_version));
+    let ar = ApiResource::from_gvk(&GroupVersionKind::gvk(group, version, &types.kind));
+    let api: Api<DynamicObject> = Api::all_with(client, &ar);
+    let name = obj.metadata.name.clone().unwrap_or_default();
+    match api.get_opt(&name).await? {
+        None => {
+            api.create(&PostParams::default(), &obj).await?;
+        }
+        Some(existing) => {
+            let mut obj = obj;
+            obj.metadata.resource_version = existing.metadata.resource_version;
+            api.replace(&name, &PostParams::default(), &obj).await?;
+        }
+    }
+    Ok(())
+}
+
 async fn start_virt_api(
     data_dir: &Path,
     client: kube::Client,
     cancel: &CancellationToken,
-) -> anyhow::Result<virt_api::webhook::WebhookServer> {
+) -> anyhow::Result<VirtApi> {
     let (cert, key) = kubevirt_apiserver::pki::issue_serving_cert(
         data_dir,
         vec!["127.0.0.1".into(), "localhost".into()],
@@ -134,6 +171,7 @@ async fn start_virt_api(
     let ca_pem =
         std::fs::read(data_dir.join("pki").join("ca.crt")).context("reading the cluster CA")?;
     let (config_tx, config_rx) = watch::channel(virt_api::ClusterConfig::from_kubevirt(None));
+    let config_rx_sub = config_rx.clone();
     tokio::spawn(follow_api_config(client.clone(), config_tx));
     let server = virt_api::webhook::run_webhook_server(
         virt_api::webhook::WebhookServerConfig {
@@ -157,13 +195,49 @@ async fn start_virt_api(
     .await
     .context("registering the mutating webhooks")?;
     create_or_replace(
-        &Api::<ValidatingWebhookConfiguration>::all(client),
+        &Api::<ValidatingWebhookConfiguration>::all(client.clone()),
         validating,
     )
     .await
     .context("registering the validating webhooks")?;
     info!(addr = %server.addr, "virt-api webhooks registered");
-    Ok(server)
+
+    // The subresource API, served to the API server's aggregation proxy.
+    let pki = data_dir.join("pki");
+    let read =
+        |file: &str| std::fs::read(pki.join(file)).with_context(|| format!("reading pki/{file}"));
+    let (cert, key) = kubevirt_apiserver::pki::issue_serving_cert(
+        data_dir,
+        vec!["127.0.0.1".into(), "localhost".into()],
+    )
+    .context("issuing virt-api's subresource serving certificate")?;
+    let (sub_addr, sub_task) = virt_api::subresources::run_subresource_server(
+        virt_api::subresources::SubresourceServerConfig {
+            listen: "127.0.0.1:0".parse().context("address")?,
+            cert_pem: cert.into_bytes(),
+            key_pem: key.into_bytes(),
+            client: client.clone(),
+            node_endpoint: Some(virt_api::subresources::NodeClientConfig {
+                client_cert_pem: read("apiserver-kubelet-client.crt")?,
+                client_key_pem: read("apiserver-kubelet-client.key")?,
+            }),
+            client_ca_pem: Some(ca_pem.clone()),
+            cluster_config: config_rx_sub,
+        },
+        cancel.clone().cancelled_owned(),
+    )
+    .await
+    .context("starting virt-api's subresource server")?;
+    let api_service =
+        virt_api::subresources::api_service(&ca_pem, Some(&format!("https://{sub_addr}")));
+    create_or_replace_dynamic(client, api_service)
+        .await
+        .context("registering the subresource APIService")?;
+    info!(addr = %sub_addr, "virt-api subresources registered");
+    Ok(VirtApi {
+        _webhooks: server,
+        _subresources: sub_task,
+    })
 }
 
 /// Runs `component` until `cancel`, restarting it a second after it stops early.
@@ -217,7 +291,7 @@ async fn serve(args: ServerArgs) -> anyhow::Result<()> {
     let data_dir = args.data_dir.clone();
 
     let api_client = client_from(&data_dir.join("kubeconfig-api")).await?;
-    let _webhooks = start_virt_api(&data_dir, api_client, &cancel).await?;
+    let _virt_api = start_virt_api(&data_dir, api_client, &cancel).await?;
 
     let node_name = args
         .node_name

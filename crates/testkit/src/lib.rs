@@ -222,7 +222,15 @@ impl ServerProcess {
 
     /// Kills every launcher process group recorded under the data directory.
     fn kill_launchers(&self) {
-        let pods = self.data.path().join("pods");
+        kill_launchers(self.data.path());
+    }
+}
+
+/// Kills every launcher process group a server's pod runner recorded under `data_dir`
+/// (`DATA/pods/<uid>/<container>.json`), for tests that start servers by other means.
+pub fn kill_launchers(data_dir: &Path) {
+    {
+        let pods = data_dir.join("pods");
         for pod in std::fs::read_dir(pods).into_iter().flatten().flatten() {
             for file in std::fs::read_dir(pod.path())
                 .into_iter()
