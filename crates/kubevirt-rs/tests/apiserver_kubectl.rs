@@ -67,6 +67,8 @@ impl Server {
             let _ = self.child.kill();
         }
         let _ = self.child.wait();
+        // `server` also runs the pod runner: stop the launchers (and guests) it started.
+        testkit::kill_launchers(&self.data);
     }
 
     fn kubectl(&self, args: &[&str]) -> Output {

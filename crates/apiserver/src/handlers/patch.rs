@@ -101,7 +101,13 @@ pub async fn patch(
                 "the patched object is not a JSON object",
             ));
         }
-        let explicit_rv = object_rv(&patched)?;
+        // Optimistic concurrency only when the patch itself names a resourceVersion (as
+        // kube-apiserver does); otherwise the patch is re-applied to the newer object.
+        let explicit_rv = if patch_names_resource_version(patch_type, patch) {
+            object_rv(&patched)?
+        } else {
+            None
+        };
         if let Some(rv) = explicit_rv
             && rv != old_rev
         {
@@ -130,9 +136,34 @@ pub async fn patch(
     }
 }
 
+/// Whether a patch sets or tests `metadata.resourceVersion`.
+fn patch_names_resource_version(patch_type: PatchType, patch: &Value) -> bool {
+    match patch_type {
+        PatchType::Json => patch.as_array().is_some_and(|ops| {
+            ops.iter()
+                .any(|op| op["path"].as_str() == Some("/metadata/resourceVersion"))
+        }),
+        _ => !patch["metadata"]["resourceVersion"].is_null(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_patches_naming_a_resource_version_are_optimistic() {
+        let json =
+            serde_json::json!([{"op": "test", "path": "/metadata/resourceVersion", "value": "3"}]);
+        assert!(patch_names_resource_version(PatchType::Json, &json));
+        let labels =
+            serde_json::json!([{"op": "replace", "path": "/metadata/labels", "value": {}}]);
+        assert!(!patch_names_resource_version(PatchType::Json, &labels));
+        let merge = serde_json::json!({"metadata": {"resourceVersion": "3"}});
+        assert!(patch_names_resource_version(PatchType::Merge, &merge));
+        let merge = serde_json::json!({"spec": {"runStrategy": "Always"}});
+        assert!(!patch_names_resource_version(PatchType::Strategic, &merge));
+    }
 
     #[test]
     fn content_types_select_the_patch_type() {

@@ -188,7 +188,6 @@ impl Domain {
             .map_err(|e| fail(format!("cannot share the QEMU log: {e}")))?;
         let mut child = Process::new(&self.opts.qemu_binary)
             .args(argv)
-            .process_group(0)
             .stdin(Stdio::null())
             .stdout(Stdio::from(log))
             .stderr(Stdio::from(log_err))
@@ -317,7 +316,7 @@ impl Domain {
     }
 }
 
-/// After `grace`, asks QEMU to quit; five seconds later, kills its process group.
+/// After `grace`, asks QEMU to quit; five seconds later, kills it.
 async fn escalate(
     mut status: watch::Receiver<DomainStatus>,
     grace: Duration,
@@ -414,14 +413,15 @@ fn final_state(
     }
 }
 
-/// SIGKILL to QEMU's process group (its pgid is its pid: it was started as a group leader).
+/// SIGKILL to QEMU. QEMU stays in the launcher's process group, so whoever stops the
+/// launcher's group (the pod runner, kubelet's cgroup kill) stops QEMU with it.
 fn kill_group(pid: u32) {
     let Ok(pid) = i32::try_from(pid) else { return };
-    if let Err(e) = nix::sys::signal::killpg(
+    if let Err(e) = nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(pid),
         nix::sys::signal::Signal::SIGKILL,
     ) {
-        tracing::warn!(pid, error = %e, "cannot kill QEMU's process group");
+        tracing::warn!(pid, error = %e, "cannot kill QEMU");
     }
 }
 

@@ -8,7 +8,8 @@
 //! handler has been sent the final state, or after [`LauncherOptions::linger`].
 //!
 //! # Guarantees
-//! - QEMU runs in its own process group and does not depend on the handler connection:
+//! - QEMU runs in the launcher's process group (stopping the pod's group stops both) and does
+//!   not depend on the handler connection:
 //!   a handler may disconnect and reconnect at any time; a reconnecting handler first
 //!   receives the current state.
 //! - Every command gets exactly one ack on the connection that sent it.

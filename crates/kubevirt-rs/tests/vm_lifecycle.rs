@@ -1,0 +1,254 @@
+//! End-to-end: `kubevirt-rs server` boots real guests (QEMU under TCG here) from VM manifests
+//! applied with the real `kubectl`, shows their console through `kubectl logs`, powers them
+//! off through ACPI, keeps them running across a `kill -9` of the server, and restarts them
+//! when QEMU dies. Skips (saying why) when the test guest or QEMU is missing.
+
+use std::path::Path;
+use std::process::Command;
+
+use testkit::{DEADLINE, ServerProcess, wait_until};
+
+const BIN: &str = env!("CARGO_BIN_EXE_kubevirt-rs");
+
+fn start_server_with_guest() -> anyhow::Result<Option<ServerProcess>> {
+    let guest = match testkit::test_guest() {
+        Ok(dir) => dir,
+        Err(why) => {
+            eprintln!("skipped: {why}");
+            return Ok(None);
+        }
+    };
+    let server = ServerProcess::start(Path::new(BIN), "server", &[])?;
+    let status = Command::new(BIN)
+        .args(["images", "--data-dir"])
+        .arg(server.data_dir())
+        .args(["import", "kubevirt-rs/test-guest:latest"])
+        .arg(guest.join("vmlinux"))
+        .arg(guest.join("initramfs.cpio.gz"))
+        .status()?;
+    anyhow::ensure!(status.success(), "importing the test guest failed");
+    Ok(Some(server))
+}
+
+/// A VM manifest booting the test guest (as `examples/vm-demo.yaml`) named `name`.
+fn guest_vm(name: &str, run_strategy: &str, labels: &str) -> String {
+    format!(
+        r#"apiVersion: kubevirt.io/v1
+kind: VirtualMachine
+metadata:
+  name: {name}
+spec:
+  runStrategy: {run_strategy}
+  template:
+    metadata:
+      labels: {{{labels}}}
+    spec:
+      terminationGracePeriodSeconds: 30
+      domain:
+        memory: {{guest: 128Mi}}
+        firmware:
+          kernelBoot:
+            kernelArgs: "console=ttyS0 panic=-1 quiet tg.quiet=1"
+            container:
+              image: kubevirt-rs/test-guest:latest
+              kernelPath: /vmlinux
+              initrdPath: /initramfs.cpio.gz
+        devices: {{}}
+"#
+    )
+}
+
+fn jsonpath(server: &ServerProcess, what: &str, path: &str) -> String {
+    server
+        .ok(&["get", what, "-o", &format!("jsonpath={path}")])
+        .unwrap_or_default()
+}
+
+fn wait_phase(server: &ServerProcess, vmi: &str, phase: &str) -> anyhow::Result<()> {
+    wait_until(DEADLINE, &format!("VMI {vmi} phase {phase}"), || {
+        (jsonpath(server, &format!("vmi/{vmi}"), "{.status.phase}") == phase).then_some(())
+    })
+    .map_err(|e| anyhow::anyhow!("{e}\nserver log:\n{}", tail(&server.log())))
+}
+
+fn tail(text: &str) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(40)..].join("\n")
+}
+
+fn launcher_pod(server: &ServerProcess, vm: &str) -> String {
+    server
+        .ok(&[
+            "get",
+            "pods",
+            "-l",
+            &format!("vm.kubevirt.io/name={vm}"),
+            "-o",
+            "jsonpath={.items[0].metadata.name}",
+        ])
+        .unwrap_or_default()
+}
+
+/// The pid of the QEMU of VM `name` in this server (from its launcher pod's directory).
+fn qemu_pid(server: &ServerProcess, name: &str) -> Option<i32> {
+    let uid = server
+        .ok(&[
+            "get",
+            "pods",
+            "-l",
+            &format!("vm.kubevirt.io/name={name}"),
+            "-o",
+            "jsonpath={.items[0].metadata.uid}",
+        ])
+        .ok()?;
+    let pid = std::fs::read_to_string(
+        server
+            .data_dir()
+            .join("pods")
+            .join(uid.trim())
+            .join("qemu.pid"),
+    )
+    .ok()?;
+    pid.trim().parse().ok().filter(|p| is_running(*p))
+}
+
+/// Whether `pid` runs (and is not a zombie waiting to be reaped).
+fn is_running(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| {
+            stat.rsplit_once(") ")
+                .map(|(_, rest)| !rest.starts_with('Z'))
+        })
+        .unwrap_or(false)
+}
+
+#[test]
+fn a_vm_boots_shows_its_console_and_powers_off_through_acpi() -> anyhow::Result<()> {
+    let Some(server) = start_server_with_guest()? else {
+        return Ok(());
+    };
+    server.apply(&guest_vm("demo", "Always", "app: demo"))?;
+    wait_phase(&server, "demo", "Running")?;
+
+    let row = server.ok(&["get", "vmi", "demo", "--no-headers"])?;
+    assert!(
+        row.contains("Running") && row.contains("10.0.2.15"),
+        "kubectl get vmi: {row}"
+    );
+    let node = jsonpath(&server, "vmi/demo", "{.status.nodeName}");
+    assert!(
+        !node.is_empty() && row.contains(&node),
+        "node missing: {row}"
+    );
+
+    let pod = launcher_pod(&server, "demo");
+    let console = wait_until(DEADLINE, "GUEST-READY in kubectl logs", || {
+        let out = server.kubectl(&["logs", &pod, "-c", "guest-console-log"]);
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        text.contains("GUEST-READY").then_some(text)
+    })?;
+    assert!(console.contains("GUEST-READY"));
+    wait_until(DEADLINE, "VM printableStatus Running", || {
+        (jsonpath(&server, "vm/demo", "{.status.printableStatus}") == "Running").then_some(())
+    })?;
+    let qemu = qemu_pid(&server, "demo").ok_or_else(|| anyhow::anyhow!("no QEMU for demo"))?;
+
+    server.ok(&[
+        "patch",
+        "vm",
+        "demo",
+        "--type",
+        "merge",
+        "-p",
+        r#"{"spec":{"runStrategy":"Halted"}}"#,
+    ])?;
+    wait_until(DEADLINE, "the VMI to be removed", || {
+        let out = server.kubectl(&["get", "vmi", "demo"]);
+        (!out.status.success()).then_some(())
+    })?;
+    wait_until(DEADLINE, "VM printableStatus Stopped", || {
+        (jsonpath(&server, "vm/demo", "{.status.printableStatus}") == "Stopped").then_some(())
+    })?;
+    assert!(!is_running(qemu), "QEMU still runs after the VM stopped");
+    Ok(())
+}
+
+#[test]
+fn guests_keep_running_across_a_server_kill_and_are_reattached() -> anyhow::Result<()> {
+    let Some(mut server) = start_server_with_guest()? else {
+        return Ok(());
+    };
+    server.apply(&guest_vm("vm-a", "Always", "app: a"))?;
+    server.apply(&guest_vm("vm-b", "Always", "app: b"))?;
+    wait_phase(&server, "vm-a", "Running")?;
+    wait_phase(&server, "vm-b", "Running")?;
+    let before: Vec<i32> = ["vm-a", "vm-b"]
+        .iter()
+        .map(|n| qemu_pid(&server, n).unwrap_or(0))
+        .collect();
+    assert!(before.iter().all(|p| *p > 0), "QEMU pids {before:?}");
+    let transitions = jsonpath(&server, "vmi/vm-a", "{.status.phaseTransitionTimestamps}");
+    let node_version = jsonpath(&server, "nodes", "{.items[0].metadata.resourceVersion}");
+
+    server.kill_server();
+    for pid in &before {
+        assert!(is_running(*pid), "QEMU {pid} died with the server");
+    }
+    server.restart()?;
+    // Wait until the restarted handler has re-attached (VMIs reconciled by the new process).
+    wait_until(DEADLINE, "the restarted server to serve the VMIs", || {
+        let out = server.kubectl(&[
+            "get",
+            "vmi",
+            "vm-a",
+            "vm-b",
+            "-o",
+            "jsonpath={.items[*].status.phase}",
+        ]);
+        (String::from_utf8_lossy(&out.stdout) == "Running Running").then_some(())
+    })?;
+    // The new handler has started once it re-registered the node.
+    wait_until(
+        DEADLINE,
+        "the restarted handler to register the node",
+        || {
+            let now = jsonpath(&server, "nodes", "{.items[0].metadata.resourceVersion}");
+            (!now.is_empty() && now != node_version).then_some(())
+        },
+    )?;
+    let after: Vec<i32> = ["vm-a", "vm-b"]
+        .iter()
+        .map(|n| qemu_pid(&server, n).unwrap_or(0))
+        .collect();
+    assert_eq!(before, after, "guests were restarted");
+    assert_eq!(
+        transitions,
+        jsonpath(&server, "vmi/vm-a", "{.status.phaseTransitionTimestamps}"),
+        "the VMI went through new phases after the restart"
+    );
+    Ok(())
+}
+
+#[test]
+fn a_killed_qemu_fails_the_vmi_and_run_strategy_always_starts_a_new_one() -> anyhow::Result<()> {
+    let Some(server) = start_server_with_guest()? else {
+        return Ok(());
+    };
+    server.apply(&guest_vm("crashy", "Always", "app: crashy"))?;
+    wait_phase(&server, "crashy", "Running")?;
+    let first_uid = jsonpath(&server, "vmi/crashy", "{.metadata.uid}");
+    let pid = qemu_pid(&server, "crashy").ok_or_else(|| anyhow::anyhow!("no QEMU for crashy"))?;
+    Command::new("kill")
+        .args(["-s", "KILL", &pid.to_string()])
+        .status()?;
+
+    // The failed VMI is replaced by a new one that runs again.
+    wait_until(DEADLINE, "a new VMI to run", || {
+        let uid = jsonpath(&server, "vmi/crashy", "{.metadata.uid}");
+        let phase = jsonpath(&server, "vmi/crashy", "{.status.phase}");
+        (!uid.is_empty() && uid != first_uid && phase == "Running").then_some(())
+    })
+    .map_err(|e| anyhow::anyhow!("{e}\nserver log:\n{}", tail(&server.log())))?;
+    Ok(())
+}
