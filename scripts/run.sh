@@ -16,12 +16,15 @@ ensure_runtime_packages
 step "building kubevirt-rs and virtctl (release)"
 cargo build --release --locked -p kubevirt-rs -p virtctl
 BIN="$CARGO_TARGET_DIR/release"
+mkdir -p "$DATA_DIR"
 
 step "building the test guest (cached)"
-scripts/build-test-guest.sh "$KUBEVIRT_RS_CACHE/guest"
+GUEST="$KUBEVIRT_RS_CACHE/guest"
+scripts/build-test-guest.sh "$GUEST"
+"$BIN/kubevirt-rs" images --data-dir "$DATA_DIR" import kubevirt-rs/test-guest:latest \
+  "$GUEST/vmlinux" "$GUEST/initramfs.cpio.gz"
 
 step "starting kubevirt-rs server (data in $DATA_DIR, listening on $LISTEN)"
-mkdir -p "$DATA_DIR"
 "$BIN/kubevirt-rs" server --data-dir "$DATA_DIR" --listen "$LISTEN" &
 SERVER=$!
 trap 'kill -TERM $SERVER 2>/dev/null; wait $SERVER 2>/dev/null' EXIT INT TERM
@@ -38,6 +41,13 @@ step "applying the demo VM (examples/vm-demo.yaml)"
 if [ -f examples/vm-demo.yaml ]; then
   kubectl apply -f examples/vm-demo.yaml
   kubectl wait vm/demo --for=condition=Ready --timeout=180s || kubectl get vm,vmi,pods -o wide
+  POD=$(kubectl get pods -l vm.kubevirt.io/name=demo -o jsonpath='{.items[0].metadata.name}')
+  for _ in $(seq 1 100); do
+    kubectl logs "$POD" -c guest-console-log 2>/dev/null | grep -q GUEST-READY && break
+    sleep 0.2
+  done
+  echo "guest console (kubectl logs $POD -c guest-console-log):"
+  kubectl logs "$POD" -c guest-console-log | tail -3
 fi
 kubectl get vm,vmi -o wide || true
 
@@ -46,7 +56,8 @@ cat <<MSG
 kubevirt-rs is running.
   export KUBECONFIG=$KUBECONFIG
   kubectl get vm,vmi,pods
-  $BIN/virtctl console demo        # Ctrl+] to leave
+  kubectl logs -l vm.kubevirt.io/name=demo -c guest-console-log
+  $BIN/virtctl console demo        # Ctrl+] to leave; type "ping"
   $BIN/virtctl stop demo
 Press Ctrl-C to stop the server.
 MSG
