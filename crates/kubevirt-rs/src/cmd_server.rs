@@ -72,7 +72,7 @@ pub fn kubevirt_crds() -> anyhow::Result<Vec<serde_json::Value>> {
         .collect()
 }
 
-async fn client_from(kubeconfig: &Path) -> anyhow::Result<kube::Client> {
+pub(crate) async fn client_from(kubeconfig: &Path) -> anyhow::Result<kube::Client> {
     let kc = kube::config::Kubeconfig::read_from(kubeconfig)
         .with_context(|| format!("reading {}", kubeconfig.display()))?;
     let config =

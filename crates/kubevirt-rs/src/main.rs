@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 
+mod cmd_controller;
 mod cmd_handler;
 mod cmd_images;
 mod cmd_launcher;
@@ -26,6 +27,8 @@ enum Command {
     Server(cmd_server::ServerArgs),
     /// Run the embedded Kubernetes-compatible API server alone.
     Apiserver(ServerArgs),
+    /// Run virt-controller (VM and VMI controllers behind the `virt-controller` Lease).
+    Controller(cmd_controller::ControllerArgs),
     /// Run virt-handler for this node.
     Handler(cmd_handler::HandlerArgs),
     /// Run one VMI's launcher (the launcher pod's `compute` container).
@@ -89,6 +92,7 @@ fn main() -> anyhow::Result<()> {
         Command::Crds => print!("{}", kubevirt_api::crd::all_crds_yaml()?),
         Command::Server(args) => cmd_server::run(args)?,
         Command::Apiserver(args) => serve(args, Vec::new())?,
+        Command::Controller(args) => cmd_controller::run(args)?,
         Command::Handler(args) => cmd_handler::run(args)?,
         Command::Launcher(args) => cmd_launcher::run(args)?,
         Command::Images(args) => cmd_images::run(args)?,

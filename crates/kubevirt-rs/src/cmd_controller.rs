@@ -1,0 +1,63 @@
+//! `kubevirt-rs controller`: virt-controller against any API server (a real cluster, or a
+//! `kubevirt-rs apiserver`). Exits with an error when it loses its Lease, as upstream does;
+//! its Deployment restarts it.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::Args;
+use tokio_util::sync::CancellationToken;
+
+#[derive(Args)]
+pub struct ControllerArgs {
+    /// Kubeconfig with the controller's credentials.
+    #[arg(long)]
+    pub kubeconfig: PathBuf,
+    /// Namespace of the KubeVirt CR and the leader Lease.
+    #[arg(long, default_value = "kubevirt")]
+    pub namespace: String,
+    /// Label keys (or `prefix/*`) synced from VM templates to VMIs and launcher pods; the
+    /// KubeVirt CR's `spec.customizeComponents.flags.controller` overrides it at run time.
+    #[arg(long = "additional-launcher-labels-sync", default_value = "")]
+    pub labels_sync: String,
+    /// Annotation keys (or `prefix/*`) synced likewise.
+    #[arg(long = "additional-launcher-annotations-sync", default_value = "")]
+    pub annotations_sync: String,
+    /// Image of launcher pods (upstream `--launcher-image`).
+    #[arg(long)]
+    pub launcher_image: Option<String>,
+    /// Launcher pods request no `/dev/kvm` and budget for TCG.
+    #[arg(long)]
+    pub use_emulation: bool,
+}
+
+pub fn run(args: ControllerArgs) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Runtime::new().context("starting the tokio runtime")?;
+    runtime.block_on(async move {
+        let client = crate::cmd_server::client_from(&args.kubeconfig).await?;
+        let mut launcher = virt_controller::vmi::template::LauncherPodConfig {
+            use_emulation: args.use_emulation,
+            ..Default::default()
+        };
+        if let Some(image) = args.launcher_image {
+            launcher.launcher_image = image;
+        }
+        let config = virt_controller::app::ControllerAppConfig {
+            namespace: args.namespace,
+            labels_sync: args.labels_sync,
+            annotations_sync: args.annotations_sync,
+            launcher,
+            leader: virt_controller::runtime::leader::LeaderElectionConfig::default(),
+        };
+        let metrics = virt_controller::runtime::metrics::Metrics::new();
+        let cancel = CancellationToken::new();
+        let token = cancel.clone();
+        tokio::spawn(async move {
+            crate::shutdown_signal().await;
+            token.cancel();
+        });
+        virt_controller::app::run_controller(client, config, &metrics, cancel)
+            .await
+            .context("virt-controller")
+    })
+}
