@@ -1,0 +1,335 @@
+//! End-to-end tests of virt-api through `kubevirt-rs server` and the real `kubectl`/`virtctl`:
+//! the mutating webhook's defaults, the validating webhook's refusals (upstream's message and
+//! field path, nothing stored), the subresource API behind the aggregation proxy (virtctl
+//! start/stop/restart/pause/unpause, upstream's status codes), and `virtctl console` under a
+//! pseudo-terminal against a real guest.
+
+use std::io::{Read, Write};
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use testkit::{DEADLINE, ServerProcess, wait_until};
+
+const BIN: &str = env!("CARGO_BIN_EXE_kubevirt-rs");
+
+/// `virtctl` is built next to `kubevirt-rs` (same target directory).
+fn virtctl() -> PathBuf {
+    Path::new(BIN).with_file_name("virtctl")
+}
+
+/// Why virtctl tests cannot run, if they cannot.
+fn virtctl_missing() -> Option<String> {
+    (!virtctl().exists()).then(|| {
+        format!(
+            "{} is not built (cargo build -p virtctl)",
+            virtctl().display()
+        )
+    })
+}
+
+fn virtctl_run(server: &ServerProcess, args: &[&str]) -> std::process::Output {
+    Command::new(virtctl())
+        .args(args)
+        .env("KUBECONFIG", server.kubeconfig())
+        .output()
+        .unwrap_or_else(|e| panic!("running virtctl {args:?}: {e}"))
+}
+
+fn field(server: &ServerProcess, what: &str, path: &str) -> String {
+    server
+        .ok(&["get", what, "-o", &format!("jsonpath={path}")])
+        .unwrap_or_default()
+}
+
+const FAKE_VM: &str = r#"apiVersion: kubevirt.io/v1
+kind: VirtualMachine
+metadata:
+  name: fake
+spec:
+  runStrategy: Halted
+  template:
+    spec:
+      domain:
+        memory: {guest: 128Mi}
+        devices: {}
+"#;
+
+#[test]
+fn a_created_vmi_is_defaulted_by_the_mutating_webhook() -> anyhow::Result<()> {
+    let server = ServerProcess::start(Path::new(BIN), "server", &["--fake-qemu"])?;
+    server.apply(
+        r#"apiVersion: kubevirt.io/v1
+kind: VirtualMachineInstance
+metadata:
+  name: defaults
+spec:
+  domain:
+    memory: {guest: 128Mi}
+    devices: {}
+  volumes:
+    - name: containerdisk
+      containerDisk: {image: kubevirt-rs/test-guest-disk:latest}
+"#,
+    )?;
+    let vmi: serde_json::Value =
+        serde_json::from_str(&server.ok(&["get", "vmi", "defaults", "-o", "json"])?)?;
+    let spec = &vmi["spec"];
+    assert_eq!(spec["domain"]["machine"]["type"], "q35", "{spec}");
+    assert_eq!(
+        spec["domain"]["devices"]["disks"][0]["name"],
+        "containerdisk"
+    );
+    assert_eq!(
+        spec["domain"]["devices"]["disks"][0]["disk"]["bus"], "sata",
+        "upstream's amd64 default bus"
+    );
+    assert_eq!(
+        spec["domain"]["devices"]["interfaces"][0]["name"],
+        "default"
+    );
+    assert!(
+        spec["domain"]["devices"]["interfaces"][0]["bridge"].is_object(),
+        "default binding is bridge"
+    );
+    assert_eq!(
+        spec["networks"][0],
+        serde_json::json!({"name": "default", "pod": {}})
+    );
+    assert!(
+        spec["domain"]["firmware"]["uuid"]
+            .as_str()
+            .is_some_and(|u| u.len() == 36),
+        "firmware uuid"
+    );
+    let finalizers = vmi["metadata"]["finalizers"].to_string();
+    assert!(
+        finalizers.contains("kubevirt.io/foregroundDeleteVirtualMachine"),
+        "{finalizers}"
+    );
+    assert_eq!(
+        vmi["metadata"]["annotations"]["kubevirt.io/latest-observed-api-version"],
+        "v1"
+    );
+    Ok(())
+}
+
+#[test]
+fn invalid_manifests_are_refused_with_upstreams_messages_and_nothing_is_stored()
+-> anyhow::Result<()> {
+    let server = ServerProcess::start(Path::new(BIN), "server", &["--fake-qemu"])?;
+    let cases = [
+        (
+            "bad-vm",
+            "vm",
+            "apiVersion: kubevirt.io/v1\nkind: VirtualMachine\nmetadata: {name: bad-vm}\nspec:\n  running: true\n  runStrategy: Always\n  template: {spec: {domain: {devices: {}}}}\n",
+            "Running and RunStrategy are mutually exclusive",
+        ),
+        (
+            "bad-firmware",
+            "vmi",
+            "apiVersion: kubevirt.io/v1\nkind: VirtualMachineInstance\nmetadata: {name: bad-firmware}\nspec:\n  domain:\n    devices: {}\n    firmware: {bootloader: {bios: {}, efi: {}}}\n",
+            "spec.domain.firmware.bootloader has both EFI and BIOS configured, but they are mutually exclusive.",
+        ),
+        (
+            "bad-cloudinit",
+            "vmi",
+            "apiVersion: kubevirt.io/v1\nkind: VirtualMachineInstance\nmetadata: {name: bad-cloudinit}\nspec:\n  domain: {devices: {}}\n  volumes: [{name: ci, cloudInitNoCloud: {}}]\n",
+            "must have at least one userdatasource or one networkdatasource set",
+        ),
+    ];
+    for (name, kind, manifest, message) in cases {
+        let path = server.data_dir().join(format!("{name}.yaml"));
+        std::fs::write(&path, manifest)?;
+        let out = server.kubectl(&["apply", "-f", &path.display().to_string()]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{name} was accepted");
+        assert!(
+            stderr.contains("is invalid") && stderr.contains(message),
+            "{name}: {stderr}"
+        );
+        let get = server.kubectl(&["get", kind, name]);
+        assert!(!get.status.success(), "{name} was stored although refused");
+    }
+    Ok(())
+}
+
+#[test]
+fn virtctl_drives_a_vm_and_subresource_errors_have_upstreams_codes() -> anyhow::Result<()> {
+    if let Some(why) = virtctl_missing() {
+        eprintln!("skipped: {why}");
+        return Ok(());
+    }
+    let server = ServerProcess::start(Path::new(BIN), "server", &["--fake-qemu"])?;
+    server.apply(FAKE_VM)?;
+    let status = |s: &ServerProcess| field(s, "vm/fake", "{.status.printableStatus}");
+    wait_until(DEADLINE, "Stopped", || {
+        (status(&server) == "Stopped").then_some(())
+    })?;
+
+    let out = virtctl_run(&server, &["start", "fake"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "VM fake was scheduled to start"
+    );
+    wait_until(DEADLINE, "Running", || {
+        (status(&server) == "Running").then_some(())
+    })?;
+
+    // Starting a running VM is a 409 with upstream's message.
+    let again = virtctl_run(&server, &["start", "fake"]);
+    assert!(!again.status.success());
+    assert!(
+        String::from_utf8_lossy(&again.stderr).contains("VM is already running"),
+        "{again:?}"
+    );
+
+    let out = virtctl_run(&server, &["pause", "vm", "fake"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    wait_until(DEADLINE, "Paused", || {
+        (status(&server) == "Paused").then_some(())
+    })?;
+    let out = virtctl_run(&server, &["unpause", "vm", "fake"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    wait_until(DEADLINE, "Running again", || {
+        (status(&server) == "Running").then_some(())
+    })?;
+
+    let uid = field(&server, "vmi/fake", "{.metadata.uid}");
+    let out = virtctl_run(&server, &["restart", "fake"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    wait_until(DEADLINE, "a new VMI after restart", || {
+        let now = field(&server, "vmi/fake", "{.metadata.uid}");
+        (!now.is_empty() && now != uid && status(&server) == "Running").then_some(())
+    })?;
+
+    let out = virtctl_run(&server, &["stop", "fake"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    wait_until(DEADLINE, "Stopped again", || {
+        (status(&server) == "Stopped").then_some(())
+    })?;
+    let again = virtctl_run(&server, &["stop", "fake"]);
+    assert!(!again.status.success(), "stopping a stopped VM succeeded");
+    assert!(
+        String::from_utf8_lossy(&again.stderr).contains("VM is not running"),
+        "{again:?}"
+    );
+
+    // The raw answers carry upstream's codes: 202 for accepted state changes, 409 on conflict,
+    // 404 for a VM that does not exist.
+    let body = server.data_dir().join("start-options.json");
+    std::fs::write(&body, "{}")?;
+    let code = |path: &str| -> String {
+        let out = server.kubectl(&["replace", "--raw", path, "-f", &body.display().to_string()]);
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let missing =
+        code("/apis/subresources.kubevirt.io/v1/namespaces/default/virtualmachines/absent/start");
+    assert!(
+        missing.contains("NotFound") || missing.contains("not found"),
+        "{missing}"
+    );
+    Ok(())
+}
+
+/// Reads from the pty master until `needle` appears or the deadline passes.
+fn read_until(master: &mut std::fs::File, needle: &str, deadline: Duration) -> String {
+    let start = Instant::now();
+    let mut seen = String::new();
+    let mut buf = [0u8; 4096];
+    while start.elapsed() < deadline && !seen.contains(needle) {
+        match master.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => seen.push_str(&String::from_utf8_lossy(&buf[..n])),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::thread::yield_now(),
+            Err(_) => break,
+        }
+    }
+    seen
+}
+
+#[test]
+fn virtctl_console_shows_the_guest_under_a_pseudo_terminal() -> anyhow::Result<()> {
+    let guest = match testkit::test_guest() {
+        Ok(dir) => dir,
+        Err(why) => {
+            eprintln!("skipped: {why}");
+            return Ok(());
+        }
+    };
+    if let Some(why) = virtctl_missing() {
+        eprintln!("skipped: {why}");
+        return Ok(());
+    }
+    let server = ServerProcess::start(Path::new(BIN), "server", &[])?;
+    let imported = Command::new(BIN)
+        .args(["images", "--data-dir"])
+        .arg(server.data_dir())
+        .args(["import", "kubevirt-rs/test-guest:latest"])
+        .arg(guest.join("vmlinux"))
+        .arg(guest.join("initramfs.cpio.gz"))
+        .status()?;
+    anyhow::ensure!(imported.success(), "importing the test guest failed");
+    let demo = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/vm-demo.yaml"),
+    )?;
+    server.apply(&demo)?;
+    wait_until(DEADLINE, "the demo VMI running", || {
+        (field(&server, "vmi/demo", "{.status.phase}") == "Running").then_some(())
+    })?;
+
+    let pty = nix::pty::openpty(None, None)?;
+    let slave: OwnedFd = pty.slave;
+    let mut child = Command::new(virtctl())
+        .args(["console", "demo"])
+        .env("KUBECONFIG", server.kubeconfig())
+        .stdin(Stdio::from(slave.try_clone()?))
+        .stdout(Stdio::from(slave.try_clone()?))
+        .stderr(Stdio::from(slave))
+        .spawn()?;
+    let mut master = std::fs::File::from(pty.master);
+    nix::fcntl::fcntl(
+        &master,
+        nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK),
+    )?;
+    let banner = read_until(&mut master, "escape sequence is ^]", DEADLINE);
+    assert!(
+        banner.contains("Successfully connected to demo console"),
+        "{banner}"
+    );
+    // The guest is a shell loop on its serial console: it answers "ping" with "PONG".
+    let answer = wait_until(DEADLINE, "PONG from the guest", || {
+        master.write_all(b"ping\r").ok()?;
+        let seen = read_until(&mut master, "PONG", Duration::from_secs(2));
+        seen.contains("PONG").then_some(seen)
+    })?;
+    assert!(answer.contains("PONG"));
+    master.write_all(&[0x1d])?; // Ctrl+]
+    let status = wait_until(DEADLINE, "virtctl console to exit on Ctrl+]", || {
+        child.try_wait().ok().flatten()
+    })?;
+    assert!(status.success(), "virtctl console exited with {status}");
+    Ok(())
+}
