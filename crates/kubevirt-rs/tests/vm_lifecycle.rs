@@ -252,3 +252,46 @@ fn a_killed_qemu_fails_the_vmi_and_run_strategy_always_starts_a_new_one() -> any
     .map_err(|e| anyhow::anyhow!("{e}\nserver log:\n{}", tail(&server.log())))?;
     Ok(())
 }
+
+#[test]
+fn a_vm_whose_guest_cannot_start_goes_into_crash_loop_back_off() -> anyhow::Result<()> {
+    let Some(server) = start_server_with_guest()? else {
+        return Ok(());
+    };
+    // An image whose "kernel" is not a kernel: QEMU refuses to start, the VMI fails before
+    // it ever ran, and the VM backs off (10 s, 40 s, … as upstream).
+    let junk = server.data_dir().join("not-a-kernel");
+    std::fs::write(&junk, "this is not a kernel\n")?;
+    let status = Command::new(BIN)
+        .args(["images", "--data-dir"])
+        .arg(server.data_dir())
+        .args(["import", "kubevirt-rs/broken-guest:latest"])
+        .arg(&junk)
+        .status()?;
+    anyhow::ensure!(status.success(), "importing the broken image failed");
+    let manifest = guest_vm("broken", "Always", "app: broken")
+        .replace(
+            "kubevirt-rs/test-guest:latest",
+            "kubevirt-rs/broken-guest:latest",
+        )
+        .replace("kernelPath: /vmlinux", "kernelPath: /not-a-kernel")
+        .replace("              initrdPath: /initramfs.cpio.gz\n", "");
+    server.apply(&manifest)?;
+    wait_until(DEADLINE, "VM printableStatus CrashLoopBackOff", || {
+        (jsonpath(&server, "vm/broken", "{.status.printableStatus}") == "CrashLoopBackOff")
+            .then_some(())
+    })
+    .map_err(|e| anyhow::anyhow!("{e}\nserver log:\n{}", tail(&server.log())))?;
+    let row = server.ok(&["get", "vm", "broken", "--no-headers"])?;
+    assert!(row.contains("CrashLoopBackOff"), "kubectl get vm: {row}");
+    let failures = jsonpath(
+        &server,
+        "vm/broken",
+        "{.status.startFailure.consecutiveFailCount}",
+    );
+    assert!(
+        failures.parse::<u32>().is_ok_and(|n| n >= 1),
+        "startFailure: {failures}"
+    );
+    Ok(())
+}
