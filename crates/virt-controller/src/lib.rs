@@ -12,6 +12,6 @@ pub mod labelsync;
 
 pub mod vm;
 
-pub mod vmi;
-pub mod kubevirt_config;
 pub mod app;
+pub mod kubevirt_config;
+pub mod vmi;
