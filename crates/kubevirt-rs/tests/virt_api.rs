@@ -199,6 +199,15 @@ fn virtctl_drives_a_vm_and_subresource_errors_have_upstreams_codes() -> anyhow::
     wait_until(DEADLINE, "Paused", || {
         (status(&server) == "Paused").then_some(())
     })?;
+    // As on a cluster: the launcher pod's readiness gate turns False, so the VMI is not Ready.
+    wait_until(DEADLINE, "the paused VMI to be not Ready", || {
+        let ready = field(
+            &server,
+            "vmi/fake",
+            r#"{.status.conditions[?(@.type=="Ready")].status}"#,
+        );
+        (ready == "False").then_some(())
+    })?;
     let out = virtctl_run(&server, &["unpause", "vm", "fake"]);
     assert!(
         out.status.success(),

@@ -250,7 +250,7 @@ pub fn kill_launchers(data_dir: &Path) {
                 else {
                     continue;
                 };
-                // The runner started it with setsid: its pid is its process group id.
+                // The runner started it as a process group leader: its pid is the group id.
                 let _ = nix::sys::signal::killpg(
                     nix::unistd::Pid::from_raw(pid),
                     nix::sys::signal::Signal::SIGKILL,

@@ -137,7 +137,7 @@ async fn start_log_endpoint(
 }
 
 /// Runs the node agent until `cancel` fires. Launchers and their guests keep running when
-/// it returns: they live in their own sessions.
+/// it returns: they live in their own process groups.
 ///
 /// # Errors
 /// [`HandlerError`] when the state directories cannot be created.

@@ -225,7 +225,13 @@ impl PodRunner {
             .map(|c| (c.name.clone(), c.image.clone().unwrap_or_default()))
             .collect();
         let now = crate::now_rfc3339();
-        let wanted = status::pod_status(&containers, state, &self.config.host_ip, &now);
+        let wanted = status::pod_status(
+            &containers,
+            readiness_gates_true(pod),
+            state,
+            &self.config.host_ip,
+            &now,
+        );
         let current = pod
             .status
             .as_ref()
@@ -241,7 +247,9 @@ impl PodRunner {
         api.patch_status(
             &name,
             &PatchParams::default(),
-            &Patch::Merge(json!({"status": wanted})),
+            // Strategic: conditions merge by type, so conditions others own (the readiness
+            // gate `kubevirt.io/virtual-machine-unpaused`) are kept.
+            &Patch::Strategic(json!({"status": wanted})),
         )
         .await
         .map_err(|source| PodRunnerError::ReportStatus {
@@ -345,6 +353,26 @@ impl PodRunner {
             }
         }
     }
+}
+
+/// Whether every readiness gate of the pod has its condition `True` (as kubelet requires
+/// for `Ready`).
+fn readiness_gates_true(pod: &Pod) -> bool {
+    let conditions = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_deref())
+        .unwrap_or_default();
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.readiness_gates.as_deref())
+        .unwrap_or_default()
+        .iter()
+        .all(|gate| {
+            conditions
+                .iter()
+                .any(|c| c.type_ == gate.condition_type && c.status == "True")
+        })
 }
 
 fn terminated(record: Option<&ProcessRecord>, exit: ExitRecord) -> ContainerState {

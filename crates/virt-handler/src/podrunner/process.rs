@@ -1,7 +1,10 @@
-//! Host processes for pod containers: start in their own session, record, re-adopt, stop.
+//! Host processes for pod containers: start in their own process group, record, re-adopt, stop.
 //!
-//! Each container runs as `setsid <program> <args…>`, so it leads its own session and process
-//! group (its pid is the group id) and survives a restart of the server. The runner records
+//! Each container runs in a new process group that it leads (its pid is the group id; set
+//! at spawn, so there is no window where the group does not exist yet), detached from the
+//! server's group: a Ctrl-C or a kill of the server does not reach it, so it survives a
+//! restart of the server, and stopping the group stops everything the container started
+//! (the launcher keeps QEMU in its group). The runner records
 //! the pid and the process start time (from `/proc/<pid>/stat`, to detect pid reuse) in
 //! `<pod dir>/<container>.json`; after a restart it re-adopts every record whose process is
 //! still the same. While the runner is the parent it learns the exit code from `wait`; for a
@@ -134,10 +137,10 @@ pub fn spawn(
         .open(&paths.log)
         .map_err(|e| prepare(&paths.log, e))?;
     let log_err = log.try_clone().map_err(|e| prepare(&paths.log, e))?;
-    let mut command = tokio::process::Command::new("setsid");
+    let mut command = tokio::process::Command::new(program);
     command
-        .arg(program)
         .args(args)
+        .process_group(0)
         .envs(env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::null())
         .stdout(log)

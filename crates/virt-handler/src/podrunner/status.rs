@@ -27,8 +27,12 @@ fn condition(type_: &str, status: bool, now: &str) -> Value {
 
 /// The pod status for `state` of container `main` (other containers of the pod, like
 /// `guest-console-log`, share its state: they are views of the same process).
+///
+/// `gates_ready` tells whether every readiness gate of the pod has its condition `True`: the
+/// pod is `Ready` only when its containers are and its gates are, as kubelet computes it.
 pub fn pod_status(
     containers: &[(String, String)],
+    gates_ready: bool,
     state: &ContainerState,
     host_ip: &str,
     now: &str,
@@ -100,7 +104,7 @@ pub fn pod_status(
         "conditions": [
             condition("PodReadyToStartContainers", true, now),
             condition("Initialized", true, now),
-            condition("Ready", ready, now),
+            condition("Ready", ready && gates_ready, now),
             condition("ContainersReady", ready, now),
             condition("PodScheduled", true, now),
         ],
@@ -135,7 +139,15 @@ pub fn same_report(current: Option<&Value>, wanted: &Value) -> bool {
                     .collect::<Vec<_>>()
             })
     };
-    phase(current) == phase(wanted) && states(current) == states(wanted)
+    let ready = |v: &Value| {
+        v.get("conditions")
+            .and_then(Value::as_array)
+            .and_then(|a| a.iter().find(|c| c["type"] == "Ready"))
+            .map(|c| c["status"].clone())
+    };
+    phase(current) == phase(wanted)
+        && states(current) == states(wanted)
+        && ready(current) == ready(wanted)
 }
 
 #[cfg(test)]
@@ -150,6 +162,7 @@ mod tests {
     fn a_running_container_makes_a_ready_running_pod() {
         let s = pod_status(
             &containers(),
+            true,
             &ContainerState::Running {
                 started_at: "t0".into(),
                 pid: 42,
@@ -173,6 +186,27 @@ mod tests {
     }
 
     #[test]
+    fn a_false_readiness_gate_makes_a_running_pod_unready() {
+        let running = ContainerState::Running {
+            started_at: "t0".into(),
+            pid: 1,
+        };
+        let s = pod_status(&containers(), false, &running, "h", "t");
+        let ready = s["conditions"]
+            .as_array()
+            .expect("conditions")
+            .iter()
+            .find(|c| c["type"] == "Ready")
+            .cloned();
+        assert_eq!(ready.expect("ready")["status"], "False");
+        let with_gates = pod_status(&containers(), true, &running, "h", "t");
+        assert!(
+            !same_report(Some(&s), &with_gates),
+            "a Ready change must be reported"
+        );
+    }
+
+    #[test]
     fn exit_codes_decide_succeeded_or_failed() {
         let done = |code| ContainerState::Terminated {
             exit_code: code,
@@ -181,10 +215,10 @@ mod tests {
             finished_at: "b".into(),
         };
         assert_eq!(
-            pod_status(&containers(), &done(0), "h", "t")["phase"],
+            pod_status(&containers(), true, &done(0), "h", "t")["phase"],
             "Succeeded"
         );
-        let failed = pod_status(&containers(), &done(2), "h", "t");
+        let failed = pod_status(&containers(), true, &done(2), "h", "t");
         assert_eq!(failed["phase"], "Failed");
         assert_eq!(
             failed["containerStatuses"][0]["state"]["terminated"]["exitCode"],
@@ -196,6 +230,7 @@ mod tests {
     fn an_unrunnable_image_fails_the_pod_with_a_reason() {
         let s = pod_status(
             &containers(),
+            true,
             &ContainerState::Unrunnable {
                 message: "no".into(),
             },
@@ -214,6 +249,7 @@ mod tests {
     fn reports_differing_only_in_timestamps_are_the_same() {
         let a = pod_status(
             &containers(),
+            true,
             &ContainerState::Running {
                 started_at: "t0".into(),
                 pid: 1,
@@ -223,6 +259,7 @@ mod tests {
         );
         let b = pod_status(
             &containers(),
+            true,
             &ContainerState::Running {
                 started_at: "t0".into(),
                 pid: 1,
@@ -233,6 +270,7 @@ mod tests {
         assert!(same_report(Some(&a), &b));
         let c = pod_status(
             &containers(),
+            true,
             &ContainerState::Running {
                 started_at: "t0".into(),
                 pid: 2,
