@@ -40,9 +40,12 @@ pub async fn run(cli: Cli) -> Result<(), Error> {
     use cli::Command as C;
     match &cli.command {
         C::Create(create) => return create::run(create),
-        C::Version(v) if v.client => {
+        C::Version(v) => {
+            // The client line comes first, also when no cluster can be reached (as upstream).
             println!("{}", vm::client_version());
-            return Ok(());
+            if v.client {
+                return Ok(());
+            }
         }
         _ => {}
     }
@@ -64,7 +67,7 @@ pub async fn run(cli: Cli) -> Result<(), Error> {
         C::Console(a) => console::console(&ctx, &a).await,
         C::Vnc(a) => console::vnc(&ctx, &a).await,
         C::Expose(a) => expose::run(&ctx, &a).await,
-        C::Version(_) => vm::version(&ctx).await,
+        C::Version(_) => vm::server_version(&ctx).await,
         C::Create(_) => Ok(()),
     }
 }

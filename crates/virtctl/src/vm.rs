@@ -266,9 +266,8 @@ pub fn client_version() -> String {
 /// `virtctl version`: the client line, then the server's from `…/v1/version`.
 ///
 /// # Errors
-/// The server version cannot be read (the client line is printed first).
-pub async fn version(ctx: &Ctx) -> Result<(), Error> {
-    println!("{}", client_version());
+/// The server version cannot be read (the caller printed the client line first).
+pub async fn server_version(ctx: &Ctx) -> Result<(), Error> {
     let server = ctx
         .get_json(format!("{SUBRESOURCES}/version"))
         .await
