@@ -14,6 +14,11 @@ impl Percentiles {
         Percentiles { sorted: samples }
     }
 
+    /// Number of samples.
+    pub fn len(&self) -> usize {
+        self.sorted.len()
+    }
+
     /// The `p`-th percentile (0–100), nearest rank; zero when empty.
     pub fn at(&self, p: f64) -> Duration {
         if self.sorted.is_empty() {

@@ -1,0 +1,221 @@
+//! Boot overhead: `kubectl apply` of the demo VM (the test guest, kernelBoot) until its ready
+//! marker appears in the serial console log, against plain `qemu-system-x86_64` with the very
+//! arguments the launcher used (read from the running QEMU's `/proc/<pid>/cmdline`, pod paths
+//! rewritten into a temporary directory). Runs alternate, one guest at a time.
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use kube::api::DeleteParams;
+
+use super::cluster::Cluster;
+use crate::stats::Percentiles;
+
+/// The line the test guest prints on its serial console once booted.
+const READY_MARKER: &str = "GUEST-READY";
+/// The demo VM of the repository (boots the test guest).
+const DEMO_VM: &str = include_str!("../../../../examples/vm-demo.yaml");
+/// Image name the demo VM's kernelBoot container refers to.
+const GUEST_IMAGE: &str = "kubevirt-rs/test-guest:latest";
+
+pub struct BootResult {
+    pub stack: Percentiles,
+    pub plain: Percentiles,
+}
+
+/// Imports the test guest from `guest_dir` into the server's image store.
+pub fn import_guest(binary: &Path, cluster: &Cluster, guest_dir: &Path) -> anyhow::Result<()> {
+    let out = Command::new(binary)
+        .arg("images")
+        .arg("--data-dir")
+        .arg(cluster.data_dir())
+        .args(["import", GUEST_IMAGE])
+        .arg(guest_dir.join("vmlinux"))
+        .arg(guest_dir.join("initramfs.cpio.gz"))
+        .output()
+        .context("running kubevirt-rs images import")?;
+    if !out.status.success() {
+        bail!(
+            "importing the test guest failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(())
+}
+
+fn pod_dirs(cluster: &Cluster) -> HashSet<PathBuf> {
+    std::fs::read_dir(cluster.data_dir().join("pods"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .collect()
+}
+
+fn log_has_marker(path: &Path) -> bool {
+    std::fs::read(path)
+        .map(|b| String::from_utf8_lossy(&b).contains(READY_MARKER))
+        .unwrap_or(false)
+}
+
+/// One boot through the whole stack; returns the time and, on `capture`, the QEMU argv and
+/// the pod directory it refers to.
+async fn stack_boot(
+    cluster: &Cluster,
+    capture: bool,
+) -> anyhow::Result<(Duration, Option<(PathBuf, Vec<String>)>)> {
+    let manifest = cluster.data_dir().join("bench-demo-vm.yaml");
+    std::fs::write(&manifest, DEMO_VM).context("writing the demo manifest")?;
+    let before = pod_dirs(cluster);
+    let start = Instant::now();
+    let out = Command::new("kubectl")
+        .arg("apply")
+        .arg("-f")
+        .arg(&manifest)
+        .env("KUBECONFIG", cluster.server.kubeconfig())
+        .env("KUBECACHEDIR", cluster.data_dir().join("kubecache"))
+        .stdout(Stdio::null())
+        .output()
+        .context("running kubectl apply")?;
+    if !out.status.success() {
+        bail!(
+            "kubectl apply failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let pod_dir = testkit::wait_until_async(Duration::from_secs(120), READY_MARKER, || {
+        let before = &before;
+        async move {
+            pod_dirs(cluster)
+                .into_iter()
+                .filter(|d| !before.contains(d))
+                .find(|d| log_has_marker(&d.join("guest-console-log.log")))
+        }
+    })
+    .await?;
+    let took = start.elapsed();
+    let captured = if capture {
+        let pid = super::procfs::pid_from_file(&pod_dir.join("qemu.pid"))
+            .context("the demo VM's QEMU pid")?;
+        let cmdline =
+            std::fs::read(format!("/proc/{pid}/cmdline")).context("reading QEMU's cmdline")?;
+        let argv: Vec<String> = cmdline
+            .split(|b| *b == 0)
+            .filter(|a| !a.is_empty())
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        Some((pod_dir.clone(), argv))
+    } else {
+        None
+    };
+    cluster
+        .vms()
+        .delete("demo", &DeleteParams::default())
+        .await
+        .context("deleting the demo VM")?;
+    cluster
+        .wait_for(
+            "demo pod gone",
+            Duration::from_secs(120),
+            |_| !pod_dir.join("qemu.pid").exists() || !qemu_alive(&pod_dir),
+            |_| "waiting".into(),
+        )
+        .await?;
+    Ok((took, captured))
+}
+
+fn qemu_alive(pod_dir: &Path) -> bool {
+    super::procfs::pid_from_file(&pod_dir.join("qemu.pid"))
+        .is_some_and(|pid| Path::new(&format!("/proc/{pid}")).exists())
+}
+
+/// The launcher's argv with every path under `pod_dir` moved under `dir`; files the guest
+/// boots from (kernel, initrd) are copied there.
+fn rewrite_argv(argv: &[String], pod_dir: &Path, dir: &Path) -> anyhow::Result<Vec<String>> {
+    let from = pod_dir.display().to_string();
+    let to = dir.display().to_string();
+    let boot = pod_dir.join("boot");
+    if boot.is_dir() {
+        std::fs::create_dir_all(dir.join("boot")).context("boot dir")?;
+        for file in std::fs::read_dir(&boot).context("reading the pod's boot dir")? {
+            let file = file?.path();
+            if let Some(name) = file.file_name() {
+                std::fs::copy(&file, dir.join("boot").join(name)).context("copying boot files")?;
+            }
+        }
+    }
+    Ok(argv.iter().skip(1).map(|a| a.replace(&from, &to)).collect())
+}
+
+/// The `logfile=` of the serial chardev.
+fn serial_log(args: &[String]) -> Option<String> {
+    args.iter()
+        .flat_map(|a| a.split(','))
+        .find_map(|opt| opt.strip_prefix("logfile="))
+        .map(str::to_owned)
+}
+
+/// One boot of plain QEMU with `args` (already rewritten into `dir`).
+async fn plain_boot(program: &str, args: &[String], dir: &Path) -> anyhow::Result<Duration> {
+    // Fresh sockets, pid file and serial log for every run; the boot files stay.
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if !path.is_dir() {
+            let _ = std::fs::remove_file(&path);
+        }
+    }
+    let log = serial_log(args).context("no serial log in QEMU's argv")?;
+    let start = Instant::now();
+    let mut child = tokio::process::Command::new(program)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .context("starting qemu-system-x86_64")?;
+    let waited = testkit::wait_until_async(Duration::from_secs(120), READY_MARKER, || {
+        let log = log.clone();
+        async move { log_has_marker(Path::new(&log)).then_some(()) }
+    })
+    .await;
+    let took = start.elapsed();
+    let _ = child.kill().await;
+    waited?;
+    Ok(took)
+}
+
+pub async fn run(cluster: &Cluster, runs: usize) -> anyhow::Result<BootResult> {
+    let dir = tempfile::Builder::new()
+        .prefix("kubevirt-rs-bench-qemu")
+        .tempdir()
+        .context("temp dir")?;
+    let (mut stack, mut plain) = (Vec::new(), Vec::new());
+    let mut plain_argv: Option<(String, Vec<String>)> = None;
+    for run in 1..=runs {
+        let (took, captured) = stack_boot(cluster, plain_argv.is_none()).await?;
+        eprintln!(
+            "  boot {run}/{runs}: kubectl apply → {READY_MARKER} {:.2} s",
+            took.as_secs_f64()
+        );
+        stack.push(took);
+        if let Some((pod_dir, argv)) = captured {
+            let program = argv.first().cloned().context("empty QEMU argv")?;
+            plain_argv = Some((program, rewrite_argv(&argv, &pod_dir, dir.path())?));
+        }
+        let (program, args) = plain_argv.as_ref().context("no QEMU argv captured")?;
+        let took = plain_boot(program, args, dir.path()).await?;
+        eprintln!(
+            "  boot {run}/{runs}: plain qemu → {READY_MARKER} {:.2} s",
+            took.as_secs_f64()
+        );
+        plain.push(took);
+    }
+    Ok(BootResult {
+        stack: Percentiles::of(stack),
+        plain: Percentiles::of(plain),
+    })
+}
