@@ -25,7 +25,7 @@ PLOT="${BENCH_PLOT:-$KUBEVIRT_RS_CACHE/bench-$STAMP-cdf.png}"
 BENCH="$CARGO_TARGET_DIR/release/kubevirt-rs-bench"
 {
   echo "## Run of $(date -u +%Y-%m-%dT%H:%MZ) on $(nproc) cores, $(free -g | awk '/Mem:/{print $2}') GiB," \
-    "$( [ -w /dev/kvm ] && echo "/dev/kvm present" || echo "no /dev/kvm (TCG)")"
+    "$( [ -w /dev/kvm ] && echo "/dev/kvm present (the accelerator QEMU used is named below)" || echo "no /dev/kvm (TCG)")"
   echo
   echo "### API server"
   echo

@@ -24,6 +24,8 @@ const GUEST_IMAGE: &str = "kubevirt-rs/test-guest:latest";
 pub struct BootResult {
     pub stack: Percentiles,
     pub plain: Percentiles,
+    /// QEMU's `-accel` as the launcher chose it.
+    pub accel: String,
 }
 
 /// Imports the test guest from `guest_dir` into the server's image store.
@@ -195,6 +197,7 @@ pub async fn run(cluster: &Cluster, runs: usize) -> anyhow::Result<BootResult> {
         .context("temp dir")?;
     let (mut stack, mut plain) = (Vec::new(), Vec::new());
     let mut plain_argv: Option<(String, Vec<String>)> = None;
+    let mut accel = String::new();
     for run in 1..=runs {
         let (took, captured) = stack_boot(cluster, plain_argv.is_none()).await?;
         eprintln!(
@@ -203,6 +206,11 @@ pub async fn run(cluster: &Cluster, runs: usize) -> anyhow::Result<BootResult> {
         );
         stack.push(took);
         if let Some((pod_dir, argv)) = captured {
+            accel = argv
+                .windows(2)
+                .find(|w| w[0] == "-accel")
+                .map(|w| w[1].clone())
+                .unwrap_or_default();
             let program = argv.first().cloned().context("empty QEMU argv")?;
             plain_argv = Some((program, rewrite_argv(&argv, &pod_dir, dir.path())?));
         }
@@ -217,5 +225,6 @@ pub async fn run(cluster: &Cluster, runs: usize) -> anyhow::Result<BootResult> {
     Ok(BootResult {
         stack: Percentiles::of(stack),
         plain: Percentiles::of(plain),
+        accel,
     })
 }

@@ -28,6 +28,9 @@ pub const NAMESPACE: &str = "default";
 /// Template label naming the VM, so VMIs and launcher pods can be mapped back to it.
 pub const VM_LABEL: &str = "bench.kubevirt-rs.io/vm";
 
+/// A wait gives up when its progress has not changed for this long.
+pub const STALL: Duration = Duration::from_secs(60);
+
 /// What the trackers saw of one VMI.
 #[derive(Clone, Debug, Default)]
 pub struct VmiSeen {
@@ -214,7 +217,8 @@ impl Cluster {
         Ok(RequestCounts::parse(&text))
     }
 
-    /// Waits until `done(seen)` holds, printing `what` and `progress(seen)` every 5 s.
+    /// Waits until `done(seen)` holds, printing `what` and `progress(seen)` every 5 s. Gives
+    /// up after `deadline`, or once `progress` has not changed for [`STALL`].
     pub async fn wait_for(
         &self,
         what: &str,
@@ -224,20 +228,26 @@ impl Cluster {
     ) -> anyhow::Result<Duration> {
         let start = Instant::now();
         let mut last_report = Instant::now();
+        let (mut last_progress, mut last_change) = (String::new(), Instant::now());
         loop {
             {
                 let seen = self.seen.lock().map_err(|_| anyhow::anyhow!("poisoned"))?;
                 if done(&seen) {
                     return Ok(start.elapsed());
                 }
+                let now = progress(&seen);
+                if now != last_progress {
+                    (last_progress, last_change) = (now.clone(), Instant::now());
+                }
                 if last_report.elapsed() > Duration::from_secs(5) {
-                    eprintln!("    … {what}: {}", progress(&seen));
+                    eprintln!("    … {what}: {now}");
                     last_report = Instant::now();
                 }
-                if start.elapsed() > deadline {
+                if start.elapsed() > deadline || last_change.elapsed() > STALL {
                     anyhow::bail!(
-                        "timed out after {deadline:?} waiting for {what}: {}",
-                        progress(&seen)
+                        "gave up after {:.0} s waiting for {what} ({now}, no progress for {:.0} s)",
+                        start.elapsed().as_secs_f64(),
+                        last_change.elapsed().as_secs_f64()
                     );
                 }
             }

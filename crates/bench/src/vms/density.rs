@@ -42,7 +42,10 @@ pub struct BatchResult {
     /// Create request sent → VMI Running seen by the harness's watch (ms resolution); the
     /// samples of the plot.
     pub observed: Vec<Duration>,
+    /// Time until all were Running (until giving up when `stuck`).
     pub all_running: Duration,
+    /// Set when not every VMI became Running: why the wait gave up.
+    pub stuck: Option<String>,
     pub all_gone: Duration,
     pub requests: RequestCounts,
     pub label_sync: Option<Percentiles>,
@@ -97,15 +100,23 @@ pub async fn run(cluster: &Cluster, batch: &Batch) -> anyhow::Result<BatchResult
         }
     });
     let sent: Vec<Instant> = futures::future::try_join_all(creates).await?;
-    cluster
+    let waited = cluster
         .wait_for(
             "VMIs Running",
             batch.deadline,
             |s| running(s, &names) == names.len(),
             |s| format!("{}/{} Running", running(s, &names), names.len()),
         )
-        .await?;
+        .await;
     let all_running = start.elapsed();
+    let stuck = match waited {
+        Ok(_) => None,
+        Err(e) => {
+            // Report what did run, name the rest, and still clean up.
+            eprintln!("  {}: {e:#}", batch.label);
+            Some(format!("{}: {e:#}", batch.label))
+        }
+    };
     eprintln!(
         "  {}: all {} Running after {:.1} s",
         batch.label,
@@ -139,6 +150,7 @@ pub async fn run(cluster: &Cluster, batch: &Batch) -> anyhow::Result<BatchResult
         to_running: Percentiles::of(samples),
         observed,
         all_running,
+        stuck,
         ..BatchResult::default()
     };
     if batch.sample_memory {
@@ -148,12 +160,32 @@ pub async fn run(cluster: &Cluster, batch: &Batch) -> anyhow::Result<BatchResult
         result.launcher_rss_kib = cluster.launcher_rss_kib();
         result.qemu = cluster.qemu_memory(batch.guest_mib);
     }
-    if batch.label_sync {
+    if batch.label_sync && result.stuck.is_none() {
         result.label_sync = Some(label_sync(cluster, &names, batch.deadline).await?);
     }
 
+    let (all_gone, delete_counts) = delete_all(cluster, batch, &names).await?;
+    result.all_gone = all_gone.unwrap_or_else(|e| {
+        result.stuck = Some(match result.stuck.take() {
+            Some(earlier) => format!("{earlier}; {e}"),
+            None => e,
+        });
+        Duration::ZERO
+    });
+    result.requests = running_counts.plus(&delete_counts);
+    Ok(result)
+}
+
+/// Deletes the batch's VMs; returns the time until their launcher pods are gone (or why
+/// they did not go) and the API requests meanwhile.
+async fn delete_all(
+    cluster: &Cluster,
+    batch: &Batch,
+    names: &[String],
+) -> anyhow::Result<(Result<Duration, String>, RequestCounts)> {
     eprintln!("  {}: deleting", batch.label);
-    let before_delete = cluster.request_counts().await?;
+    let vms = cluster.vms();
+    let before = cluster.request_counts().await?;
     let start = Instant::now();
     let deletes = names.iter().map(|name| {
         let vms = vms.clone();
@@ -162,23 +194,26 @@ pub async fn run(cluster: &Cluster, batch: &Batch) -> anyhow::Result<BatchResult
     for deleted in futures::future::join_all(deletes).await {
         deleted?;
     }
-    cluster
+    let gone = cluster
         .wait_for(
             "launcher pods gone",
             batch.deadline,
-            |s| pods_left(s, &names) == 0,
-            |s| format!("{} pods left", pods_left(s, &names)),
+            |s| pods_left(s, names) == 0,
+            |s| format!("{} pods left", pods_left(s, names)),
         )
-        .await?;
-    result.all_gone = start.elapsed();
-    let delete_counts = cluster.request_counts().await?.since(&before_delete);
-    result.requests = running_counts.plus(&delete_counts);
-    eprintln!(
-        "  {}: all pods gone after {:.1} s",
-        batch.label,
-        result.all_gone.as_secs_f64()
-    );
-    Ok(result)
+        .await
+        .map(|_| start.elapsed())
+        .map_err(|e| format!("{e:#}"));
+    match &gone {
+        Ok(took) => eprintln!(
+            "  {}: all pods gone after {:.1} s",
+            batch.label,
+            took.as_secs_f64()
+        ),
+        Err(e) => eprintln!("  {}: {e}", batch.label),
+    }
+    let counts = cluster.request_counts().await?.since(&before);
+    Ok((gone, counts))
 }
 
 fn running(seen: &Seen, names: &[String]) -> usize {

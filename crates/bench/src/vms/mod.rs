@@ -97,6 +97,13 @@ impl Results {
                 qemu: result.qemu.clone(),
             });
         }
+        if let Some(stuck) = &result.stuck {
+            self.notes.push(format!(
+                "Not every VMI became Running ({server}, N = {}): {stuck}. The \
+                 figures of that row cover the VMIs that did.",
+                result.count
+            ));
+        }
         if let Some(p) = &result.label_sync {
             self.label_sync = Some((result.count, p.clone()));
         }
@@ -132,7 +139,7 @@ fn batch(label: &str, prefix: &str, count: usize, interval: Duration) -> Batch {
         guest_mib: GUEST_MIB,
         label_sync: false,
         sample_memory: false,
-        deadline: Duration::from_secs(120 + 2 * count as u64),
+        deadline: Duration::from_secs(120 + count as u64 / 2),
     }
 }
 
@@ -442,7 +449,11 @@ fn boot_section(out: &mut String, results: &Results) {
         }
         out.push_str(&t.markdown());
         let ratio = b.stack.at(50.0).as_secs_f64() / b.plain.at(50.0).as_secs_f64().max(1e-9);
-        let _ = writeln!(out, "\nRatio of medians: **{ratio:.2}**");
+        let _ = writeln!(
+            out,
+            "\nRatio of medians: **{ratio:.2}** (QEMU `-accel {}`)",
+            b.accel
+        );
     }
 }
 
