@@ -63,12 +63,12 @@ fn log_has_marker(path: &Path) -> bool {
         .unwrap_or(false)
 }
 
-/// One boot through the whole stack; returns the time and, on `capture`, the QEMU argv and
-/// the pod directory it refers to.
+/// One boot through the whole stack; returns the time and, with `capture`, QEMU's argv
+/// rewritten into that directory (boot files copied there before the pod goes away).
 async fn stack_boot(
     cluster: &Cluster,
-    capture: bool,
-) -> anyhow::Result<(Duration, Option<(PathBuf, Vec<String>)>)> {
+    capture: Option<&Path>,
+) -> anyhow::Result<(Duration, Option<Vec<String>>)> {
     let manifest = cluster.data_dir().join("bench-demo-vm.yaml");
     std::fs::write(&manifest, DEMO_VM).context("writing the demo manifest")?;
     let before = pod_dirs(cluster);
@@ -99,7 +99,7 @@ async fn stack_boot(
     })
     .await?;
     let took = start.elapsed();
-    let captured = if capture {
+    let captured = if let Some(dir) = capture {
         let pid = super::procfs::pid_from_file(&pod_dir.join("qemu.pid"))
             .context("the demo VM's QEMU pid")?;
         let cmdline =
@@ -109,7 +109,7 @@ async fn stack_boot(
             .filter(|a| !a.is_empty())
             .map(|a| String::from_utf8_lossy(a).into_owned())
             .collect();
-        Some((pod_dir.clone(), argv))
+        Some(rewrite_argv(&argv, &pod_dir, dir)?)
     } else {
         None
     };
@@ -134,8 +134,8 @@ fn qemu_alive(pod_dir: &Path) -> bool {
         .is_some_and(|pid| Path::new(&format!("/proc/{pid}")).exists())
 }
 
-/// The launcher's argv with every path under `pod_dir` moved under `dir`; files the guest
-/// boots from (kernel, initrd) are copied there.
+/// The launcher's argv (program first) with every path under `pod_dir` moved under `dir`;
+/// files the guest boots from (kernel, initrd) are copied there.
 fn rewrite_argv(argv: &[String], pod_dir: &Path, dir: &Path) -> anyhow::Result<Vec<String>> {
     let from = pod_dir.display().to_string();
     let to = dir.display().to_string();
@@ -149,7 +149,7 @@ fn rewrite_argv(argv: &[String], pod_dir: &Path, dir: &Path) -> anyhow::Result<V
             }
         }
     }
-    Ok(argv.iter().skip(1).map(|a| a.replace(&from, &to)).collect())
+    Ok(argv.iter().map(|a| a.replace(&from, &to)).collect())
 }
 
 /// The `logfile=` of the serial chardev.
@@ -171,11 +171,13 @@ async fn plain_boot(program: &str, args: &[String], dir: &Path) -> anyhow::Resul
     }
     let log = serial_log(args).context("no serial log in QEMU's argv")?;
     let start = Instant::now();
+    let stderr_path = dir.join("qemu-stderr.log");
+    let stderr = std::fs::File::create(&stderr_path).context("QEMU's stderr file")?;
     let mut child = tokio::process::Command::new(program)
         .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(stderr)
         .kill_on_drop(true)
         .spawn()
         .context("starting qemu-system-x86_64")?;
@@ -186,7 +188,13 @@ async fn plain_boot(program: &str, args: &[String], dir: &Path) -> anyhow::Resul
     .await;
     let took = start.elapsed();
     let _ = child.kill().await;
-    waited?;
+    waited.with_context(|| {
+        let stderr = std::fs::read_to_string(&stderr_path).unwrap_or_default();
+        format!(
+            "plain QEMU: {}",
+            stderr.lines().last().unwrap_or("no output")
+        )
+    })?;
     Ok(took)
 }
 
@@ -199,20 +207,21 @@ pub async fn run(cluster: &Cluster, runs: usize) -> anyhow::Result<BootResult> {
     let mut plain_argv: Option<(String, Vec<String>)> = None;
     let mut accel = String::new();
     for run in 1..=runs {
-        let (took, captured) = stack_boot(cluster, plain_argv.is_none()).await?;
+        let capture = plain_argv.is_none().then_some(dir.path());
+        let (took, captured) = stack_boot(cluster, capture).await?;
         eprintln!(
             "  boot {run}/{runs}: kubectl apply → {READY_MARKER} {:.2} s",
             took.as_secs_f64()
         );
         stack.push(took);
-        if let Some((pod_dir, argv)) = captured {
+        if let Some(argv) = captured {
             accel = argv
                 .windows(2)
                 .find(|w| w[0] == "-accel")
                 .map(|w| w[1].clone())
                 .unwrap_or_default();
-            let program = argv.first().cloned().context("empty QEMU argv")?;
-            plain_argv = Some((program, rewrite_argv(&argv, &pod_dir, dir.path())?));
+            let (program, args) = argv.split_first().context("empty QEMU argv")?;
+            plain_argv = Some((program.clone(), args.to_vec()));
         }
         let (program, args) = plain_argv.as_ref().context("no QEMU argv captured")?;
         let took = plain_boot(program, args, dir.path()).await?;
