@@ -24,6 +24,11 @@ use crate::spec::LauncherSpec;
 /// The protocol version this crate speaks.
 pub const PROTOCOL_VERSION: u32 = 1;
 
+/// File next to the launcher socket where the launcher leaves the domain's final state
+/// (JSON [`DomainStatus`]) before it exits, so a handler that missed the final event (it was
+/// restarting, or another client collected the event) still learns how the domain ended.
+pub const FINAL_STATE_FILE: &str = "domain-final.json";
+
 /// A malformed or unexpected protocol message, or a broken connection.
 #[derive(Debug, thiserror::Error)]
 pub enum ProtocolError {

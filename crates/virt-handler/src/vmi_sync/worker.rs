@@ -137,6 +137,11 @@ impl Follow {
                 }
                 Err(e) => {
                     let running = phase(&self.current) == Some(Phase::Running);
+                    if let Some(last) = final_state(&dir) {
+                        // The launcher ended and left the domain's final state behind.
+                        self.observe(Observation::Domain(last)).await;
+                        return;
+                    }
                     if running || connected_once || launcher_exited(&dir) {
                         let message = format!("the launcher of this VMI is gone: {e}");
                         warn!(vmi = %name(&self.current), "{message}");
@@ -341,4 +346,10 @@ impl Follow {
             }
         }
     }
+}
+
+/// The final domain state a launcher recorded before exiting, if any.
+fn final_state(dir: &std::path::Path) -> Option<virt_launcher::protocol::DomainStatus> {
+    let bytes = std::fs::read(dir.join(virt_launcher::protocol::FINAL_STATE_FILE)).ok()?;
+    serde_json::from_slice(&bytes).ok()
 }

@@ -107,6 +107,7 @@ pub async fn run_launcher(opts: LauncherOptions) -> Result<(), LauncherError> {
             _ = status.wait_for(crate::protocol::DomainStatus::is_final) => break,
         }
     }
+    record_final_state(&socket_path, &status.borrow());
     // Keep accepting so that a reconnecting handler can still collect the final state.
     let mut delivered = domain.subscribe_delivered();
     let deadline = tokio::time::sleep(linger);
@@ -123,6 +124,22 @@ pub async fn run_launcher(opts: LauncherOptions) -> Result<(), LauncherError> {
     }
     let _ = std::fs::remove_file(&socket_path);
     Ok(())
+}
+
+/// Writes the final state next to the socket (atomically), for handlers that miss the event.
+fn record_final_state(socket_path: &std::path::Path, status: &crate::protocol::DomainStatus) {
+    let Some(dir) = socket_path.parent() else {
+        return;
+    };
+    let path = dir.join(crate::protocol::FINAL_STATE_FILE);
+    let tmp = path.with_extension("tmp");
+    let written = serde_json::to_vec(status)
+        .map_err(std::io::Error::other)
+        .and_then(|bytes| std::fs::write(&tmp, bytes))
+        .and_then(|()| std::fs::rename(&tmp, &path));
+    if let Err(e) = written {
+        tracing::warn!(path = %path.display(), error = %e, "cannot record the final domain state");
+    }
 }
 
 fn spawn_connection(

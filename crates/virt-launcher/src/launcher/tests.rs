@@ -123,6 +123,11 @@ async fn fake_qemu_runs_pauses_and_shuts_down_over_the_socket() {
         .unwrap()
         .unwrap();
     assert!(!socket.exists(), "the launcher removes its socket");
+    let recorded: DomainStatus = serde_json::from_slice(
+        &std::fs::read(dir.path().join(crate::protocol::FINAL_STATE_FILE)).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(recorded.state, DomainState::Shutoff, "the final state is left behind");
 }
 
 #[tokio::test]
