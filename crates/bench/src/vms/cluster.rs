@@ -382,12 +382,15 @@ async fn track_vmis(client: kube::Client, seen: Arc<Mutex<Seen>>) {
     let api: Api<DynamicObject> = Api::namespaced_with(client, NAMESPACE, &vmi_resource());
     let config = watcher::Config::default().labels(VM_LABEL);
     let mut stream = watcher(api, config).boxed();
+    // A re-list replaces the map only once complete (no momentarily empty view).
+    let mut relisted: HashSet<String> = HashSet::new();
     while let Some(event) = stream.next().await {
         let Ok(event) = event else { continue };
         let Ok(mut seen) = seen.lock() else { return };
         match event {
             watcher::Event::Apply(vmi) | watcher::Event::InitApply(vmi) => {
                 if let Some(vm) = vm_name_of(vmi.metadata.labels.as_ref()) {
+                    relisted.insert(vm.clone());
                     let mut now = vmi_seen(&vmi);
                     let earlier = seen.vmis.get(&vm).and_then(|v| v.running_seen);
                     now.running_seen =
@@ -400,8 +403,8 @@ async fn track_vmis(client: kube::Client, seen: Arc<Mutex<Seen>>) {
                     seen.vmis.remove(&vm);
                 }
             }
-            watcher::Event::Init => seen.vmis.clear(),
-            watcher::Event::InitDone => {}
+            watcher::Event::Init => relisted.clear(),
+            watcher::Event::InitDone => seen.vmis.retain(|vm, _| relisted.contains(vm)),
         }
     }
 }
@@ -410,6 +413,7 @@ async fn track_pods(client: kube::Client, seen: Arc<Mutex<Seen>>) {
     let api: Api<Pod> = Api::namespaced(client, NAMESPACE);
     let config = watcher::Config::default().labels(VM_LABEL);
     let mut stream = watcher(api, config).boxed();
+    let mut relisted: HashSet<String> = HashSet::new();
     while let Some(event) = stream.next().await {
         let Ok(event) = event else { continue };
         let now = Instant::now();
@@ -423,6 +427,7 @@ async fn track_pods(client: kube::Client, seen: Arc<Mutex<Seen>>) {
                             .entry((vm.clone(), k.clone(), v.clone()))
                             .or_insert(now);
                     }
+                    relisted.insert(vm.clone());
                     seen.pods.insert(vm);
                 }
             }
@@ -431,8 +436,8 @@ async fn track_pods(client: kube::Client, seen: Arc<Mutex<Seen>>) {
                     seen.pods.remove(&vm);
                 }
             }
-            watcher::Event::Init => seen.pods.clear(),
-            watcher::Event::InitDone => {}
+            watcher::Event::Init => relisted.clear(),
+            watcher::Event::InitDone => seen.pods.retain(|vm| relisted.contains(vm)),
         }
     }
 }
