@@ -89,6 +89,10 @@ pub struct PodRunner {
     client: kube::Client,
     /// When SIGTERM was sent to a deleting pod's processes: pod uid → SIGKILL deadline.
     kill_deadlines: BTreeMap<String, Instant>,
+    /// The status last sent per pod uid, with the pod's resourceVersion the cache showed when
+    /// it was sent: while the cache still shows that version, the write has not come back
+    /// yet and is not repeated.
+    reported: BTreeMap<String, (Option<String>, serde_json::Value)>,
     exits: mpsc::UnboundedSender<()>,
 }
 
@@ -217,7 +221,7 @@ impl PodRunner {
         })
     }
 
-    async fn report(&self, pod: &Pod, state: &ContainerState) -> Result<(), PodRunnerError> {
+    async fn report(&mut self, pod: &Pod, state: &ContainerState) -> Result<(), PodRunnerError> {
         let containers: Vec<(String, String)> = pod
             .spec
             .iter()
@@ -239,6 +243,13 @@ impl PodRunner {
         if status::same_report(current.as_ref(), &wanted) {
             return Ok(());
         }
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        if let Some((version, sent)) = self.reported.get(&uid)
+            && *version == pod.metadata.resource_version
+            && status::same_report(Some(sent), &wanted)
+        {
+            return Ok(());
+        }
         let api: Api<Pod> = Api::namespaced(
             self.client.clone(),
             pod.metadata.namespace.as_deref().unwrap_or_default(),
@@ -256,6 +267,8 @@ impl PodRunner {
             pod: pod_key(pod),
             source,
         })?;
+        self.reported
+            .insert(uid, (pod.metadata.resource_version.clone(), wanted));
         Ok(())
     }
 
@@ -393,6 +406,7 @@ pub async fn run(client: kube::Client, config: PodRunnerConfig) {
         config,
         client: client.clone(),
         kill_deadlines: BTreeMap::new(),
+        reported: BTreeMap::new(),
         exits: exits_tx,
     };
     let api: Api<Pod> = Api::all(client);
@@ -424,6 +438,7 @@ pub async fn run(client: kube::Client, config: PodRunnerConfig) {
                 warn!(error = %e, "pod runner pass failed; retrying");
             }
         }
+        runner.reported.retain(|uid, _| known.contains(uid));
         runner.collect_orphans(&known);
     }
 }

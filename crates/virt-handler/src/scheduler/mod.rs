@@ -96,7 +96,15 @@ fn unschedulable_message(pod: &Pod) -> Option<&str> {
         .and_then(|c| c.message.as_deref())
 }
 
+/// Pods this scheduler bound that its cache does not show bound yet: pod uid → node
+/// (kube-scheduler's "assumed" pods).
+pub type Assumed = BTreeMap<String, String>;
+
 /// One scheduling pass over every pending pod. Returns how many were bound.
+///
+/// # Guarantees
+/// A pod is bound at most once: pods in `assumed` are not bound again while the cache still
+/// shows them pending, and they count against their node.
 ///
 /// # Caveats
 /// Pods bound in this pass count against their node for the rest of the pass, so a burst of
@@ -105,10 +113,32 @@ pub async fn schedule_pending(
     client: &kube::Client,
     pods: &[std::sync::Arc<Pod>],
     nodes: &[Node],
+    assumed: &mut Assumed,
 ) -> Result<usize, SchedulerError> {
     let mut requested = requested_by_node(pods);
+    // Forget assumptions the cache has caught up with (bound, or the pod is gone).
+    assumed.retain(|uid, _| {
+        pods.iter()
+            .any(|p| p.metadata.uid.as_deref() == Some(uid.as_str()) && is_pending_for_us(p))
+    });
+    for pod in pods.iter().filter(|p| is_pending_for_us(p)) {
+        if let Some(node) = pod.metadata.uid.as_ref().and_then(|uid| assumed.get(uid)) {
+            let entry = requested.entry(node.clone()).or_default();
+            for (resource, v) in fit::pod_requests(pod) {
+                *entry.entry(resource).or_default() += v;
+            }
+        }
+    }
     let mut bound = 0;
     for pod in pods.iter().filter(|p| is_pending_for_us(p)) {
+        if pod
+            .metadata
+            .uid
+            .as_ref()
+            .is_some_and(|uid| assumed.contains_key(uid))
+        {
+            continue;
+        }
         let name = pod.metadata.name.clone().unwrap_or_default();
         let namespace = pod.metadata.namespace.clone().unwrap_or_default();
         let api: Api<Pod> = Api::namespaced(client.clone(), &namespace);
@@ -138,6 +168,9 @@ pub async fn schedule_pending(
                     .await;
                 match res {
                     Ok(_) => {
+                        if let Some(uid) = &pod.metadata.uid {
+                            assumed.insert(uid.clone(), node_name.clone());
+                        }
                         info!(pod = %format!("{namespace}/{name}"), node = %node_name, "bound pod");
                         let entry = requested.entry(node_name).or_default();
                         for (resource, v) in fit::pod_requests(pod) {
@@ -195,6 +228,7 @@ pub async fn run(client: kube::Client) {
         .map(|_| ());
     let mut changes = futures::stream::select(pods, nodes).boxed();
     let mut retry = tokio::time::interval(Duration::from_secs(1));
+    let mut assumed = Assumed::new();
     loop {
         tokio::select! {
             change = changes.next() => if change.is_none() { return },
@@ -217,7 +251,7 @@ pub async fn run(client: kube::Client) {
             _ => continue,
         }
         let nodes: Vec<Node> = node_store.state().iter().map(|n| (**n).clone()).collect();
-        if let Err(e) = schedule_pending(&client, &pod_store.state(), &nodes).await {
+        if let Err(e) = schedule_pending(&client, &pod_store.state(), &nodes, &mut assumed).await {
             warn!(error = %e, "scheduling pass failed; retrying");
         }
     }

@@ -308,43 +308,56 @@ impl Follow {
     }
 
     /// Records `observation` and patches the VMI if its status should change.
+    ///
+    /// A patch that loses a race (its `test` operations fail because another writer changed
+    /// the VMI) is rebuilt from a fresh read and retried a few times, so the observation is
+    /// not lost when no further VMI update would wake this worker.
     async fn observe(&mut self, observation: Observation) {
         self.observation = Some(observation.clone());
-        let now = crate::now_rfc3339();
-        let desired = desired_status(&self.current, &observation, &self.facts, &now);
-        let Some(patch) = status_patch(&self.current, &desired) else {
-            return;
-        };
-        let patch: json_patch::Patch = match serde_json::from_value(patch) {
-            Ok(p) => p,
-            Err(e) => {
-                warn!(error = %e, "built an invalid status patch");
-                return;
-            }
-        };
         let namespace = self.current.metadata.namespace.clone().unwrap_or_default();
         let api: Api<VirtualMachineInstance> = Api::namespaced(self.client.clone(), &namespace);
         let vmi_name = self.current.metadata.name.clone().unwrap_or_default();
-        match api
-            .patch(
-                &vmi_name,
-                &PatchParams::default(),
-                &Patch::Json::<()>(patch),
-            )
-            .await
-        {
-            Ok(patched) => {
-                if let Some(p) = desired.get("phase").and_then(|p| p.as_str())
-                    && Some(p) != phase(&self.current).as_ref().map(|p| p.as_str())
-                {
-                    info!(vmi = %name(&self.current), phase = p, "VMI phase changed");
+        for attempt in 0..5 {
+            let now = crate::now_rfc3339();
+            let desired = desired_status(&self.current, &observation, &self.facts, &now);
+            let Some(patch) = status_patch(&self.current, &desired) else {
+                return;
+            };
+            let patch: json_patch::Patch = match serde_json::from_value(patch) {
+                Ok(p) => p,
+                Err(e) => {
+                    warn!(error = %e, "built an invalid status patch");
+                    return;
                 }
-                self.current = Arc::new(patched);
-            }
-            Err(e) => {
-                debug!(vmi = %name(&self.current), error = %e, "status patch not applied; retrying on the next update")
+            };
+            match api
+                .patch(
+                    &vmi_name,
+                    &PatchParams::default(),
+                    &Patch::Json::<()>(patch),
+                )
+                .await
+            {
+                Ok(patched) => {
+                    if let Some(p) = desired.get("phase").and_then(|p| p.as_str())
+                        && Some(p) != phase(&self.current).as_ref().map(|p| p.as_str())
+                    {
+                        info!(vmi = %name(&self.current), phase = p, "VMI phase changed");
+                    }
+                    self.current = Arc::new(patched);
+                    return;
+                }
+                Err(e) => {
+                    debug!(vmi = %name(&self.current), attempt, error = %e, "status patch not applied; re-reading the VMI");
+                    match api.get_opt(&vmi_name).await {
+                        Ok(Some(fresh)) => self.current = Arc::new(fresh),
+                        Ok(None) => return,
+                        Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+                    }
+                }
             }
         }
+        warn!(vmi = %name(&self.current), "status patch kept losing races; retrying on the next update");
     }
 }
 

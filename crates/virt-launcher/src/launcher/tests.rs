@@ -127,7 +127,11 @@ async fn fake_qemu_runs_pauses_and_shuts_down_over_the_socket() {
         &std::fs::read(dir.path().join(crate::protocol::FINAL_STATE_FILE)).unwrap(),
     )
     .unwrap();
-    assert_eq!(recorded.state, DomainState::Shutoff, "the final state is left behind");
+    assert_eq!(
+        recorded.state,
+        DomainState::Shutoff,
+        "the final state is left behind"
+    );
 }
 
 #[tokio::test]
