@@ -43,18 +43,30 @@ fn field(server: &ServerProcess, what: &str, path: &str) -> String {
         .unwrap_or_default()
 }
 
-const FAKE_VM: &str = r#"apiVersion: kubevirt.io/v1
-kind: VirtualMachine
-metadata:
-  name: fake
-spec:
-  runStrategy: Halted
-  template:
-    spec:
-      domain:
-        memory: {guest: 128Mi}
-        devices: {}
-"#;
+/// A stopped VM named `driven`, booting the test guest when `kernel_boot` (else no OS).
+fn driven_vm(kernel_boot: bool) -> String {
+    let firmware = if kernel_boot {
+        "        firmware:\n          kernelBoot:\n            kernelArgs: \"console=ttyS0 panic=-1 quiet tg.quiet=1\"\n            container:\n              image: kubevirt-rs/test-guest:latest\n              kernelPath: /vmlinux\n              initrdPath: /initramfs.cpio.gz\n"
+    } else {
+        ""
+    };
+    format!(
+        "apiVersion: kubevirt.io/v1\nkind: VirtualMachine\nmetadata:\n  name: driven\nspec:\n  runStrategy: Halted\n  template:\n    spec:\n      domain:\n        memory: {{guest: 128Mi}}\n{firmware}        devices: {{}}\n"
+    )
+}
+
+/// Imports the test guest into the server's image store.
+fn import_guest(server: &ServerProcess, guest: &Path) -> anyhow::Result<()> {
+    let imported = Command::new(BIN)
+        .args(["images", "--data-dir"])
+        .arg(server.data_dir())
+        .args(["import", "kubevirt-rs/test-guest:latest"])
+        .arg(guest.join("vmlinux"))
+        .arg(guest.join("initramfs.cpio.gz"))
+        .status()?;
+    anyhow::ensure!(imported.success(), "importing the test guest failed");
+    Ok(())
+}
 
 #[test]
 fn a_created_vmi_is_defaulted_by_the_mutating_webhook() -> anyhow::Result<()> {
@@ -152,6 +164,47 @@ fn invalid_manifests_are_refused_with_upstreams_messages_and_nothing_is_stored()
         let get = server.kubectl(&["get", kind, name]);
         assert!(!get.status.success(), "{name} was stored although refused");
     }
+    // VMI update rules: the spec of an existing VMI is immutable to users.
+    server.apply(
+        "apiVersion: kubevirt.io/v1\nkind: VirtualMachineInstance\nmetadata: {name: steady}\nspec:\n  domain:\n    memory: {guest: 128Mi}\n    devices: {}\n",
+    )?;
+    let out = server.kubectl(&[
+        "patch",
+        "vmi",
+        "steady",
+        "--type=merge",
+        "-p",
+        r#"{"spec":{"domain":{"cpu":{"cores":4}}}}"#,
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("update of VMI object is restricted"),
+        "{stderr}"
+    );
+    let cores = server.ok(&[
+        "get",
+        "vmi",
+        "steady",
+        "-o",
+        "jsonpath={.spec.domain.cpu.cores}",
+    ])?;
+    assert_ne!(cores, "4", "the refused update was stored");
+    // Migration rules: a migration must name an existing VMI.
+    let path = server.data_dir().join("migration.yaml");
+    std::fs::write(
+        &path,
+        "apiVersion: kubevirt.io/v1\nkind: VirtualMachineInstanceMigration\nmetadata: {name: nowhere}\nspec: {vmiName: absent}\n",
+    )?;
+    let out = server.kubectl(&["create", "-f", &path.display().to_string()]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("the VMI \"default/absent\" does not exist"),
+        "{stderr}"
+    );
+    assert!(
+        !server.kubectl(&["get", "vmim", "nowhere"]).status.success(),
+        "the refused migration was stored"
+    );
     Ok(())
 }
 
@@ -161,14 +214,27 @@ fn virtctl_drives_a_vm_and_subresource_errors_have_upstreams_codes() -> anyhow::
         eprintln!("skipped: {why}");
         return Ok(());
     }
-    let server = ServerProcess::start(Path::new(BIN), "server", &["--fake-qemu"])?;
-    server.apply(FAKE_VM)?;
-    let status = |s: &ServerProcess| field(s, "vm/fake", "{.status.printableStatus}");
+    // A real guest when one is available; otherwise the same control flow with fake QEMU.
+    let server = match testkit::test_guest() {
+        Ok(guest) => {
+            let server = ServerProcess::start(Path::new(BIN), "server", &[])?;
+            import_guest(&server, &guest)?;
+            server.apply(&driven_vm(true))?;
+            server
+        }
+        Err(why) => {
+            eprintln!("no test guest ({why}): driving a fake-QEMU VM instead");
+            let server = ServerProcess::start(Path::new(BIN), "server", &["--fake-qemu"])?;
+            server.apply(&driven_vm(false))?;
+            server
+        }
+    };
+    let status = |s: &ServerProcess| field(s, "vm/driven", "{.status.printableStatus}");
     wait_until(DEADLINE, "Stopped", || {
         (status(&server) == "Stopped").then_some(())
     })?;
 
-    let out = virtctl_run(&server, &["start", "fake"]);
+    let out = virtctl_run(&server, &["start", "driven"]);
     assert!(
         out.status.success(),
         "{}",
@@ -176,21 +242,21 @@ fn virtctl_drives_a_vm_and_subresource_errors_have_upstreams_codes() -> anyhow::
     );
     assert_eq!(
         String::from_utf8_lossy(&out.stdout).trim(),
-        "VM fake was scheduled to start"
+        "VM driven was scheduled to start"
     );
     wait_until(DEADLINE, "Running", || {
         (status(&server) == "Running").then_some(())
     })?;
 
     // Starting a running VM is a 409 with upstream's message.
-    let again = virtctl_run(&server, &["start", "fake"]);
+    let again = virtctl_run(&server, &["start", "driven"]);
     assert!(!again.status.success());
     assert!(
         String::from_utf8_lossy(&again.stderr).contains("VM is already running"),
         "{again:?}"
     );
 
-    let out = virtctl_run(&server, &["pause", "vm", "fake"]);
+    let out = virtctl_run(&server, &["pause", "vm", "driven"]);
     assert!(
         out.status.success(),
         "{}",
@@ -203,12 +269,12 @@ fn virtctl_drives_a_vm_and_subresource_errors_have_upstreams_codes() -> anyhow::
     wait_until(DEADLINE, "the paused VMI to be not Ready", || {
         let ready = field(
             &server,
-            "vmi/fake",
+            "vmi/driven",
             r#"{.status.conditions[?(@.type=="Ready")].status}"#,
         );
         (ready == "False").then_some(())
     })?;
-    let out = virtctl_run(&server, &["unpause", "vm", "fake"]);
+    let out = virtctl_run(&server, &["unpause", "vm", "driven"]);
     assert!(
         out.status.success(),
         "{}",
@@ -218,19 +284,19 @@ fn virtctl_drives_a_vm_and_subresource_errors_have_upstreams_codes() -> anyhow::
         (status(&server) == "Running").then_some(())
     })?;
 
-    let uid = field(&server, "vmi/fake", "{.metadata.uid}");
-    let out = virtctl_run(&server, &["restart", "fake"]);
+    let uid = field(&server, "vmi/driven", "{.metadata.uid}");
+    let out = virtctl_run(&server, &["restart", "driven"]);
     assert!(
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
     wait_until(DEADLINE, "a new VMI after restart", || {
-        let now = field(&server, "vmi/fake", "{.metadata.uid}");
+        let now = field(&server, "vmi/driven", "{.metadata.uid}");
         (!now.is_empty() && now != uid && status(&server) == "Running").then_some(())
     })?;
 
-    let out = virtctl_run(&server, &["stop", "fake"]);
+    let out = virtctl_run(&server, &["stop", "driven"]);
     assert!(
         out.status.success(),
         "{}",
@@ -239,7 +305,7 @@ fn virtctl_drives_a_vm_and_subresource_errors_have_upstreams_codes() -> anyhow::
     wait_until(DEADLINE, "Stopped again", || {
         (status(&server) == "Stopped").then_some(())
     })?;
-    let again = virtctl_run(&server, &["stop", "fake"]);
+    let again = virtctl_run(&server, &["stop", "driven"]);
     assert!(!again.status.success(), "stopping a stopped VM succeeded");
     assert!(
         String::from_utf8_lossy(&again.stderr).contains("VM is not running"),
@@ -293,14 +359,7 @@ fn virtctl_console_shows_the_guest_under_a_pseudo_terminal() -> anyhow::Result<(
         return Ok(());
     }
     let server = ServerProcess::start(Path::new(BIN), "server", &[])?;
-    let imported = Command::new(BIN)
-        .args(["images", "--data-dir"])
-        .arg(server.data_dir())
-        .args(["import", "kubevirt-rs/test-guest:latest"])
-        .arg(guest.join("vmlinux"))
-        .arg(guest.join("initramfs.cpio.gz"))
-        .status()?;
-    anyhow::ensure!(imported.success(), "importing the test guest failed");
+    import_guest(&server, &guest)?;
     let demo = std::fs::read_to_string(
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/vm-demo.yaml"),
     )?;
