@@ -208,12 +208,9 @@ fn invalid_manifests_are_refused_with_upstreams_messages_and_nothing_is_stored()
     Ok(())
 }
 
-#[test]
-fn virtctl_drives_a_vm_and_subresource_errors_have_upstreams_codes() -> anyhow::Result<()> {
-    if let Some(why) = virtctl_missing() {
-        eprintln!("skipped: {why}");
-        return Ok(());
-    }
+/// A server with a stopped VM `driven`: a real guest when the test guest exists, otherwise
+/// fake QEMU (the same control flow).
+fn start_driven_server() -> anyhow::Result<ServerProcess> {
     // A real guest when one is available; otherwise the same control flow with fake QEMU.
     let server = match testkit::test_guest() {
         Ok(guest) => {
@@ -229,6 +226,16 @@ fn virtctl_drives_a_vm_and_subresource_errors_have_upstreams_codes() -> anyhow::
             server
         }
     };
+    Ok(server)
+}
+
+#[test]
+fn virtctl_drives_a_vm_and_subresource_errors_have_upstreams_codes() -> anyhow::Result<()> {
+    if let Some(why) = virtctl_missing() {
+        eprintln!("skipped: {why}");
+        return Ok(());
+    }
+    let server = start_driven_server()?;
     let status = |s: &ServerProcess| field(s, "vm/driven", "{.status.printableStatus}");
     wait_until(DEADLINE, "Stopped", || {
         (status(&server) == "Stopped").then_some(())
