@@ -295,3 +295,70 @@ fn a_vm_whose_guest_cannot_start_goes_into_crash_loop_back_off() -> anyhow::Resu
     );
     Ok(())
 }
+
+/// Waits for VM `name`'s VMI to run and returns its uid.
+fn running_vmi_uid(server: &ServerProcess, name: &str) -> anyhow::Result<String> {
+    wait_phase(server, name, "Running")?;
+    Ok(jsonpath(server, &format!("vmi/{name}"), "{.metadata.uid}"))
+}
+
+#[test]
+fn rerun_on_failure_restarts_a_crashed_guest_and_once_does_not() -> anyhow::Result<()> {
+    let Some(server) = start_server_with_guest()? else {
+        return Ok(());
+    };
+    server.apply(&guest_vm("rerun", "RerunOnFailure", "app: rerun"))?;
+    server.apply(&guest_vm("once", "Once", "app: once"))?;
+    let rerun_uid = running_vmi_uid(&server, "rerun")?;
+    let once_uid = running_vmi_uid(&server, "once")?;
+    for name in ["rerun", "once"] {
+        let pid = qemu_pid(&server, name).ok_or_else(|| anyhow::anyhow!("no QEMU for {name}"))?;
+        Command::new("kill")
+            .args(["-s", "KILL", &pid.to_string()])
+            .status()?;
+    }
+    // RerunOnFailure: the failed VMI is replaced and runs again.
+    wait_until(DEADLINE, "a new rerun VMI to run", || {
+        let uid = jsonpath(&server, "vmi/rerun", "{.metadata.uid}");
+        let phase = jsonpath(&server, "vmi/rerun", "{.status.phase}");
+        (!uid.is_empty() && uid != rerun_uid && phase == "Running").then_some(())
+    })?;
+    // Once: the failed VMI stays, final, and nothing starts it again.
+    wait_phase(&server, "once", "Failed")?;
+    wait_until(DEADLINE, "the Once VM to show Stopped", || {
+        (jsonpath(&server, "vm/once", "{.status.printableStatus}") == "Stopped").then_some(())
+    })?;
+    assert_eq!(
+        jsonpath(&server, "vmi/once", "{.metadata.uid}"),
+        once_uid,
+        "Once started a new VMI"
+    );
+    Ok(())
+}
+
+#[test]
+fn a_manual_vm_starts_only_when_asked() -> anyhow::Result<()> {
+    let Some(server) = start_server_with_guest()? else {
+        return Ok(());
+    };
+    server.apply(&guest_vm("manual", "Manual", "app: manual"))?;
+    wait_until(DEADLINE, "the Manual VM to show Stopped", || {
+        (jsonpath(&server, "vm/manual", "{.status.printableStatus}") == "Stopped").then_some(())
+    })?;
+    assert!(
+        !server.kubectl(&["get", "vmi", "manual"]).status.success(),
+        "Manual started by itself"
+    );
+    // The start subresource adds a Start state change request (through the aggregation proxy).
+    let body = server.data_dir().join("start.json");
+    std::fs::write(&body, "{}")?;
+    server.ok(&[
+        "replace",
+        "--raw",
+        "/apis/subresources.kubevirt.io/v1/namespaces/default/virtualmachines/manual/start",
+        "-f",
+        &body.display().to_string(),
+    ])?;
+    running_vmi_uid(&server, "manual")?;
+    Ok(())
+}
