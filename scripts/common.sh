@@ -39,7 +39,8 @@ ensure_toolchain() {
 
 # ensure_runtime_packages: what tests and the server need on the host.
 ensure_runtime_packages() {
-  apt_install qemu-system-x86 busybox-static cpio xz-utils zstd curl ca-certificates
+  # qemu: the guests; dosfstools+mtools: cloud-init NoCloud disks; ovmf: EFI firmware.
+  apt_install qemu-system-x86 busybox-static cpio xz-utils zstd curl ca-certificates dosfstools mtools ovmf
   command -v kubectl >/dev/null || install_kubectl
 }
 
