@@ -2,45 +2,28 @@
 //! data directory with the KubeVirt CRDs installed. The test plays virt-handler by writing
 //! VMI phases itself.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use anyhow::{Context, bail};
+use anyhow::Context;
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client};
 use kubevirt_api::constants::{VM_CONTROLLER_FINALIZER, VM_GENERATION_ANNOTATION};
 use kubevirt_api::v1::{PrintableStatus, VirtualMachine, VirtualMachineInstance};
 use serde_json::json;
+use testkit::wait_until_async;
 use tokio_util::sync::CancellationToken;
 use virt_controller::runtime::metrics::Metrics;
 use virt_controller::vm::{VmControllerConfig, run_vm_controller};
 
 const DEADLINE: Duration = Duration::from_secs(30);
 
-/// Polls `check` every 50 ms until it yields a value, or fails after [`DEADLINE`].
-async fn eventually<T, F, Fut>(what: &str, mut check: F) -> anyhow::Result<T>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let start = Instant::now();
-    loop {
-        if let Some(v) = check().await {
-            return Ok(v);
-        }
-        if start.elapsed() > DEADLINE {
-            bail!("timed out waiting for {what}");
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 async fn printable_status(vms: &Api<VirtualMachine>) -> Option<PrintableStatus> {
     vms.get("testvm").await.ok()?.status?.printable_status
 }
 
 async fn wait_status(vms: &Api<VirtualMachine>, want: PrintableStatus) -> anyhow::Result<()> {
-    eventually(&format!("printableStatus {want:?}"), || async {
+    wait_until_async(DEADLINE, &format!("printableStatus {want:?}"), || async {
         (printable_status(vms).await.as_ref() == Some(&want)).then_some(())
     })
     .await
@@ -127,7 +110,10 @@ async fn a_vm_starts_runs_and_stops_against_the_embedded_api_server() -> anyhow:
     }))?;
     let created = vms.create(&PostParams::default(), &vm).await?;
 
-    let vmi = eventually("the VMI", || async { vmis.get("testvm").await.ok() }).await?;
+    let vmi = wait_until_async(DEADLINE, "the VMI", || async {
+        vmis.get("testvm").await.ok()
+    })
+    .await?;
     let owner = &vmi.metadata.owner_references.clone().unwrap_or_default()[0];
     assert_eq!(Some(&owner.uid), created.metadata.uid.as_ref());
     assert_eq!(
@@ -170,7 +156,7 @@ async fn a_vm_starts_runs_and_stops_against_the_embedded_api_server() -> anyhow:
         &Patch::Merge(json!({"spec": {"runStrategy": "Halted"}})),
     )
     .await?;
-    eventually("the VMI deletion", || async {
+    wait_until_async(DEADLINE, "the VMI deletion", || async {
         vmis.get("testvm")
             .await
             .ok()?
@@ -181,14 +167,14 @@ async fn a_vm_starts_runs_and_stops_against_the_embedded_api_server() -> anyhow:
     .await?;
     wait_status(&vms, PrintableStatus::Stopping).await?;
     set_vmi_phase(&vmis, "Succeeded").await?;
-    eventually("the VMI to disappear", || async {
+    wait_until_async(DEADLINE, "the VMI to disappear", || async {
         matches!(vmis.get_opt("testvm").await, Ok(None)).then_some(())
     })
     .await?;
     wait_status(&vms, PrintableStatus::Stopped).await?;
     // `Stopped` already shows while the final VMI still exists; `created` follows once the
     // controller has seen the VMI go (created=false is omitted, as upstream).
-    let status = eventually("created to be cleared", || async {
+    let status = wait_until_async(DEADLINE, "created to be cleared", || async {
         let status = vms.get("testvm").await.ok()?.status.unwrap_or_default();
         status.created.is_none().then_some(status)
     })

@@ -2,15 +2,16 @@
 //! data directory with the KubeVirt CRDs installed. The test plays the pod runner by marking
 //! the launcher pod Running itself.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use anyhow::{Context, bail};
+use anyhow::Context;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client};
 use kubevirt_api::v1::{VirtualMachineInstance, VirtualMachineInstancePhase as Phase};
 use serde_json::json;
+use testkit::wait_until_async;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use virt_controller::labelsync::SyncPatterns;
@@ -20,24 +21,6 @@ use virt_controller::vmi::template::LauncherPodConfig;
 use virt_controller::vmi::{VmiControllerConfig, run_vmi_controller};
 
 const DEADLINE: Duration = Duration::from_secs(30);
-
-/// Polls `check` every 50 ms until it yields a value, or fails after [`DEADLINE`].
-async fn eventually<T, F, Fut>(what: &str, mut check: F) -> anyhow::Result<T>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let start = Instant::now();
-    loop {
-        if let Some(v) = check().await {
-            return Ok(v);
-        }
-        if start.elapsed() > DEADLINE {
-            bail!("timed out waiting for {what}");
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
 
 fn labels(pattern: &str) -> SyncConfig {
     SyncConfig {
@@ -106,7 +89,7 @@ async fn a_vmi_gets_a_launcher_pod_is_scheduled_and_its_labels_follow_in_place()
     let created = vmis.create(&PostParams::default(), &vmi).await?;
     let uid = created.metadata.uid.clone().context("VMI uid")?;
 
-    let pod = eventually("the launcher pod", || launcher_pod(&pods, &uid)).await?;
+    let pod = wait_until_async(DEADLINE, "the launcher pod", || launcher_pod(&pods, &uid)).await?;
     assert_eq!(
         pod_label(&pod, "kubevirt.io").as_deref(),
         Some("virt-launcher")
@@ -120,7 +103,7 @@ async fn a_vmi_gets_a_launcher_pod_is_scheduled_and_its_labels_follow_in_place()
         (owner.kind.as_str(), owner.uid.as_str()),
         ("VirtualMachineInstance", uid.as_str())
     );
-    eventually("Scheduling", || async {
+    wait_until_async(DEADLINE, "Scheduling", || async {
         (vmi_phase(&vmis).await == Some(Phase::Scheduling)).then_some(())
     })
     .await?;
@@ -140,7 +123,7 @@ async fn a_vmi_gets_a_launcher_pod_is_scheduled_and_its_labels_follow_in_place()
         "state": {"running": {"startedAt": "2024-01-01T00:00:00Z"}}}]}});
     pods.patch_status(&name, &PatchParams::default(), &Patch::Merge(running))
         .await?;
-    eventually("Scheduled", || async {
+    wait_until_async(DEADLINE, "Scheduled", || async {
         (vmi_phase(&vmis).await == Some(Phase::Scheduled)).then_some(())
     })
     .await?;
@@ -152,7 +135,7 @@ async fn a_vmi_gets_a_launcher_pod_is_scheduled_and_its_labels_follow_in_place()
             .and_then(|s| s.node_name.as_deref()),
         Some("node01")
     );
-    eventually("the nodeName label on the pod", || async {
+    wait_until_async(DEADLINE, "the nodeName label on the pod", || async {
         let pod = pods.get(&name).await.ok()?;
         (pod_label(&pod, "kubevirt.io/nodeName").as_deref() == Some("node01")).then_some(())
     })
@@ -163,7 +146,7 @@ async fn a_vmi_gets_a_launcher_pod_is_scheduled_and_its_labels_follow_in_place()
         "ops.example.com/owner": "team-a-v2", "ops.example.com/dynamic": "enabled", "unrelated": "y"}}});
     vmis.patch("testvmi", &PatchParams::default(), &Patch::Merge(relabel))
         .await?;
-    let pod = eventually("the relabelled pod", || async {
+    let pod = wait_until_async(DEADLINE, "the relabelled pod", || async {
         let pod = pods.get(&name).await.ok()?;
         (pod_label(&pod, "ops.example.com/owner").as_deref() == Some("team-a-v2")).then_some(pod)
     })
@@ -187,7 +170,7 @@ async fn a_vmi_gets_a_launcher_pod_is_scheduled_and_its_labels_follow_in_place()
         &Patch::Merge(json!({"metadata": {"labels": {"team/x": "1"}}})),
     )
     .await?;
-    eventually("the label of the new pattern", || async {
+    wait_until_async(DEADLINE, "the label of the new pattern", || async {
         let pod = pods.get(&name).await.ok()?;
         (pod_label(&pod, "team/x").as_deref() == Some("1")).then_some(())
     })
