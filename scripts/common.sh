@@ -35,6 +35,10 @@ ensure_toolchain() {
     step "installing cargo-nextest"
     cargo install --locked cargo-nextest
   fi
+  if ! command -v cargo-machete >/dev/null; then
+    step "installing cargo-machete"
+    cargo install --locked cargo-machete
+  fi
 }
 
 # ensure_runtime_packages: what tests and the server need on the host.

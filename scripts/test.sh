@@ -11,11 +11,17 @@ ensure_runtime_packages
 
 step "building the test guest (cached)"
 scripts/build-test-guest.sh "$KUBEVIRT_RS_CACHE/guest"
-# Tests that boot a guest read it from here; they say why they skip when it is absent.
+# Tests that boot a guest read it from here.
 export KUBEVIRT_RS_TEST_GUEST="$KUBEVIRT_RS_CACHE/guest"
+# Everything a test needs (QEMU, the guest, virtctl, mkfs.vfat…) is installed above, so here a
+# missing prerequisite fails its test instead of skipping it (see crates/test-prerequisites).
+export KUBEVIRT_RS_REQUIRE_PREREQUISITES=1
 
 step "cargo fmt --check"
 cargo fmt --all -- --check
+
+step "unused dependencies (cargo machete)"
+cargo machete
 
 step "cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings

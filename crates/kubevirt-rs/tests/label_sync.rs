@@ -7,7 +7,6 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::process::Command;
 
 use testkit::{DEADLINE, ServerProcess, wait_until};
 
@@ -115,22 +114,11 @@ fn patch_template_labels(server: &ServerProcess, vm: &str, labels: &str) -> anyh
 
 #[test]
 fn template_labels_under_a_prefix_follow_to_the_vmi_and_the_running_pod() -> anyhow::Result<()> {
-    let guest = match testkit::test_guest() {
-        Ok(dir) => dir,
-        Err(why) => {
-            eprintln!("skipped: {why}");
-            return Ok(());
-        }
+    let Some(guest) = testkit::available(testkit::test_guest()) else {
+        return Ok(());
     };
-    let server = ServerProcess::start(Path::new(BIN), "server", &[])?;
-    let imported = Command::new(BIN)
-        .args(["images", "--data-dir"])
-        .arg(server.data_dir())
-        .args(["import", "kubevirt-rs/test-guest:latest"])
-        .arg(guest.join("vmlinux"))
-        .arg(guest.join("initramfs.cpio.gz"))
-        .status()?;
-    anyhow::ensure!(imported.success(), "importing the test guest failed");
+    let mut server = ServerProcess::start(Path::new(BIN), "server", &[])?;
+    server.import_test_guest(guest)?;
 
     // Configure the sync through the KubeVirt CR, exactly as the article does.
     server.ok(&[

@@ -20,13 +20,16 @@ fn virtctl() -> PathBuf {
 }
 
 /// Why virtctl tests cannot run, if they cannot.
-fn virtctl_missing() -> Option<String> {
-    (!virtctl().exists()).then(|| {
-        format!(
+fn virtctl_built() -> Result<PathBuf, String> {
+    let virtctl = virtctl();
+    if virtctl.exists() {
+        Ok(virtctl)
+    } else {
+        Err(format!(
             "{} is not built (cargo build -p virtctl)",
-            virtctl().display()
-        )
-    })
+            virtctl.display()
+        ))
+    }
 }
 
 fn virtctl_run(server: &ServerProcess, args: &[&str]) -> std::process::Output {
@@ -53,19 +56,6 @@ fn driven_vm(kernel_boot: bool) -> String {
     format!(
         "apiVersion: kubevirt.io/v1\nkind: VirtualMachine\nmetadata:\n  name: driven\nspec:\n  runStrategy: Halted\n  template:\n    spec:\n      domain:\n        memory: {{guest: 128Mi}}\n{firmware}        devices: {{}}\n"
     )
-}
-
-/// Imports the test guest into the server's image store.
-fn import_guest(server: &ServerProcess, guest: &Path) -> anyhow::Result<()> {
-    let imported = Command::new(BIN)
-        .args(["images", "--data-dir"])
-        .arg(server.data_dir())
-        .args(["import", "kubevirt-rs/test-guest:latest"])
-        .arg(guest.join("vmlinux"))
-        .arg(guest.join("initramfs.cpio.gz"))
-        .status()?;
-    anyhow::ensure!(imported.success(), "importing the test guest failed");
-    Ok(())
 }
 
 #[test]
@@ -212,15 +202,16 @@ fn invalid_manifests_are_refused_with_upstreams_messages_and_nothing_is_stored()
 /// fake QEMU (the same control flow).
 fn start_driven_server() -> anyhow::Result<ServerProcess> {
     // A real guest when one is available; otherwise the same control flow with fake QEMU.
-    let server = match testkit::test_guest() {
-        Ok(guest) => {
-            let server = ServerProcess::start(Path::new(BIN), "server", &[])?;
-            import_guest(&server, &guest)?;
+    // `available` fails the test instead when scripts/test.sh requires every prerequisite.
+    let server = match testkit::available(testkit::test_guest()) {
+        Some(guest) => {
+            let mut server = ServerProcess::start(Path::new(BIN), "server", &[])?;
+            server.import_test_guest(guest)?;
             server.apply(&driven_vm(true))?;
             server
         }
-        Err(why) => {
-            eprintln!("no test guest ({why}): driving a fake-QEMU VM instead");
+        None => {
+            eprintln!("driving a fake-QEMU VM instead");
             let server = ServerProcess::start(Path::new(BIN), "server", &["--fake-qemu"])?;
             server.apply(&driven_vm(false))?;
             server
@@ -231,8 +222,7 @@ fn start_driven_server() -> anyhow::Result<ServerProcess> {
 
 #[test]
 fn virtctl_drives_a_vm_and_subresource_errors_have_upstreams_codes() -> anyhow::Result<()> {
-    if let Some(why) = virtctl_missing() {
-        eprintln!("skipped: {why}");
+    if testkit::available(virtctl_built()).is_none() {
         return Ok(());
     }
     let server = start_driven_server()?;
@@ -354,19 +344,14 @@ fn read_until(master: &mut std::fs::File, needle: &str, deadline: Duration) -> S
 
 #[test]
 fn virtctl_console_shows_the_guest_under_a_pseudo_terminal() -> anyhow::Result<()> {
-    let guest = match testkit::test_guest() {
-        Ok(dir) => dir,
-        Err(why) => {
-            eprintln!("skipped: {why}");
-            return Ok(());
-        }
+    let Some(guest) = testkit::available(testkit::test_guest()) else {
+        return Ok(());
     };
-    if let Some(why) = virtctl_missing() {
-        eprintln!("skipped: {why}");
+    if testkit::available(virtctl_built()).is_none() {
         return Ok(());
     }
-    let server = ServerProcess::start(Path::new(BIN), "server", &[])?;
-    import_guest(&server, &guest)?;
+    let mut server = ServerProcess::start(Path::new(BIN), "server", &[])?;
+    server.import_test_guest(guest)?;
     let demo = std::fs::read_to_string(
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/vm-demo.yaml"),
     )?;

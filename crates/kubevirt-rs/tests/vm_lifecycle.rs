@@ -11,22 +11,11 @@ use testkit::{DEADLINE, ServerProcess, wait_until};
 const BIN: &str = env!("CARGO_BIN_EXE_kubevirt-rs");
 
 fn start_server_with_guest() -> anyhow::Result<Option<ServerProcess>> {
-    let guest = match testkit::test_guest() {
-        Ok(dir) => dir,
-        Err(why) => {
-            eprintln!("skipped: {why}");
-            return Ok(None);
-        }
+    let Some(guest) = testkit::available(testkit::test_guest()) else {
+        return Ok(None);
     };
-    let server = ServerProcess::start(Path::new(BIN), "server", &[])?;
-    let status = Command::new(BIN)
-        .args(["images", "--data-dir"])
-        .arg(server.data_dir())
-        .args(["import", "kubevirt-rs/test-guest:latest"])
-        .arg(guest.join("vmlinux"))
-        .arg(guest.join("initramfs.cpio.gz"))
-        .status()?;
-    anyhow::ensure!(status.success(), "importing the test guest failed");
+    let mut server = ServerProcess::start(Path::new(BIN), "server", &[])?;
+    server.import_test_guest(guest)?;
     Ok(Some(server))
 }
 

@@ -14,6 +14,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
+pub use test_prerequisites::{TestGuest, available, test_guest};
 
 /// The default deadline for conditions in end-to-end tests.
 pub const DEADLINE: Duration = Duration::from_secs(60);
@@ -65,6 +66,9 @@ pub struct ServerProcess {
     extra_args: Vec<String>,
     child: Option<Child>,
     data: tempfile::TempDir,
+    /// The test guest imported into the server's image store, holding the guest lock for as
+    /// long as the server (and its guests) live.
+    guest: Option<TestGuest>,
 }
 
 impl ServerProcess {
@@ -85,6 +89,7 @@ impl ServerProcess {
             extra_args: extra_args.iter().map(|s| (*s).to_owned()).collect(),
             child: None,
             data,
+            guest: None,
         };
         server.spawn()?;
         Ok(server)
@@ -121,6 +126,22 @@ impl ServerProcess {
             let text = std::fs::read_to_string(&kubeconfig).ok()?;
             text.contains("server: https://").then_some(Ok(()))
         })?
+    }
+
+    /// Imports the test guest into the server's image store as `kubevirt-rs/test-guest:latest`
+    /// and keeps it (and so the guest lock) until the server is dropped.
+    pub fn import_test_guest(&mut self, guest: TestGuest) -> anyhow::Result<()> {
+        let status = Command::new(&self.binary)
+            .args(["images", "--data-dir"])
+            .arg(self.data.path())
+            .args(["import", "kubevirt-rs/test-guest:latest"])
+            .arg(guest.kernel())
+            .arg(guest.initrd())
+            .status()
+            .context("running kubevirt-rs images import")?;
+        anyhow::ensure!(status.success(), "importing the test guest failed");
+        self.guest = Some(guest);
+        Ok(())
     }
 
     /// The data directory.
@@ -309,31 +330,4 @@ impl Drop for Watcher {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-/// The test guest directory (`vmlinux`, `initramfs.cpio.gz`) from `KUBEVIRT_RS_TEST_GUEST`,
-/// or the reason it is unavailable (tests print it and skip).
-pub fn test_guest() -> Result<PathBuf, String> {
-    let dir = std::env::var_os("KUBEVIRT_RS_TEST_GUEST")
-        .map(PathBuf::from)
-        .ok_or_else(|| {
-            "KUBEVIRT_RS_TEST_GUEST is not set (scripts/test.sh builds the guest and sets it)"
-                .to_owned()
-        })?;
-    for file in ["vmlinux", "initramfs.cpio.gz"] {
-        if !dir.join(file).exists() {
-            return Err(format!(
-                "{} has no {file}; run scripts/build-test-guest.sh",
-                dir.display()
-            ));
-        }
-    }
-    if Command::new("qemu-system-x86_64")
-        .arg("--version")
-        .output()
-        .is_err()
-    {
-        return Err("qemu-system-x86_64 is not installed".into());
-    }
-    Ok(dir)
 }

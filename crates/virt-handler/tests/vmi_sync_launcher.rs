@@ -363,26 +363,11 @@ impl Drop for QemuGuard {
 
 #[tokio::test]
 async fn a_real_tcg_guest_boots_to_running_and_powers_off_on_delete() -> anyhow::Result<()> {
-    let Some(guest) = std::env::var_os("KUBEVIRT_RS_TEST_GUEST").map(PathBuf::from) else {
-        eprintln!(
-            "skipped: KUBEVIRT_RS_TEST_GUEST is not set (scripts/build-test-guest.sh builds the guest)"
-        );
+    let Some(guest) = test_prerequisites::available(test_prerequisites::test_guest()) else {
         return Ok(());
     };
-    if std::process::Command::new("qemu-system-x86_64")
-        .arg("--version")
-        .output()
-        .is_err()
-    {
-        eprintln!("skipped: qemu-system-x86_64 is not installed");
-        return Ok(());
-    }
     let cluster = Cluster::start().await?;
-    import_guest(
-        &cluster.data,
-        &guest.join("vmlinux"),
-        &guest.join("initramfs.cpio.gz"),
-    )?;
+    import_guest(&cluster.data, &guest.kernel(), &guest.initrd())?;
     cluster.create_scheduled_vmi("real", "pod-real").await?;
     let pod = cluster.pod_dir("pod-real");
     let _qemu = QemuGuard(pod.join("qemu.pid"));

@@ -336,12 +336,9 @@ fn unsupported_volumes_and_bindings_are_clear_errors() {
 
 #[test]
 fn cloud_init_no_cloud_becomes_a_cidata_disk() {
-    if std::process::Command::new("mkfs.vfat")
-        .arg("--help")
-        .output()
-        .is_err()
-    {
-        eprintln!("skipped: mkfs.vfat (dosfstools) is not installed");
+    let tools = test_prerequisites::command("mkfs.vfat", "dosfstools")
+        .and_then(|_| test_prerequisites::command("mcopy", "mtools"));
+    if test_prerequisites::available(tools).is_none() {
         return;
     }
     let f = fixture();

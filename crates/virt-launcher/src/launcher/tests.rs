@@ -6,7 +6,8 @@ use crate::protocol::{Command, DomainState, DomainStatus, LauncherClient, StateR
 use crate::spec::{
     Accel, Cpu, CpuModel, Firmware, KernelBoot, LauncherSpec, Memory, RuntimePaths, VmiIdentity,
 };
-use crate::test_support::{ProcessGroupGuard, qemu_binary, test_guest, wait_until};
+use crate::test_support::{ProcessGroupGuard, wait_until};
+use test_prerequisites::{available, qemu_binary, test_guest};
 
 fn spec_in(dir: &Path, kernel: Option<(PathBuf, PathBuf)>) -> LauncherSpec {
     let path = |name: &str| dir.join(name).to_string_lossy().into_owned();
@@ -225,9 +226,8 @@ async fn paths_through_a_symlink_are_refused_when_a_base_dir_is_set() {
 
 #[tokio::test]
 async fn a_qemu_that_cannot_start_is_reported_crashed_with_its_error() {
-    let qemu = match qemu_binary() {
-        Ok(q) => q,
-        Err(why) => return eprintln!("skipping: {why}"),
+    let Some(qemu) = available(qemu_binary()) else {
+        return;
     };
     let dir = tempfile::tempdir().unwrap();
     let mut opts = options(dir.path());
@@ -266,17 +266,17 @@ async fn a_qemu_that_cannot_start_is_reported_crashed_with_its_error() {
 /// log, powers it off through ACPI and checks the launcher reports a guest shutdown.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn real_guest_boots_and_powers_off_through_acpi() {
-    let (qemu, guest) = match (qemu_binary(), test_guest()) {
-        (Ok(q), Ok(g)) => (q, g),
-        (Err(why), _) | (_, Err(why)) => return eprintln!("skipping: {why}"),
+    let Some(guest) = available(test_guest()) else {
+        return;
     };
+    let qemu = guest.qemu().to_owned();
     let dir = tempfile::tempdir().unwrap();
     let mut opts = options(dir.path());
     opts.qemu_binary = qemu;
     let socket = opts.socket_path.clone();
     let launcher = tokio::spawn(run_launcher(opts));
     let mut client = connect(&socket).await;
-    let spec = spec_in(dir.path(), Some(guest));
+    let spec = spec_in(dir.path(), Some((guest.kernel(), guest.initrd())));
     let serial_log = PathBuf::from(&spec.paths.serial_log);
 
     let started = std::time::Instant::now();

@@ -5,7 +5,8 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::UnixListener;
 
 use super::*;
-use crate::test_support::{ProcessGroupGuard, qemu_binary, wait_until};
+use crate::test_support::{ProcessGroupGuard, wait_until};
+use test_prerequisites::{available, qemu_binary};
 
 const GREETING: &str = r#"{"QMP": {"version": {"qemu": {"micro": 22, "minor": 2, "major": 7}, "package": "Debian 1:7.2"}, "capabilities": ["oob"]}}"#;
 
@@ -176,12 +177,8 @@ async fn quit_counts_a_closed_connection_as_success() {
 /// Real QEMU (no guest: `-machine none`): version, stop/cont with their events, quit.
 #[tokio::test]
 async fn real_qemu_answers_status_pause_resume_and_quit() {
-    let qemu = match qemu_binary() {
-        Ok(q) => q,
-        Err(why) => {
-            eprintln!("skipping: {why}");
-            return;
-        }
+    let Some(qemu) = available(qemu_binary()) else {
+        return;
     };
     let dir = tempfile::tempdir().unwrap();
     let sock = dir.path().join("qmp.sock");
