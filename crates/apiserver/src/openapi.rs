@@ -1,4 +1,5 @@
-//! `/openapi/v3`: the index and one document per group version.
+//! `/openapi/v3`: the index and one document per group version; `/openapi/v2`: an empty
+//! Swagger document.
 //!
 //! Each document has the paths of every resource with a PATCH operation carrying
 //! `x-kubernetes-group-version-kind` and the `fieldValidation` parameter (kubectl checks
@@ -6,6 +7,13 @@
 //! `openAPIV3Schema` for custom resources (so `kubectl explain` works), a skeleton for
 //! built-ins. The strategic-merge-patch content type is deliberately not listed, so kubectl
 //! computes client-side apply patches from its compiled-in types.
+//!
+//! kubectl reads `/openapi/v2` (protobuf only) for one case: a `v1` `List` (what `kubectl get
+//! -o json` of several objects prints), whose kind has no PATCH operation, so kubectl validates
+//! it client-side against the v2 definitions before creating the items one by one. The v2
+//! document has no definitions: kubectl skips client-side checks of kinds it finds no
+//! definition for, and every item is still validated by this server (`fieldValidation`) as it
+//! is created.
 
 use std::hash::{DefaultHasher, Hash, Hasher};
 
@@ -228,5 +236,84 @@ mod tests {
                 .get("application/strategic-merge-patch+json")
                 .is_none()
         );
+    }
+}
+
+/// The Swagger 2.0 document `/openapi/v2` serves: version and title only, no paths or definitions.
+const V2_SWAGGER: &str = "2.0";
+const V2_TITLE: &str = "Kubernetes";
+const V2_VERSION: &str = "v1.32.0";
+
+/// The media type of the protobuf `/openapi/v2` (gnostic's `openapi.v2.Document` message).
+/// kubectl asks for the older spelling with `@v1.0`, which Go's MIME parser refuses in a
+/// response's `Content-Type`; kube-apiserver answers with this one, as here.
+const V2_PROTOBUF: &str = "application/com.github.proto-openapi.spec.v2.v1.0+protobuf";
+
+/// `GET /openapi/v2`: the document as protobuf when the client accepts it, else as JSON.
+pub async fn v2(headers: axum::http::HeaderMap) -> Response {
+    let wants_protobuf = headers
+        .get_all(axum::http::header::ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .any(|accept| accept.contains("com.github.proto-openapi.spec.v2"));
+    if !wants_protobuf {
+        return json_response(
+            200,
+            &json!({"swagger": V2_SWAGGER, "info": {"title": V2_TITLE, "version": V2_VERSION}, "paths": {}}),
+        );
+    }
+    (
+        [(axum::http::header::CONTENT_TYPE, V2_PROTOBUF)],
+        v2_protobuf(),
+    )
+        .into_response()
+}
+
+/// gnostic's `openapi.v2.Document` with `swagger` (1), `info` (2: `title` 1, `version` 2) and
+/// an empty `paths` (8).
+fn v2_protobuf() -> Vec<u8> {
+    let mut info = Vec::new();
+    length_delimited(&mut info, 1, V2_TITLE.as_bytes());
+    length_delimited(&mut info, 2, V2_VERSION.as_bytes());
+    let mut doc = Vec::new();
+    length_delimited(&mut doc, 1, V2_SWAGGER.as_bytes());
+    length_delimited(&mut doc, 2, &info);
+    length_delimited(&mut doc, 8, &[]);
+    doc
+}
+
+/// Appends field `number` with wire type 2 (length-delimited) holding `payload`.
+fn length_delimited(out: &mut Vec<u8>, number: u32, payload: &[u8]) {
+    varint(out, u64::from(number << 3 | 2));
+    varint(out, payload.len() as u64);
+    out.extend_from_slice(payload);
+}
+
+fn varint(out: &mut Vec<u8>, mut value: u64) {
+    while value >= 0x80 {
+        out.push((value & 0x7f) as u8 | 0x80);
+        value >>= 7;
+    }
+    out.push(value as u8);
+}
+
+#[cfg(test)]
+mod v2_tests {
+    use super::*;
+
+    #[test]
+    fn the_v2_protobuf_document_is_swagger_two_with_its_info_and_empty_paths() {
+        let mut expected = b"\x0a\x032.0\x12\x15".to_vec();
+        expected.extend_from_slice(b"\x0a\x0aKubernetes\x12\x07v1.32.0");
+        expected.extend_from_slice(b"\x42\x00");
+        assert_eq!(v2_protobuf(), expected);
+    }
+
+    #[test]
+    fn long_fields_get_multi_byte_lengths() {
+        let mut out = Vec::new();
+        length_delimited(&mut out, 1, &[0; 300]);
+        assert_eq!(&out[..3], [0x0a, 0xac, 0x02]);
+        assert_eq!(out.len(), 303);
     }
 }

@@ -170,10 +170,6 @@ async fn metrics(State(state): State<Arc<ApiState>>) -> Response {
     resp
 }
 
-async fn openapi_v2() -> Response {
-    crate::status::ApiError::no_route().into_response()
-}
-
 async fn count_requests(State(state): State<Arc<ApiState>>, req: Request, next: Next) -> Response {
     let start = Instant::now();
     let method = req.method().as_str().to_owned();
@@ -203,7 +199,7 @@ pub fn router(state: Arc<ApiState>) -> Router {
         .route("/livez", get(ok))
         .route("/readyz", get(ok))
         .route("/metrics", get(metrics))
-        .route("/openapi/v2", get(openapi_v2))
+        .route("/openapi/v2", get(crate::openapi::v2))
         .route("/openapi/v3", get(crate::openapi::index))
         .route("/openapi/v3/{*path}", get(crate::openapi::group_version))
         .fallback(crate::handlers::api_request)

@@ -292,6 +292,25 @@ fn kubectl_drives_the_full_object_lifecycle() {
     watch.wait_for("cm1");
     let err = s.fails(&["get", "cm", "cm1"]);
     assert!(err.contains("NotFound"), "{err}");
+
+    // `kubectl get -o json` of several objects prints a `v1` `List`, which `kubectl create -f`
+    // takes back with the default (strict) validation.
+    s.ok(&["create", "cm", "listed-a", "--from-literal=k=a"]);
+    s.ok(&["create", "cm", "listed-b", "--from-literal=k=b"]);
+    let list = s.ok(&["get", "cm", "listed-a", "listed-b", "-o", "json"]);
+    assert!(list.contains("\"kind\": \"List\""), "{list}");
+    let list_file = s.data.join("list.json");
+    std::fs::write(&list_file, &list).expect("write the list");
+    s.ok(&["delete", "cm", "listed-a", "listed-b"]);
+    let created = s.ok(&["create", "-f", list_file.to_str().unwrap_or_default()]);
+    assert!(
+        created.contains("listed-a created") && created.contains("listed-b created"),
+        "{created}"
+    );
+    assert_eq!(
+        s.ok(&["get", "cm", "listed-b", "-o", "jsonpath={.data.k}"]),
+        "b"
+    );
 }
 
 const WIDGET_CRD: &str = r#"apiVersion: apiextensions.k8s.io/v1

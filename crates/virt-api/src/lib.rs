@@ -1,13 +1,17 @@
-//! virt-api: KubeVirt's admission webhooks (and, later, the subresource API).
+//! virt-api: KubeVirt's admission webhooks and the `subresources.kubevirt.io` API.
 //!
 //! Data flow: the API server sends an `AdmissionReview` over HTTPS to [`webhook`]; the handler
 //! decodes the object, runs the pure [`mutate`] functions (defaults, returned as an RFC 6902 JSON
 //! patch) or the pure [`validate`] functions (field-path [`validate::Cause`]s, answered as one
 //! 422 `Invalid` status), both driven by a [`ClusterConfig`] derived from the `KubeVirt` CR.
-//! The validators take no I/O, so `virtctl --dry-run` reuses them unchanged.
+//! The validators take no I/O. The API server proxies `subresources.kubevirt.io` (an aggregated
+//! APIService, [`subresources::api_service`]) to [`subresources`]: start, stop, restart, pause,
+//! unpause, soft reboot, migrate, add/remove volume, guest OS info, console and VNC, the last
+//! ones relayed to the virt-handler of the VMI's node.
 //!
-//! Entry points for the binary: [`webhook::run_webhook_server`] (serve) and
-//! [`webhook::webhook_configurations`] (the registration objects to create in the API server).
+//! Entry points for the binary: [`webhook::run_webhook_server`] and
+//! [`subresources::run_subresource_server`] (serve), [`webhook::webhook_configurations`] (the
+//! registration objects to create in the API server).
 
 pub mod config;
 pub mod mutate;

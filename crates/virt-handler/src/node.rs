@@ -17,8 +17,9 @@
 //!   the TSC is invariant (`constant_tsc` and `nonstop_tsc`) and its frequency is known.
 //!
 //! # Caveats
-//! The heartbeat only says the handler process lives; the node controller in virt-controller
-//! decides what a stale heartbeat means.
+//! The heartbeat only says the handler process lives. Upstream's node controller in
+//! virt-controller marks a node with a stale heartbeat unschedulable and fails its VMIs; that
+//! controller does not exist here yet, so a stale heartbeat changes nothing.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
