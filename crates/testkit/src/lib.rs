@@ -202,11 +202,44 @@ impl ServerProcess {
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
 
-    /// `kubectl apply -f -` of `yaml`.
+    /// Runs kubectl, fails unless kubectl fails, returns stderr.
+    pub fn fails(&self, args: &[&str]) -> anyhow::Result<String> {
+        let out = self.kubectl(args);
+        if out.status.success() {
+            bail!(
+                "kubectl {args:?} unexpectedly succeeded: {}",
+                String::from_utf8_lossy(&out.stdout)
+            );
+        }
+        Ok(String::from_utf8_lossy(&out.stderr).into_owned())
+    }
+
+    /// `kubectl apply -f` of `yaml`; fails unless it succeeds, returns stdout.
     pub fn apply(&self, yaml: &str) -> anyhow::Result<String> {
+        let path = self.manifest(yaml)?;
+        self.ok(&["apply", "-f", &path.display().to_string()])
+    }
+
+    /// `kubectl apply -f` of `yaml`, whatever its outcome.
+    pub fn apply_output(&self, yaml: &str) -> anyhow::Result<Output> {
+        let path = self.manifest(yaml)?;
+        Ok(self.kubectl(&["apply", "-f", &path.display().to_string()]))
+    }
+
+    /// Writes `yaml` to a new file in the data directory.
+    fn manifest(&self, yaml: &str) -> anyhow::Result<PathBuf> {
         let path = self.data.path().join(format!("manifest-{}.yaml", unique()));
         std::fs::write(&path, yaml).context("write manifest")?;
-        self.ok(&["apply", "-f", &path.display().to_string()])
+        Ok(path)
+    }
+
+    /// The `host:port` the server listens on (from its kubeconfig).
+    pub fn address(&self) -> anyhow::Result<String> {
+        let text = std::fs::read_to_string(self.kubeconfig()).context("kubeconfig")?;
+        text.lines()
+            .find_map(|l| l.trim().strip_prefix("server: https://"))
+            .map(str::to_owned)
+            .context("no server line in the kubeconfig")
     }
 
     /// A kube-rs client with the admin credentials.
