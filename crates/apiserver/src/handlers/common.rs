@@ -172,6 +172,12 @@ pub async fn admit(
     let mut warnings = Vec::new();
     for hook in &state.admission {
         warnings.extend(hook.admit(phase, request, obj).await?);
+        // The write path indexes into the object: a hook must leave an object behind.
+        if !obj.is_object() || !(obj["metadata"].is_null() || obj["metadata"].is_object()) {
+            return Err(ApiError::internal(
+                "Internal error occurred: an admission hook returned an object that is not a JSON object with object metadata",
+            ));
+        }
     }
     Ok(warnings)
 }
