@@ -4,7 +4,8 @@
 //! [`server`] (TLS, router) → [`auth`] → [`handlers`] (pure [`request`] parsing, then one
 //! file per verb) → the store. [`registry`] knows the served resources (built-in and from
 //! [`crd`]s); [`discovery`], [`openapi`] and [`table`] render what kubectl asks for;
-//! [`status`] turns every failure into a `Status`.
+//! [`status`] turns every failure into a `Status`; [`catch_panic`] turns a panicking
+//! handler into one too.
 //!
 //! The pure algorithms live in their own modules so they can be tested and fuzzed alone:
 //! - [`protobuf`]: Kubernetes protobuf request bodies → JSON,
@@ -46,6 +47,7 @@
 pub mod admission;
 pub mod aggregation;
 pub mod auth;
+pub mod catch_panic;
 pub mod cause;
 pub mod client;
 pub mod crd;

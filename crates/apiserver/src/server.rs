@@ -197,6 +197,11 @@ async fn count_requests(State(state): State<Arc<ApiState>>, req: Request, next: 
 
 /// The router (without TLS): usable in-process by tests via `tower::ServiceExt::oneshot`.
 pub fn router(state: Arc<ApiState>) -> Router {
+    with_layers(routes(), state)
+}
+
+/// The routes, before the layers every request goes through.
+fn routes() -> Router<Arc<ApiState>> {
     Router::new()
         .route("/version", get(version))
         .route("/healthz", get(ok))
@@ -207,10 +212,17 @@ pub fn router(state: Arc<ApiState>) -> Router {
         .route("/openapi/v3", get(crate::openapi::index))
         .route("/openapi/v3/{*path}", get(crate::openapi::group_version))
         .fallback(crate::handlers::api_request)
+}
+
+/// Authentication, then panic recovery, then metrics (outermost), so a request that
+/// panicked is still counted, as a 500.
+fn with_layers(routes: Router<Arc<ApiState>>, state: Arc<ApiState>) -> Router {
+    routes
         .layer(middleware::from_fn_with_state(
             state.clone(),
             auth::require_auth,
         ))
+        .layer(middleware::from_fn(crate::catch_panic::catch_panic))
         .layer(middleware::from_fn_with_state(
             state.clone(),
             count_requests,
@@ -343,4 +355,44 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     shutdown.await;
     server.stop().await;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use axum::body::Body;
+    use http_body_util::BodyExt;
+
+    use super::*;
+    use crate::catch_panic::PANIC_MESSAGE;
+
+    async fn boom() -> &'static str {
+        panic!("a handler bug")
+    }
+
+    fn authenticated(path: &str) -> Request {
+        let mut req = Request::get(path).body(Body::empty()).unwrap();
+        req.extensions_mut().insert(VerifiedClientCert);
+        req
+    }
+
+    #[tokio::test]
+    async fn a_panicking_handler_is_answered_with_a_500_status_and_counted() {
+        let state = Arc::new(ApiState::new(Store::in_memory()));
+        let app = with_layers(routes().route("/boom", get(boom)), state.clone());
+        let resp = app.clone().oneshot(authenticated("/boom")).await.unwrap();
+        assert_eq!(resp.status(), 500);
+        let body = resp.into_body().collect().await.unwrap().to_bytes();
+        let status: Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(status["kind"], "Status");
+        assert_eq!(status["code"], 500);
+        assert_eq!(status["reason"], "InternalError");
+        assert_eq!(status["message"], PANIC_MESSAGE);
+        assert!(
+            state.metrics.render().contains("code=\"500\""),
+            "the panicked request is counted"
+        );
+        // The same router keeps serving.
+        let resp = app.oneshot(authenticated("/healthz")).await.unwrap();
+        assert_eq!(resp.status(), 200);
+    }
 }
