@@ -24,7 +24,7 @@ use serde_json::{Value, json};
 use tokio::sync::mpsc;
 use tracing::debug;
 
-use super::common::{decode_record, set_rv};
+use super::common::{decode_listed, set_rv};
 use super::list::list_objects;
 use crate::registry::ResourceInfo;
 use crate::request::IncludeObject;
@@ -88,34 +88,39 @@ impl Emitter {
 }
 
 /// Classifies one store event for a watcher with `selectors`.
-pub fn classify(
-    event: &Event,
-    selectors: &Selectors,
-) -> Result<Option<(&'static str, Value)>, ApiError> {
+///
+/// Undecodable values are treated as lists treat them (skipped with a warning): an
+/// object whose new value is corrupt leaves the watch as `DELETED` (its last good
+/// value), one whose old value was corrupt enters it as `ADDED`.
+pub fn classify(event: &Event, selectors: &Selectors) -> Option<(&'static str, Value)> {
     match event {
         Event::Put { record, prev } => {
-            let new = decode_record(record)?;
-            let old = prev.as_ref().map(decode_record).transpose()?;
-            let new_m = selectors.matches(&new);
+            let old = prev.as_ref().and_then(decode_listed);
             let old_m = old.as_ref().is_some_and(|o| selectors.matches(o));
-            Ok(match (old.is_some(), old_m, new_m) {
-                (_, true, true) => Some(("MODIFIED", new)),
-                (_, false, true) => Some(("ADDED", new)),
-                (true, true, false) => {
+            let Some(new) = decode_listed(record) else {
+                let mut gone = old.filter(|_| old_m)?;
+                set_rv(&mut gone, record.revision);
+                return Some(("DELETED", gone));
+            };
+            let new_m = selectors.matches(&new);
+            match (old_m, new_m) {
+                (true, true) => Some(("MODIFIED", new)),
+                (false, true) => Some(("ADDED", new)),
+                (true, false) => {
                     let mut gone = new;
                     set_rv(&mut gone, record.revision);
                     Some(("DELETED", gone))
                 }
-                _ => None,
-            })
+                (false, false) => None,
+            }
         }
         Event::Delete { record } => {
-            let mut obj = decode_record(record)?;
+            let mut obj = decode_listed(record)?;
             if !selectors.matches(&obj) {
-                return Ok(None);
+                return None;
             }
             set_rv(&mut obj, record.revision);
-            Ok(Some(("DELETED", obj)))
+            Some(("DELETED", obj))
         }
     }
 }
@@ -215,10 +220,10 @@ async fn run(
                 }
                 Some(Ok(event)) => {
                     last_rev = event.record().revision;
-                    match classify(&event, &params.selectors) {
-                        Ok(Some((kind, obj))) => if !em.send(kind, obj).await { return },
-                        Ok(None) => {}
-                        Err(e) => { let _ = em.error(&e).await; return; }
+                    if let Some((kind, obj)) = classify(&event, &params.selectors)
+                        && !em.send(kind, obj).await
+                    {
+                        return;
                     }
                 }
             },
@@ -254,27 +259,60 @@ mod tests {
             record: rec(&db, 3),
             prev: Some(rec(&web, 2)),
         };
-        assert_eq!(classify(&leave, &sel).unwrap().unwrap().0, "DELETED");
+        assert_eq!(classify(&leave, &sel).unwrap().0, "DELETED");
         let enter = Event::Put {
             record: rec(&web, 4),
             prev: Some(rec(&db, 3)),
         };
-        assert_eq!(classify(&enter, &sel).unwrap().unwrap().0, "ADDED");
+        assert_eq!(classify(&enter, &sel).unwrap().0, "ADDED");
         let other = Event::Put {
             record: rec(&db, 5),
             prev: Some(rec(&db, 4)),
         };
-        assert!(classify(&other, &sel).unwrap().is_none());
+        assert!(classify(&other, &sel).is_none());
         let modified = Event::Put {
             record: rec(&web, 6),
             prev: Some(rec(&web, 5)),
         };
-        assert_eq!(classify(&modified, &sel).unwrap().unwrap().0, "MODIFIED");
+        assert_eq!(classify(&modified, &sel).unwrap().0, "MODIFIED");
         let gone = Event::Delete {
             record: rec(&web, 7),
         };
-        let (kind, obj) = classify(&gone, &sel).unwrap().unwrap();
+        let (kind, obj) = classify(&gone, &sel).unwrap();
         assert_eq!(kind, "DELETED");
         assert_eq!(obj["metadata"]["resourceVersion"], "7");
+    }
+
+    fn corrupt(rev: u64) -> Record {
+        Record {
+            key: "/k".into(),
+            value: b"{not json".to_vec().into(),
+            revision: rev,
+            create_revision: 1,
+        }
+    }
+
+    #[test]
+    fn corrupt_values_in_watch_events_are_skipped_like_in_lists() {
+        let sel = Selectors::default();
+        let good = json!({"metadata": {"name": "a"}});
+        let broken = Event::Put {
+            record: rec(&good, 3),
+            prev: Some(corrupt(2)),
+        };
+        assert_eq!(classify(&broken, &sel).unwrap().0, "ADDED");
+        let breaking = Event::Put {
+            record: corrupt(4),
+            prev: Some(rec(&good, 3)),
+        };
+        let (kind, obj) = classify(&breaking, &sel).unwrap();
+        assert_eq!(kind, "DELETED");
+        assert_eq!(obj["metadata"]["resourceVersion"], "4");
+        let still = Event::Put {
+            record: corrupt(5),
+            prev: Some(corrupt(4)),
+        };
+        assert!(classify(&still, &sel).is_none());
+        assert!(classify(&Event::Delete { record: corrupt(6) }, &sel).is_none());
     }
 }

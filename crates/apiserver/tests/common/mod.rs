@@ -45,7 +45,11 @@ pub fn read(path: &Path) -> String {
 
 impl TestServer {
     pub async fn start() -> TestServer {
-        let dir = tempfile::tempdir().unwrap();
+        TestServer::start_in(tempfile::tempdir().unwrap()).await
+    }
+
+    /// A server on `dir` (which may hold the data of an earlier server).
+    pub async fn start_in(dir: tempfile::TempDir) -> TestServer {
         let server = kubevirt_apiserver::start(Config {
             data_dir: dir.path().to_owned(),
             listen: "127.0.0.1:0".parse().unwrap(),
@@ -69,6 +73,12 @@ impl TestServer {
 
     pub fn url(&self, path: &str) -> String {
         format!("https://{}{path}", self.server.addr)
+    }
+
+    /// Stops the server and hands back its data directory.
+    pub async fn stop(self) -> tempfile::TempDir {
+        self.server.stop().await;
+        self.dir
     }
 
     /// Sends a request; `body` as JSON (or `content_type` when given).
