@@ -18,8 +18,10 @@
 //! (group commit: one transaction, one fsync per batch) and answers each caller only once
 //! its write is durable and visible. Watches (`watch.rs`) get the retained history, then
 //! live events, from one bounded queue each. History is kept until [`Store::compact`] or
-//! the age-based policy of [`Store::spawn_compactor`] drops it; without either it grows
-//! with every write.
+//! the age-based policy of [`Store::spawn_compactor`] drops it, and never beyond a byte
+//! budget ([`StoreOptions::history_budget_bytes`]): past it the oldest events are
+//! compacted at once, so a watch from before them gets [`StoreError::Compacted`], as
+//! etcd answers after a compaction.
 //!
 //! No Kubernetes types here: this crate must build without `kube` or `k8s-openapi`.
 
@@ -111,6 +113,27 @@ pub enum StoreError {
 }
 
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
+
+/// The default of [`StoreOptions::history_budget_bytes`]: 64 MiB.
+pub const DEFAULT_HISTORY_BUDGET_BYTES: usize = 64 * 1024 * 1024;
+
+/// How a store is run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoreOptions {
+    /// The most bytes of watch history to keep (keys plus values of the retained
+    /// events). When a write takes the history past it, the oldest events are
+    /// compacted until it is three quarters full (so compaction runs now and then, not
+    /// on every write). The current values do not count and are never dropped.
+    pub history_budget_bytes: usize,
+}
+
+impl Default for StoreOptions {
+    fn default() -> Self {
+        StoreOptions {
+            history_budget_bytes: DEFAULT_HISTORY_BUDGET_BYTES,
+        }
+    }
+}
 
 mod sqlite;
 mod state;

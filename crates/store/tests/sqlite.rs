@@ -4,7 +4,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use kubevirt_store::{Encode, Event, Store, StoreError};
+use kubevirt_store::{Encode, Event, Store, StoreError, StoreOptions};
 
 fn value(text: &str) -> Encode {
     let text = text.to_owned();
@@ -328,4 +328,59 @@ fn acknowledged_writes_survive_sigkill() {
         let next = store.create("/after", value("x")).await.unwrap();
         assert_eq!(next.revision, store.current_revision());
     });
+}
+
+#[tokio::test]
+async fn history_trimmed_by_the_byte_budget_is_compacted_on_disk_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let small = StoreOptions {
+        history_budget_bytes: 4000,
+    };
+    let compacted = {
+        let store = Store::open_sqlite_with(&db_path(&dir), &small).unwrap();
+        let big = "x".repeat(1000);
+        let mut record = store.create("/k", value(&big)).await.unwrap();
+        for _ in 0..20 {
+            record = store
+                .update("/k", record.revision, value(&big))
+                .await
+                .unwrap();
+        }
+        assert!(store.compacted_revision() > 1);
+        store.compacted_revision()
+    };
+    // The compaction was queued before the last handle dropped: the rows are gone.
+    assert!(
+        row_count(&db_path(&dir)) <= 5,
+        "{}",
+        row_count(&db_path(&dir))
+    );
+    let store = Store::open_sqlite(&db_path(&dir)).unwrap();
+    assert_eq!(store.compacted_revision(), compacted);
+    assert!(matches!(
+        store.watch("/", 1),
+        Err(StoreError::Compacted { requested: 1, .. })
+    ));
+    assert_eq!(store.get("/k").unwrap().revision, 21);
+}
+
+#[tokio::test]
+async fn reopening_with_a_smaller_budget_trims_the_loaded_history() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let store = Store::open_sqlite(&db_path(&dir)).unwrap();
+        let big = "x".repeat(1000);
+        for i in 0..10 {
+            store.create(&format!("/k/{i}"), value(&big)).await.unwrap();
+        }
+        assert_eq!(store.compacted_revision(), 0);
+    }
+    let small = StoreOptions {
+        history_budget_bytes: 4000,
+    };
+    let store = Store::open_sqlite_with(&db_path(&dir), &small).unwrap();
+    assert!(store.history_bytes() <= 4000);
+    assert!(store.compacted_revision() > 0);
+    assert!(store.watch("/", 0).is_err());
+    assert_eq!(store.list("/k/", None, None).records.len(), 10);
 }

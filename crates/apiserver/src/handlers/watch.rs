@@ -283,6 +283,46 @@ mod tests {
         assert_eq!(obj["metadata"]["resourceVersion"], "7");
     }
 
+    #[tokio::test]
+    async fn a_watch_from_before_the_history_kept_by_the_byte_budget_gets_410_too_old() {
+        let store = kubevirt_store::Store::in_memory_with(&kubevirt_store::StoreOptions {
+            history_budget_bytes: 2000,
+        });
+        let state = Arc::new(ApiState::new(store));
+        let info = state.registry.find("", "v1", "configmaps").unwrap();
+        for i in 0..10 {
+            let key = info.key(Some("default"), &format!("c{i}"));
+            let obj =
+                json!({"metadata": {"name": format!("c{i}")}, "data": {"x": "y".repeat(500)}});
+            state
+                .store
+                .create(&key, super::super::common::encoder(obj))
+                .await
+                .unwrap();
+        }
+        assert!(state.store.compacted_revision() > 1);
+        let params = WatchParams {
+            namespace: Some("default".into()),
+            resource_version: Some("1".into()),
+            selectors: Selectors::default(),
+            bookmarks: false,
+            timeout: None,
+            send_initial_events: false,
+            table: None,
+        };
+        let mut rx = start(state.clone(), info, params).unwrap();
+        let line: Value = serde_json::from_slice(&rx.recv().await.unwrap()).unwrap();
+        assert_eq!(line["type"], "ERROR");
+        assert_eq!(line["object"]["code"], 410);
+        assert_eq!(line["object"]["reason"], "Expired");
+        let message = line["object"]["message"].as_str().unwrap();
+        assert!(
+            message.starts_with("too old resource version: 1 ("),
+            "{message}"
+        );
+        assert!(rx.recv().await.is_none(), "the watch ends");
+    }
+
     fn corrupt(rev: u64) -> Record {
         Record {
             key: "/k".into(),
