@@ -256,9 +256,32 @@ fn tls_config(p: &pki::Pki) -> Result<rustls::ServerConfig, ServerError> {
     Ok(cfg)
 }
 
+/// Creates the data directory (and missing parents) 0700 whatever the umask, and
+/// narrows an existing one to 0700: it holds the store (every Secret) and the PKI keys.
+#[cfg(unix)]
+fn create_private_dir(dir: &std::path::Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)?;
+    let mode = std::fs::metadata(dir)?.permissions().mode() & 0o777;
+    if mode != 0o700 {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+        warn!(dir = %dir.display(), mode = format!("{mode:o}"), "narrowed the data directory's mode to 0700");
+    }
+    Ok(())
+}
+
+/// File modes are a Unix matter; elsewhere the directory gets what the platform gives.
+#[cfg(not(unix))]
+fn create_private_dir(dir: &std::path::Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir)
+}
+
 /// Opens everything and starts serving in the background.
 pub async fn start(config: Config) -> Result<RunningServer, ServerError> {
-    std::fs::create_dir_all(&config.data_dir)
+    create_private_dir(&config.data_dir)
         .map_err(|e| ServerError::DataDir(config.data_dir.clone(), e))?;
     let store =
         Store::open_sqlite(&config.data_dir.join("store.sqlite")).map_err(ServerError::Store)?;
@@ -373,6 +396,27 @@ mod tests {
         let mut req = Request::get(path).body(Body::empty()).unwrap();
         req.extensions_mut().insert(VerifiedClientCert);
         req
+    }
+
+    #[cfg(unix)]
+    fn mode(path: &std::path::Path) -> u32 {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::metadata(path).unwrap().permissions().mode() & 0o777
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn the_data_directory_is_created_or_narrowed_to_0700() {
+        use std::os::unix::fs::PermissionsExt;
+        let tmp = tempfile::tempdir().unwrap();
+        let fresh = tmp.path().join("a/data");
+        create_private_dir(&fresh).unwrap();
+        assert_eq!(mode(&fresh), 0o700);
+        let open = tmp.path().join("open");
+        std::fs::create_dir(&open).unwrap();
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o755)).unwrap();
+        create_private_dir(&open).unwrap();
+        assert_eq!(mode(&open), 0o700);
     }
 
     #[tokio::test]

@@ -107,6 +107,10 @@ pub enum StoreError {
     /// Writing to or reading from SQLite failed.
     #[error("sqlite")]
     Sqlite(#[source] rusqlite::Error),
+    /// Creating the SQLite file, or restricting its mode (and its journal's) to 0600,
+    /// failed.
+    #[error("restricting the mode of {0}")]
+    FileMode(std::path::PathBuf, #[source] std::io::Error),
     /// The writer task is gone (the store is shutting down).
     #[error("store is closed")]
     Closed,

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
-use crate::sqlite::Db;
+use crate::sqlite::{self, Db};
 use crate::state::State;
 pub use crate::watch::WatchStream;
 use crate::watch::lock;
@@ -136,8 +136,15 @@ impl Store {
     }
 
     /// [`Store::open_sqlite`] with chosen options.
+    ///
+    /// The file and its journal files are made 0600 whatever the umask (they hold every
+    /// Secret); the directory is the caller's to protect.
     pub fn open_sqlite_with(path: &Path, options: &StoreOptions) -> Result<Store> {
+        let file_mode = |(file, e)| StoreError::FileMode(file, e);
+        sqlite::restrict_files(path).map_err(file_mode)?;
         let (db, loaded) = Db::open(path).map_err(StoreError::Sqlite)?;
+        // The journal files SQLite created while opening (with the database's mode).
+        sqlite::restrict_files(path).map_err(file_mode)?;
         tracing::info!(
             keys = loaded.current.len(),
             revision = loaded.revision,

@@ -384,3 +384,69 @@ async fn reopening_with_a_smaller_budget_trims_the_loaded_history() {
     assert!(store.watch("/", 0).is_err());
     assert_eq!(store.list("/k/", None, None).records.len(), 10);
 }
+
+#[cfg(unix)]
+fn mode(path: &Path) -> u32 {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(path).unwrap().permissions().mode() & 0o777
+}
+
+#[cfg(unix)]
+#[tokio::test]
+async fn the_database_and_its_journal_are_readable_by_their_owner_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = db_path(&dir);
+    let store = Store::open_sqlite(&path).unwrap();
+    store.create("/secret", value("s3cr3t")).await.unwrap();
+    assert_eq!(mode(&path), 0o600, "database");
+    let wal = dir.path().join("store.db-wal");
+    assert!(wal.exists());
+    assert_eq!(mode(&wal), 0o600, "write-ahead log");
+    let shm = dir.path().join("store.db-shm");
+    if shm.exists() {
+        assert_eq!(mode(&shm), 0o600, "shared memory index");
+    }
+}
+
+#[cfg(unix)]
+#[tokio::test]
+async fn files_left_readable_by_others_are_narrowed_at_open() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let path = db_path(&dir);
+    {
+        let store = Store::open_sqlite(&path).unwrap();
+        store.create("/secret", value("s3cr3t")).await.unwrap();
+    }
+    let wal = dir.path().join("store.db-wal");
+    std::fs::write(&wal, b"").unwrap();
+    for file in [&path, &wal] {
+        std::fs::set_permissions(file, std::fs::Permissions::from_mode(0o666)).unwrap();
+    }
+    let store = Store::open_sqlite(&path).unwrap();
+    assert_eq!(&*store.get("/secret").unwrap().value, b"s3cr3t");
+    assert_eq!(mode(&path), 0o600);
+    assert_eq!(mode(&wal), 0o600);
+}
+
+#[tokio::test]
+async fn a_value_changed_to_text_or_a_number_behind_the_store_still_opens() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let store = Store::open_sqlite(&db_path(&dir)).unwrap();
+        for key in ["/a", "/b", "/c"] {
+            store.create(key, value("{}")).await.unwrap();
+        }
+    }
+    {
+        let conn = rusqlite::Connection::open(db_path(&dir)).unwrap();
+        conn.execute("UPDATE kv SET value = 'not json' WHERE key = '/a'", [])
+            .unwrap();
+        conn.execute("UPDATE kv SET value = 42 WHERE key = '/b'", [])
+            .unwrap();
+    }
+    let store = Store::open_sqlite(&db_path(&dir)).unwrap();
+    assert_eq!(&*store.get("/a").unwrap().value, b"not json");
+    assert!(store.get("/b").unwrap().value.is_empty());
+    assert_eq!(&*store.get("/c").unwrap().value, b"{}");
+}
