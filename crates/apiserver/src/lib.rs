@@ -50,6 +50,7 @@ pub mod auth;
 pub mod catch_panic;
 pub mod cause;
 pub mod client;
+pub mod core_validation;
 pub mod crd;
 pub mod discovery;
 pub mod gc;

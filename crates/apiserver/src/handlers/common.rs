@@ -175,6 +175,13 @@ pub fn validate_object(
         causes.extend(schema.validate(obj));
     }
     causes.extend(validate_object_meta(obj, info.name_rule));
+    if !info.is_custom() {
+        causes.extend(crate::core_validation::validate_builtin(
+            &info.group,
+            &info.kind,
+            obj,
+        ));
+    }
     if info.kind == "CustomResourceDefinition" {
         causes.extend(crate::crd::validate_crd(obj));
     }
