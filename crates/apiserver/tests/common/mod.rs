@@ -87,6 +87,37 @@ impl TestServer {
             .await
     }
 
+    /// Sends `body` as it is (not re-encoded), with `content_type`.
+    pub async fn request_raw(
+        &self,
+        method: &str,
+        path: &str,
+        body: Vec<u8>,
+        content_type: &str,
+    ) -> Reply {
+        let req = http::Request::builder()
+            .method(method)
+            .uri(self.url(path))
+            .header("content-type", content_type)
+            .body(Body::from(body))
+            .unwrap();
+        let resp = client::send(self.tls.clone(), req).await.unwrap();
+        let status = resp.status().as_u16();
+        let headers = resp.headers().clone();
+        let body = resp
+            .into_body()
+            .collect()
+            .await
+            .unwrap()
+            .to_bytes()
+            .to_vec();
+        Reply {
+            status,
+            headers,
+            body,
+        }
+    }
+
     pub async fn request_with(
         &self,
         method: &str,
