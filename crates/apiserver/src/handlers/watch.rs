@@ -196,7 +196,10 @@ async fn run(
     if params.send_initial_events && params.bookmarks && !em.bookmark(after, true).await {
         return;
     }
-    let deadline = params.timeout.map(|t| tokio::time::Instant::now() + t);
+    // A timeout too large to add to the clock (`timeoutSeconds` near u64::MAX) is none.
+    let deadline = params
+        .timeout
+        .and_then(|t| tokio::time::Instant::now().checked_add(t));
     let mut last_rev = after;
     let mut ticker = tokio::time::interval(BOOKMARK_INTERVAL);
     ticker.tick().await;
@@ -321,6 +324,49 @@ mod tests {
             "{message}"
         );
         assert!(rx.recv().await.is_none(), "the watch ends");
+    }
+
+    #[tokio::test]
+    async fn a_timeout_too_large_for_the_clock_means_no_timeout() {
+        let state = Arc::new(ApiState::new(kubevirt_store::Store::in_memory()));
+        let info = state.registry.find("", "v1", "configmaps").unwrap();
+        let key = info.key(Some("default"), "c");
+        let obj = json!({"metadata": {"name": "c"}});
+        state
+            .store
+            .create(&key, super::super::common::encoder(obj))
+            .await
+            .unwrap();
+        let params = WatchParams {
+            namespace: Some("default".into()),
+            resource_version: None,
+            selectors: Selectors::default(),
+            bookmarks: false,
+            timeout: Some(Duration::from_secs(u64::MAX)),
+            send_initial_events: false,
+            table: None,
+        };
+        let mut rx = start(state.clone(), info, params).unwrap();
+        let line: Value = serde_json::from_slice(&rx.recv().await.unwrap()).unwrap();
+        assert_eq!(line["type"], "ADDED");
+        let key = state
+            .registry
+            .find("", "v1", "configmaps")
+            .unwrap()
+            .key(Some("default"), "d");
+        state
+            .store
+            .create(
+                &key,
+                super::super::common::encoder(json!({"metadata": {"name": "d"}})),
+            )
+            .await
+            .unwrap();
+        let line: Value = serde_json::from_slice(&rx.recv().await.unwrap()).unwrap();
+        assert_eq!(
+            line["object"]["metadata"]["name"], "d",
+            "the watch follows live events"
+        );
     }
 
     fn corrupt(rev: u64) -> Record {
