@@ -5,7 +5,7 @@
 //! every create and update (after mutating admission), next to the metadata checks; the
 //! causes become one 422 `Invalid`.
 //!
-//! Covered so far: container names of pods and of the pod templates of the served
+//! Covered so far: `spec` and `status` are objects where present; container names of pods and of the pod templates of the served
 //! workload kinds (required, RFC 1123 labels, unique within the pod). Everything else about a pod spec
 //! is left to the components that use it.
 
@@ -18,13 +18,34 @@ use crate::metadata::validate_dns_label;
 
 /// The causes for `obj` of kind `group`/`kind`.
 pub fn validate_builtin(group: &str, kind: &str, obj: &Value) -> Vec<Cause> {
-    match (group, kind) {
+    let mut causes = validate_shape(obj);
+    if !causes.is_empty() {
+        return causes;
+    }
+    causes.extend(match (group, kind) {
         ("", "Pod") => validate_pod_spec("spec", &obj["spec"]),
         ("apps", "Deployment" | "ReplicaSet" | "DaemonSet") => {
             validate_pod_spec("spec.template.spec", &obj["spec"]["template"]["spec"])
         }
         _ => Vec::new(),
-    }
+    });
+    causes
+}
+
+/// `spec` and `status`, where present, are objects in every built-in kind (kube could
+/// not decode anything else; the server and its controllers write into them).
+fn validate_shape(obj: &Value) -> Vec<Cause> {
+    ["spec", "status"]
+        .into_iter()
+        .filter(|field| !(obj[*field].is_null() || obj[*field].is_object()))
+        .map(|field| {
+            Cause::new(
+                "FieldValueInvalid",
+                field,
+                format!("Invalid value: {}: must be an object", obj[field]),
+            )
+        })
+        .collect()
 }
 
 /// The causes for a pod spec at `path`: its containers, then its init containers
@@ -150,6 +171,21 @@ mod tests {
         assert!(
             validate_builtin("", "ConfigMap", &json!({"spec": {"containers": bad}})).is_empty()
         );
+    }
+
+    #[test]
+    fn spec_and_status_that_are_not_objects_are_invalid() {
+        let pod = json!({"spec": "x", "status": [1]});
+        let causes = validate_builtin("", "Pod", &pod);
+        assert_eq!(
+            fields(&causes),
+            [
+                ("FieldValueInvalid", "spec"),
+                ("FieldValueInvalid", "status")
+            ]
+        );
+        assert_eq!(causes[0].message, "Invalid value: \"x\": must be an object");
+        assert!(validate_builtin("", "Pod", &json!({"spec": {}, "status": null})).is_empty());
     }
 
     #[test]

@@ -209,6 +209,24 @@ fn cases(rv: &str) -> Vec<Case> {
             INVALID,
         ),
         case("empty container name", "POST", PODS, JSON, pod(""), INVALID),
+        case(
+            "pod spec that is a string",
+            "POST",
+            PODS,
+            JSON,
+            json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, "spec": "x"})
+                .to_string(),
+            INVALID,
+        ),
+        case(
+            "service spec that is a list",
+            "POST",
+            "/api/v1/namespaces/default/services",
+            JSON,
+            json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "s"}, "spec": []})
+                .to_string(),
+            INVALID,
+        ),
         // Updates.
         case(
             "name mismatch with the URL",
