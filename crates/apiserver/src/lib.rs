@@ -10,6 +10,8 @@
 //! The pure algorithms live in their own modules so they can be tested and fuzzed alone:
 //! - [`protobuf`]: Kubernetes protobuf request bodies → JSON,
 //! - [`schema`]: CRD `openAPIV3Schema` validation, pruning and defaulting,
+//! - [`metadata`] and [`core_validation`]: metadata and built-in kind validation
+//!   (field-path causes),
 //! - [`jsonpath`]: the JSONPath subset of `additionalPrinterColumns`,
 //! - [`patch`]: JSON Patch, JSON merge patch and strategic merge patch.
 //!
