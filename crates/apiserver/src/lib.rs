@@ -4,11 +4,14 @@
 //! [`server`] (TLS, router) → [`auth`] → [`handlers`] (pure [`request`] parsing, then one
 //! file per verb) → the store. [`registry`] knows the served resources (built-in and from
 //! [`crd`]s); [`discovery`], [`openapi`] and [`table`] render what kubectl asks for;
-//! [`status`] turns every failure into a `Status`.
+//! [`status`] turns every failure into a `Status`; [`catch_panic`] turns a panicking
+//! handler into one too.
 //!
 //! The pure algorithms live in their own modules so they can be tested and fuzzed alone:
 //! - [`protobuf`]: Kubernetes protobuf request bodies → JSON,
 //! - [`schema`]: CRD `openAPIV3Schema` validation, pruning and defaulting,
+//! - [`metadata`] and [`core_validation`]: metadata and built-in kind validation
+//!   (field-path causes),
 //! - [`jsonpath`]: the JSONPath subset of `additionalPrinterColumns`,
 //! - [`patch`]: JSON Patch, JSON merge patch and strategic merge patch.
 //!
@@ -46,8 +49,10 @@
 pub mod admission;
 pub mod aggregation;
 pub mod auth;
+pub mod catch_panic;
 pub mod cause;
 pub mod client;
+pub mod core_validation;
 pub mod crd;
 pub mod discovery;
 pub mod gc;

@@ -24,57 +24,105 @@ fn is_label_char(c: char) -> bool {
     c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-'
 }
 
+/// The longest RFC 1123 label.
+pub const DNS_LABEL_MAX: usize = 63;
+
+/// The longest RFC 1123 subdomain.
+pub const DNS_SUBDOMAIN_MAX: usize = 253;
+
+/// `[a-z0-9]([-a-z0-9]*[a-z0-9])?`, whatever the length.
+fn matches_label_pattern(s: &str) -> bool {
+    !s.is_empty() && s.chars().all(is_label_char) && !s.starts_with('-') && !s.ends_with('-')
+}
+
+/// Labels joined by `.`, whatever the length.
+fn matches_subdomain_pattern(s: &str) -> bool {
+    s.split('.').all(matches_label_pattern)
+}
+
 /// RFC 1123 DNS label.
 pub fn is_dns_label(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 63
-        && s.chars().all(is_label_char)
-        && !s.starts_with('-')
-        && !s.ends_with('-')
+    s.len() <= DNS_LABEL_MAX && matches_label_pattern(s)
 }
 
 /// RFC 1123 DNS subdomain.
 pub fn is_dns_subdomain(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 253
-        && s.split('.').all(|part| {
-            !part.is_empty()
-                && part.chars().all(is_label_char)
-                && !part.starts_with('-')
-                && !part.ends_with('-')
-        })
+    s.len() <= DNS_SUBDOMAIN_MAX && matches_subdomain_pattern(s)
 }
 
-/// Validates a name under `rule`; `field` is usually `metadata.name`.
+/// kube's message for a string that is not an RFC 1123 label.
+pub const DNS_LABEL_MESSAGE: &str = "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character (e.g. 'my-name',  or '123-abc', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?')";
+
+/// kube's message for a string that is not an RFC 1123 subdomain.
+pub const DNS_SUBDOMAIN_MESSAGE: &str = "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character (e.g. 'example.com', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')";
+
+/// What is wrong with `s` as an RFC 1123 label or subdomain: kube's messages, the length
+/// first (both may apply).
+fn dns_problems(s: &str, max: usize, pattern_ok: bool, pattern_message: &str) -> Vec<String> {
+    let mut problems = Vec::new();
+    if s.len() > max {
+        problems.push(format!("must be no more than {max} characters"));
+    }
+    if !pattern_ok {
+        problems.push(pattern_message.to_owned());
+    }
+    problems
+}
+
+/// One `FieldValueInvalid` cause per problem of `value` as an RFC 1123 label at `field`
+/// (kube's `ValidateDNS1123Label`).
+pub fn validate_dns_label(value: &str, field: &str) -> Vec<Cause> {
+    dns_problems(
+        value,
+        DNS_LABEL_MAX,
+        matches_label_pattern(value),
+        DNS_LABEL_MESSAGE,
+    )
+    .into_iter()
+    .map(|why| {
+        Cause::new(
+            "FieldValueInvalid",
+            field,
+            format!("Invalid value: {value:?}: {why}"),
+        )
+    })
+    .collect()
+}
+
+/// Validates a name under `rule`; `field` is usually `metadata.name`. One cause per
+/// problem, as kube (a too long name that also breaks the pattern gets two).
 pub fn validate_name(rule: NameRule, name: &str, field: &str) -> Vec<Cause> {
-    let ok = match rule {
-        NameRule::Subdomain => is_dns_subdomain(name),
-        NameRule::Label => is_dns_label(name),
+    let problems = match rule {
+        NameRule::Subdomain => dns_problems(
+            name,
+            DNS_SUBDOMAIN_MAX,
+            matches_subdomain_pattern(name),
+            DNS_SUBDOMAIN_MESSAGE,
+        ),
+        NameRule::Label => return validate_dns_label(name, field),
         NameRule::Path => {
-            !name.is_empty()
+            let ok = !name.is_empty()
                 && name != "."
                 && name != ".."
                 && !name.contains('/')
-                && !name.contains('%')
+                && !name.contains('%');
+            if ok {
+                Vec::new()
+            } else {
+                vec!["may not be '.' or '..' and may not contain '/' or '%'".to_owned()]
+            }
         }
     };
-    if ok {
-        return Vec::new();
-    }
-    let why = match rule {
-        NameRule::Subdomain => {
-            "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character (e.g. 'example.com', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')"
-        }
-        NameRule::Label => {
-            "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character (e.g. 'my-name',  or '123-abc', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?')"
-        }
-        NameRule::Path => "may not be '.' or '..' and may not contain '/' or '%'",
-    };
-    vec![Cause::new(
-        "FieldValueInvalid",
-        field,
-        format!("Invalid value: {name:?}: {why}"),
-    )]
+    problems
+        .into_iter()
+        .map(|why| {
+            Cause::new(
+                "FieldValueInvalid",
+                field,
+                format!("Invalid value: {name:?}: {why}"),
+            )
+        })
+        .collect()
 }
 
 fn is_qualified_name_part(s: &str) -> bool {
@@ -86,8 +134,8 @@ fn is_qualified_name_part(s: &str) -> bool {
         && s.chars().last().is_some_and(|c| c.is_ascii_alphanumeric())
 }
 
-/// A label or annotation key: `[prefix/]name`.
-fn key_problem(key: &str) -> Option<String> {
+/// What is wrong with a label or annotation key (`[prefix/]name`), if anything.
+pub fn key_problem(key: &str) -> Option<String> {
     let (prefix, name) = match key.split_once('/') {
         Some((p, n)) => (Some(p), n),
         None => (None, key),
@@ -101,6 +149,11 @@ fn key_problem(key: &str) -> Option<String> {
         return Some("name part must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character (e.g. 'MyName',  or 'my.name',  or '123-abc', regex used for validation is '([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]') and be at most 63 characters".into());
     }
     None
+}
+
+/// Whether `s` is a valid label value (empty, or a qualified name part).
+pub fn is_label_value(s: &str) -> bool {
+    s.is_empty() || is_qualified_name_part(s)
 }
 
 /// Validates `labels` (a JSON object of strings) at `field` (`metadata.labels`).
@@ -125,7 +178,7 @@ pub fn validate_labels(labels: &Value, field: &str) -> Vec<Cause> {
             ));
         }
         match v.as_str() {
-            Some(s) if s.is_empty() || is_qualified_name_part(s) => {}
+            Some(s) if is_label_value(s) => {}
             Some(s) => causes.push(Cause::new(
                 "FieldValueInvalid",
                 field,
@@ -228,6 +281,24 @@ mod tests {
         assert!(is_dns_label("my-ns"));
         assert!(!is_dns_label("my.ns"));
         assert!(!is_dns_label(&"a".repeat(64)));
+    }
+
+    #[test]
+    fn too_long_names_say_so_and_also_name_the_pattern_when_it_fails() {
+        let long = "a".repeat(254);
+        let c = validate_name(NameRule::Subdomain, &long, "metadata.name");
+        assert_eq!(c.len(), 1);
+        assert!(
+            c[0].message
+                .ends_with(": must be no more than 253 characters"),
+            "{}",
+            c[0].message
+        );
+        let c = validate_dns_label(&format!("{}-", "a".repeat(63)), "spec.containers[0].name");
+        assert_eq!(c.len(), 2);
+        assert!(c[0].message.ends_with("must be no more than 63 characters"));
+        assert!(c[1].message.ends_with(DNS_LABEL_MESSAGE));
+        assert!(validate_dns_label("my-name", "f").is_empty());
     }
 
     #[test]

@@ -55,7 +55,23 @@ fn check_key(sel: &str, key: &str) -> Result<String, ApiError> {
     if key.is_empty() || key.contains(char::is_whitespace) {
         return Err(bad(sel, "invalid label key"));
     }
+    if let Some(why) = crate::metadata::key_problem(key) {
+        return Err(bad(sel, &format!("invalid label key {key:?}: {why}")));
+    }
     Ok(key.to_owned())
+}
+
+fn check_value(sel: &str, value: &str) -> Result<String, ApiError> {
+    let value = value.trim();
+    if !crate::metadata::is_label_value(value) {
+        return Err(bad(
+            sel,
+            &format!(
+                "invalid label value {value:?}: a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character, and be at most 63 characters"
+            ),
+        ));
+    }
+    Ok(value.to_owned())
 }
 
 fn parse_set(sel: &str, rest: &str) -> Result<Vec<String>, ApiError> {
@@ -64,11 +80,12 @@ fn parse_set(sel: &str, rest: &str) -> Result<Vec<String>, ApiError> {
         .strip_prefix('(')
         .and_then(|r| r.strip_suffix(')'))
         .ok_or_else(|| bad(sel, "expected a parenthesised set"))?;
-    Ok(inner
+    inner
         .split(',')
-        .map(|v| v.trim().to_owned())
+        .map(str::trim)
         .filter(|v| !v.is_empty())
-        .collect())
+        .map(|v| check_value(sel, v))
+        .collect()
 }
 
 impl LabelSelector {
@@ -83,11 +100,11 @@ impl LabelSelector {
             let req = if let Some(k) = part.strip_prefix('!') {
                 Requirement::NotExists(check_key(sel, k)?)
             } else if let Some((k, v)) = part.split_once("!=") {
-                Requirement::NotEquals(check_key(sel, k)?, v.trim().to_owned())
+                Requirement::NotEquals(check_key(sel, k)?, check_value(sel, v)?)
             } else if let Some((k, v)) = part.split_once("==") {
-                Requirement::Equals(check_key(sel, k)?, v.trim().to_owned())
+                Requirement::Equals(check_key(sel, k)?, check_value(sel, v)?)
             } else if let Some((k, v)) = part.split_once('=') {
-                Requirement::Equals(check_key(sel, k)?, v.trim().to_owned())
+                Requirement::Equals(check_key(sel, k)?, check_value(sel, v)?)
             } else if let Some((k, rest)) = part.split_once(" notin ") {
                 Requirement::NotIn(check_key(sel, k)?, parse_set(sel, rest)?)
             } else if let Some((k, rest)) = part.split_once(" in ") {
@@ -251,6 +268,23 @@ mod tests {
     fn malformed_label_selector_is_a_bad_request() {
         assert_eq!(LabelSelector::parse("a in x").unwrap_err().code, 400);
         assert_eq!(LabelSelector::parse("a b").unwrap_err().code, 400);
+    }
+
+    #[test]
+    fn label_selector_keys_and_values_must_be_valid_labels() {
+        for bad in ["-a=b", "a/b/c", "a=-b", "a in (x,y z)", "!_x", "a!=b!"] {
+            assert_eq!(LabelSelector::parse(bad).unwrap_err().code, 400, "{bad}");
+        }
+        for good in [
+            "kubevirt.io/domain=vm-1",
+            "a=",
+            "a in (x, y)",
+            "!b",
+            "c",
+            "a==1,b!=2",
+        ] {
+            assert!(LabelSelector::parse(good).is_ok(), "{good}");
+        }
     }
 
     #[test]

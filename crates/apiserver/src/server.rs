@@ -193,6 +193,11 @@ async fn count_requests(State(state): State<Arc<ApiState>>, req: Request, next: 
 
 /// The router (without TLS): usable in-process by tests via `tower::ServiceExt::oneshot`.
 pub fn router(state: Arc<ApiState>) -> Router {
+    with_layers(routes(), state)
+}
+
+/// The routes, before the layers every request goes through.
+fn routes() -> Router<Arc<ApiState>> {
     Router::new()
         .route("/version", get(version))
         .route("/healthz", get(ok))
@@ -203,10 +208,17 @@ pub fn router(state: Arc<ApiState>) -> Router {
         .route("/openapi/v3", get(crate::openapi::index))
         .route("/openapi/v3/{*path}", get(crate::openapi::group_version))
         .fallback(crate::handlers::api_request)
+}
+
+/// Authentication, then panic recovery, then metrics (outermost), so a request that
+/// panicked is still counted, as a 500.
+fn with_layers(routes: Router<Arc<ApiState>>, state: Arc<ApiState>) -> Router {
+    routes
         .layer(middleware::from_fn_with_state(
             state.clone(),
             auth::require_auth,
         ))
+        .layer(middleware::from_fn(crate::catch_panic::catch_panic))
         .layer(middleware::from_fn_with_state(
             state.clone(),
             count_requests,
@@ -240,9 +252,32 @@ fn tls_config(p: &pki::Pki) -> Result<rustls::ServerConfig, ServerError> {
     Ok(cfg)
 }
 
+/// Creates the data directory (and missing parents) 0700 whatever the umask, and
+/// narrows an existing one to 0700: it holds the store (every Secret) and the PKI keys.
+#[cfg(unix)]
+fn create_private_dir(dir: &std::path::Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)?;
+    let mode = std::fs::metadata(dir)?.permissions().mode() & 0o777;
+    if mode != 0o700 {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+        warn!(dir = %dir.display(), mode = format!("{mode:o}"), "narrowed the data directory's mode to 0700");
+    }
+    Ok(())
+}
+
+/// File modes are a Unix matter; elsewhere the directory gets what the platform gives.
+#[cfg(not(unix))]
+fn create_private_dir(dir: &std::path::Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir)
+}
+
 /// Opens everything and starts serving in the background.
 pub async fn start(config: Config) -> Result<RunningServer, ServerError> {
-    std::fs::create_dir_all(&config.data_dir)
+    create_private_dir(&config.data_dir)
         .map_err(|e| ServerError::DataDir(config.data_dir.clone(), e))?;
     let store =
         Store::open_sqlite(&config.data_dir.join("store.sqlite")).map_err(ServerError::Store)?;
@@ -339,4 +374,65 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     shutdown.await;
     server.stop().await;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use axum::body::Body;
+    use http_body_util::BodyExt;
+
+    use super::*;
+    use crate::catch_panic::PANIC_MESSAGE;
+
+    async fn boom() -> &'static str {
+        panic!("a handler bug")
+    }
+
+    fn authenticated(path: &str) -> Request {
+        let mut req = Request::get(path).body(Body::empty()).unwrap();
+        req.extensions_mut().insert(VerifiedClientCert);
+        req
+    }
+
+    #[cfg(unix)]
+    fn mode(path: &std::path::Path) -> u32 {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::metadata(path).unwrap().permissions().mode() & 0o777
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn the_data_directory_is_created_or_narrowed_to_0700() {
+        use std::os::unix::fs::PermissionsExt;
+        let tmp = tempfile::tempdir().unwrap();
+        let fresh = tmp.path().join("a/data");
+        create_private_dir(&fresh).unwrap();
+        assert_eq!(mode(&fresh), 0o700);
+        let open = tmp.path().join("open");
+        std::fs::create_dir(&open).unwrap();
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o755)).unwrap();
+        create_private_dir(&open).unwrap();
+        assert_eq!(mode(&open), 0o700);
+    }
+
+    #[tokio::test]
+    async fn a_panicking_handler_is_answered_with_a_500_status_and_counted() {
+        let state = Arc::new(ApiState::new(Store::in_memory()));
+        let app = with_layers(routes().route("/boom", get(boom)), state.clone());
+        let resp = app.clone().oneshot(authenticated("/boom")).await.unwrap();
+        assert_eq!(resp.status(), 500);
+        let body = resp.into_body().collect().await.unwrap().to_bytes();
+        let status: Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(status["kind"], "Status");
+        assert_eq!(status["code"], 500);
+        assert_eq!(status["reason"], "InternalError");
+        assert_eq!(status["message"], PANIC_MESSAGE);
+        assert!(
+            state.metrics.render().contains("code=\"500\""),
+            "the panicked request is counted"
+        );
+        // The same router keeps serving.
+        let resp = app.oneshot(authenticated("/healthz")).await.unwrap();
+        assert_eq!(resp.status(), 200);
+    }
 }

@@ -405,7 +405,17 @@ fn apply_patch(name: &str, patch_b64: &str, object: &Value) -> Result<Value, Api
         .map_err(|e| bad(format!("the patch is not base64: {e}")))?;
     let patch: Value =
         serde_json::from_slice(&bytes).map_err(|e| bad(format!("the patch is not JSON: {e}")))?;
-    crate::patch::json_patch(object, &patch).map_err(|e| bad(format!("applying the patch: {e}")))
+    let patched = crate::patch::json_patch(object, &patch)
+        .map_err(|e| bad(format!("applying the patch: {e}")))?;
+    if !patched.is_object() {
+        return Err(bad("the patched object is not a JSON object".into()));
+    }
+    if !(patched["metadata"].is_null() || patched["metadata"].is_object()) {
+        return Err(bad(
+            "the patched object's metadata is not a JSON object".into()
+        ));
+    }
+    Ok(patched)
 }
 
 #[cfg(test)]
@@ -462,6 +472,30 @@ mod tests {
             &expr("DoesNotExist", Value::Null),
             &labels
         ));
+    }
+
+    fn patch_b64(patch: &Value) -> String {
+        STANDARD.encode(patch.to_string())
+    }
+
+    #[test]
+    fn a_patch_replacing_the_root_with_a_non_object_is_an_internal_error() {
+        let object = json!({"metadata": {"name": "x"}});
+        for value in [json!("x"), json!([1]), json!(null), json!(3)] {
+            let patch = json!([{"op": "replace", "path": "", "value": value}]);
+            let e = apply_patch("m.example.com", &patch_b64(&patch), &object).unwrap_err();
+            assert_eq!(e.code, 500, "{value}");
+            assert_eq!(
+                e.message,
+                "Internal error occurred: failed calling webhook \"m.example.com\": the patched object is not a JSON object"
+            );
+        }
+        let patch = json!([{"op": "replace", "path": "/metadata", "value": "x"}]);
+        let e = apply_patch("m", &patch_b64(&patch), &object).unwrap_err();
+        assert_eq!(e.code, 500);
+        let patch = json!([{"op": "add", "path": "/metadata/labels", "value": {"a": "b"}}]);
+        let ok = apply_patch("m", &patch_b64(&patch), &object).unwrap();
+        assert_eq!(ok["metadata"]["labels"]["a"], "b");
     }
 
     #[test]

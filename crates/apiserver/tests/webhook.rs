@@ -42,6 +42,15 @@ async fn deny(Json(review): Json<Value>) -> Json<Value> {
     )
 }
 
+/// Answers with a patch that replaces the whole object with a string.
+async fn replace_root(Json(review): Json<Value>) -> Json<Value> {
+    let mut out = allow(&review);
+    let patch = json!([{"op": "replace", "path": "", "value": "not an object"}]);
+    out["response"]["patchType"] = json!("JSONPatch");
+    out["response"]["patch"] = json!(STANDARD.encode(patch.to_string()));
+    Json(out)
+}
+
 async fn never() -> Json<Value> {
     std::future::pending::<()>().await;
     Json(Value::Null)
@@ -255,4 +264,56 @@ async fn status_updates_reach_only_webhooks_whose_rules_name_status() {
         r.status, 200,
         "the main resource is not covered by pods/status"
     );
+}
+
+#[tokio::test]
+async fn a_mutating_patch_that_replaces_the_object_with_a_string_fails_and_stores_nothing() {
+    let backend = Backend::start(Router::new().route("/mutate", post(replace_root))).await;
+    let s = TestServer::start().await;
+    let mut existing = cm("existing");
+    existing["metadata"]["labels"]["skip"] = json!("1");
+    assert_eq!(s.request("POST", CMS, Some(&existing)).await.status, 201);
+    configure(
+        &s,
+        "MutatingWebhookConfiguration",
+        "m",
+        vec![hook(
+            "root.test.io",
+            &backend.url("/mutate"),
+            &backend.ca_pem,
+            "Fail",
+            5,
+            &["configmaps"],
+        )],
+    )
+    .await;
+    let r = s.request("POST", CMS, Some(&cm("c"))).await;
+    assert_eq!(r.status, 500, "{}", String::from_utf8_lossy(&r.body));
+    let st = r.json();
+    assert_eq!(st["kind"], "Status");
+    assert_eq!(st["reason"], "InternalError");
+    assert_eq!(
+        st["message"],
+        "Internal error occurred: failed calling webhook \"root.test.io\": the patched object is not a JSON object"
+    );
+    assert_eq!(
+        s.request("GET", &format!("{CMS}/c"), None).await.status,
+        404
+    );
+
+    // An update of an object the webhook now sees (the skip label removed) fails the same way.
+    let mut got = s
+        .request("GET", &format!("{CMS}/existing"), None)
+        .await
+        .json();
+    got["metadata"]["labels"] = json!({"app": "t"});
+    let r = s
+        .request("PUT", &format!("{CMS}/existing"), Some(&got))
+        .await;
+    assert_eq!(r.status, 500, "{}", String::from_utf8_lossy(&r.body));
+    let after = s
+        .request("GET", &format!("{CMS}/existing"), None)
+        .await
+        .json();
+    assert_eq!(after["metadata"]["labels"]["skip"], "1", "nothing stored");
 }

@@ -18,8 +18,10 @@
 //! (group commit: one transaction, one fsync per batch) and answers each caller only once
 //! its write is durable and visible. Watches (`watch.rs`) get the retained history, then
 //! live events, from one bounded queue each. History is kept until [`Store::compact`] or
-//! the age-based policy of [`Store::spawn_compactor`] drops it; without either it grows
-//! with every write.
+//! the age-based policy of [`Store::spawn_compactor`] drops it, and never beyond a byte
+//! budget ([`StoreOptions::history_budget_bytes`]): past it the oldest events are
+//! compacted at once, so a watch from before them gets [`StoreError::Compacted`], as
+//! etcd answers after a compaction.
 //!
 //! No Kubernetes types here: this crate must build without `kube` or `k8s-openapi`.
 
@@ -105,12 +107,37 @@ pub enum StoreError {
     /// Writing to or reading from SQLite failed.
     #[error("sqlite")]
     Sqlite(#[source] rusqlite::Error),
+    /// Creating the SQLite file, or restricting its mode (and its journal's) to 0600,
+    /// failed.
+    #[error("restricting the mode of {0}")]
+    FileMode(std::path::PathBuf, #[source] std::io::Error),
     /// The writer task is gone (the store is shutting down).
     #[error("store is closed")]
     Closed,
 }
 
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
+
+/// The default of [`StoreOptions::history_budget_bytes`]: 64 MiB.
+pub const DEFAULT_HISTORY_BUDGET_BYTES: usize = 64 * 1024 * 1024;
+
+/// How a store is run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoreOptions {
+    /// The most bytes of watch history to keep (keys plus values of the retained
+    /// events). When a write takes the history past it, the oldest events are
+    /// compacted until it is three quarters full (so compaction runs now and then, not
+    /// on every write). The current values do not count and are never dropped.
+    pub history_budget_bytes: usize,
+}
+
+impl Default for StoreOptions {
+    fn default() -> Self {
+        StoreOptions {
+            history_budget_bytes: DEFAULT_HISTORY_BUDGET_BYTES,
+        }
+    }
+}
 
 mod sqlite;
 mod state;

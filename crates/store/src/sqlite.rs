@@ -10,7 +10,7 @@
 //! and compacts ([`Db::compact`]). Reads never touch SQLite.
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -73,6 +73,8 @@ impl Db {
     /// The connection takes an exclusive lock (`locking_mode=EXCLUSIVE`): a second store
     /// on the same file, in this process or another, fails to open instead of assigning
     /// revisions behind this one's back.
+    ///
+    /// The file should exist with its final mode already ([`restrict_files`]).
     pub(crate) fn open(path: &Path) -> rusqlite::Result<(Db, Loaded)> {
         let conn = Connection::open(path)?;
         conn.busy_timeout(Duration::from_secs(2))?;
@@ -110,7 +112,7 @@ impl Db {
         while let Some(row) = rows.next()? {
             let revision = from_sql(row.get(0)?);
             let key: String = row.get(1)?;
-            let value: Vec<u8> = row.get(2)?;
+            let value = value_bytes(&key, row.get_ref(2)?);
             let create_revision = from_sql(row.get(3)?);
             let deleted: bool = row.get(4)?;
             loaded.revision = loaded.revision.max(revision);
@@ -192,6 +194,67 @@ impl Db {
         tx.commit()?;
         Ok(superseded + tombstones)
     }
+}
+
+/// The bytes of a stored value. Values are written as blobs; one changed behind the
+/// store's back (text, a number) is loaded as it is (its bytes, or none), so that one bad
+/// row leaves the rest of the store readable and the API server can skip it.
+fn value_bytes(key: &str, value: rusqlite::types::ValueRef<'_>) -> Vec<u8> {
+    use rusqlite::types::ValueRef;
+    match value {
+        ValueRef::Blob(bytes) => bytes.to_vec(),
+        ValueRef::Text(bytes) => bytes.to_vec(),
+        other => {
+            tracing::warn!(key, kind = %other.data_type(), "stored value is not a blob");
+            Vec::new()
+        }
+    }
+}
+
+/// The database file and the journal files SQLite keeps beside it.
+fn database_files(path: &Path) -> Vec<PathBuf> {
+    let mut files = vec![path.to_owned()];
+    for suffix in ["-wal", "-shm", "-journal"] {
+        let mut name = path.as_os_str().to_owned();
+        name.push(suffix);
+        files.push(PathBuf::from(name));
+    }
+    files
+}
+
+/// Creates the database file readable by its owner only (it holds every Secret),
+/// whatever the umask, and narrows an existing file and journal files to 0600.
+///
+/// SQLite creates its `-wal` and `-shm` files with the mode of the database file, so
+/// creating the database 0600 covers the files it creates later.
+#[cfg(unix)]
+pub(crate) fn restrict_files(path: &Path) -> Result<(), (PathBuf, std::io::Error)> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(|e| (path.to_owned(), e))?;
+    for file in database_files(path) {
+        let mode = match std::fs::metadata(&file) {
+            Ok(meta) => meta.permissions().mode() & 0o777,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return Err((file, e)),
+        };
+        if mode != 0o600 {
+            std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600))
+                .map_err(|e| (file.clone(), e))?;
+            tracing::info!(file = %file.display(), "narrowed the store file's mode to 0600");
+        }
+    }
+    Ok(())
+}
+
+/// File modes are a Unix matter; elsewhere the files keep what the platform gives.
+#[cfg(not(unix))]
+pub(crate) fn restrict_files(_path: &Path) -> Result<(), (PathBuf, std::io::Error)> {
+    Ok(())
 }
 
 /// A copy of a SQLite error, to answer every caller of a failed batch.

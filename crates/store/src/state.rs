@@ -21,38 +21,98 @@ pub(crate) struct HistoryEntry {
     pub(crate) at: Instant,
 }
 
+/// The bytes one history event counts against the budget: its key and value.
+fn event_bytes(event: &Event) -> usize {
+    let record = event.record();
+    record.key.len() + record.value.len()
+}
+
 /// Current values, history after the compaction point, and watchers.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct State {
     current: BTreeMap<String, Record>,
     history: VecDeque<HistoryEntry>,
+    /// Sum of [`event_bytes`] over `history`.
+    history_bytes: usize,
+    /// The most `history_bytes` may reach before the oldest events are compacted.
+    history_budget: usize,
     revision: Revision,
     compacted: Revision,
     watchers: Vec<Arc<WatchQueue>>,
     closed: bool,
 }
 
+impl Default for State {
+    fn default() -> Self {
+        State::new(crate::DEFAULT_HISTORY_BUDGET_BYTES)
+    }
+}
+
 impl State {
+    /// An empty state keeping at most `history_budget` bytes of history.
+    pub(crate) fn new(history_budget: usize) -> Self {
+        State {
+            current: BTreeMap::new(),
+            history: VecDeque::new(),
+            history_bytes: 0,
+            history_budget,
+            revision: 0,
+            compacted: 0,
+            watchers: Vec::new(),
+            closed: false,
+        }
+    }
+
     /// A state loaded from storage: `history` holds the events after `compacted`, in
-    /// revision order, already reflected in `current`.
+    /// revision order, already reflected in `current`. Call [`State::trim_history`]
+    /// afterwards to apply the budget.
     pub(crate) fn loaded(
         current: BTreeMap<String, Record>,
         history: Vec<Event>,
         revision: Revision,
         compacted: Revision,
+        history_budget: usize,
     ) -> Self {
         let at = Instant::now();
+        let history: VecDeque<HistoryEntry> = history
+            .into_iter()
+            .map(|event| HistoryEntry { event, at })
+            .collect();
         State {
             current,
-            history: history
-                .into_iter()
-                .map(|event| HistoryEntry { event, at })
-                .collect(),
+            history_bytes: history.iter().map(|entry| event_bytes(&entry.event)).sum(),
+            history,
+            history_budget,
             revision,
             compacted,
             watchers: Vec::new(),
             closed: false,
         }
+    }
+
+    pub(crate) fn history_bytes(&self) -> usize {
+        self.history_bytes
+    }
+
+    /// If the history is over its byte budget, compacts the oldest events until it is
+    /// at most three quarters full; returns the new compaction point if it moved.
+    pub(crate) fn trim_history(&mut self) -> Option<Revision> {
+        if self.history_bytes <= self.history_budget {
+            return None;
+        }
+        let target = self.history_budget - self.history_budget / 4;
+        let mut compacted = None;
+        while self.history_bytes > target {
+            let Some(entry) = self.history.pop_front() else {
+                break;
+            };
+            self.history_bytes -= event_bytes(&entry.event);
+            compacted = Some(entry.event.record().revision);
+        }
+        if let Some(revision) = compacted {
+            self.compacted = revision;
+        }
+        compacted
     }
 
     pub(crate) fn revision(&self) -> Revision {
@@ -72,8 +132,9 @@ impl State {
     }
 
     /// Applies one durable event: updates the current value, appends it to the history
-    /// and offers it to the watchers (dropping those that lagged or went away).
-    pub(crate) fn apply(&mut self, event: Event, at: Instant) {
+    /// and offers it to the watchers (dropping those that lagged or went away). Returns
+    /// the new compaction point if the history went over its budget.
+    pub(crate) fn apply(&mut self, event: Event, at: Instant) -> Option<Revision> {
         match &event {
             Event::Put { record, .. } => {
                 self.current.insert(record.key.clone(), record.clone());
@@ -86,7 +147,9 @@ impl State {
         // A queue only referenced from here belongs to a dropped stream.
         self.watchers
             .retain(|queue| Arc::strong_count(queue) > 1 && queue.offer(&event));
+        self.history_bytes += event_bytes(&event);
         self.history.push_back(HistoryEntry { event, at });
+        self.trim_history()
     }
 
     /// Current records under `prefix`, in key order, after `start_after`, at most `limit`
@@ -161,7 +224,9 @@ impl State {
         let keep = self
             .history
             .partition_point(|entry| entry.event.record().revision <= revision);
-        self.history.drain(..keep);
+        for entry in self.history.drain(..keep) {
+            self.history_bytes -= event_bytes(&entry.event);
+        }
         self.compacted = revision;
         Some(revision)
     }
@@ -205,7 +270,7 @@ mod tests {
         let mut state = State::default();
         let at = Instant::now();
         for (index, key) in keys.iter().enumerate() {
-            state.apply(put(key, index as Revision + 1), at);
+            assert_eq!(state.apply(put(key, index as Revision + 1), at), None);
         }
         state
     }
@@ -246,6 +311,59 @@ mod tests {
         assert_eq!(state.compact(2), None);
         assert_eq!(state.compacted(), 3);
         assert_eq!(state.history_len(), 0);
+    }
+
+    #[test]
+    fn history_over_its_byte_budget_is_compacted_to_three_quarters_from_the_oldest() {
+        // Each event is 10 bytes: a 2-byte key and an 8-byte value.
+        let event = |revision: Revision| Event::Put {
+            record: Record {
+                key: format!("/{}", revision % 10),
+                value: Arc::from(&b"12345678"[..]),
+                revision,
+                create_revision: revision,
+            },
+            prev: None,
+        };
+        let mut state = State::new(100);
+        let at = Instant::now();
+        for revision in 1..=10 {
+            assert_eq!(state.apply(event(revision), at), None, "within the budget");
+        }
+        assert_eq!(state.history_bytes(), 100);
+        // 110 bytes: down to at most 75, so the four oldest events go.
+        assert_eq!(state.apply(event(11), at), Some(4));
+        assert_eq!(state.compacted(), 4);
+        assert_eq!(state.history_len(), 7);
+        assert_eq!(state.history_bytes(), 70);
+        assert!(matches!(
+            state.watch("/", 3, 10),
+            Err(StoreError::Compacted {
+                requested: 3,
+                oldest: 4
+            })
+        ));
+        assert!(state.watch("/", 4, 10).is_ok());
+        assert_eq!(state.compact(6), Some(6));
+        assert_eq!(
+            state.history_bytes(),
+            50,
+            "explicit compaction is accounted"
+        );
+    }
+
+    #[test]
+    fn one_event_larger_than_the_budget_leaves_an_empty_history() {
+        let mut state = State::new(4);
+        let compacted = state.apply(put("/a-long-key", 1), Instant::now());
+        assert_eq!(compacted, Some(1));
+        assert_eq!(state.history_len(), 0);
+        assert_eq!(state.history_bytes(), 0);
+        assert_eq!(state.get("/a-long-key").map(|r| r.revision), Some(1));
+        assert!(
+            state.watch("/", 1, 10).is_ok(),
+            "a watch from now still works"
+        );
     }
 
     #[test]

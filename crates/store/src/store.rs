@@ -14,12 +14,12 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
-use crate::sqlite::Db;
+use crate::sqlite::{self, Db};
 use crate::state::State;
 pub use crate::watch::WatchStream;
 use crate::watch::lock;
 use crate::writer::{self, Op, Request};
-use crate::{Encode, ListResult, Record, Result, Revision, StoreError};
+use crate::{Encode, ListResult, Record, Result, Revision, StoreError, StoreOptions};
 
 /// How many undelivered live events a watcher may have before it is cut off
 /// (see [`WatchStream`]).
@@ -103,14 +103,21 @@ impl Store {
         })
     }
 
-    /// A store that keeps everything in memory (the reference backend).
+    /// A store that keeps everything in memory (the reference backend), with the
+    /// default [`StoreOptions`].
     ///
     /// If the OS refuses a thread for the writer, the store is empty and every write
     /// fails with [`StoreError::Closed`].
     pub fn in_memory() -> Store {
-        Store::start(State::default(), None).unwrap_or_else(|_| Store {
+        Store::in_memory_with(&StoreOptions::default())
+    }
+
+    /// [`Store::in_memory`] with chosen options.
+    pub fn in_memory_with(options: &StoreOptions) -> Store {
+        let budget = options.history_budget_bytes;
+        Store::start(State::new(budget), None).unwrap_or_else(|_| Store {
             inner: Arc::new(Inner {
-                state: Arc::new(Mutex::new(State::default())),
+                state: Arc::new(Mutex::new(State::new(budget))),
                 sender: None,
                 writer: None,
                 durable: false,
@@ -118,25 +125,51 @@ impl Store {
         })
     }
 
-    /// Opens (creating if needed) a durable store in the SQLite file at `path`.
+    /// Opens (creating if needed) a durable store in the SQLite file at `path`, with the
+    /// default [`StoreOptions`].
     ///
     /// Loads every row: the current values, and the events after the last compaction as
-    /// watch history (so watches can resume across a restart).
+    /// watch history (so watches can resume across a restart), within the history's byte
+    /// budget.
     pub fn open_sqlite(path: &Path) -> Result<Store> {
+        Store::open_sqlite_with(path, &StoreOptions::default())
+    }
+
+    /// [`Store::open_sqlite`] with chosen options.
+    ///
+    /// The file and its journal files are made 0600 whatever the umask (they hold every
+    /// Secret); the directory is the caller's to protect.
+    pub fn open_sqlite_with(path: &Path, options: &StoreOptions) -> Result<Store> {
+        let file_mode = |(file, e)| StoreError::FileMode(file, e);
+        sqlite::restrict_files(path).map_err(file_mode)?;
         let (db, loaded) = Db::open(path).map_err(StoreError::Sqlite)?;
+        // The journal files SQLite created while opening (with the database's mode).
+        sqlite::restrict_files(path).map_err(file_mode)?;
         tracing::info!(
             keys = loaded.current.len(),
             revision = loaded.revision,
             compacted = loaded.compacted,
             "store opened"
         );
-        let state = State::loaded(
+        let mut state = State::loaded(
             loaded.current,
             loaded.history,
             loaded.revision,
             loaded.compacted,
+            options.history_budget_bytes,
         );
-        Store::start(state, Some(db))
+        let trimmed = state.trim_history();
+        let store = Store::start(state, Some(db))?;
+        if let Some(revision) = trimmed
+            && let Some(sender) = &store.inner.sender
+        {
+            tracing::info!(revision, "loaded history over its byte budget: compacted");
+            let _ = sender.send(Request::Compact {
+                revision,
+                reply: None,
+            });
+        }
+        Ok(store)
     }
 
     /// The revision of the newest write.
@@ -152,6 +185,11 @@ impl Store {
     /// The number of events held as watch history.
     pub fn history_len(&self) -> usize {
         lock(&self.inner.state).history_len()
+    }
+
+    /// The bytes of watch history held (see [`StoreOptions::history_budget_bytes`]).
+    pub fn history_bytes(&self) -> usize {
+        lock(&self.inner.state).history_bytes()
     }
 
     /// The current value of `key`.
@@ -281,7 +319,7 @@ impl Store {
     ///
     /// # Caveats
     /// - Must be called within a tokio runtime. Without writes, nothing is compacted
-    ///   (history is only trimmed by age).
+    ///   (this task trims by age; the byte budget is applied on every write).
     pub fn spawn_compactor(&self, retain: Duration) -> tokio::task::JoinHandle<()> {
         let weak: Weak<Inner> = Arc::downgrade(&self.inner);
         let period = (retain / 5).clamp(Duration::from_secs(1), Duration::from_secs(60));

@@ -78,8 +78,12 @@ fn run(state: &Mutex<State>, mut db: Option<Db>, receiver: &Receiver<Request>) {
                 None
             };
         }
-        if !writes.is_empty() {
-            commit_batch(state, db.as_mut(), writes);
+        if !writes.is_empty()
+            && let Some(revision) = commit_batch(state, db.as_mut(), writes)
+        {
+            // The history went over its byte budget: compact the rows as well.
+            tracing::debug!(revision, "store history over its byte budget: compacted");
+            compactions.push((revision, None));
         }
         for (revision, reply) in compactions {
             let outcome = match db.as_mut() {
@@ -104,14 +108,16 @@ struct Planned {
     reply: oneshot::Sender<Reply>,
 }
 
+/// Plans, commits and applies one batch; returns the new compaction point if applying
+/// it took the history over its byte budget.
 fn commit_batch(
     state: &Mutex<State>,
     db: Option<&mut Db>,
     writes: Vec<(String, Op, oneshot::Sender<Reply>)>,
-) {
+) -> Option<Revision> {
     let planned = plan(state, writes);
     if planned.is_empty() {
-        return;
+        return None;
     }
     if let Some(db) = db {
         let rows: Vec<Row<'_>> = planned
@@ -128,20 +134,22 @@ fn commit_batch(
                     .reply
                     .send(Ok(Err(StoreError::Sqlite(sqlite::copy_error(&error)))));
             }
-            return;
+            return None;
         }
     }
     let at = Instant::now();
+    let mut compacted = None;
     {
         let mut state = lock(state);
         for p in &planned {
-            state.apply(p.event.clone(), at);
+            compacted = state.apply(p.event.clone(), at).or(compacted);
         }
     }
     for p in planned {
         let record = p.event.record().clone();
         let _ = p.reply.send(Ok(Ok(record)));
     }
+    compacted
 }
 
 /// Checks the preconditions in order and builds the events; rejected writes are answered

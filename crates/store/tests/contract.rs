@@ -3,7 +3,9 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use kubevirt_store::{Encode, Event, Record, Revision, Store, StoreError, WatchStream};
+use kubevirt_store::{
+    Encode, Event, Record, Revision, Store, StoreError, StoreOptions, WatchStream,
+};
 
 /// A store plus whatever must outlive it (the temporary directory of a SQLite file).
 pub struct Fixture {
@@ -401,6 +403,46 @@ mod memory {
 
 mod sqlite {
     contract_suite!(crate::sqlite);
+}
+
+/// 4000 bytes of history: four events of `/k/N` (4 bytes) with a 1000-byte value.
+const SMALL_BUDGET: StoreOptions = StoreOptions {
+    history_budget_bytes: 4000,
+};
+
+async fn history_is_capped_by_its_byte_budget(store: &Store) {
+    let big = "x".repeat(1000);
+    for i in 0..10 {
+        store.create(&format!("/k/{i}"), value(&big)).await.unwrap();
+    }
+    assert!(store.history_bytes() <= 4000, "{}", store.history_bytes());
+    let oldest = store.compacted_revision();
+    assert!(oldest > 1 && oldest < 10, "compacted to {oldest}");
+    assert_eq!(store.history_bytes(), store.history_len() * 1004);
+    let err = store.watch("/", 1).unwrap_err();
+    assert!(
+        matches!(err, StoreError::Compacted { requested: 1, oldest: o } if o == oldest),
+        "{err}"
+    );
+    let mut watch = store.watch("/", oldest).unwrap();
+    assert_eq!(next(&mut watch).await.record().revision, oldest + 1);
+    assert_eq!(
+        store.list("/k/", None, None).records.len(),
+        10,
+        "values stay"
+    );
+}
+
+#[tokio::test]
+async fn in_memory_history_is_capped_by_its_byte_budget() {
+    history_is_capped_by_its_byte_budget(&Store::in_memory_with(&SMALL_BUDGET)).await;
+}
+
+#[tokio::test]
+async fn sqlite_history_is_capped_by_its_byte_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open_sqlite_with(&dir.path().join("store.db"), &SMALL_BUDGET).unwrap();
+    history_is_capped_by_its_byte_budget(&store).await;
 }
 
 #[test]

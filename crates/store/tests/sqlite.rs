@@ -4,7 +4,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use kubevirt_store::{Encode, Event, Store, StoreError};
+use kubevirt_store::{Encode, Event, Store, StoreError, StoreOptions};
 
 fn value(text: &str) -> Encode {
     let text = text.to_owned();
@@ -328,4 +328,125 @@ fn acknowledged_writes_survive_sigkill() {
         let next = store.create("/after", value("x")).await.unwrap();
         assert_eq!(next.revision, store.current_revision());
     });
+}
+
+#[tokio::test]
+async fn history_trimmed_by_the_byte_budget_is_compacted_on_disk_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let small = StoreOptions {
+        history_budget_bytes: 4000,
+    };
+    let compacted = {
+        let store = Store::open_sqlite_with(&db_path(&dir), &small).unwrap();
+        let big = "x".repeat(1000);
+        let mut record = store.create("/k", value(&big)).await.unwrap();
+        for _ in 0..20 {
+            record = store
+                .update("/k", record.revision, value(&big))
+                .await
+                .unwrap();
+        }
+        assert!(store.compacted_revision() > 1);
+        store.compacted_revision()
+    };
+    // The compaction was queued before the last handle dropped: the rows are gone.
+    assert!(
+        row_count(&db_path(&dir)) <= 5,
+        "{}",
+        row_count(&db_path(&dir))
+    );
+    let store = Store::open_sqlite(&db_path(&dir)).unwrap();
+    assert_eq!(store.compacted_revision(), compacted);
+    assert!(matches!(
+        store.watch("/", 1),
+        Err(StoreError::Compacted { requested: 1, .. })
+    ));
+    assert_eq!(store.get("/k").unwrap().revision, 21);
+}
+
+#[tokio::test]
+async fn reopening_with_a_smaller_budget_trims_the_loaded_history() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let store = Store::open_sqlite(&db_path(&dir)).unwrap();
+        let big = "x".repeat(1000);
+        for i in 0..10 {
+            store.create(&format!("/k/{i}"), value(&big)).await.unwrap();
+        }
+        assert_eq!(store.compacted_revision(), 0);
+    }
+    let small = StoreOptions {
+        history_budget_bytes: 4000,
+    };
+    let store = Store::open_sqlite_with(&db_path(&dir), &small).unwrap();
+    assert!(store.history_bytes() <= 4000);
+    assert!(store.compacted_revision() > 0);
+    assert!(store.watch("/", 0).is_err());
+    assert_eq!(store.list("/k/", None, None).records.len(), 10);
+}
+
+#[cfg(unix)]
+fn mode(path: &Path) -> u32 {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(path).unwrap().permissions().mode() & 0o777
+}
+
+#[cfg(unix)]
+#[tokio::test]
+async fn the_database_and_its_journal_are_readable_by_their_owner_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = db_path(&dir);
+    let store = Store::open_sqlite(&path).unwrap();
+    store.create("/secret", value("s3cr3t")).await.unwrap();
+    assert_eq!(mode(&path), 0o600, "database");
+    let wal = dir.path().join("store.db-wal");
+    assert!(wal.exists());
+    assert_eq!(mode(&wal), 0o600, "write-ahead log");
+    let shm = dir.path().join("store.db-shm");
+    if shm.exists() {
+        assert_eq!(mode(&shm), 0o600, "shared memory index");
+    }
+}
+
+#[cfg(unix)]
+#[tokio::test]
+async fn files_left_readable_by_others_are_narrowed_at_open() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let path = db_path(&dir);
+    {
+        let store = Store::open_sqlite(&path).unwrap();
+        store.create("/secret", value("s3cr3t")).await.unwrap();
+    }
+    let wal = dir.path().join("store.db-wal");
+    std::fs::write(&wal, b"").unwrap();
+    for file in [&path, &wal] {
+        std::fs::set_permissions(file, std::fs::Permissions::from_mode(0o666)).unwrap();
+    }
+    let store = Store::open_sqlite(&path).unwrap();
+    assert_eq!(&*store.get("/secret").unwrap().value, b"s3cr3t");
+    assert_eq!(mode(&path), 0o600);
+    assert_eq!(mode(&wal), 0o600);
+}
+
+#[tokio::test]
+async fn a_value_changed_to_text_or_a_number_behind_the_store_still_opens() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let store = Store::open_sqlite(&db_path(&dir)).unwrap();
+        for key in ["/a", "/b", "/c"] {
+            store.create(key, value("{}")).await.unwrap();
+        }
+    }
+    {
+        let conn = rusqlite::Connection::open(db_path(&dir)).unwrap();
+        conn.execute("UPDATE kv SET value = 'not json' WHERE key = '/a'", [])
+            .unwrap();
+        conn.execute("UPDATE kv SET value = 42 WHERE key = '/b'", [])
+            .unwrap();
+    }
+    let store = Store::open_sqlite(&db_path(&dir)).unwrap();
+    assert_eq!(&*store.get("/a").unwrap().value, b"not json");
+    assert!(store.get("/b").unwrap().value.is_empty());
+    assert_eq!(&*store.get("/c").unwrap().value, b"{}");
 }

@@ -50,10 +50,33 @@ pub fn now_rfc3339() -> String {
         .to_string()
 }
 
-/// Parses a stored record into its object.
+/// Parses a stored record into its object (a JSON object: anything else is corrupt).
 pub fn decode_record(record: &Record) -> Result<Value, ApiError> {
-    serde_json::from_slice(&record.value)
-        .map_err(|e| ApiError::internal(format!("stored object {} is corrupt: {e}", record.key)))
+    let corrupt = |why: &dyn std::fmt::Display| {
+        ApiError::internal(format!("stored object {} is corrupt: {why}", record.key))
+    };
+    let value: Value = serde_json::from_slice(&record.value).map_err(|e| corrupt(&e))?;
+    if !value.is_object() {
+        return Err(corrupt(&"not a JSON object"));
+    }
+    Ok(value)
+}
+
+/// [`decode_record`] for lists and watches: an undecodable record is skipped with a
+/// warning naming its key, so one corrupt row does not fail every list of its kind.
+pub fn decode_listed(record: &Record) -> Option<Value> {
+    match decode_record(record) {
+        Ok(value) => Some(value),
+        Err(error) => {
+            tracing::warn!(
+                key = record.key,
+                revision = record.revision,
+                error = %error.message,
+                "skipping a stored object that cannot be decoded"
+            );
+            None
+        }
+    }
 }
 
 /// `metadata` as a mutable map, creating it if needed. `obj` must be a JSON object (request
@@ -152,6 +175,13 @@ pub fn validate_object(
         causes.extend(schema.validate(obj));
     }
     causes.extend(validate_object_meta(obj, info.name_rule));
+    if !info.is_custom() {
+        causes.extend(crate::core_validation::validate_builtin(
+            &info.group,
+            &info.kind,
+            obj,
+        ));
+    }
     if info.kind == "CustomResourceDefinition" {
         causes.extend(crate::crd::validate_crd(obj));
     }
@@ -172,6 +202,12 @@ pub async fn admit(
     let mut warnings = Vec::new();
     for hook in &state.admission {
         warnings.extend(hook.admit(phase, request, obj).await?);
+        // The write path indexes into the object: a hook must leave an object behind.
+        if !obj.is_object() || !(obj["metadata"].is_null() || obj["metadata"].is_object()) {
+            return Err(ApiError::internal(
+                "Internal error occurred: an admission hook returned an object that is not a JSON object with object metadata",
+            ));
+        }
     }
     Ok(warnings)
 }

@@ -15,19 +15,24 @@ use crate::status::ApiError;
 
 const NAME_CHARS: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
 
-/// `generateName` + 5 random characters, as kube does.
+/// Random characters `generateName` appends.
+const SUFFIX_LEN: usize = 5;
+
+/// Longest prefix kept from `generateName` (so a valid prefix gives a 63-character name).
+const MAX_PREFIX_CHARS: usize = 63 - SUFFIX_LEN;
+
+/// `generateName` + 5 random characters, as kube does: the prefix is cut to 58
+/// characters (on a character boundary) first. The result is validated like any name.
 pub fn generate_name(prefix: &str) -> String {
     let mut rng = rand::rng();
-    let suffix: String = (0..5)
+    let suffix: String = (0..SUFFIX_LEN)
         .map(|_| NAME_CHARS[rng.random_range(0..NAME_CHARS.len())] as char)
         .collect();
-    let max_prefix = 63 - 5;
-    let prefix = if prefix.len() > max_prefix {
-        &prefix[..max_prefix]
-    } else {
-        prefix
-    };
-    format!("{prefix}{suffix}")
+    let end = prefix
+        .char_indices()
+        .nth(MAX_PREFIX_CHARS)
+        .map_or(prefix.len(), |(index, _)| index);
+    format!("{}{suffix}", &prefix[..end])
 }
 
 /// Checks (and fills in) `apiVersion` and `kind` against the resource.
@@ -218,5 +223,22 @@ mod tests {
         assert!(n.starts_with("vm-"));
         assert_eq!(n.len(), 8);
         assert!(n[3..].bytes().all(|b| NAME_CHARS.contains(&b)));
+    }
+
+    #[test]
+    fn long_generate_name_prefixes_are_cut_to_58_characters() {
+        let n = generate_name(&"a".repeat(100));
+        assert_eq!(n.len(), 63);
+        assert!(n.starts_with(&"a".repeat(58)));
+    }
+
+    #[test]
+    fn multi_byte_generate_name_prefixes_are_cut_on_a_character_boundary() {
+        // 'é' is two bytes: byte 58 falls inside a character.
+        let n = generate_name(&format!("a{}", "é".repeat(40)));
+        assert_eq!(n.chars().count(), 41 + SUFFIX_LEN);
+        let n = generate_name(&"日本".repeat(40));
+        assert_eq!(n.chars().count(), MAX_PREFIX_CHARS + SUFFIX_LEN);
+        assert!(n.starts_with(&"日本".repeat(29)));
     }
 }

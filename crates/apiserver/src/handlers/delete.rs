@@ -20,7 +20,7 @@ use serde_json::{Value, json};
 use tracing::debug;
 
 use super::common::{
-    Reply, WriteOptions, admission_request, admit, decode_record, encoder, get_object, meta_mut,
+    Reply, WriteOptions, admission_request, admit, decode_listed, encoder, get_object, meta_mut,
     set_rv, store_error,
 };
 use super::list::list_objects;
@@ -343,7 +343,9 @@ async fn delete_namespace_contents(
         let prefix = info.list_prefix(Some(namespace));
         let records = state.store.list(&prefix, None, None).records;
         for r in records {
-            let obj = decode_record(&r)?;
+            let Some(obj) = decode_listed(&r) else {
+                continue;
+            };
             let name = obj["metadata"]["name"].as_str().unwrap_or("").to_owned();
             let opts = WriteOptions {
                 dry_run: false,
@@ -439,7 +441,7 @@ mod tests {
     fn stored(s: &ApiState, name: &str) -> Option<Value> {
         s.store
             .get(&format!("/registry/core/pods/default/{name}"))
-            .map(|r| decode_record(&r).unwrap())
+            .map(|r| super::super::common::decode_record(&r).unwrap())
     }
 
     #[tokio::test]

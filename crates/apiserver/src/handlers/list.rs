@@ -1,5 +1,7 @@
 //! `GET` a collection: selectors, `limit` + `continue` paging, cluster-wide lists.
 //!
+//! Records that do not decode are skipped with a warning (see [`decode_listed`]).
+//!
 //! Caveat: pages after the first are read from the current state, not from the snapshot of
 //! the first page (the store keeps no old values); `metadata.resourceVersion` of every page
 //! is the first page's.
@@ -8,7 +10,7 @@ use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use serde_json::{Value, json};
 
-use super::common::{Reply, decode_record};
+use super::common::{Reply, decode_listed};
 use crate::registry::ResourceInfo;
 use crate::selectors::Selectors;
 use crate::state::ApiState;
@@ -64,11 +66,13 @@ pub fn list_objects(
     {
         let rev = state.store.current_revision();
         let mut items = Vec::new();
-        if let Some(r) = state.store.get(&info.key(ns, name)) {
-            let obj = decode_record(&r)?;
-            if selectors.matches(&obj) {
-                items.push(obj);
-            }
+        if let Some(obj) = state
+            .store
+            .get(&info.key(ns, name))
+            .and_then(|r| decode_listed(&r))
+            && selectors.matches(&obj)
+        {
+            items.push(obj);
         }
         return Ok((items, rev, None));
     }
@@ -81,7 +85,9 @@ pub fn list_objects(
         let revision = *revision.get_or_insert(res.revision);
         let n = res.records.len();
         for (i, r) in res.records.iter().enumerate() {
-            let obj = decode_record(r)?;
+            let Some(obj) = decode_listed(r) else {
+                continue;
+            };
             if selectors.matches(&obj) {
                 items.push(obj);
                 if limit.is_some_and(|l| items.len() >= l) {

@@ -101,6 +101,11 @@ pub async fn patch(
                 "the patched object is not a JSON object",
             ));
         }
+        if !(patched["metadata"].is_null() || patched["metadata"].is_object()) {
+            return Err(ApiError::bad_request(
+                "the patched object's metadata is not a JSON object",
+            ));
+        }
         // Optimistic concurrency only when the patch itself names a resourceVersion (as
         // kube-apiserver does); otherwise the patch is re-applied to the newer object.
         let explicit_rv = if patch_names_resource_version(patch_type, patch) {

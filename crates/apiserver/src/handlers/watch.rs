@@ -24,7 +24,7 @@ use serde_json::{Value, json};
 use tokio::sync::mpsc;
 use tracing::debug;
 
-use super::common::{decode_record, set_rv};
+use super::common::{decode_listed, set_rv};
 use super::list::list_objects;
 use crate::registry::ResourceInfo;
 use crate::request::IncludeObject;
@@ -88,34 +88,39 @@ impl Emitter {
 }
 
 /// Classifies one store event for a watcher with `selectors`.
-pub fn classify(
-    event: &Event,
-    selectors: &Selectors,
-) -> Result<Option<(&'static str, Value)>, ApiError> {
+///
+/// Undecodable values are treated as lists treat them (skipped with a warning): an
+/// object whose new value is corrupt leaves the watch as `DELETED` (its last good
+/// value), one whose old value was corrupt enters it as `ADDED`.
+pub fn classify(event: &Event, selectors: &Selectors) -> Option<(&'static str, Value)> {
     match event {
         Event::Put { record, prev } => {
-            let new = decode_record(record)?;
-            let old = prev.as_ref().map(decode_record).transpose()?;
-            let new_m = selectors.matches(&new);
+            let old = prev.as_ref().and_then(decode_listed);
             let old_m = old.as_ref().is_some_and(|o| selectors.matches(o));
-            Ok(match (old.is_some(), old_m, new_m) {
-                (_, true, true) => Some(("MODIFIED", new)),
-                (_, false, true) => Some(("ADDED", new)),
-                (true, true, false) => {
+            let Some(new) = decode_listed(record) else {
+                let mut gone = old.filter(|_| old_m)?;
+                set_rv(&mut gone, record.revision);
+                return Some(("DELETED", gone));
+            };
+            let new_m = selectors.matches(&new);
+            match (old_m, new_m) {
+                (true, true) => Some(("MODIFIED", new)),
+                (false, true) => Some(("ADDED", new)),
+                (true, false) => {
                     let mut gone = new;
                     set_rv(&mut gone, record.revision);
                     Some(("DELETED", gone))
                 }
-                _ => None,
-            })
+                (false, false) => None,
+            }
         }
         Event::Delete { record } => {
-            let mut obj = decode_record(record)?;
+            let mut obj = decode_listed(record)?;
             if !selectors.matches(&obj) {
-                return Ok(None);
+                return None;
             }
             set_rv(&mut obj, record.revision);
-            Ok(Some(("DELETED", obj)))
+            Some(("DELETED", obj))
         }
     }
 }
@@ -191,7 +196,10 @@ async fn run(
     if params.send_initial_events && params.bookmarks && !em.bookmark(after, true).await {
         return;
     }
-    let deadline = params.timeout.map(|t| tokio::time::Instant::now() + t);
+    // A timeout too large to add to the clock (`timeoutSeconds` near u64::MAX) is none.
+    let deadline = params
+        .timeout
+        .and_then(|t| tokio::time::Instant::now().checked_add(t));
     let mut last_rev = after;
     let mut ticker = tokio::time::interval(BOOKMARK_INTERVAL);
     ticker.tick().await;
@@ -215,10 +223,10 @@ async fn run(
                 }
                 Some(Ok(event)) => {
                     last_rev = event.record().revision;
-                    match classify(&event, &params.selectors) {
-                        Ok(Some((kind, obj))) => if !em.send(kind, obj).await { return },
-                        Ok(None) => {}
-                        Err(e) => { let _ = em.error(&e).await; return; }
+                    if let Some((kind, obj)) = classify(&event, &params.selectors)
+                        && !em.send(kind, obj).await
+                    {
+                        return;
                     }
                 }
             },
@@ -254,27 +262,143 @@ mod tests {
             record: rec(&db, 3),
             prev: Some(rec(&web, 2)),
         };
-        assert_eq!(classify(&leave, &sel).unwrap().unwrap().0, "DELETED");
+        assert_eq!(classify(&leave, &sel).unwrap().0, "DELETED");
         let enter = Event::Put {
             record: rec(&web, 4),
             prev: Some(rec(&db, 3)),
         };
-        assert_eq!(classify(&enter, &sel).unwrap().unwrap().0, "ADDED");
+        assert_eq!(classify(&enter, &sel).unwrap().0, "ADDED");
         let other = Event::Put {
             record: rec(&db, 5),
             prev: Some(rec(&db, 4)),
         };
-        assert!(classify(&other, &sel).unwrap().is_none());
+        assert!(classify(&other, &sel).is_none());
         let modified = Event::Put {
             record: rec(&web, 6),
             prev: Some(rec(&web, 5)),
         };
-        assert_eq!(classify(&modified, &sel).unwrap().unwrap().0, "MODIFIED");
+        assert_eq!(classify(&modified, &sel).unwrap().0, "MODIFIED");
         let gone = Event::Delete {
             record: rec(&web, 7),
         };
-        let (kind, obj) = classify(&gone, &sel).unwrap().unwrap();
+        let (kind, obj) = classify(&gone, &sel).unwrap();
         assert_eq!(kind, "DELETED");
         assert_eq!(obj["metadata"]["resourceVersion"], "7");
+    }
+
+    #[tokio::test]
+    async fn a_watch_from_before_the_history_kept_by_the_byte_budget_gets_410_too_old() {
+        let store = kubevirt_store::Store::in_memory_with(&kubevirt_store::StoreOptions {
+            history_budget_bytes: 2000,
+        });
+        let state = Arc::new(ApiState::new(store));
+        let info = state.registry.find("", "v1", "configmaps").unwrap();
+        for i in 0..10 {
+            let key = info.key(Some("default"), &format!("c{i}"));
+            let obj =
+                json!({"metadata": {"name": format!("c{i}")}, "data": {"x": "y".repeat(500)}});
+            state
+                .store
+                .create(&key, super::super::common::encoder(obj))
+                .await
+                .unwrap();
+        }
+        assert!(state.store.compacted_revision() > 1);
+        let params = WatchParams {
+            namespace: Some("default".into()),
+            resource_version: Some("1".into()),
+            selectors: Selectors::default(),
+            bookmarks: false,
+            timeout: None,
+            send_initial_events: false,
+            table: None,
+        };
+        let mut rx = start(state.clone(), info, params).unwrap();
+        let line: Value = serde_json::from_slice(&rx.recv().await.unwrap()).unwrap();
+        assert_eq!(line["type"], "ERROR");
+        assert_eq!(line["object"]["code"], 410);
+        assert_eq!(line["object"]["reason"], "Expired");
+        let message = line["object"]["message"].as_str().unwrap();
+        assert!(
+            message.starts_with("too old resource version: 1 ("),
+            "{message}"
+        );
+        assert!(rx.recv().await.is_none(), "the watch ends");
+    }
+
+    #[tokio::test]
+    async fn a_timeout_too_large_for_the_clock_means_no_timeout() {
+        let state = Arc::new(ApiState::new(kubevirt_store::Store::in_memory()));
+        let info = state.registry.find("", "v1", "configmaps").unwrap();
+        let key = info.key(Some("default"), "c");
+        let obj = json!({"metadata": {"name": "c"}});
+        state
+            .store
+            .create(&key, super::super::common::encoder(obj))
+            .await
+            .unwrap();
+        let params = WatchParams {
+            namespace: Some("default".into()),
+            resource_version: None,
+            selectors: Selectors::default(),
+            bookmarks: false,
+            timeout: Some(Duration::from_secs(u64::MAX)),
+            send_initial_events: false,
+            table: None,
+        };
+        let mut rx = start(state.clone(), info, params).unwrap();
+        let line: Value = serde_json::from_slice(&rx.recv().await.unwrap()).unwrap();
+        assert_eq!(line["type"], "ADDED");
+        let key = state
+            .registry
+            .find("", "v1", "configmaps")
+            .unwrap()
+            .key(Some("default"), "d");
+        state
+            .store
+            .create(
+                &key,
+                super::super::common::encoder(json!({"metadata": {"name": "d"}})),
+            )
+            .await
+            .unwrap();
+        let line: Value = serde_json::from_slice(&rx.recv().await.unwrap()).unwrap();
+        assert_eq!(
+            line["object"]["metadata"]["name"], "d",
+            "the watch follows live events"
+        );
+    }
+
+    fn corrupt(rev: u64) -> Record {
+        Record {
+            key: "/k".into(),
+            value: b"{not json".to_vec().into(),
+            revision: rev,
+            create_revision: 1,
+        }
+    }
+
+    #[test]
+    fn corrupt_values_in_watch_events_are_skipped_like_in_lists() {
+        let sel = Selectors::default();
+        let good = json!({"metadata": {"name": "a"}});
+        let broken = Event::Put {
+            record: rec(&good, 3),
+            prev: Some(corrupt(2)),
+        };
+        assert_eq!(classify(&broken, &sel).unwrap().0, "ADDED");
+        let breaking = Event::Put {
+            record: corrupt(4),
+            prev: Some(rec(&good, 3)),
+        };
+        let (kind, obj) = classify(&breaking, &sel).unwrap();
+        assert_eq!(kind, "DELETED");
+        assert_eq!(obj["metadata"]["resourceVersion"], "4");
+        let still = Event::Put {
+            record: corrupt(5),
+            prev: Some(corrupt(4)),
+        };
+        assert!(classify(&still, &sel).is_none());
+        assert!(classify(&Event::Delete { record: corrupt(6) }, &sel).is_none());
     }
 }

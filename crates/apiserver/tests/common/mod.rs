@@ -45,7 +45,11 @@ pub fn read(path: &Path) -> String {
 
 impl TestServer {
     pub async fn start() -> TestServer {
-        let dir = tempfile::tempdir().unwrap();
+        TestServer::start_in(tempfile::tempdir().unwrap()).await
+    }
+
+    /// A server on `dir` (which may hold the data of an earlier server).
+    pub async fn start_in(dir: tempfile::TempDir) -> TestServer {
         let server = kubevirt_apiserver::start(Config {
             data_dir: dir.path().to_owned(),
             listen: "127.0.0.1:0".parse().unwrap(),
@@ -71,10 +75,47 @@ impl TestServer {
         format!("https://{}{path}", self.server.addr)
     }
 
+    /// Stops the server and hands back its data directory.
+    pub async fn stop(self) -> tempfile::TempDir {
+        self.server.stop().await;
+        self.dir
+    }
+
     /// Sends a request; `body` as JSON (or `content_type` when given).
     pub async fn request(&self, method: &str, path: &str, body: Option<&Value>) -> Reply {
         self.request_with(method, path, body, "application/json", &[])
             .await
+    }
+
+    /// Sends `body` as it is (not re-encoded), with `content_type`.
+    pub async fn request_raw(
+        &self,
+        method: &str,
+        path: &str,
+        body: Vec<u8>,
+        content_type: &str,
+    ) -> Reply {
+        let req = http::Request::builder()
+            .method(method)
+            .uri(self.url(path))
+            .header("content-type", content_type)
+            .body(Body::from(body))
+            .unwrap();
+        let resp = client::send(self.tls.clone(), req).await.unwrap();
+        let status = resp.status().as_u16();
+        let headers = resp.headers().clone();
+        let body = resp
+            .into_body()
+            .collect()
+            .await
+            .unwrap()
+            .to_bytes()
+            .to_vec();
+        Reply {
+            status,
+            headers,
+            body,
+        }
     }
 
     pub async fn request_with(
