@@ -5,6 +5,7 @@
 //! - [`pool`] (`v1beta1`): VirtualMachinePool.
 //! - [`constants`]: labels, annotations and finalizers KubeVirt writes.
 //! - [`crd`]: structural CustomResourceDefinitions generated from the types.
+//! - [`quantity`]: exact Kubernetes resource quantities, the one parser every crate uses.
 //!
 //! The crate does no I/O. Every optional field round-trips: decoding an upstream manifest and
 //! encoding it again yields the same JSON, and unknown enum strings are kept verbatim.
@@ -14,4 +15,5 @@ mod string_enum;
 pub mod constants;
 pub mod crd;
 pub mod pool;
+pub mod quantity;
 pub mod v1;

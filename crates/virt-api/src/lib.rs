@@ -15,7 +15,6 @@
 
 pub mod config;
 pub mod mutate;
-pub mod quantity;
 pub mod subresources;
 pub mod validate;
 pub mod webhook;

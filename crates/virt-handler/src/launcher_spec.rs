@@ -24,6 +24,8 @@
 
 use std::path::{Path, PathBuf};
 
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use kubevirt_api::quantity::Quantity as ExactQuantity;
 use kubevirt_api::v1::{
     DiskBus as VmiDiskBus, DriverCache, VirtualMachineInstance, VirtualMachineInstanceSpec, Volume,
 };
@@ -34,7 +36,6 @@ use virt_launcher::spec::{
 };
 
 use crate::images::{ImageError, ImageStore};
-use crate::scheduler::quantity::parse_milli;
 
 /// OVMF firmware from Debian's `ovmf` package.
 pub const OVMF_CODE: &str = "/usr/share/OVMF/OVMF_CODE_4M.fd";
@@ -172,11 +173,13 @@ pub struct PreparedSpec {
     pub files: Vec<FileAction>,
 }
 
-/// Bytes of a Kubernetes quantity (`128Mi` → 134217728).
-fn quantity_bytes(what: &str, q: &str) -> Result<u64, SpecError> {
-    parse_milli(q)
-        .and_then(|m| u64::try_from(m.div_euclid(1000)).ok())
-        .ok_or_else(|| SpecError::Invalid(format!("{what}: {q:?} is not a quantity")))
+/// Bytes of a Kubernetes quantity (`128Mi` → 134217728), rounded up as Kubernetes' `Value()`
+/// rounds.
+fn quantity_bytes(what: &str, q: &Quantity) -> Result<u64, SpecError> {
+    ExactQuantity::try_from(q)
+        .ok()
+        .and_then(|q| u64::try_from(q.value()).ok())
+        .ok_or_else(|| SpecError::Invalid(format!("{what}: {:?} is not a quantity", q.0)))
 }
 
 fn round_up_mib(bytes: u64) -> u64 {
@@ -251,8 +254,8 @@ fn cpu(spec: &VirtualMachineInstanceSpec) -> Result<Cpu, SpecError> {
             .limits
             .get("cpu")
             .or_else(|| resources.requests.get("cpu"))
-            .and_then(|q| parse_milli(&q.0))
-            .map(|milli| milli.div_euclid(1000) + i128::from(milli % 1000 != 0));
+            .and_then(|q| ExactQuantity::try_from(q).ok())
+            .map(|q| q.value());
         cores = cpus.and_then(|c| u32::try_from(c).ok()).unwrap_or(1);
     }
     let model = match vmi_cpu.model.as_deref() {
@@ -291,11 +294,11 @@ fn memory(spec: &VirtualMachineInstanceSpec) -> Result<Memory, SpecError> {
                     .into(),
             )
         })?;
-    let guest_bytes = round_up_mib(quantity_bytes("memory", &guest.0)?);
+    let guest_bytes = round_up_mib(quantity_bytes("memory", guest)?);
     let max_guest_bytes = vmi_memory
         .max_guest
         .as_ref()
-        .map(|q| quantity_bytes("memory.maxGuest", &q.0).map(round_up_mib))
+        .map(|q| quantity_bytes("memory.maxGuest", q).map(round_up_mib))
         .transpose()?;
     if vmi_memory.hugepages.is_some() {
         return Err(SpecError::Unsupported(
@@ -432,7 +435,7 @@ fn volume_source(
         return Ok(Source { path: to, format });
     }
     if let Some(empty) = &src.empty_disk {
-        let size = quantity_bytes("emptyDisk.capacity", &empty.capacity.0)?;
+        let size = quantity_bytes("emptyDisk.capacity", &empty.capacity)?;
         let path = disks_dir.join(format!("{name}.img"));
         files.push(FileAction::Sparse {
             path: path.clone(),
@@ -519,7 +522,7 @@ fn host_disk(
                 .ok_or_else(|| fail("DiskOrCreate needs a capacity".into()))?;
             files.push(FileAction::Sparse {
                 path: path.to_owned(),
-                size: quantity_bytes("hostDisk.capacity", &capacity.0)?,
+                size: quantity_bytes("hostDisk.capacity", capacity)?,
             });
         }
         other => return Err(fail(format!("type {other:?} is not Disk or DiskOrCreate"))),

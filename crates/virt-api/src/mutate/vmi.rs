@@ -13,6 +13,7 @@ use kubevirt_api::constants::{
     LATEST_OBSERVED_API_VERSION_ANNOTATION, PCI_TOPOLOGY_VERSION_ANNOTATION,
     PCI_TOPOLOGY_VERSION_V3, STORAGE_OBSERVED_API_VERSION_ANNOTATION, VMI_FINALIZER,
 };
+use kubevirt_api::quantity::{Format, Quantity as ExactQuantity};
 use kubevirt_api::v1::{
     Bootloader, CpuTopology, DEFAULT_CPU_MODEL, Disk, DiskBus, DiskTarget, Efi, Features, Firmware,
     Interface, InterfaceBindingMethod, InterfaceBridge, InterfaceMasquerade, Memory, MemoryStatus,
@@ -22,7 +23,6 @@ use kubevirt_api::v1::{
 };
 
 use crate::config::{ClusterConfig, gates};
-use crate::quantity;
 
 /// A default that cannot be applied; the request is refused with this message.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -41,9 +41,18 @@ const MAX_VCPUS: u32 = 512;
 const TWO_MIB: i128 = 2 * 1024 * 1024;
 const ONE_GIB: i128 = 1024 * 1024 * 1024;
 
-fn is_zero(q: Option<&Quantity>) -> bool {
-    q.and_then(quantity::millis).is_none_or(|m| m == 0)
+/// The value of an API quantity; `None` when it does not parse (validation reports that).
+fn value_of(q: &Quantity) -> Option<ExactQuantity> {
+    ExactQuantity::try_from(q).ok()
 }
+
+fn is_zero(q: Option<&Quantity>) -> bool {
+    q.and_then(value_of).is_none_or(|q| q.is_zero())
+}
+
+/// Upstream's default CPU request, which is not written into the spec.
+const DEFAULT_CPU_REQUEST: ExactQuantity =
+    ExactQuantity::from_nano_value(100_000_000, Format::DecimalSi);
 
 /// Spec defaults shared by VMIs and (on a copy) VM templates (`SetDefaultVirtualMachineInstanceSpec`).
 ///
@@ -115,7 +124,7 @@ fn set_resource_requests(cfg: &ClusterConfig, spec: &mut VirtualMachineInstanceS
     {
         res.requests.insert("cpu".into(), l);
     }
-    if quantity::millis(&cfg.cpu_request) != Some(100)
+    if value_of(&cfg.cpu_request) != Some(DEFAULT_CPU_REQUEST)
         && !res.requests.contains_key("cpu")
         && !dedicated
     {
@@ -152,7 +161,7 @@ fn set_guest_memory(spec: &mut VirtualMachineInstanceSpec) {
         mem.hugepages
             .as_ref()
             .and_then(|h| h.page_size.clone())
-            .filter(|p| quantity::parse_millis(p).is_some())
+            .filter(|p| ExactQuantity::parse(p).is_ok())
             .map(Quantity)
     });
 }
@@ -175,7 +184,7 @@ fn set_cpu_topology(spec: &mut VirtualMachineInstanceSpec) {
                     r.requests.get("cpu")
                 }
             })
-            .map(|q| quantity::value(q).unwrap_or(0))
+            .map(|q| value_of(q).map_or(0, |q| q.value()))
     };
     let sockets = value(true).or_else(|| value(false)).unwrap_or(1);
     let cpu = d.cpu.get_or_insert_with(Default::default);
@@ -469,11 +478,12 @@ pub fn memory_hotplug_error(
         .memory
         .as_ref()
         .and_then(|m| m.guest.as_ref())
-        .and_then(quantity::value)
+        .and_then(value_of)
+        .map(|q| q.value())
     else {
         return Some("Guest memory must be configured when memory hotplug is enabled".into());
     };
-    let Some(max) = max_guest.and_then(quantity::value) else {
+    let Some(max) = max_guest.and_then(value_of).map(|q| q.value()) else {
         return Some("Max guest memory must be configured when memory hotplug is enabled".into());
     };
     if guest > max {
@@ -539,11 +549,11 @@ fn setup_hotplug(cfg: &ClusterConfig, spec: &mut VirtualMachineInstanceSpec) {
         return;
     }
     let max = cfg.max_guest.clone().or_else(|| {
-        mem.guest.as_ref().and_then(quantity::value).map(|g| {
-            Quantity(quantity::format_bytes(
-                g * i128::from(cfg.max_hotplug_ratio),
-            ))
-        })
+        let guest = mem.guest.as_ref().and_then(value_of)?.value();
+        let max = guest.checked_mul(i128::from(cfg.max_hotplug_ratio))?;
+        ExactQuantity::from_value(max, Format::BinarySi)
+            .ok()
+            .map(Quantity::from)
     });
     if memory_hotplug_error(spec, max.as_ref()).is_none()
         && let Some(m) = &mut spec.domain.memory

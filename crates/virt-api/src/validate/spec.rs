@@ -4,11 +4,11 @@
 //! the rest live in sibling modules.
 
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use kubevirt_api::quantity::{FORMAT_ERROR_MESSAGE, Quantity as ExactQuantity};
 use kubevirt_api::v1::{DomainSpec, VirtualMachineInstanceSpec};
 
 use super::{Cause, FieldPath, devices, misc, network, reason, volumes};
 use crate::config::{ClusterConfig, gates};
-use crate::quantity::{self, QUANTITY_FORMAT_ERROR};
 
 const MUST_BE_POSITIVE: &str = "must be greater than or equal to 0.";
 
@@ -72,12 +72,24 @@ pub(crate) fn resource<'a>(
     }
 }
 
-/// Milli-unit value of a resource; absent or malformed counts as zero (malformed values get
-/// their own cause from [`validate_quantities`]).
+/// The value of an API quantity; `None` when it does not parse ([`validate_quantities`] gives
+/// malformed values their own cause).
+pub(crate) fn value_of(q: &Quantity) -> Option<ExactQuantity> {
+    ExactQuantity::try_from(q).ok()
+}
+
+/// Milli-unit value of a resource, rounded up; absent or malformed counts as zero.
 pub(crate) fn resource_millis(domain: &DomainSpec, limits: bool, name: &str) -> i128 {
     resource(domain, limits, name)
-        .and_then(quantity::millis)
-        .unwrap_or(0)
+        .and_then(value_of)
+        .map_or(0, |q| q.milli_value())
+}
+
+/// Whole-unit value of a resource, rounded up; absent or malformed counts as zero.
+fn resource_value(domain: &DomainSpec, limits: bool, name: &str) -> i128 {
+    resource(domain, limits, name)
+        .and_then(value_of)
+        .map_or(0, |q| q.value())
 }
 
 fn shown(q: Option<&Quantity>) -> &str {
@@ -88,10 +100,10 @@ fn validate_quantities(field: &FieldPath, domain: &DomainSpec, c: &mut Vec<Cause
     let Some(r) = &domain.resources else { return };
     for (kind, list) in [("requests", &r.requests), ("limits", &r.limits)] {
         for (name, q) in list {
-            if quantity::millis(q).is_none() {
+            if value_of(q).is_none() {
                 let f = field.children(&["domain", "resources", kind, name]);
                 c.push(Cause::invalid(
-                    format!("{f}: Invalid value: \"{}\": {QUANTITY_FORMAT_ERROR}", q.0),
+                    format!("{f}: Invalid value: \"{}\": {FORMAT_ERROR_MESSAGE}", q.0),
                     f,
                 ));
             }
@@ -99,10 +111,10 @@ fn validate_quantities(field: &FieldPath, domain: &DomainSpec, c: &mut Vec<Cause
     }
     if let Some(m) = &domain.memory {
         for (name, q) in [("guest", &m.guest), ("maxGuest", &m.max_guest)] {
-            if let Some(q) = q.as_ref().filter(|q| quantity::millis(q).is_none()) {
+            if let Some(q) = q.as_ref().filter(|q| value_of(q).is_none()) {
                 let f = field.children(&["domain", "memory", name]);
                 c.push(Cause::invalid(
-                    format!("{f}: Invalid value: \"{}\": {QUANTITY_FORMAT_ERROR}", q.0),
+                    format!("{f}: Invalid value: \"{}\": {FORMAT_ERROR_MESSAGE}", q.0),
                     f,
                 ));
             }
@@ -162,24 +174,24 @@ fn validate_hugepages(field: &FieldPath, spec: &VirtualMachineInstanceSpec, c: &
     let page_text = hp.page_size.clone().unwrap_or_default();
     let page_f = field.children(&["domain", "memory", "hugepages", "pageSize"]);
     let req_f = field.children(&["domain", "resources", "requests", "memory"]);
-    let Some(page) = quantity::parse_millis(&page_text).map(quantity::millis_to_value) else {
+    let Ok(page) = ExactQuantity::parse(&page_text).map(|q| q.value()) else {
         c.push(Cause::invalid(
-            format!("{page_f} '{page_text}': quantities must match the regular expression '^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'"),
+            format!("{page_f} '{page_text}': {FORMAT_ERROR_MESSAGE}"),
             page_f,
         ));
         return;
     };
-    let mut mem = quantity::millis_to_value(resource_millis(d, false, "memory"));
+    let mut mem = resource_value(d, false, "memory");
     if mem == 0 {
         mem = d
             .memory
             .as_ref()
             .and_then(|m| m.guest.as_ref())
-            .and_then(quantity::value)
-            .unwrap_or(0);
+            .and_then(value_of)
+            .map_or(0, |q| q.value());
     }
     if mem == 0 {
-        mem = quantity::millis_to_value(resource_millis(d, true, "memory"));
+        mem = resource_value(d, true, "memory");
     }
     let req = shown(resource(d, false, "memory"));
     if mem != 0 && mem < page {
@@ -210,8 +222,8 @@ fn validate_guest_memory_limit(
     let Some(guest) = d.memory.as_ref().and_then(|m| m.guest.as_ref()) else {
         return;
     };
-    let lim = quantity::millis_to_value(resource_millis(d, true, "memory"));
-    let g = quantity::value(guest).unwrap_or(0);
+    let lim = resource_value(d, true, "memory");
+    let g = value_of(guest).map_or(0, |q| q.value());
     if lim != 0 && lim < g {
         let f = field.children(&["domain", "memory", "guest"]);
         c.push(Cause::invalid(
@@ -331,8 +343,8 @@ fn validate_cpu_pinning(field: &FieldPath, spec: &VirtualMachineInstanceSpec, c:
         resource_millis(d, true, "cpu"),
     );
     let (req, lim) = (
-        quantity::millis_to_value(req_m),
-        quantity::millis_to_value(lim_m),
+        resource_value(d, false, "cpu"),
+        resource_value(d, true, "cpu"),
     );
     let (mreq, mlim) = (
         resource_millis(d, false, "memory"),
@@ -342,8 +354,8 @@ fn validate_cpu_pinning(field: &FieldPath, spec: &VirtualMachineInstanceSpec, c:
         .memory
         .as_ref()
         .and_then(|m| m.guest.as_ref())
-        .and_then(quantity::millis)
-        .is_some_and(|g| g != 0);
+        .and_then(value_of)
+        .is_some_and(|g| !g.is_zero());
     let hugepages = d.memory.as_ref().is_some_and(|m| m.hugepages.is_some());
     if mlim == 0 && mreq == 0 && !hugepages && !guest_set {
         c.push(Cause::invalid(
@@ -367,10 +379,11 @@ fn validate_cpu_pinning(field: &FieldPath, spec: &VirtualMachineInstanceSpec, c:
             &lim_cpu_f,
         ));
     }
-    if quantity::millis_to_value(mreq) > 0
-        && quantity::millis_to_value(mlim) > 0
-        && quantity::millis_to_value(mreq) != quantity::millis_to_value(mlim)
-    {
+    let (mreq_value, mlim_value) = (
+        resource_value(d, false, "memory"),
+        resource_value(d, true, "memory"),
+    );
+    if mreq_value > 0 && mlim_value > 0 && mreq_value != mlim_value {
         c.push(Cause::invalid(
             format!("{req_mem_f} must be equal to {lim_mem_f}"),
             &req_mem_f,

@@ -342,6 +342,28 @@ fn volume_credential_dns_and_metadata_rules_report_upstream_messages_and_fields(
 }
 
 #[test]
+fn memory_is_compared_by_exact_value_whatever_the_spelling() {
+    // 1.5Gi is 1536Mi: neither greater than the limit nor off the 2Mi page size.
+    let patch = json!({"spec": {"domain": {
+        "memory": {"hugepages": {"pageSize": "2Mi"}},
+        "resources": {"requests": {"memory": "1.5Gi"}, "limits": {"memory": "1536Mi"}}}}});
+    assert_eq!(vmi_causes(&patch), vec![]);
+    let patch = json!({"spec": {"domain": {
+        "resources": {"requests": {"memory": "1.1G"}, "limits": {"memory": "1100M"}}}}});
+    assert_eq!(vmi_causes(&patch), vec![]);
+}
+
+#[test]
+fn a_malformed_quantity_gets_kubernetes_format_message() {
+    let patch = json!({"spec": {"domain": {"resources": {"requests": {"memory": "1Zi"}}}}});
+    assert_cause(
+        &vmi_causes(&patch),
+        "spec.domain.resources.requests.memory",
+        "spec.domain.resources.requests.memory: Invalid value: \"1Zi\": quantities must match the regular expression '^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'",
+    );
+}
+
+#[test]
 fn guest_memory_above_the_limit_is_refused_with_the_stage_rollout() {
     let cfg = ClusterConfig {
         vm_rollout_strategy: "Stage".into(),

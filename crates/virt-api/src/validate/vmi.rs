@@ -9,7 +9,6 @@ use super::{
     Cause, FieldPath, network, reason, restricted_labels, spec::validate_vmi_spec, volumes,
 };
 use crate::config::{ClusterConfig, gates};
-use crate::quantity;
 
 /// Annotation carrying Ignition data (needs the ExperimentalIgnitionSupport gate).
 pub const IGNITION_ANNOTATION: &str = "kubevirt.io/ignitiondata";
@@ -46,8 +45,8 @@ pub fn validate_mandatory_memory(
     c: &mut Vec<Cause>,
 ) {
     let req = super::spec::resource(&spec.domain, false, "memory")
-        .and_then(quantity::value)
-        .unwrap_or(0);
+        .and_then(super::spec::value_of)
+        .map_or(0, |q| q.value());
     if req != 0 {
         return;
     }
@@ -151,7 +150,7 @@ pub fn validate_vmi_update(
                 .memory
                 .as_ref()
                 .and_then(|m| m.max_guest.as_ref())
-                .and_then(quantity::millis)
+                .and_then(super::spec::value_of)
         };
         if let (Some(a), Some(b)) = (max_guest(old), max_guest(new))
             && a != b

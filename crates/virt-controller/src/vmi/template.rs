@@ -34,6 +34,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::Resource;
 use kubevirt_api::constants as c;
+use kubevirt_api::quantity::{Format, Quantity as ExactQuantity};
 use kubevirt_api::v1::{DEFAULT_GRACE_PERIOD_SECONDS, VirtualMachineInstance};
 use sha1::{Digest, Sha1};
 
@@ -432,53 +433,19 @@ pub fn memory_overhead(guest_bytes: u64, vcpus: u64, emulated: bool) -> u64 {
     (OVERHEAD_FIXED + OVERHEAD_PER_VCPU * vcpus + proportional + tcg).div_ceil(MIB) * MIB
 }
 
+/// Whole bytes of a memory quantity, rounded up as Kubernetes' `Value()` rounds.
 fn parse_bytes(q: &Quantity) -> Result<u64, TemplateError> {
-    parse_quantity_bytes(&q.0).ok_or_else(|| TemplateError::InvalidMemory(q.0.clone()))
+    ExactQuantity::try_from(q)
+        .ok()
+        .and_then(|q| u64::try_from(q.value()).ok())
+        .ok_or_else(|| TemplateError::InvalidMemory(q.0.clone()))
 }
 
-/// Parses a Kubernetes quantity into whole bytes (rounded up): plain numbers, decimal
-/// fractions, binary (`Ki`…`Ei`) and decimal (`k`…`E`, `m`) suffixes and `e` exponents.
-pub fn parse_quantity_bytes(text: &str) -> Option<u64> {
-    let text = text.trim();
-    let split = text
-        .find(|ch: char| !(ch.is_ascii_digit() || ch == '.' || ch == '+'))
-        .unwrap_or(text.len());
-    let (number, suffix) = text.split_at(split);
-    let number: f64 = number.parse().ok()?;
-    let factor: f64 = match suffix {
-        "" => 1.0,
-        "m" => 1e-3,
-        "k" => 1e3,
-        "M" => 1e6,
-        "G" => 1e9,
-        "T" => 1e12,
-        "P" => 1e15,
-        "E" => 1e18,
-        "Ki" => 1024f64,
-        "Mi" => 1024f64.powi(2),
-        "Gi" => 1024f64.powi(3),
-        "Ti" => 1024f64.powi(4),
-        "Pi" => 1024f64.powi(5),
-        "Ei" => 1024f64.powi(6),
-        exp => {
-            let e: i32 = exp.strip_prefix(['e', 'E'])?.parse().ok()?;
-            10f64.powi(e)
-        }
-    };
-    let bytes = (number * factor).ceil();
-    // The float-to-int cast saturates; quantities beyond u64 are nonsense anyway.
-    (bytes.is_finite() && bytes >= 0.0).then_some(bytes as u64)
-}
-
-/// `bytes` as a quantity: in `Mi` or `Ki` when it divides evenly, else plain bytes.
-pub fn bytes_quantity(bytes: u64) -> Quantity {
-    Quantity(if bytes.is_multiple_of(MIB) {
-        format!("{}Mi", bytes / MIB)
-    } else if bytes.is_multiple_of(1024) {
-        format!("{}Ki", bytes / 1024)
-    } else {
-        bytes.to_string()
-    })
+/// `bytes` as a canonical binary-SI quantity (`2090Mi`, `3Gi`, `1025`).
+fn bytes_quantity(bytes: u64) -> Quantity {
+    // Every u64 fits, so the fallback is never taken.
+    ExactQuantity::from_value(i128::from(bytes), Format::BinarySi)
+        .map_or_else(|_| Quantity(bytes.to_string()), Quantity::from)
 }
 
 #[cfg(test)]
@@ -732,19 +699,38 @@ mod tests {
     }
 
     #[test]
-    fn quantities_parse_to_bytes() {
+    fn memory_quantities_parse_to_exact_bytes_rounded_up() {
         let cases = [
             ("1Gi", Some(1 << 30)),
             ("128M", Some(128_000_000)),
             ("1.5Ki", Some(1536)),
+            ("1.1G", Some(1_100_000_000)),
             ("2e3", Some(2000)),
             ("100m", Some(1)),
             ("12", Some(12)),
+            (" 12 ", Some(12)),
+            ("-1", None),
             ("x", None),
             ("1Zi", None),
         ];
         for (text, bytes) in cases {
-            assert_eq!(parse_quantity_bytes(text), bytes, "{text}");
+            let parsed = parse_bytes(&Quantity(text.to_owned())).ok();
+            assert_eq!(parsed, bytes, "{text}");
+        }
+    }
+
+    #[test]
+    fn byte_counts_are_written_in_canonical_binary_si() {
+        let cases = [
+            (2090 * MIB, "2090Mi"),
+            (3 << 30, "3Gi"),
+            (1025, "1025"),
+            (1536, "1536"),
+            (2048, "2Ki"),
+            (0, "0"),
+        ];
+        for (bytes, text) in cases {
+            assert_eq!(bytes_quantity(bytes).0, text, "{bytes}");
         }
     }
 

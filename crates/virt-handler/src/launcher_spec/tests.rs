@@ -292,6 +292,18 @@ fn cpu_requests_become_cores_when_no_topology_is_given() {
 }
 
 #[test]
+fn quantities_round_up_as_kubernetes_value_does() {
+    let f = fixture();
+    // 1.0001 CPUs is more than one: two cores (the old thousandths truncated it to one).
+    let v = vmi(&serde_json::json!({
+        "domain": {"resources": {"requests": {"cpu": "1.0001", "memory": "1.5Gi"}}, "devices": {}}
+    }));
+    let spec = build_spec(&v, &f.ctx()).unwrap().spec;
+    assert_eq!(spec.cpu.cores, 2);
+    assert_eq!(spec.memory.guest_bytes, 1536 << 20);
+}
+
+#[test]
 fn unsupported_volumes_and_bindings_are_clear_errors() {
     let f = fixture();
     let pvc = vmi(&serde_json::json!({

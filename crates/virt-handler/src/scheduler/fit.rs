@@ -13,8 +13,14 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::{
     Node, NodeSelectorRequirement, NodeSelectorTerm, Pod, Taint, Toleration,
 };
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use kubevirt_api::quantity::Quantity as ExactQuantity;
 
-use super::quantity::parse_milli;
+/// Thousandths of a resource quantity, rounded up as kube-scheduler's `MilliValue()` rounds;
+/// `None` when it does not parse.
+fn milli(q: &Quantity) -> Option<i128> {
+    ExactQuantity::try_from(q).ok().map(|q| q.milli_value())
+}
 
 /// Why a node was filtered out; the `Display` form is kube-scheduler's phrase.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -53,7 +59,7 @@ pub fn pod_requests(pod: &Pod) -> BTreeMap<String, i128> {
             .into_iter()
             .flatten()
         {
-            *total.entry(name.clone()).or_default() += parse_milli(&q.0).unwrap_or(0);
+            *total.entry(name.clone()).or_default() += milli(q).unwrap_or(0);
         }
     }
     for container in spec.init_containers.iter().flatten() {
@@ -64,7 +70,7 @@ pub fn pod_requests(pod: &Pod) -> BTreeMap<String, i128> {
             .into_iter()
             .flatten()
         {
-            let v = parse_milli(&q.0).unwrap_or(0);
+            let v = milli(q).unwrap_or(0);
             let entry = total.entry(name.clone()).or_default();
             *entry = (*entry).max(v);
         }
@@ -200,7 +206,7 @@ pub fn fits(
         }
         let have = allocatable
             .and_then(|a| a.get(&resource))
-            .and_then(|q| parse_milli(&q.0))
+            .and_then(milli)
             .unwrap_or(0);
         let used = requested_on_node.get(&resource).copied().unwrap_or(0);
         if used + want > have {
@@ -232,7 +238,7 @@ pub fn choose_node<'a>(
                     .as_ref()
                     .and_then(|s| s.allocatable.as_ref())
                     .and_then(|a| a.get("memory"))
-                    .and_then(|q| parse_milli(&q.0))
+                    .and_then(milli)
                     .unwrap_or(0)
                     - used.get("memory").copied().unwrap_or(0);
                 if best.is_none_or(|(_, f)| free > f) {
@@ -311,7 +317,10 @@ mod tests {
         let nodes = [node("n1", json!({}))];
         let used = BTreeMap::from([(
             "n1".to_owned(),
-            BTreeMap::from([("memory".to_owned(), parse_milli("900Mi").expect("q"))]),
+            BTreeMap::from([(
+                "memory".to_owned(),
+                milli(&Quantity("900Mi".to_owned())).expect("q"),
+            )]),
         )]);
         let err = choose_node(&pod(json!({})), &nodes, &used).expect_err("unfit");
         assert_eq!(err, "0/1 nodes are available: 1 Insufficient memory.");
@@ -375,13 +384,25 @@ mod tests {
     }
 
     #[test]
+    fn requests_finer_than_a_milli_unit_round_up() {
+        let p = pod(json!({"spec": {"containers": [{"name": "c", "image": "x",
+            "resources": {"requests": {"cpu": "0.0001", "memory": "1.5Gi"}}}]}}));
+        let req = pod_requests(&p);
+        assert_eq!(req.get("cpu"), Some(&1));
+        assert_eq!(req.get("memory"), Some(&(1536 * 1024 * 1024 * 1000)));
+    }
+
+    #[test]
     fn init_containers_count_by_their_maximum() {
         let p = pod(
             json!({"spec": {"initContainers": [{"name": "init", "image": "x",
             "resources": {"requests": {"memory": "512Mi"}}}]}}),
         );
         let req = pod_requests(&p);
-        assert_eq!(req.get("memory"), parse_milli("512Mi").as_ref());
+        assert_eq!(
+            req.get("memory"),
+            milli(&Quantity("512Mi".to_owned())).as_ref()
+        );
         assert_eq!(req.get("pods"), Some(&1000));
     }
 }

@@ -9,7 +9,6 @@
 //! the VM shows `ErrorUnschedulable`), and retries when nodes or pods change.
 
 pub mod fit;
-pub mod quantity;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
