@@ -59,6 +59,7 @@ use serde_json::{Value, json};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+use crate::kubevirt_config::ClusterSettings;
 use crate::runtime::controller::{Action, Controller, ControllerError, Reconciler};
 use crate::runtime::expectations::Expectations;
 use crate::runtime::informer::{Change, Informer, InformerHandle};
@@ -87,6 +88,8 @@ pub struct VmiControllerConfig {
     pub sync_patterns: watch::Receiver<MetadataSyncPatterns>,
     /// Concurrent workers (upstream `--vmi-controller-threads`, default 10).
     pub workers: usize,
+    /// The KubeVirt CR's settings; new launcher pods take its `cpuAllocationRatio`.
+    pub cluster: watch::Receiver<ClusterSettings>,
 }
 
 impl VmiControllerConfig {
@@ -95,10 +98,12 @@ impl VmiControllerConfig {
         launcher: LauncherPodConfig,
         sync_patterns: watch::Receiver<MetadataSyncPatterns>,
     ) -> Self {
+        let (_, cluster) = watch::channel(ClusterSettings::default());
         Self {
             launcher,
             sync_patterns,
             workers: 10,
+            cluster,
         }
     }
 }
@@ -140,6 +145,7 @@ pub struct VmiReconciler {
     vmi_expectations: Arc<Expectations>,
     launcher: LauncherPodConfig,
     patterns: watch::Receiver<MetadataSyncPatterns>,
+    cluster: watch::Receiver<ClusterSettings>,
 }
 
 /// The pods in the VMI's namespace whose controller reference is the VMI.
@@ -177,6 +183,20 @@ fn now_seconds() -> Time {
     Time(k8s_openapi::jiff::Timestamp::from_second(now.as_second()).unwrap_or(now))
 }
 
+/// The launcher configuration with the KubeVirt CR's CPU allocation ratio, when it sets a
+/// positive one.
+fn effective_launcher(base: &LauncherPodConfig, cluster: &ClusterSettings) -> LauncherPodConfig {
+    let mut launcher = base.clone();
+    if let Some(ratio) = cluster
+        .cpu_allocation_ratio
+        .and_then(|r| u32::try_from(r).ok())
+        .filter(|r| *r > 0)
+    {
+        launcher.cpu_allocation_ratio = ratio;
+    }
+    launcher
+}
+
 impl VmiReconciler {
     async fn reconcile_vmi(&self, key: &str) -> Result<Action, VmiError> {
         let Some(vmi) = self.vmis.get_by_key(key) else {
@@ -194,13 +214,14 @@ impl VmiReconciler {
         let pods_api: Api<Pod> = Api::namespaced(self.client.clone(), ns);
 
         let plan = sync::plan(&vmi, &pods, current_pod(&vmi, &pods));
+        let launcher = effective_launcher(&self.launcher, &self.cluster.borrow());
         let synced = sync::execute(
             &pods_api,
             &self.pod_expectations,
             key,
             &vmi,
             plan,
-            &self.launcher,
+            &launcher,
         )
         .await;
         let (created, sync_failure) = match synced {
@@ -444,6 +465,7 @@ pub async fn run_vmi_controller(
         vmi_expectations,
         launcher: config.launcher,
         patterns: config.sync_patterns,
+        cluster: config.cluster,
     };
     let panics = Controller::new(QUEUE_NAME, queue, reconciler)
         .workers(config.workers)

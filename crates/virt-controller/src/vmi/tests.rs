@@ -128,6 +128,7 @@ async fn reconciler(
         vmi_expectations,
         launcher: LauncherPodConfig::default(),
         patterns,
+        cluster: watch::channel(ClusterSettings::default()).1,
     };
     (Arc::new(reconciler), vmi_tx, pod_tx)
 }
@@ -233,6 +234,27 @@ async fn two_hundred_events_during_an_in_flight_pod_create_make_one_pod() {
 
     cancel.cancel();
     assert_eq!(run.await.ok(), Some(0));
+}
+
+#[test]
+fn new_launcher_pods_take_the_crs_positive_cpu_allocation_ratio() {
+    let base = LauncherPodConfig::default();
+    let with = |ratio| ClusterSettings {
+        cpu_allocation_ratio: ratio,
+        ..ClusterSettings::default()
+    };
+    assert_eq!(
+        effective_launcher(&base, &with(Some(4))).cpu_allocation_ratio,
+        4
+    );
+    assert_eq!(
+        effective_launcher(&base, &with(None)).cpu_allocation_ratio,
+        10
+    );
+    assert_eq!(
+        effective_launcher(&base, &with(Some(0))).cpu_allocation_ratio,
+        10
+    );
 }
 
 #[tokio::test(start_paused = true)]
