@@ -111,7 +111,7 @@ impl Executor<'_> {
                 revision,
                 stale_revisions,
             } => self
-                .create_vmi(*vmi, *revision, stale_revisions)
+                .create_vmi(*vmi, revision.map(|r| *r), stale_revisions)
                 .await
                 .map_err(|e| {
                     SyncFailure::new(FAILED_CREATE, format!("Failure while starting VMI: {e}"))
@@ -119,34 +119,23 @@ impl Executor<'_> {
         }
     }
 
-    /// Writes the start revision (replacing a stale one of the same name), deletes older
-    /// revisions, then creates the VMI under a creation expectation.
+    /// As upstream's `createVMRevision`: deletes the revisions of other generations, creates
+    /// the start revision when none of this generation was cached (an existing one is kept,
+    /// even with other data; a create that still finds one fails the start), then creates
+    /// the VMI under a creation expectation.
     async fn create_vmi(
         &self,
         vmi: VirtualMachineInstance,
-        revision: ControllerRevision,
+        revision: Option<ControllerRevision>,
         stale: Vec<String>,
     ) -> Result<(), kube::Error> {
         let revisions: Api<ControllerRevision> =
             Api::namespaced(self.client.clone(), self.namespace);
-        let name = revision.metadata.name.clone().unwrap_or_default();
-        match revisions.create(&PostParams::default(), &revision).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(status)) if status.code == 409 => {
-                let existing = revisions.get(&name).await?;
-                if existing.data != revision.data {
-                    revisions.delete(&name, &DeleteParams::default()).await?;
-                    revisions.create(&PostParams::default(), &revision).await?;
-                }
-            }
-            Err(e) => return Err(e),
-        }
         for old in stale {
-            match revisions.delete(&old, &DeleteParams::default()).await {
-                Ok(_) => {}
-                Err(kube::Error::Api(status)) if status.code == 404 => {}
-                Err(e) => return Err(e),
-            }
+            revisions.delete(&old, &DeleteParams::default()).await?;
+        }
+        if let Some(revision) = revision {
+            revisions.create(&PostParams::default(), &revision).await?;
         }
         let vmis: Api<VirtualMachineInstance> =
             Api::namespaced(self.client.clone(), self.namespace);

@@ -54,13 +54,14 @@ pub enum VmAction {
     /// JSON Patch of the VM spec that turns a start request of a Halted VM into a running
     /// strategy. Upstream always reports a sync failure afterwards, even on success.
     StartHaltedVm(Vec<Value>),
-    /// Create (or refresh) the start revision, delete the older ones, then create the VMI.
+    /// Delete the start revisions of other generations, create the start revision unless
+    /// one of this generation is cached (kept as is, as upstream), then create the VMI.
     CreateVmi {
         /// The VMI to create.
         vmi: Box<VirtualMachineInstance>,
-        /// The start revision it records.
-        revision: Box<ControllerRevision>,
-        /// Older start revisions of the VM to delete.
+        /// The start revision to create; `None` when one of this generation exists.
+        revision: Option<Box<ControllerRevision>>,
+        /// Start revisions of the VM from other generations, to delete.
         stale_revisions: Vec<String>,
     },
     /// Delete the VMI with this name.
@@ -291,16 +292,24 @@ fn start(plan: &mut SyncPlan, input: &SyncInput<'_>) {
     let revision = build_revision(vm);
     let name = revision.metadata.name.clone().unwrap_or_default();
     let prefix = input.revision_prefix();
-    let stale_revisions = input
+    let (current, stale): (Vec<&ControllerRevision>, Vec<&ControllerRevision>) = input
         .revisions
         .iter()
-        .filter_map(|r| r.metadata.name.clone())
-        .filter(|n| n.starts_with(&prefix) && *n != name)
-        .collect();
+        .map(AsRef::as_ref)
+        .filter(|r| {
+            r.metadata
+                .name
+                .as_deref()
+                .is_some_and(|n| n.starts_with(&prefix))
+        })
+        .partition(|r| r.revision == revision.revision);
     plan.actions.push(VmAction::CreateVmi {
         vmi: Box::new(build_vmi(vm, &name)),
-        revision: Box::new(revision),
-        stale_revisions,
+        revision: current.is_empty().then(|| Box::new(revision)),
+        stale_revisions: stale
+            .into_iter()
+            .filter_map(|r| r.metadata.name.clone())
+            .collect(),
     });
 }
 

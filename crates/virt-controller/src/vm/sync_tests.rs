@@ -307,6 +307,7 @@ fn the_created_vmi_records_the_generation_and_stale_revisions_are_deleted() {
     vm.metadata.generation = Some(4);
     let mut old = build_revision(&vm);
     old.metadata.name = Some("revision-start-vm-vm-uid-2".into());
+    old.revision = 2;
     let mut foreign = old.clone();
     foreign.metadata.name = Some("revision-start-vm-other-uid-2".into());
     let revisions = [Arc::new(old), Arc::new(foreign)];
@@ -326,11 +327,45 @@ fn the_created_vmi_records_the_generation_and_stale_revisions_are_deleted() {
         "4"
     );
     assert_eq!(
-        revision.metadata.name.as_deref(),
+        revision.as_ref().and_then(|r| r.metadata.name.as_deref()),
         Some("revision-start-vm-vm-uid-4")
     );
     assert_eq!(stale_revisions, &["revision-start-vm-vm-uid-2".to_owned()]);
     assert_eq!(plan.restart_required, RestartRequired::Remove);
+}
+
+#[test]
+fn a_cached_start_revision_of_the_same_generation_is_kept_even_with_other_data() {
+    let mut vm = vm(RunStrategy::Always);
+    vm.metadata.generation = Some(4);
+    let mut existing = build_revision(&vm);
+    existing.data = Some(k8s_openapi::apimachinery::pkg::runtime::RawExtension(
+        json!({"spec": {"running": false}}),
+    ));
+    let plan = plan(&input(
+        &vm,
+        None,
+        &[Arc::new(existing)],
+        &SyncConfig::default(),
+    ));
+    let [
+        VmAction::CreateVmi {
+            vmi,
+            revision,
+            stale_revisions,
+        },
+    ] = plan.actions.as_slice()
+    else {
+        panic!("{plan:?}");
+    };
+    assert_eq!(revision, &None, "not deleted and recreated");
+    assert!(stale_revisions.is_empty());
+    assert_eq!(
+        vmi.status
+            .as_ref()
+            .and_then(|s| s.virtual_machine_revision_name.as_deref()),
+        Some("revision-start-vm-vm-uid-4")
+    );
 }
 
 fn started_revision(vm: &VirtualMachine) -> Arc<ControllerRevision> {
