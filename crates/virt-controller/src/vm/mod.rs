@@ -457,11 +457,15 @@ async fn claim_vmi(
     }
 }
 
-/// The JSON Patch removing the VM controller finalizer from a final VMI, if it has it.
+/// The JSON Patch removing the VM controller finalizer from a final VMI, or from a
+/// `WaitingForSync` VMI being deleted (as upstream), if it has it.
 pub fn vmi_finalizer_ops(vmi: &VirtualMachineInstance) -> Option<Vec<serde_json::Value>> {
+    use kubevirt_api::v1::VirtualMachineInstancePhase as Phase;
     let phase = vmi.status.as_ref().and_then(|s| s.phase.as_ref());
     let finalizers = vmi.metadata.finalizers.as_ref()?;
-    let done = phase.is_some_and(kubevirt_api::v1::VirtualMachineInstancePhase::is_final);
+    let sync_vmi_deleted =
+        phase == Some(&Phase::WaitingForSync) && vmi.metadata.deletion_timestamp.is_some();
+    let done = phase.is_some_and(Phase::is_final) || sync_vmi_deleted;
     if !done || !finalizers.iter().any(|f| f == VM_CONTROLLER_FINALIZER) {
         return None;
     }

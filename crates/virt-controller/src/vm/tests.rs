@@ -142,6 +142,15 @@ fn the_controller_finalizer_leaves_only_a_final_vmi() {
 }
 
 #[test]
+fn a_waiting_for_sync_vmi_loses_the_controller_finalizer_only_while_deleted() {
+    let mut waiting = vmi(Phase::WaitingForSync);
+    assert_eq!(vmi_finalizer_ops(&waiting), None);
+    waiting.metadata.deletion_timestamp = Some(time(0));
+    let ops = vmi_finalizer_ops(&waiting).unwrap();
+    assert_eq!(ops[1]["value"], json!([]));
+}
+
+#[test]
 fn expectations_view_reports_pending_creations_and_deletions_without_expiry() {
     let e = Expectations::new();
     assert_eq!(ExpectView::of(&e, "default/testvm"), ExpectView::idle());
