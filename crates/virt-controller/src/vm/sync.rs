@@ -49,7 +49,10 @@ pub const RESTART_REQUIRED_MESSAGE: &str =
 /// One API write the sync wants.
 #[derive(Clone, Debug, PartialEq)]
 pub enum VmAction {
-    /// JSON Patch of the VM object (finalizers).
+    /// JSON Patch of the VM's finalizers. Upstream returns a failure as a plain error: the
+    /// reconcile is retried and the status is not written.
+    PatchVmFinalizers(Vec<Value>),
+    /// JSON Patch of the VM spec (the run strategy a finished receiver restores).
     PatchVm(Vec<Value>),
     /// JSON Patch of the VM spec that turns a start request of a Halted VM into a running
     /// strategy. Upstream always reports a sync failure afterwards, even on success.
@@ -77,8 +80,12 @@ pub enum VmAction {
 pub struct SyncPlan {
     /// Writes, in order; the executor stops at the first failure.
     pub actions: Vec<VmAction>,
-    /// A failure known without any API call (e.g. conflicting run strategies).
+    /// A failure known without any API call (e.g. an unknown run strategy).
     pub error: Option<SyncFailure>,
+    /// A failure upstream returns as a plain error rather than a sync error (the run strategy
+    /// cannot be resolved): after the planned actions the reconcile fails and is retried
+    /// with backoff, and the status — conditions, `startFailure` and all — is not written.
+    pub requeue_error: Option<String>,
     /// Reconcile again after this delay (start-failure backoff).
     pub requeue_after: Option<Duration>,
     /// What to do with the `RestartRequired` condition.
@@ -188,8 +195,9 @@ pub fn plan(input: &SyncInput<'_>) -> SyncPlan {
                     .filter(|f| *f != VM_CONTROLLER_FINALIZER)
                     .cloned()
                     .collect();
-                plan.actions
-                    .push(VmAction::PatchVm(finalizer_ops(finalizers, &next)));
+                plan.actions.push(VmAction::PatchVmFinalizers(finalizer_ops(
+                    finalizers, &next,
+                )));
             }
             _ => {}
         }
@@ -198,13 +206,14 @@ pub fn plan(input: &SyncInput<'_>) -> SyncPlan {
     if !has_finalizer {
         let mut next = finalizers.cloned().unwrap_or_default();
         next.push(VM_CONTROLLER_FINALIZER.to_owned());
-        plan.actions
-            .push(VmAction::PatchVm(finalizer_ops(finalizers, &next)));
+        plan.actions.push(VmAction::PatchVmFinalizers(finalizer_ops(
+            finalizers, &next,
+        )));
     }
     let strategy = match vm.run_strategy() {
         Ok(s) => s,
         Err(err) => {
-            plan.error = Some(SyncFailure::new(FAILED_CREATE, err.to_string()));
+            plan.requeue_error = Some(format!("Error fetching RunStrategy: {err}"));
             return plan;
         }
     };
