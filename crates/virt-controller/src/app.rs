@@ -79,6 +79,7 @@ pub async fn run_controller(
     cancel: CancellationToken,
 ) -> Result<(), ControllerAppError> {
     let (settings_tx, mut settings_rx) = watch::channel(ClusterSettings::default());
+    let cluster_rx = settings_rx.clone();
     let (sync_tx, sync_rx) =
         watch::channel(effective_sync_config(&config, &ClusterSettings::default()));
     let watcher = tokio::spawn({
@@ -110,7 +111,11 @@ pub async fn run_controller(
                 info!("acquired the virt-controller lease; starting controllers");
                 let controllers = cancel.child_token();
                 let vm = run_vm_controller(client.clone(), VmControllerConfig { sync: sync_rx.clone(), workers: 3 }, metrics, controllers.clone());
-                let vmi = run_vmi_controller(client.clone(), VmiControllerConfig::new(config.launcher.clone(), sync_rx.clone()), metrics, controllers.clone());
+                let vmi_config = VmiControllerConfig {
+                    cluster: cluster_rx.clone(),
+                    ..VmiControllerConfig::new(config.launcher.clone(), sync_rx.clone())
+                };
+                let vmi = run_vmi_controller(client.clone(), vmi_config, metrics, controllers.clone());
                 tokio::select! {
                     _ = async { tokio::join!(vm, vmi) } => Ok(()),
                     _ = status.lost() => {

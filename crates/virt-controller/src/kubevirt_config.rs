@@ -30,6 +30,8 @@ pub struct ClusterSettings {
     pub use_emulation: Option<bool>,
     /// `spec.configuration.developerConfiguration.featureGates`.
     pub feature_gates: Vec<String>,
+    /// `spec.configuration.developerConfiguration.cpuAllocationRatio`.
+    pub cpu_allocation_ratio: Option<i32>,
 }
 
 impl ClusterSettings {
@@ -57,6 +59,7 @@ impl ClusterSettings {
             feature_gates: developer
                 .map(|d| d.feature_gates.clone())
                 .unwrap_or_default(),
+            cpu_allocation_ratio: developer.and_then(|d| d.cpu_allocation_ratio),
         }
     }
 }
@@ -121,7 +124,7 @@ mod tests {
             "metadata": {"name": "kubevirt", "namespace": "kubevirt"},
             "spec": {
                 "customizeComponents": {"flags": {"controller": {"additional-launcher-labels-sync": "ops.example.com/*"}}},
-                "configuration": {"developerConfiguration": {"useEmulation": true, "featureGates": ["LiveMigration"]}}
+                "configuration": {"developerConfiguration": {"useEmulation": true, "featureGates": ["LiveMigration"], "cpuAllocationRatio": 4}}
             }
         }))
         .expect("KubeVirt");
@@ -144,6 +147,7 @@ mod tests {
         );
         assert_eq!(s.use_emulation, Some(true));
         assert_eq!(s.feature_gates, vec!["LiveMigration".to_owned()]);
+        assert_eq!(s.cpu_allocation_ratio, Some(4));
         assert_eq!(
             ClusterSettings::from_kubevirt(None),
             ClusterSettings::default()

@@ -8,15 +8,24 @@ use kube::{Api, Client};
 use kubevirt_api::v1::{VirtualMachine, VirtualMachineInstance};
 use serde_json::Value;
 
-use super::SyncFailure;
 use super::sync::{
     ANNOTATIONS_LABELS_CHANGE_ERROR, FAILED_CREATE, FAILED_DELETE, FAILED_UPDATE, VmAction,
 };
+use super::{SyncFailure, VmError};
 use crate::runtime::expectations::Expectations;
 
 /// A JSON Patch request from a list of operations.
 pub(super) fn json_patch(ops: Vec<Value>) -> Result<Patch<()>, serde_json::Error> {
     serde_json::from_value::<json_patch::Patch>(Value::Array(ops)).map(Patch::Json)
+}
+
+/// Why the executor stopped.
+#[derive(Debug)]
+pub(super) enum Halt {
+    /// A sync error; it becomes the VM's `Failure` condition.
+    Sync(SyncFailure),
+    /// An error upstream returns before writing the status (a failed finalizer patch).
+    Error(VmError),
 }
 
 /// What the executor needs to act for one VM.
@@ -31,11 +40,25 @@ pub(super) struct Executor<'a> {
 
 impl Executor<'_> {
     /// Performs `actions` in order; stops at, and reports, the first failure.
-    pub async fn run(&self, actions: Vec<VmAction>) -> Result<(), SyncFailure> {
+    pub async fn run(&self, actions: Vec<VmAction>) -> Result<(), Halt> {
         for action in actions {
-            self.perform(action).await?;
+            if let VmAction::PatchVmFinalizers(ops) = action {
+                self.patch_finalizers(ops).await.map_err(Halt::Error)?;
+            } else {
+                self.perform(action).await.map_err(Halt::Sync)?;
+            }
         }
         Ok(())
+    }
+
+    async fn patch_finalizers(&self, ops: Vec<Value>) -> Result<(), VmError> {
+        let api: Api<VirtualMachine> = Api::namespaced(self.client.clone(), self.namespace);
+        let patch =
+            json_patch(ops).map_err(|e| VmError::FinalizerPatch(kube::Error::SerdeError(e)))?;
+        api.patch(self.vm_name, &PatchParams::default(), &patch)
+            .await
+            .map(|_| ())
+            .map_err(VmError::FinalizerPatch)
     }
 
     async fn patch_vm(&self, ops: Vec<Value>, status: bool) -> Result<(), String> {
@@ -54,9 +77,11 @@ impl Executor<'_> {
         let vmis: Api<VirtualMachineInstance> =
             Api::namespaced(self.client.clone(), self.namespace);
         match action {
-            VmAction::PatchVm(ops) => self.patch_vm(ops, false).await.map_err(|e| {
-                SyncFailure::new(FAILED_UPDATE, format!("Failure updating the VM: {e}"))
-            }),
+            VmAction::PatchVm(ops) | VmAction::PatchVmFinalizers(ops) => {
+                self.patch_vm(ops, false).await.map_err(|e| {
+                    SyncFailure::new(FAILED_UPDATE, format!("Failure updating the VM: {e}"))
+                })
+            }
             VmAction::StartHaltedVm(ops) => {
                 // Upstream reports a failure even when the update succeeded ("<nil>").
                 let outcome = self.patch_vm(ops, false).await.err();
@@ -111,7 +136,7 @@ impl Executor<'_> {
                 revision,
                 stale_revisions,
             } => self
-                .create_vmi(*vmi, *revision, stale_revisions)
+                .create_vmi(*vmi, revision.map(|r| *r), stale_revisions)
                 .await
                 .map_err(|e| {
                     SyncFailure::new(FAILED_CREATE, format!("Failure while starting VMI: {e}"))
@@ -119,34 +144,23 @@ impl Executor<'_> {
         }
     }
 
-    /// Writes the start revision (replacing a stale one of the same name), deletes older
-    /// revisions, then creates the VMI under a creation expectation.
+    /// As upstream's `createVMRevision`: deletes the revisions of other generations, creates
+    /// the start revision when none of this generation was cached (an existing one is kept,
+    /// even with other data; a create that still finds one fails the start), then creates
+    /// the VMI under a creation expectation.
     async fn create_vmi(
         &self,
         vmi: VirtualMachineInstance,
-        revision: ControllerRevision,
+        revision: Option<ControllerRevision>,
         stale: Vec<String>,
     ) -> Result<(), kube::Error> {
         let revisions: Api<ControllerRevision> =
             Api::namespaced(self.client.clone(), self.namespace);
-        let name = revision.metadata.name.clone().unwrap_or_default();
-        match revisions.create(&PostParams::default(), &revision).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(status)) if status.code == 409 => {
-                let existing = revisions.get(&name).await?;
-                if existing.data != revision.data {
-                    revisions.delete(&name, &DeleteParams::default()).await?;
-                    revisions.create(&PostParams::default(), &revision).await?;
-                }
-            }
-            Err(e) => return Err(e),
-        }
         for old in stale {
-            match revisions.delete(&old, &DeleteParams::default()).await {
-                Ok(_) => {}
-                Err(kube::Error::Api(status)) if status.code == 404 => {}
-                Err(e) => return Err(e),
-            }
+            revisions.delete(&old, &DeleteParams::default()).await?;
+        }
+        if let Some(revision) = revision {
+            revisions.create(&PostParams::default(), &revision).await?;
         }
         let vmis: Api<VirtualMachineInstance> =
             Api::namespaced(self.client.clone(), self.namespace);

@@ -50,7 +50,7 @@ use crate::runtime::metrics::Metrics;
 use crate::runtime::queue::{RateLimiterConfig, WorkQueue};
 use crate::runtime::{key_of, split_key};
 
-use execute::{Executor, json_patch};
+use execute::{Executor, Halt, json_patch};
 use status::{StatusInput, compute_status, status_patch};
 use sync::{SyncInput, SyncPlan};
 
@@ -157,6 +157,15 @@ pub enum VmError {
     /// Removing the controller finalizer from a final VMI failed.
     #[error("removing the VMI finalizer failed")]
     VmiFinalizer(#[source] kube::Error),
+    /// Adding or removing the VM's own finalizer failed (upstream: an error, no condition).
+    #[error("patching the VM finalizers failed")]
+    FinalizerPatch(#[source] kube::Error),
+    /// The run strategy cannot be resolved (upstream: an error, no status write).
+    #[error("{0}")]
+    RunStrategy(String),
+    /// The uncached re-check before adopting an orphan VMI refused the adoption.
+    #[error("{0}")]
+    AdoptRecheck(String),
 }
 
 impl ControllerError for VmError {
@@ -167,6 +176,9 @@ impl ControllerError for VmError {
             VmError::Adopt(_) => "FailedAdopt",
             VmError::StatusPatch(_) => "FailedUpdateStatus",
             VmError::VmiFinalizer(_) => "FailedVMIFinalizer",
+            VmError::FinalizerPatch(_) => "FailedVMFinalizer",
+            VmError::RunStrategy(_) => "FailedCreate",
+            VmError::AdoptRecheck(_) => "FailedAdopt",
         }
     }
 }
@@ -225,7 +237,12 @@ pub async fn run_vm_controller(
     vms.enqueue(queue.clone(), |vm| Some(key_of(vm)));
     let mut vmis = Informer::<VirtualMachineInstance>::new();
     vmis.enqueue(queue.clone(), vm_key_of_vmi);
-    vmis.on_change(observe_vmi(Arc::clone(&expectations)));
+    let cached_vms = vms.handle();
+    vmis.on_change(observe_vmi(Arc::clone(&expectations), move |key, uid| {
+        cached_vms
+            .get_by_key(key)
+            .is_some_and(|vm| vm.metadata.uid.as_deref() == Some(uid))
+    }));
     let revisions = Informer::<ControllerRevision>::new();
     let ctx = Arc::new(Context {
         client: client.clone(),
@@ -260,17 +277,25 @@ pub async fn run_vm_controller(
     tasks.abort_all();
 }
 
-/// Lowers the VM expectations when VMI creations and deletions are observed.
+/// Lowers the VM expectations when VMI creations and deletions are observed — only for a
+/// VMI whose controller reference resolves to a cached VM (`vm_cached(key, uid)`), as
+/// upstream: no controller waits for an orphan, so orphans lower nothing.
 fn observe_vmi(
     expectations: Arc<Expectations>,
+    vm_cached: impl Fn(&str, &str) -> bool + Send + Sync + 'static,
 ) -> impl Fn(&crate::runtime::informer::Change<'_, VirtualMachineInstance>) + Send + Sync + 'static
 {
     use crate::runtime::informer::Change;
     move |change| {
         let vmi = change.object();
-        let Some(vm_key) = vm_key_of_vmi(vmi) else {
+        let Some(owner) = controller_ref(vmi).filter(|o| o.kind == "VirtualMachine") else {
             return;
         };
+        let namespace = vmi.metadata.namespace.as_deref().unwrap_or_default();
+        let vm_key = format!("{namespace}/{}", owner.name);
+        if !vm_cached(&vm_key, &owner.uid) {
+            return;
+        }
         let deleting = |v: &VirtualMachineInstance| v.metadata.deletion_timestamp.is_some();
         match change {
             Change::Added(v) if deleting(v) => expectations.deletion_observed(&vm_key, &key_of(*v)),
@@ -338,8 +363,16 @@ async fn reconcile(ctx: &Context, key: &str) -> Result<Action, VmError> {
     };
     let outcome = match plan.error.clone() {
         Some(failure) => Err(failure),
-        None => executor.run(plan.actions).await,
+        None => match executor.run(plan.actions).await {
+            Ok(()) => Ok(()),
+            Err(Halt::Sync(failure)) => Err(failure),
+            // Upstream returns these before updating the status.
+            Err(Halt::Error(err)) => return Err(err),
+        },
     };
+    if let Some(message) = plan.requeue_error {
+        return Err(VmError::RunStrategy(message));
+    }
     let status = compute_status(
         &StatusInput {
             vm: &vm,
@@ -420,6 +453,29 @@ pub fn claim(vm: &VirtualMachine, vmi: &VirtualMachineInstance) -> Claim {
     }
 }
 
+/// Upstream's `RecheckDeletionTimestamp` before an adoption: the freshly read VM must have the
+/// cached VM's UID and no deletion timestamp; otherwise the reconcile fails (and is retried)
+/// rather than going on as if there were no VMI.
+pub fn adoption_recheck(cached: &VirtualMachine, fresh: &VirtualMachine) -> Result<(), VmError> {
+    let namespace = cached.metadata.namespace.as_deref().unwrap_or_default();
+    let name = cached.metadata.name.as_deref().unwrap_or_default();
+    let uid = |vm: &VirtualMachine| vm.metadata.uid.clone().unwrap_or_default();
+    if fresh.metadata.uid != cached.metadata.uid {
+        return Err(VmError::AdoptRecheck(format!(
+            "original VirtualMachine {namespace}/{name} is gone: got uid {}, wanted {}",
+            uid(fresh),
+            uid(cached)
+        )));
+    }
+    if let Some(deleted) = &fresh.metadata.deletion_timestamp {
+        return Err(VmError::AdoptRecheck(format!(
+            "{namespace}/{name} has just been deleted at {}",
+            deleted.0
+        )));
+    }
+    Ok(())
+}
+
 /// The VMI this VM controls, adopting an orphan of the same name after an uncached check
 /// that the VM still exists unchanged and is not being deleted.
 async fn claim_vmi(
@@ -438,10 +494,7 @@ async fn claim_vmi(
             let namespace = namespace.unwrap_or_default();
             let vms: Api<VirtualMachine> = Api::namespaced(ctx.client.clone(), namespace);
             let fresh = vms.get(name).await.map_err(VmError::Adopt)?;
-            if fresh.metadata.uid != vm.metadata.uid || fresh.metadata.deletion_timestamp.is_some()
-            {
-                return Ok(None);
-            }
+            adoption_recheck(vm, &fresh)?;
             let patch = json!({"metadata": {
                 "ownerReferences": [start::owner_reference(vm)],
                 "uid": vmi.metadata.uid,
@@ -457,11 +510,15 @@ async fn claim_vmi(
     }
 }
 
-/// The JSON Patch removing the VM controller finalizer from a final VMI, if it has it.
+/// The JSON Patch removing the VM controller finalizer from a final VMI, or from a
+/// `WaitingForSync` VMI being deleted (as upstream), if it has it.
 pub fn vmi_finalizer_ops(vmi: &VirtualMachineInstance) -> Option<Vec<serde_json::Value>> {
+    use kubevirt_api::v1::VirtualMachineInstancePhase as Phase;
     let phase = vmi.status.as_ref().and_then(|s| s.phase.as_ref());
     let finalizers = vmi.metadata.finalizers.as_ref()?;
-    let done = phase.is_some_and(kubevirt_api::v1::VirtualMachineInstancePhase::is_final);
+    let sync_vmi_deleted =
+        phase == Some(&Phase::WaitingForSync) && vmi.metadata.deletion_timestamp.is_some();
+    let done = phase.is_some_and(Phase::is_final) || sync_vmi_deleted;
     if !done || !finalizers.iter().any(|f| f == VM_CONTROLLER_FINALIZER) {
         return None;
     }
@@ -496,3 +553,6 @@ async fn remove_vmi_finalizer(
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod reconcile_tests;

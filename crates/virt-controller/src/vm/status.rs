@@ -187,24 +187,42 @@ fn condition(
     }
 }
 
+/// Conditions in upstream's order: `RestartRequired` is decided during the sync, before the
+/// status pass sets `Ready` (probed now when derived without a VMI `Ready`), then `Failure`,
+/// then the copies of the VMI's conditions; a condition new to the list is appended.
 fn sync_conditions(conditions: &mut Vec<VirtualMachineCondition>, input: &StatusInput<'_>) {
     let now = input.now;
-    let ready = match input.vmi {
-        None => condition(
+    match &input.restart_required {
+        RestartRequired::Keep => {}
+        RestartRequired::Remove => conditions.retain(|c| c.type_ != VmCond::RestartRequired),
+        RestartRequired::Set(message) => put_condition(
+            conditions,
+            VirtualMachineCondition {
+                reason: None,
+                ..condition(
+                    VmCond::RestartRequired,
+                    ConditionStatus::True,
+                    "",
+                    message.clone(),
+                    now,
+                )
+            },
+        ),
+    }
+    let not_ready = |reason: &str, message: &str| VirtualMachineCondition {
+        last_probe_time: Some(Time(now)),
+        ..condition(
             VmCond::Ready,
             ConditionStatus::False,
-            "VMINotExists",
-            "VMI does not exist".into(),
+            reason,
+            message.into(),
             now,
-        ),
+        )
+    };
+    let ready = match input.vmi {
+        None => not_ready("VMINotExists", "VMI does not exist"),
         Some(vmi) => match vmi_condition(vmi, &VmiCond::Ready) {
-            None => condition(
-                VmCond::Ready,
-                ConditionStatus::False,
-                "VMIConditionMissing",
-                "VMI is missing the Ready condition".into(),
-                now,
-            ),
+            None => not_ready("VMIConditionMissing", "VMI is missing the Ready condition"),
             Some(c) => VirtualMachineCondition {
                 type_: VmCond::Ready,
                 status: c.status.clone(),
@@ -231,23 +249,6 @@ fn sync_conditions(conditions: &mut Vec<VirtualMachineCondition>, input: &Status
     }
     if let Some(vmi) = input.vmi {
         copy_vmi_conditions(conditions, vmi);
-    }
-    match &input.restart_required {
-        RestartRequired::Keep => {}
-        RestartRequired::Remove => conditions.retain(|c| c.type_ != VmCond::RestartRequired),
-        RestartRequired::Set(message) => put_condition(
-            conditions,
-            VirtualMachineCondition {
-                reason: None,
-                ..condition(
-                    VmCond::RestartRequired,
-                    ConditionStatus::True,
-                    "",
-                    message.clone(),
-                    now,
-                )
-            },
-        ),
     }
 }
 

@@ -365,6 +365,44 @@ fn the_ready_condition_is_copied_or_explains_why_it_is_false() {
 }
 
 #[test]
+fn a_ready_condition_derived_without_a_vmi_ready_is_probed_now() {
+    let vm = vm(RunStrategy::Always);
+    let running = vmi(Phase::Running);
+    for vmi in [None, Some(&running)] {
+        let status = status_of(&input(&vm, vmi));
+        let ready = find_condition(&status.conditions, &VmCond::Ready).unwrap();
+        assert_eq!(ready.last_probe_time, Some(Time(now())), "{vmi:?}");
+        assert_eq!(ready.last_transition_time, Some(Time(now())));
+    }
+}
+
+#[test]
+fn conditions_are_ordered_as_upstream_restart_required_before_ready_and_failure() {
+    let vm = vm(RunStrategy::Always);
+    let running = with_conditions(
+        vmi(Phase::Running),
+        vec![vmi_cond(VmiCond::Paused, ConditionStatus::True, None)],
+    );
+    let mut i = input(&vm, Some(&running));
+    i.restart_required = RestartRequired::Set("changed".into());
+    i.sync_error = Some(("FailedUpdate", "boom".into()));
+    let types: Vec<VmCond> = status_of(&i)
+        .conditions
+        .into_iter()
+        .map(|c| c.type_)
+        .collect();
+    assert_eq!(
+        types,
+        [
+            VmCond::RestartRequired,
+            VmCond::Ready,
+            VmCond::Failure,
+            VmCond::Paused
+        ]
+    );
+}
+
+#[test]
 fn vmi_conditions_are_copied_and_removed_with_the_vmi() {
     let mut vm = vm(RunStrategy::Always);
     let paused = with_conditions(

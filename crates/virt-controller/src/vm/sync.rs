@@ -49,18 +49,22 @@ pub const RESTART_REQUIRED_MESSAGE: &str =
 /// One API write the sync wants.
 #[derive(Clone, Debug, PartialEq)]
 pub enum VmAction {
-    /// JSON Patch of the VM object (finalizers).
+    /// JSON Patch of the VM's finalizers. Upstream returns a failure as a plain error: the
+    /// reconcile is retried and the status is not written.
+    PatchVmFinalizers(Vec<Value>),
+    /// JSON Patch of the VM spec (the run strategy a finished receiver restores).
     PatchVm(Vec<Value>),
     /// JSON Patch of the VM spec that turns a start request of a Halted VM into a running
     /// strategy. Upstream always reports a sync failure afterwards, even on success.
     StartHaltedVm(Vec<Value>),
-    /// Create (or refresh) the start revision, delete the older ones, then create the VMI.
+    /// Delete the start revisions of other generations, create the start revision unless
+    /// one of this generation is cached (kept as is, as upstream), then create the VMI.
     CreateVmi {
         /// The VMI to create.
         vmi: Box<VirtualMachineInstance>,
-        /// The start revision it records.
-        revision: Box<ControllerRevision>,
-        /// Older start revisions of the VM to delete.
+        /// The start revision to create; `None` when one of this generation exists.
+        revision: Option<Box<ControllerRevision>>,
+        /// Start revisions of the VM from other generations, to delete.
         stale_revisions: Vec<String>,
     },
     /// Delete the VMI with this name.
@@ -76,8 +80,12 @@ pub enum VmAction {
 pub struct SyncPlan {
     /// Writes, in order; the executor stops at the first failure.
     pub actions: Vec<VmAction>,
-    /// A failure known without any API call (e.g. conflicting run strategies).
+    /// A failure known without any API call (e.g. an unknown run strategy).
     pub error: Option<SyncFailure>,
+    /// A failure upstream returns as a plain error rather than a sync error (the run strategy
+    /// cannot be resolved): after the planned actions the reconcile fails and is retried
+    /// with backoff, and the status — conditions, `startFailure` and all — is not written.
+    pub requeue_error: Option<String>,
     /// Reconcile again after this delay (start-failure backoff).
     pub requeue_after: Option<Duration>,
     /// What to do with the `RestartRequired` condition.
@@ -187,8 +195,9 @@ pub fn plan(input: &SyncInput<'_>) -> SyncPlan {
                     .filter(|f| *f != VM_CONTROLLER_FINALIZER)
                     .cloned()
                     .collect();
-                plan.actions
-                    .push(VmAction::PatchVm(finalizer_ops(finalizers, &next)));
+                plan.actions.push(VmAction::PatchVmFinalizers(finalizer_ops(
+                    finalizers, &next,
+                )));
             }
             _ => {}
         }
@@ -197,13 +206,14 @@ pub fn plan(input: &SyncInput<'_>) -> SyncPlan {
     if !has_finalizer {
         let mut next = finalizers.cloned().unwrap_or_default();
         next.push(VM_CONTROLLER_FINALIZER.to_owned());
-        plan.actions
-            .push(VmAction::PatchVm(finalizer_ops(finalizers, &next)));
+        plan.actions.push(VmAction::PatchVmFinalizers(finalizer_ops(
+            finalizers, &next,
+        )));
     }
     let strategy = match vm.run_strategy() {
         Ok(s) => s,
         Err(err) => {
-            plan.error = Some(SyncFailure::new(FAILED_CREATE, err.to_string()));
+            plan.requeue_error = Some(format!("Error fetching RunStrategy: {err}"));
             return plan;
         }
     };
@@ -291,16 +301,24 @@ fn start(plan: &mut SyncPlan, input: &SyncInput<'_>) {
     let revision = build_revision(vm);
     let name = revision.metadata.name.clone().unwrap_or_default();
     let prefix = input.revision_prefix();
-    let stale_revisions = input
+    let (current, stale): (Vec<&ControllerRevision>, Vec<&ControllerRevision>) = input
         .revisions
         .iter()
-        .filter_map(|r| r.metadata.name.clone())
-        .filter(|n| n.starts_with(&prefix) && *n != name)
-        .collect();
+        .map(AsRef::as_ref)
+        .filter(|r| {
+            r.metadata
+                .name
+                .as_deref()
+                .is_some_and(|n| n.starts_with(&prefix))
+        })
+        .partition(|r| r.revision == revision.revision);
     plan.actions.push(VmAction::CreateVmi {
         vmi: Box::new(build_vmi(vm, &name)),
-        revision: Box::new(revision),
-        stale_revisions,
+        revision: current.is_empty().then(|| Box::new(revision)),
+        stale_revisions: stale
+            .into_iter()
+            .filter_map(|r| r.metadata.name.clone())
+            .collect(),
     });
 }
 

@@ -34,6 +34,7 @@ fn kinds(plan: &SyncPlan) -> Vec<&'static str> {
         .iter()
         .map(|a| match a {
             VmAction::PatchVm(_) => "patch-vm",
+            VmAction::PatchVmFinalizers(_) => "patch-finalizers",
             VmAction::StartHaltedVm(_) => "start-halted",
             VmAction::CreateVmi { .. } => "create",
             VmAction::DeleteVmi(_) => "delete",
@@ -188,17 +189,21 @@ fn halted_start_request_switches_the_spec_to_running() {
 }
 
 #[test]
-fn running_and_run_strategy_together_fail_without_acting() {
+fn running_and_run_strategy_together_are_a_plain_error_after_the_finalizer() {
     let mut vm = vm(RunStrategy::Always);
     vm.spec.running = Some(true);
     let plan = run(&vm, None);
     assert!(plan.actions.is_empty());
-    let error = plan.error.unwrap();
-    assert_eq!(error.reason, "FailedCreate");
     assert_eq!(
-        error.message,
-        "running and runstrategy are mutually exclusive"
+        plan.error, None,
+        "no Failure condition: upstream writes no status"
     );
+    assert_eq!(
+        plan.requeue_error.as_deref(),
+        Some("Error fetching RunStrategy: running and runstrategy are mutually exclusive")
+    );
+    vm.metadata.finalizers = None;
+    assert_eq!(kinds(&run(&vm, None)), ["patch-finalizers"]);
 }
 
 #[test]
@@ -246,7 +251,7 @@ fn the_vm_finalizer_is_added_once_and_removed_after_the_vmi_is_gone() {
     fresh.metadata.finalizers = None;
     assert_eq!(
         run(&fresh, None).actions,
-        [VmAction::PatchVm(vec![
+        [VmAction::PatchVmFinalizers(vec![
             json!({"op": "add", "path": "/metadata/finalizers", "value": [VM_CONTROLLER_FINALIZER]})
         ])]
     );
@@ -256,7 +261,7 @@ fn the_vm_finalizer_is_added_once_and_removed_after_the_vmi_is_gone() {
     deleting.metadata.deletion_timestamp = Some(time(0));
     let running = vmi(Phase::Running);
     assert_eq!(kinds(&run(&deleting, Some(&running))), ["delete"]);
-    let finalizer_removed = VmAction::PatchVm(vec![
+    let finalizer_removed = VmAction::PatchVmFinalizers(vec![
         json!({"op": "test", "path": "/metadata/finalizers", "value": [VM_CONTROLLER_FINALIZER]}),
         json!({"op": "replace", "path": "/metadata/finalizers", "value": []}),
     ]);
@@ -266,7 +271,7 @@ fn the_vm_finalizer_is_added_once_and_removed_after_the_vmi_is_gone() {
     orphaning.metadata.finalizers = Some(vec!["orphan".into(), VM_CONTROLLER_FINALIZER.into()]);
     assert_eq!(
         run(&orphaning, Some(&running)).actions,
-        [VmAction::PatchVm(vec![
+        [VmAction::PatchVmFinalizers(vec![
             json!({"op": "test", "path": "/metadata/finalizers", "value": ["orphan", VM_CONTROLLER_FINALIZER]}),
             json!({"op": "replace", "path": "/metadata/finalizers", "value": ["orphan"]}),
         ])]
@@ -307,6 +312,7 @@ fn the_created_vmi_records_the_generation_and_stale_revisions_are_deleted() {
     vm.metadata.generation = Some(4);
     let mut old = build_revision(&vm);
     old.metadata.name = Some("revision-start-vm-vm-uid-2".into());
+    old.revision = 2;
     let mut foreign = old.clone();
     foreign.metadata.name = Some("revision-start-vm-other-uid-2".into());
     let revisions = [Arc::new(old), Arc::new(foreign)];
@@ -326,11 +332,45 @@ fn the_created_vmi_records_the_generation_and_stale_revisions_are_deleted() {
         "4"
     );
     assert_eq!(
-        revision.metadata.name.as_deref(),
+        revision.as_ref().and_then(|r| r.metadata.name.as_deref()),
         Some("revision-start-vm-vm-uid-4")
     );
     assert_eq!(stale_revisions, &["revision-start-vm-vm-uid-2".to_owned()]);
     assert_eq!(plan.restart_required, RestartRequired::Remove);
+}
+
+#[test]
+fn a_cached_start_revision_of_the_same_generation_is_kept_even_with_other_data() {
+    let mut vm = vm(RunStrategy::Always);
+    vm.metadata.generation = Some(4);
+    let mut existing = build_revision(&vm);
+    existing.data = Some(k8s_openapi::apimachinery::pkg::runtime::RawExtension(
+        json!({"spec": {"running": false}}),
+    ));
+    let plan = plan(&input(
+        &vm,
+        None,
+        &[Arc::new(existing)],
+        &SyncConfig::default(),
+    ));
+    let [
+        VmAction::CreateVmi {
+            vmi,
+            revision,
+            stale_revisions,
+        },
+    ] = plan.actions.as_slice()
+    else {
+        panic!("{plan:?}");
+    };
+    assert_eq!(revision, &None, "not deleted and recreated");
+    assert!(stale_revisions.is_empty());
+    assert_eq!(
+        vmi.status
+            .as_ref()
+            .and_then(|s| s.virtual_machine_revision_name.as_deref()),
+        Some("revision-start-vm-vm-uid-4")
+    );
 }
 
 fn started_revision(vm: &VirtualMachine) -> Arc<ControllerRevision> {

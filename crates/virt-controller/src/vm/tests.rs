@@ -142,6 +142,15 @@ fn the_controller_finalizer_leaves_only_a_final_vmi() {
 }
 
 #[test]
+fn a_waiting_for_sync_vmi_loses_the_controller_finalizer_only_while_deleted() {
+    let mut waiting = vmi(Phase::WaitingForSync);
+    assert_eq!(vmi_finalizer_ops(&waiting), None);
+    waiting.metadata.deletion_timestamp = Some(time(0));
+    let ops = vmi_finalizer_ops(&waiting).unwrap();
+    assert_eq!(ops[1]["value"], json!([]));
+}
+
+#[test]
 fn expectations_view_reports_pending_creations_and_deletions_without_expiry() {
     let e = Expectations::new();
     assert_eq!(ExpectView::of(&e, "default/testvm"), ExpectView::idle());
@@ -158,7 +167,9 @@ fn expectations_view_reports_pending_creations_and_deletions_without_expiry() {
 fn vmi_events_lower_the_vm_expectations_once_per_object() {
     use crate::runtime::informer::Change;
     let e = Arc::new(Expectations::new());
-    let observe = observe_vmi(Arc::clone(&e));
+    let observe = observe_vmi(Arc::clone(&e), |key, uid| {
+        key == "default/testvm" && uid == "vm-uid"
+    });
     e.expect_creations("default/testvm", 1);
     let created = vmi(Phase::Pending);
     observe(&Change::Added(&created));
@@ -174,6 +185,48 @@ fn vmi_events_lower_the_vm_expectations_once_per_object() {
     // The final delete event of the same object does not lower the count again.
     observe(&Change::Deleted(&deleting));
     assert_eq!(e.pending("default/testvm").unwrap().del, 0);
+}
+
+#[test]
+fn orphan_vmis_and_vmis_of_uncached_vms_lower_no_expectations() {
+    use crate::runtime::informer::Change;
+    let e = Arc::new(Expectations::new());
+    let observe = observe_vmi(Arc::clone(&e), |key, uid| {
+        key == "default/testvm" && uid == "vm-uid"
+    });
+    e.expect_creations("default/testvm", 1);
+    let mut orphan = vmi(Phase::Pending);
+    orphan.metadata.owner_references = None;
+    observe(&Change::Added(&orphan));
+    let mut of_recreated_vm = vmi(Phase::Pending);
+    of_recreated_vm.metadata.owner_references.as_mut().unwrap()[0].uid = "old-vm-uid".into();
+    observe(&Change::Added(&of_recreated_vm));
+    assert_eq!(e.pending("default/testvm").unwrap().add, 1);
+    e.expect_deletions("default/testvm", &["default/testvm".into()]);
+    observe(&Change::Deleted(&orphan));
+    assert_eq!(e.pending("default/testvm").unwrap().del, 1);
+}
+
+#[test]
+fn adoption_fails_the_reconcile_when_the_fresh_vm_is_deleting_or_replaced() {
+    let cached = vm(RunStrategy::Always);
+    assert!(adoption_recheck(&cached, &cached).is_ok());
+    let mut deleting = cached.clone();
+    deleting.metadata.deletion_timestamp = Some(time(0));
+    let err = adoption_recheck(&cached, &deleting).unwrap_err();
+    assert!(matches!(err, VmError::AdoptRecheck(_)));
+    assert_eq!(
+        err.to_string(),
+        "default/testvm has just been deleted at 2023-11-14T22:13:20Z"
+    );
+    let mut replaced = cached.clone();
+    replaced.metadata.uid = Some("new-uid".into());
+    assert_eq!(
+        adoption_recheck(&cached, &replaced)
+            .unwrap_err()
+            .to_string(),
+        "original VirtualMachine default/testvm is gone: got uid new-uid, wanted vm-uid"
+    );
 }
 
 #[test]

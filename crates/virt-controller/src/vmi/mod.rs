@@ -3,7 +3,8 @@
 //!
 //! Data flow: informers on VMIs and on launcher pods (`kubevirt.io=virt-launcher`; a pod is
 //! mapped to its VMI through its controller reference) feed the queue
-//! `virt-controller-vmi`. A reconcile reads the VMI and its pods from the caches, waits while
+//! `virt-controller-vmi`; a VM cache (no events) tells whether a final VMI's owner still
+//! exists. A reconcile reads the VMI and its pods from the caches, waits while
 //! pod or VMI expectations are unmet, then runs [`sync`] (create or delete pods) and
 //! [`status`] (phase table, conditions), syncs labels/annotations to the pod
 //! ([`label_sync`]), and writes the VMI with one JSON Patch — only when something changed.
@@ -18,7 +19,7 @@
 //! | field | this controller | virt-handler |
 //! |---|---|---|
 //! | `status.phase` | `""` → `Pending` → `Scheduling` → `Scheduled`; → `Failed` when the pod fails or disappears (also from `Scheduled`/`Running`); `WaitingForSync` ↔ `Scheduling` | `Scheduled` → `Running` → `Succeeded`/`Failed` |
-//! | `status.phaseTransitionTimestamps` | appends (`add …/-`) for its own transitions | appends for its own |
+//! | `status.phaseTransitionTimestamps` | appends (`add …/-`) for its own transitions before hand-off | appends for its own |
 //! | conditions `Ready`, `PodScheduled`, `EvictionRequested` | owns | — |
 //! | condition `Synchronized` | owns, before hand-off only | — |
 //! | other conditions (`Paused`, `AgentConnected`, `LiveMigratable`, …) | never touches (the list is replaced with a `test` of the old list) | owns |
@@ -54,11 +55,12 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 use kubevirt_api::constants as c;
-use kubevirt_api::v1::VirtualMachineInstance;
+use kubevirt_api::v1::{VirtualMachine, VirtualMachineInstance};
 use serde_json::{Value, json};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+use crate::kubevirt_config::ClusterSettings;
 use crate::runtime::controller::{Action, Controller, ControllerError, Reconciler};
 use crate::runtime::expectations::Expectations;
 use crate::runtime::informer::{Change, Informer, InformerHandle};
@@ -87,6 +89,8 @@ pub struct VmiControllerConfig {
     pub sync_patterns: watch::Receiver<MetadataSyncPatterns>,
     /// Concurrent workers (upstream `--vmi-controller-threads`, default 10).
     pub workers: usize,
+    /// The KubeVirt CR's settings; new launcher pods take its `cpuAllocationRatio`.
+    pub cluster: watch::Receiver<ClusterSettings>,
 }
 
 impl VmiControllerConfig {
@@ -95,10 +99,12 @@ impl VmiControllerConfig {
         launcher: LauncherPodConfig,
         sync_patterns: watch::Receiver<MetadataSyncPatterns>,
     ) -> Self {
+        let (_, cluster) = watch::channel(ClusterSettings::default());
         Self {
             launcher,
             sync_patterns,
             workers: 10,
+            cluster,
         }
     }
 }
@@ -136,10 +142,12 @@ pub struct VmiReconciler {
     client: Client,
     vmis: InformerHandle<VirtualMachineInstance>,
     pods: InformerHandle<Pod>,
+    vms: InformerHandle<VirtualMachine>,
     pod_expectations: Arc<Expectations>,
     vmi_expectations: Arc<Expectations>,
     launcher: LauncherPodConfig,
     patterns: watch::Receiver<MetadataSyncPatterns>,
+    cluster: watch::Receiver<ClusterSettings>,
 }
 
 /// The pods in the VMI's namespace whose controller reference is the VMI.
@@ -156,6 +164,25 @@ fn controlled_pods(pods: &InformerHandle<Pod>, vmi: &VirtualMachineInstance) -> 
                     .any(|o| o.controller == Some(true) && Some(o.uid.as_str()) == uid)
         })
         .collect()
+}
+
+/// Upstream's `hasOwnerVM`: the VMI's controller reference is a `VirtualMachine` found in the
+/// VM cache under its name with the referenced UID.
+pub fn has_owner_vm(
+    vmi: &VirtualMachineInstance,
+    cached_vm: impl Fn(&str) -> Option<Arc<VirtualMachine>>,
+) -> bool {
+    let Some(owner) = vmi
+        .owner_references()
+        .iter()
+        .find(|o| o.controller == Some(true))
+    else {
+        return false;
+    };
+    let ns = vmi.metadata.namespace.as_deref().unwrap_or_default();
+    owner.kind == "VirtualMachine"
+        && cached_vm(&format!("{ns}/{}", owner.name))
+            .is_some_and(|vm| vm.metadata.uid.as_deref() == Some(owner.uid.as_str()))
 }
 
 /// The newest controlled pod, restricted to `status.nodeName` when that is set.
@@ -177,6 +204,20 @@ fn now_seconds() -> Time {
     Time(k8s_openapi::jiff::Timestamp::from_second(now.as_second()).unwrap_or(now))
 }
 
+/// The launcher configuration with the KubeVirt CR's CPU allocation ratio, when it sets a
+/// positive one.
+fn effective_launcher(base: &LauncherPodConfig, cluster: &ClusterSettings) -> LauncherPodConfig {
+    let mut launcher = base.clone();
+    if let Some(ratio) = cluster
+        .cpu_allocation_ratio
+        .and_then(|r| u32::try_from(r).ok())
+        .filter(|r| *r > 0)
+    {
+        launcher.cpu_allocation_ratio = ratio;
+    }
+    launcher
+}
+
 impl VmiReconciler {
     async fn reconcile_vmi(&self, key: &str) -> Result<Action, VmiError> {
         let Some(vmi) = self.vmis.get_by_key(key) else {
@@ -194,13 +235,14 @@ impl VmiReconciler {
         let pods_api: Api<Pod> = Api::namespaced(self.client.clone(), ns);
 
         let plan = sync::plan(&vmi, &pods, current_pod(&vmi, &pods));
+        let launcher = effective_launcher(&self.launcher, &self.cluster.borrow());
         let synced = sync::execute(
             &pods_api,
             &self.pod_expectations,
             key,
             &vmi,
             plan,
-            &self.launcher,
+            &launcher,
         )
         .await;
         let (created, sync_failure) = match synced {
@@ -217,10 +259,12 @@ impl VmiReconciler {
             pods: &pods,
             sync_failure: sync_failure.as_ref(),
             launcher_image: &self.launcher.launcher_image,
+            owner_vm_exists: has_owner_vm(&vmi, |key| self.vms.get_by_key(key)),
             now: &now,
         };
         let (desired, status_failure) = status::desired_vmi(&vmi, &observed)?;
-        if let Some(pod) = pod.filter(|p| p.metadata.uid.is_some() && !status::pod_is_down(p)) {
+        // As upstream: whenever a launcher pod exists, whatever its state.
+        if let Some(pod) = pod.filter(|p| p.metadata.uid.is_some()) {
             self.sync_pod(&pods_api, &desired, pod, &patterns, &now)
                 .await?;
         }
@@ -417,9 +461,15 @@ pub async fn run_vmi_controller(
         &pod_expectations,
         &vmi_expectations,
     );
-    let (vmis, pods) = (vmi_informer.handle(), pod_informer.handle());
+    let vm_informer = Informer::<VirtualMachine>::new();
+    let (vmis, pods, vms) = (
+        vmi_informer.handle(),
+        pod_informer.handle(),
+        vm_informer.handle(),
+    );
     let mut tasks = tokio::task::JoinSet::new();
     tasks.spawn(vmi_informer.run(Api::all(client.clone()), watcher::Config::default()));
+    tasks.spawn(vm_informer.run(Api::all(client.clone()), watcher::Config::default()));
     let selector = format!("{}={}", c::APP_LABEL, c::VIRT_LAUNCHER_VALUE);
     tasks.spawn(pod_informer.run(
         Api::all(client.clone()),
@@ -431,7 +481,11 @@ pub async fn run_vmi_controller(
         queue.clone(),
     ));
 
-    let synced = async { vmis.wait_for_sync().await.and(pods.wait_for_sync().await) };
+    let synced = async {
+        vmis.wait_for_sync().await?;
+        pods.wait_for_sync().await?;
+        vms.wait_for_sync().await
+    };
     tokio::select! {
         () = cancel.cancelled() => { tasks.abort_all(); return; }
         res = synced => if res.is_err() { tasks.abort_all(); return; },
@@ -440,10 +494,12 @@ pub async fn run_vmi_controller(
         client,
         vmis,
         pods,
+        vms,
         pod_expectations,
         vmi_expectations,
         launcher: config.launcher,
         patterns: config.sync_patterns,
+        cluster: config.cluster,
     };
     let panics = Controller::new(QUEUE_NAME, queue, reconciler)
         .workers(config.workers)

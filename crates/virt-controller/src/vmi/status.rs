@@ -17,8 +17,9 @@
 //!   (or `add` when absent), so a concurrent write by virt-handler to any of them makes the
 //!   patch fail instead of being lost; the `Synchronized` condition is not written.
 //!
-//! `phaseTransitionTimestamps` are appended (`add …/-`) whenever this controller changes the
-//! phase, so appends by virt-handler are never overwritten.
+//! `phaseTransitionTimestamps` are appended (`add …/-`) when this controller changes the phase
+//! before hand-off, so appends by virt-handler are never overwritten; after hand-off (say
+//! `Running` → `Failed` because the pod is gone) no transition is recorded, as upstream.
 
 use k8s_openapi::api::core::v1::{Pod, PodCondition};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -79,6 +80,10 @@ pub struct Observed<'a> {
     pub sync_failure: Option<&'a SyncFailure>,
     /// The configured launcher image, to detect outdated launchers.
     pub launcher_image: &'a str,
+    /// The VMI's controlling `VirtualMachine` is in the VM cache with the UID of the
+    /// reference (upstream `hasOwnerVM`); without it a final VMI loses the VM controller's
+    /// finalizer.
+    pub owner_vm_exists: bool,
     /// The time written into new conditions and phase transitions.
     pub now: &'a Time,
 }
@@ -166,14 +171,12 @@ fn condition(
     }
 }
 
-/// Sets `new` in `conds`: kept as is when status, reason and message already agree,
-/// replaced in place otherwise, appended when missing.
+/// Sets `new` in `conds` as upstream's condition manager does: kept as is when status and
+/// reason already agree (a changed message alone is ignored), replaced in place otherwise,
+/// appended when missing.
 fn set_condition(conds: &mut Vec<Condition>, new: Condition) {
     match conds.iter_mut().find(|c| c.type_ == new.type_) {
-        Some(old)
-            if old.status == new.status
-                && old.reason == new.reason
-                && old.message == new.message => {}
+        Some(old) if old.status == new.status && old.reason == new.reason => {}
         Some(old) => *old = new,
         None => conds.push(new),
     }
@@ -185,8 +188,9 @@ fn remove_condition(conds: &mut Vec<Condition>, type_: &CondType) {
 
 /// The Ready condition upstream derives from the pod.
 pub fn ready_condition(vmi: &VirtualMachineInstance, pod: Option<&Pod>, now: &Time) -> Condition {
-    let f = |reason, message| {
-        condition(
+    let f = |reason, message| Condition {
+        last_probe_time: Some(now.clone()),
+        ..condition(
             CondType::Ready,
             ConditionStatus::False,
             reason,
@@ -323,7 +327,8 @@ pub fn desired_vmi(
         .phase_transition_timestamps
         .iter()
         .any(|t| t.phase.as_ref() == Some(&new_phase));
-    if new_phase != old_phase && !recorded {
+    // After hand-off upstream patches and returns before recording transitions.
+    if !handler_owned(vmi) && new_phase != old_phase && !recorded {
         status
             .phase_transition_timestamps
             .push(VirtualMachineInstancePhaseTransitionTimestamp {
@@ -386,14 +391,14 @@ fn apply_phase_table(
         }
         Phase::Scheduling => scheduling(old, new, obs, lost, &mut failure),
         Phase::Succeeded | Phase::Failed => {
-            finalize(new, obs.pods.is_empty());
+            finalize(new, obs.pods.is_empty(), obs.owner_vm_exists);
             phase_of(old)
         }
         Phase::Running | Phase::Scheduled if obs.pod.is_none() => lost,
         Phase::Running | Phase::Scheduled => phase_of(old),
         Phase::WaitingForSync => {
             if deleting {
-                finalize(new, true);
+                finalize(new, true, obs.owner_vm_exists);
                 Phase::WaitingForSync
             } else if obs.pod.is_some() {
                 Phase::Scheduling
@@ -500,14 +505,8 @@ fn image_pull_failure(pod: &Pod) -> Option<SyncFailure> {
 }
 
 /// A final VMI: drop the VMI finalizers when no pod remains, and the VM controller's
-/// finalizer when no VM owns the VMI (`kind: VirtualMachine` controller reference).
-fn finalize(new: &mut VirtualMachineInstance, no_pods: bool) {
-    let owned_by_vm = new
-        .metadata
-        .owner_references
-        .iter()
-        .flatten()
-        .any(|o| o.controller == Some(true) && o.kind == "VirtualMachine");
+/// finalizer when its owning VM is gone (see [`Observed::owner_vm_exists`]).
+fn finalize(new: &mut VirtualMachineInstance, no_pods: bool, owned_by_vm: bool) {
     if let Some(finalizers) = new.metadata.finalizers.as_mut() {
         finalizers.retain(|f| {
             let vmi_finalizer = f == c::VMI_FINALIZER || f == c::DEPRECATED_VMI_FINALIZER;
@@ -719,6 +718,7 @@ mod tests {
             pods: &pods,
             sync_failure: failure,
             launcher_image: "img:v1",
+            owner_vm_exists: false,
             now: &now,
         };
         desired_vmi(vmi, &obs).expect("status pass")
@@ -1039,6 +1039,92 @@ mod tests {
     }
 
     #[test]
+    fn a_final_or_deleted_waiting_vmi_keeps_the_vm_finalizer_only_while_its_vm_exists() {
+        let finalizers = json!({"metadata": {
+            "finalizers": ["kubevirt.io/virtualMachineControllerFinalize"],
+            "deletionTimestamp": "2024-01-01T00:00:00Z"
+        }});
+        let now = now();
+        for phase in [Phase::Failed, Phase::WaitingForSync] {
+            let vmi = vmi(&phase, finalizers.clone());
+            for (owner_vm_exists, kept) in [(true, true), (false, false)] {
+                let obs = Observed {
+                    pod: None,
+                    pods: &[],
+                    sync_failure: None,
+                    launcher_image: "",
+                    owner_vm_exists,
+                    now: &now,
+                };
+                let (new, _) = desired_vmi(&vmi, &obs).expect("status pass");
+                let has = new
+                    .metadata
+                    .finalizers
+                    .iter()
+                    .flatten()
+                    .any(|f| f == c::VM_CONTROLLER_FINALIZER);
+                assert_eq!(has, kept, "{phase:?}, owner VM exists: {owner_vm_exists}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_running_vmi_failed_by_the_controller_records_no_phase_transition() {
+        let running = vmi(
+            &Phase::Running,
+            json!({"status": {"phaseTransitionTimestamps": [
+                {"phase": "Running", "phaseTransitionTimestamp": "2024-01-01T00:00:00Z"}
+            ]}}),
+        );
+        let (new, _) = run(&running, None, None);
+        let status = new.status.as_ref().expect("status");
+        assert_eq!(status.phase, Some(Phase::Failed));
+        assert_eq!(status.phase_transition_timestamps.len(), 1);
+        let (scheduling, _) = run(&vmi(&Phase::Scheduling, json!({})), None, None);
+        let recorded = &scheduling
+            .status
+            .as_ref()
+            .expect("status")
+            .phase_transition_timestamps;
+        assert_eq!(
+            recorded.len(),
+            1,
+            "before hand-off the transition is recorded"
+        );
+    }
+
+    #[test]
+    fn a_condition_is_replaced_only_when_its_status_or_reason_changes() {
+        let with_ready = |status: &str, reason: &str, message: &str| {
+            vmi(
+                &Phase::Pending,
+                json!({"status": {"conditions": [{"type": "Ready", "status": status,
+                    "reason": reason, "message": message,
+                    "lastTransitionTime": "2024-01-01T00:00:00Z"}]}}),
+            )
+        };
+        let ready = |v: &VirtualMachineInstance| {
+            v.status
+                .as_ref()
+                .and_then(|s| s.condition(&CondType::Ready).cloned())
+                .expect("Ready")
+        };
+        let old = with_ready("False", POD_NOT_EXISTS_REASON, "an older wording");
+        let (kept, _) = run(&old, None, None);
+        assert_eq!(ready(&kept), ready(&old), "message-only change ignored");
+        let old = with_ready("False", "SomethingElse", "x");
+        let (replaced, _) = run(&old, None, None);
+        let cond = ready(&replaced);
+        assert_eq!(cond.reason.as_deref(), Some(POD_NOT_EXISTS_REASON));
+        assert_eq!(
+            cond.message.as_deref(),
+            Some("virt-launcher pod has not yet been scheduled")
+        );
+        assert_eq!(cond.last_probe_time, Some(now()), "probed now, as upstream");
+        assert_eq!(cond.last_transition_time, Some(now()));
+    }
+
+    #[test]
     fn the_unknown_phase_is_refused() {
         let now = now();
         let obs = Observed {
@@ -1046,6 +1132,7 @@ mod tests {
             pods: &[],
             sync_failure: None,
             launcher_image: "",
+            owner_vm_exists: false,
             now: &now,
         };
         assert_eq!(
@@ -1077,7 +1164,6 @@ mod tests {
                 ("add", "/status/conditions"),
                 ("test", "/status/phase"),
                 ("replace", "/status/phase"),
-                ("add", "/status/phaseTransitionTimestamps"),
             ]
         );
         assert_eq!(ops[2]["value"], "Failed");

@@ -13,6 +13,13 @@
 //! Both use [`LauncherPodConfig::launcher_image`]; the pod runner of the embedded mode runs
 //! `command[1..] + args` with its own `kubevirt-rs` binary.
 //!
+//! # CPU request
+//! As upstream: a VMI without a CPU request gets (vCPUs + supplemental IO threads) /
+//! [`LauncherPodConfig::cpu_allocation_ratio`] (`400m` for 4 vCPUs at the default ratio 10); with
+//! `dedicatedCpuPlacement` the `compute` container requests and is limited to that many whole
+//! CPUs (upstream also aligns the memory limit and counts an isolated emulator thread; not
+//! done here). The VMI's own CPU requests and limits always win.
+//!
 //! # Memory request
 //! The `compute` container requests the guest memory (`spec.domain.resources.requests.memory`,
 //! else `spec.domain.memory.guest`) plus an overhead for everything outside guest RAM.
@@ -54,6 +61,8 @@ pub const OVERHEAD_PER_VCPU: u64 = 2 * MIB;
 pub const OVERHEAD_GUEST_DIVISOR: u64 = 100;
 /// Extra overhead of software emulation (the TCG translation cache).
 pub const OVERHEAD_TCG: u64 = 32 * MIB;
+/// Upstream's default `developerConfiguration.cpuAllocationRatio`.
+pub const DEFAULT_CPU_ALLOCATION_RATIO: u32 = 10;
 /// Longest value of a label.
 const MAX_LABEL_VALUE: usize = 63;
 const MIB: u64 = 1024 * 1024;
@@ -63,8 +72,10 @@ const MIB: u64 = 1024 * 1024;
 pub struct LauncherPodConfig {
     /// Image of the launcher containers (upstream flag `--launcher-image`).
     pub launcher_image: String,
-    /// CPU request of the `compute` container when the VMI requests none.
-    pub cpu_request: String,
+    /// vCPUs per physical CPU a VMI without a CPU request is given (upstream
+    /// `developerConfiguration.cpuAllocationRatio`, default [`DEFAULT_CPU_ALLOCATION_RATIO`]):
+    /// the `compute` container requests vCPUs / ratio.
+    pub cpu_allocation_ratio: u32,
     /// Guests run under TCG: no `/dev/kvm` request, and the TCG memory overhead.
     pub use_emulation: bool,
 }
@@ -73,7 +84,7 @@ impl Default for LauncherPodConfig {
     fn default() -> Self {
         Self {
             launcher_image: default_launcher_image(),
-            cpu_request: "100m".to_owned(),
+            cpu_allocation_ratio: DEFAULT_CPU_ALLOCATION_RATIO,
             use_emulation: false,
         }
     }
@@ -128,6 +139,11 @@ pub fn render_launcher_pod(
         .termination_grace_period_seconds
         .unwrap_or(DEFAULT_GRACE_PERIOD_SECONDS);
     let hostname = pod_hostname(vmi, name);
+    let service_account = spec
+        .volumes
+        .iter()
+        .find_map(|v| v.volume_source.service_account.as_ref())
+        .and_then(|sa| sa.service_account_name.clone());
 
     let mut containers = vec![compute_container(vmi, config, namespace, name, uid, grace)?];
     if spec.domain.devices.log_serial_console != Some(false) {
@@ -162,7 +178,11 @@ pub fn render_launcher_pod(
                 .then(|| spec.topology_spread_constraints.clone()),
             scheduler_name: spec.scheduler_name.clone(),
             priority_class_name: spec.priority_class_name.clone(),
-            service_account_name: spec.service_account_name.clone(),
+            service_account_name: service_account
+                .clone()
+                .or_else(|| spec.service_account_name.clone()),
+            // As upstream: the token only for a serviceAccount volume or an Istio sidecar.
+            automount_service_account_token: Some(service_account.is_some() || istio_injected(vmi)),
             dns_policy: spec.dns_policy.clone(),
             dns_config: spec.dns_config.clone(),
             containers,
@@ -208,6 +228,11 @@ fn pod_labels(
         labels.insert(c::ISTIO_INJECT_ANNOTATION.to_owned(), inject.to_owned());
     }
     labels
+}
+
+/// Upstream's `istio.ProxyInjectionEnabled`: `sidecar.istio.io/inject` is `true` in any case.
+fn istio_injected(vmi: &VirtualMachineInstance) -> bool {
+    annotation(vmi, c::ISTIO_INJECT_ANNOTATION).is_some_and(|v| v.eq_ignore_ascii_case("true"))
 }
 
 fn annotation<'a>(vmi: &'a VirtualMachineInstance, key: &str) -> Option<&'a str> {
@@ -389,13 +414,20 @@ fn compute_resources(
     let overhead = memory_overhead(guest_bytes, vcpus(vmi), config.use_emulation);
 
     let mut requests = BTreeMap::new();
-    let cpu = vmi_requests
-        .get("cpu")
-        .cloned()
-        .unwrap_or_else(|| Quantity(config.cpu_request.clone()));
-    requests.insert("cpu".to_owned(), cpu);
-    requests.insert("memory".to_owned(), bytes_quantity(base + overhead));
     let mut limits = BTreeMap::new();
+    // Upstream's calculated CPU resources; the VMI's own requests and limits win.
+    let cpus = vcpus(vmi) + io_thread_cpus(vmi);
+    if dedicated_cpus(vmi) {
+        let count = Quantity(cpus.to_string());
+        requests.insert("cpu".to_owned(), count.clone());
+        limits.insert("cpu".to_owned(), count);
+    } else if let Some(cpu) = cpu_request_for(cpus, config.cpu_allocation_ratio) {
+        requests.insert("cpu".to_owned(), cpu);
+    }
+    if let Some(cpu) = vmi_requests.get("cpu") {
+        requests.insert("cpu".to_owned(), cpu.clone());
+    }
+    requests.insert("memory".to_owned(), bytes_quantity(base + overhead));
     if let Some(cpu) = vmi_limits.get("cpu") {
         limits.insert("cpu".to_owned(), cpu.clone());
     }
@@ -424,6 +456,41 @@ pub fn vcpus(vmi: &VirtualMachineInstance) -> u64 {
     part(cpu.and_then(|c| c.sockets))
         * part(cpu.and_then(|c| c.cores))
         * part(cpu.and_then(|c| c.threads))
+}
+
+/// Threads of the supplemental IO thread pool, which upstream counts as CPUs.
+fn io_thread_cpus(vmi: &VirtualMachineInstance) -> u64 {
+    let threads = vmi.spec.domain.io_threads.as_ref();
+    u64::from(
+        threads
+            .and_then(|t| t.supplemental_pool_thread_count)
+            .unwrap_or(0),
+    )
+}
+
+fn dedicated_cpus(vmi: &VirtualMachineInstance) -> bool {
+    let cpu = vmi.spec.domain.cpu.as_ref();
+    cpu.and_then(|c| c.dedicated_cpu_placement).unwrap_or(false)
+}
+
+/// The CPU request of `cpus` CPUs at `ratio` vCPUs per CPU (upstream: `cpus / ratio`, in
+/// millicores below one CPU), rounded up to whole nanocores like a parsed quantity and
+/// written in its canonical form (`400m`, `1200m`, `2`); `None` for a ratio of 0.
+pub fn cpu_request_for(cpus: u64, ratio: u32) -> Option<Quantity> {
+    if cpus == 0 || ratio == 0 {
+        return None;
+    }
+    let nanos = (u128::from(cpus) * 1_000_000_000).div_ceil(u128::from(ratio));
+    let text = if nanos % 1_000_000_000 == 0 {
+        format!("{}", nanos / 1_000_000_000)
+    } else if nanos % 1_000_000 == 0 {
+        format!("{}m", nanos / 1_000_000)
+    } else if nanos % 1_000 == 0 {
+        format!("{}u", nanos / 1_000)
+    } else {
+        format!("{nanos}n")
+    };
+    Some(Quantity(text))
 }
 
 /// Our memory overhead in bytes (see the module docs).
@@ -612,7 +679,7 @@ mod tests {
                 json!({"spec": {"domain": {"cpu": {"cores": 2, "sockets": 2}}}}),
                 true,
                 "1115Mi",
-                "100m",
+                "400m",
                 false,
             ),
             // The 512 MiB request plus the overhead of the 1 GiB guest.
@@ -640,6 +707,91 @@ mod tests {
                 "{case}"
             );
         }
+    }
+
+    #[test]
+    fn the_cpu_request_is_vcpus_over_the_allocation_ratio_unless_the_vmi_sets_one() {
+        let resources = |patch: serde_json::Value, ratio: u32| {
+            let config = LauncherPodConfig {
+                cpu_allocation_ratio: ratio,
+                ..LauncherPodConfig::default()
+            };
+            render(&vmi(patch), &config)["spec"]["containers"][0]["resources"].clone()
+        };
+        let four = json!({"spec": {"domain": {"cpu": {"cores": 2, "sockets": 2}}}});
+        // (case, vmi patch, ratio, cpu request, cpu limit)
+        let cases = [
+            (
+                "4 vCPUs at the default ratio",
+                four.clone(),
+                10,
+                json!("400m"),
+                json!(null),
+            ),
+            (
+                "4 vCPUs at ratio 1",
+                four.clone(),
+                1,
+                json!("4"),
+                json!(null),
+            ),
+            (
+                "12 vCPUs at ratio 10",
+                json!({"spec": {"domain": {"cpu": {"cores": 12}}}}),
+                10,
+                json!("1200m"),
+                json!(null),
+            ),
+            (
+                "1 vCPU at ratio 3, rounded up to nanocores",
+                json!({}),
+                3,
+                json!("333333334n"),
+                json!(null),
+            ),
+            (
+                "IO threads count as CPUs",
+                json!({"spec": {"domain": {"ioThreads": {"supplementalPoolThreadCount": 2}}}}),
+                10,
+                json!("300m"),
+                json!(null),
+            ),
+            (
+                "the VMI's request wins",
+                json!({"spec": {"domain": {"resources": {"requests": {"cpu": "250m"}}}}}),
+                10,
+                json!("250m"),
+                json!(null),
+            ),
+            (
+                "dedicated CPUs are whole and limited",
+                json!({"spec": {"domain": {"cpu": {"cores": 2, "dedicatedCpuPlacement": true}}}}),
+                10,
+                json!("2"),
+                json!("2"),
+            ),
+        ];
+        for (case, patch, ratio, request, limit) in cases {
+            let res = resources(patch, ratio);
+            assert_eq!(res["requests"]["cpu"], request, "{case}");
+            assert_eq!(res["limits"]["cpu"], limit, "{case}");
+        }
+        assert_eq!(cpu_request_for(4, 0), None);
+    }
+
+    #[test]
+    fn the_service_account_token_is_mounted_only_for_a_service_account_volume_or_istio() {
+        let pod = |patch: serde_json::Value| render(&vmi(patch), &LauncherPodConfig::default());
+        let plain = pod(json!({}));
+        assert_eq!(plain["spec"]["automountServiceAccountToken"], false);
+        assert_eq!(plain["spec"]["serviceAccountName"], json!(null));
+        let with_sa = pod(json!({"spec": {"volumes": [
+            {"name": "sa", "serviceAccount": {"serviceAccountName": "builder"}}
+        ]}}));
+        assert_eq!(with_sa["spec"]["automountServiceAccountToken"], true);
+        assert_eq!(with_sa["spec"]["serviceAccountName"], "builder");
+        let istio = pod(json!({"metadata": {"annotations": {"sidecar.istio.io/inject": "True"}}}));
+        assert_eq!(istio["spec"]["automountServiceAccountToken"], true);
     }
 
     #[test]

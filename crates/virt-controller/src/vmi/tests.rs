@@ -89,6 +89,20 @@ async fn reconciler(
     Events<VirtualMachineInstance>,
     Events<Pod>,
 ) {
+    reconciler_with_pods(client, queue, vmis, Vec::new()).await
+}
+
+/// [`reconciler`] with `pods` in the pod cache.
+async fn reconciler_with_pods(
+    client: Client,
+    queue: &WorkQueue<String>,
+    vmis: Vec<VirtualMachineInstance>,
+    pods: Vec<Pod>,
+) -> (
+    Arc<VmiReconciler>,
+    Events<VirtualMachineInstance>,
+    Events<Pod>,
+) {
     let pod_expectations = Arc::new(Expectations::new());
     let vmi_expectations = Arc::new(Expectations::new());
     let mut vmi_informer = Informer::<VirtualMachineInstance>::new();
@@ -111,11 +125,22 @@ async fn reconciler(
     for event in init {
         let _ = vmi_tx.unbounded_send(Ok(event));
     }
-    for event in [watcher::Event::Init, watcher::Event::InitDone] {
+    let mut init = vec![watcher::Event::Init];
+    init.extend(pods.into_iter().map(watcher::Event::InitApply));
+    init.push(watcher::Event::InitDone);
+    for event in init {
         let _ = pod_tx.unbounded_send(Ok(event));
     }
     assert!(vmi_handle.wait_for_sync().await.is_ok());
     assert!(pod_handle.wait_for_sync().await.is_ok());
+    let vm_informer = Informer::<VirtualMachine>::new();
+    let vm_handle = vm_informer.handle();
+    vm_informer
+        .run_stream(futures::stream::iter([
+            Ok(watcher::Event::Init),
+            Ok(watcher::Event::InitDone),
+        ]))
+        .await;
     let (_, patterns) = watch::channel(MetadataSyncPatterns {
         labels: crate::labelsync::SyncPatterns::parse_flag("ops.example.com/*").0,
         annotations: Default::default(),
@@ -124,10 +149,12 @@ async fn reconciler(
         client,
         vmis: vmi_handle,
         pods: pod_handle,
+        vms: vm_handle,
         pod_expectations,
         vmi_expectations,
         launcher: LauncherPodConfig::default(),
         patterns,
+        cluster: watch::channel(ClusterSettings::default()).1,
     };
     (Arc::new(reconciler), vmi_tx, pod_tx)
 }
@@ -191,6 +218,50 @@ async fn a_new_vmi_gets_one_launcher_pod_and_goes_scheduling_in_one_patch() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn labels_reach_a_launcher_pod_that_is_no_longer_running() {
+    let recorded = Arc::new(Recorded::default());
+    let queue = WorkQueue::new("test");
+    let mut running = vmi_json();
+    running["status"] = json!({"phase": "Running"});
+    let pod: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "virt-launcher-vmi-x", "namespace": "ns", "uid": "pod-uid",
+                     "labels": {"kubevirt.io": "virt-launcher"},
+                     "ownerReferences": [{"apiVersion": "kubevirt.io/v1",
+                         "kind": "VirtualMachineInstance", "name": "vmi", "uid": "vmi-uid",
+                         "controller": true}]},
+        "spec": {"containers": [{"name": "compute", "image": "img"}]},
+        "status": {"phase": "Failed"}
+    }))
+    .unwrap_or_default();
+    let (reconciler, _vmis, _pods) = reconciler_with_pods(
+        client(&recorded, Duration::ZERO),
+        &queue,
+        vec![serde_json::from_value(running).unwrap_or_default()],
+        vec![pod],
+    )
+    .await;
+    let action = reconciler.reconcile("ns/vmi").await;
+    assert!(matches!(action, Ok(Action::Done)), "{action:?}");
+    let label_patch = recorded
+        .requests()
+        .into_iter()
+        .find(|(m, p, _)| {
+            m == Method::PATCH && p == "/api/v1/namespaces/ns/pods/virt-launcher-vmi-x"
+        })
+        .map(|(_, _, body)| body);
+    let ops = label_patch
+        .and_then(|b| b.as_array().cloned())
+        .unwrap_or_default();
+    assert!(
+        ops.iter()
+            .any(|op| op["path"] == "/metadata/labels"
+                && op["value"]["ops.example.com/owner"] == "a"),
+        "{ops:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
 async fn two_hundred_events_during_an_in_flight_pod_create_make_one_pod() {
     let recorded = Arc::new(Recorded::default());
     let queue = WorkQueue::new("test");
@@ -233,6 +304,58 @@ async fn two_hundred_events_during_an_in_flight_pod_create_make_one_pod() {
 
     cancel.cancel();
     assert_eq!(run.await.ok(), Some(0));
+}
+
+#[test]
+fn only_a_cached_vm_with_the_referenced_uid_owns_a_vmi() {
+    let mut owned = vmi();
+    owned.metadata.owner_references = Some(vec![
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+            api_version: "kubevirt.io/v1".into(),
+            kind: "VirtualMachine".into(),
+            name: "vm".into(),
+            uid: "vm-uid".into(),
+            controller: Some(true),
+            block_owner_deletion: Some(true),
+        },
+    ]);
+    let vm_with = |uid: &str| {
+        let mut vm = VirtualMachine::new("vm", Default::default());
+        vm.metadata.uid = Some(uid.into());
+        Arc::new(vm)
+    };
+    let lookup = |uid: &'static str| move |key: &str| (key == "ns/vm").then(|| vm_with(uid));
+    assert!(has_owner_vm(&owned, lookup("vm-uid")));
+    assert!(
+        !has_owner_vm(&owned, lookup("recreated-uid")),
+        "force-removed and recreated"
+    );
+    assert!(!has_owner_vm(&owned, |_| None), "VM gone");
+    assert!(
+        !has_owner_vm(&vmi(), lookup("vm-uid")),
+        "no owner reference"
+    );
+}
+
+#[test]
+fn new_launcher_pods_take_the_crs_positive_cpu_allocation_ratio() {
+    let base = LauncherPodConfig::default();
+    let with = |ratio| ClusterSettings {
+        cpu_allocation_ratio: ratio,
+        ..ClusterSettings::default()
+    };
+    assert_eq!(
+        effective_launcher(&base, &with(Some(4))).cpu_allocation_ratio,
+        4
+    );
+    assert_eq!(
+        effective_launcher(&base, &with(None)).cpu_allocation_ratio,
+        10
+    );
+    assert_eq!(
+        effective_launcher(&base, &with(Some(0))).cpu_allocation_ratio,
+        10
+    );
 }
 
 #[tokio::test(start_paused = true)]
