@@ -173,31 +173,27 @@ impl Domain {
             });
             message
         };
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&log_path)
-            .map_err(|e| {
-                fail(format!(
-                    "cannot open the QEMU log {}: {e}",
-                    log_path.display()
-                ))
-            })?;
+        let log = crate::private_fs::open_append(&log_path).map_err(|e| {
+            fail(format!(
+                "cannot open the QEMU log {}: {e}",
+                log_path.display()
+            ))
+        })?;
         let log_err = log
             .try_clone()
             .map_err(|e| fail(format!("cannot share the QEMU log: {e}")))?;
-        let mut child = Process::new(&self.opts.qemu_binary)
-            .args(argv)
+        let mut qemu = Process::new(&self.opts.qemu_binary);
+        qemu.args(argv)
             .stdin(Stdio::null())
             .stdout(Stdio::from(log))
-            .stderr(Stdio::from(log_err))
-            .spawn()
-            .map_err(|e| {
-                fail(format!(
-                    "cannot start {}: {e}",
-                    self.opts.qemu_binary.display()
-                ))
-            })?;
+            .stderr(Stdio::from(log_err));
+        super::qemu_process::confine(&mut qemu);
+        let mut child = qemu.spawn().map_err(|e| {
+            fail(format!(
+                "cannot start {}: {e}",
+                self.opts.qemu_binary.display()
+            ))
+        })?;
         let pid = child.id();
         let started_at = jiff::Timestamp::now().to_string();
         tracing::info!(pid, "QEMU started");
