@@ -56,19 +56,27 @@ pub fn open_append(path: &Path) -> io::Result<File> {
     Ok(file)
 }
 
-/// Writes `bytes` to `path` (created or truncated) with mode `0600`.
+/// Opens `path` for writing, created or truncated, with mode `0600`.
 ///
 /// # Errors
-/// The `open`, `chmod` or `write` error.
-pub fn write(path: &Path, bytes: &[u8]) -> io::Result<()> {
-    let mut file = OpenOptions::new()
+/// The `open` or `chmod` error.
+pub fn create_truncated(path: &Path) -> io::Result<File> {
+    let file = OpenOptions::new()
         .write(true)
         .create(true)
         .truncate(true)
         .mode(FILE_MODE)
         .open(path)?;
     file.set_permissions(Permissions::from_mode(FILE_MODE))?;
-    file.write_all(bytes)
+    Ok(file)
+}
+
+/// Writes `bytes` to `path` (created or truncated) with mode `0600`.
+///
+/// # Errors
+/// The `open`, `chmod` or `write` error.
+pub fn write(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    create_truncated(path)?.write_all(bytes)
 }
 
 /// Writes `bytes` to `path` atomically (a `0600` temporary file `path.tmp`, then a rename).

@@ -138,6 +138,7 @@ impl PodRunner {
         let state = if let Some(exit) = process::read_json::<ExitRecord>(&paths.exit) {
             terminated(record.as_ref(), exit)
         } else if let (Some(record), true) = (&record, alive) {
+            cap_log(&paths.log).await;
             ContainerState::Running {
                 started_at: record.started_at.clone(),
                 pid: record.pid,
@@ -344,6 +345,22 @@ impl PodRunner {
         }
         let _ = std::fs::remove_dir_all(self.pod_dir(uid));
         Ok(())
+    }
+}
+
+/// Rotates a running container's log past [`MAX_LOG_BYTES`] (keeping `<log>.1`), as kubelet
+/// caps container logs; the size check is one `stat`, the copy runs off the runtime threads.
+async fn cap_log(log: &std::path::Path) {
+    use virt_launcher::log_rotation::{MAX_LOG_BYTES, rotate_if_larger};
+    if std::fs::metadata(log).is_ok_and(|m| m.len() <= MAX_LOG_BYTES) {
+        return;
+    }
+    let path = log.to_owned();
+    match tokio::task::spawn_blocking(move || rotate_if_larger(&path, MAX_LOG_BYTES)).await {
+        Ok(Ok(true)) => info!(log = %log.display(), "rotated a container log past its size limit"),
+        Ok(Ok(false)) => {}
+        Ok(Err(e)) => warn!(log = %log.display(), error = %e, "cannot rotate a container log"),
+        Err(e) => warn!(error = %e, "log rotation task failed"),
     }
 }
 
