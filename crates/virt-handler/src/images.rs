@@ -1,15 +1,16 @@
 //! The local image store of the embedded mode: what `containerDisk.image` and
 //! `kernelBoot.container.image` names resolve to when there is no container runtime.
 //!
-//! Layout: `<data_dir>/images/<sanitised name>/` holds the image's files at the paths they
+//! Layout: `<data_dir>/images/<encoded reference>/` ([`sanitise_name`], injective) holds the image's files at the paths they
 //! would have inside the container image (`/vmlinux`, `/disk/guest.img` …). [`import`]
 //! copies host files in (the `kubevirt-rs images import NAME FILE…` subcommand);
 //! [`ImageStore::resolve`] turns an image name and a path inside the image into a host path,
 //! refusing `..` and symlinks through [`virt_launcher::safe_path`]. Pulling from an OCI
-//! registry is not done here.
+//! registry is not done here. Image directories are `0700` and image files `0600`.
 
 use std::path::{Component, Path, PathBuf};
 
+use virt_launcher::private_fs;
 use virt_launcher::safe_path::{SafePathError, check_beneath};
 
 /// Errors of the image store.
@@ -64,11 +65,21 @@ pub struct ImageStore {
     root: PathBuf,
 }
 
-/// Turns an image reference into a directory name: letters, digits, `.`, `-` and `_` are
-/// kept, everything else (`/`, `:`, `@`) becomes `_`; a leading dot is replaced too.
+/// The longest directory name the store makes (the usual file-name limit of Linux).
+const MAX_NAME_BYTES: usize = 255;
+
+/// Turns an image reference into a directory name, injectively: letters, digits, `.`, `-`
+/// and `_` are kept, every other byte (`/`, `:`, `@`, `%` …) becomes `%XX` (its hex value),
+/// and a leading `.` becomes `%2E`. Since `%` itself is encoded, two references never share a
+/// directory (`a/b:c` → `a%2Fb%3Ac`, `a_b:c` → `a_b%3Ac`), and no name is `.`, `..` or
+/// contains `/`.
 ///
-/// `kubevirt-rs/test-guest:latest` → `kubevirt-rs_test-guest_latest`. A reference without a
-/// tag or digest gets `:latest`, as a container runtime would pull it.
+/// `kubevirt-rs/test-guest:latest` → `kubevirt-rs%2Ftest-guest%3Alatest`. A reference without
+/// a tag or digest gets `:latest`, as a container runtime would pull it. `None` for an empty
+/// reference or one whose encoding exceeds 255 bytes.
+///
+/// Directories of the earlier lossy layout (`kubevirt-rs_test-guest_latest`) are not read:
+/// reading them back would bring the collisions back; such images are imported again.
 pub fn sanitise_name(image: &str) -> Option<String> {
     let image = image.trim();
     if image.is_empty() {
@@ -80,20 +91,17 @@ pub fn sanitise_name(image: &str) -> Option<String> {
     } else {
         format!("{image}:latest")
     };
-    let mut out: String = with_tag
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_') {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect();
-    if out.starts_with('.') {
-        out.replace_range(0..1, "_");
+    let mut out = String::with_capacity(with_tag.len());
+    for (i, byte) in with_tag.bytes().enumerate() {
+        let kept =
+            byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'_') || (byte == b'.' && i > 0);
+        if kept {
+            out.push(char::from(byte));
+        } else {
+            out.push_str(&format!("%{byte:02X}"));
+        }
     }
-    Some(out)
+    (out.len() <= MAX_NAME_BYTES).then_some(out)
 }
 
 /// A path inside an image as a relative path: leading `/` removed, `.` dropped, `..` refused.
@@ -230,12 +238,17 @@ pub fn import(data_dir: &Path, image: &str, files: &[ImportFile]) -> Result<Path
         let relative =
             relative_in_image(&destination).ok_or(ImageError::BadDestination(destination))?;
         let target = dir.join(&relative);
-        if let Some(parent) = target.parent() {
-            std::fs::create_dir_all(parent).map_err(io_error)?;
+        let mut parent = target.parent();
+        while let Some(p) = parent.filter(|p| p.starts_with(&dir)) {
+            private_fs::create_dir_all(p).map_err(io_error)?;
+            parent = p.parent();
         }
         let mut temporary = target.clone().into_os_string();
         temporary.push(".importing");
+        let temporary = PathBuf::from(temporary);
+        // `copy` keeps the source's mode: make the copy owner-only before it gets its name.
         std::fs::copy(&file.source, &temporary).map_err(io_error)?;
+        private_fs::set_mode(&temporary, private_fs::FILE_MODE).map_err(io_error)?;
         std::fs::rename(&temporary, &target).map_err(io_error)?;
     }
     Ok(dir)
@@ -255,14 +268,51 @@ mod tests {
     fn image_names_become_single_directory_names() {
         assert_eq!(
             sanitise_name("kubevirt-rs/test-guest:latest").unwrap(),
-            "kubevirt-rs_test-guest_latest"
+            "kubevirt-rs%2Ftest-guest%3Alatest"
         );
         assert_eq!(
             sanitise_name("registry:5000/kubevirt/cirros").unwrap(),
-            "registry_5000_kubevirt_cirros_latest"
+            "registry%3A5000%2Fkubevirt%2Fcirros%3Alatest"
         );
-        assert_eq!(sanitise_name("../x:1").unwrap(), "_._x_1");
+        assert_eq!(sanitise_name("../x:1").unwrap(), "%2E.%2Fx%3A1");
+        assert_eq!(sanitise_name("a%2Fb:c").unwrap(), "a%252Fb%3Ac");
         assert!(sanitise_name("  ").is_none());
+        assert!(sanitise_name(&"a".repeat(300)).is_none());
+    }
+
+    #[test]
+    fn references_that_differ_only_in_separators_map_to_different_directories() {
+        let names = [
+            "a/b:c", "a_b:c", "a:b:c", "a/b@c", "a%2Fb:c", "a%2fb:c", "a.b:c", ".a:c", "%2Ea:c",
+        ];
+        let encoded: std::collections::BTreeSet<String> =
+            names.iter().map(|n| sanitise_name(n).unwrap()).collect();
+        assert_eq!(encoded.len(), names.len(), "{encoded:?}");
+    }
+
+    #[test]
+    fn images_whose_old_directory_names_collided_keep_their_own_files() {
+        let tmp = tempfile::tempdir().unwrap();
+        let data = tmp.path().join("data");
+        let first = file(tmp.path(), "first.img", "first");
+        let second = file(tmp.path(), "second.img", "second");
+        for (image, source) in [("a/b:c", first), ("a_b:c", second)] {
+            import(
+                &data,
+                image,
+                &[ImportFile {
+                    source,
+                    destination: Some("/disk/guest.img".into()),
+                }],
+            )
+            .unwrap();
+        }
+        let store = ImageStore::new(&data);
+        let read = |image: &str| {
+            std::fs::read_to_string(store.resolve(image, "/disk/guest.img").unwrap()).unwrap()
+        };
+        assert_eq!(read("a/b:c"), "first");
+        assert_eq!(read("a_b:c"), "second");
     }
 
     #[test]
@@ -337,5 +387,27 @@ mod tests {
         )
         .unwrap_err();
         assert!(matches!(err, ImageError::BadDestination(_)), "{err}");
+    }
+
+    #[test]
+    fn imported_images_are_owner_only_under_a_permissive_umask() {
+        use std::os::unix::fs::PermissionsExt;
+        nix::sys::stat::umask(nix::sys::stat::Mode::empty());
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        let tmp = tempfile::tempdir().unwrap();
+        let source = file(tmp.path(), "guest.img", "disk");
+        private_fs::set_mode(&source, 0o644).unwrap();
+        let dir = import(
+            tmp.path(),
+            "img",
+            &[ImportFile {
+                source,
+                destination: Some("/disk/".into()),
+            }],
+        )
+        .unwrap();
+        assert_eq!(mode(&dir), 0o700);
+        assert_eq!(mode(&dir.join("disk")), 0o700);
+        assert_eq!(mode(&dir.join("disk/guest.img")), 0o600);
     }
 }

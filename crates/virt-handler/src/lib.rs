@@ -8,7 +8,8 @@
 //!
 //! Directory layout below `data_dir`: `pods/<pod uid>/` (one per launcher pod: the launcher
 //! socket, QMP and serial sockets, disks, logs), `images/<name>/` (the image store) and
-//! `hostdisks/` (the only place `hostDisk` volumes may point to).
+//! `hostdisks/` (the only place `hostDisk` volumes may point to). Directories there are `0700`
+//! and files `0600` whatever the umask ([`virt_launcher::private_fs`]).
 
 pub mod images;
 pub mod launcher_spec;
@@ -136,6 +137,21 @@ async fn start_log_endpoint(
     Ok(addr.port())
 }
 
+/// Creates the data directory and its `pods/`, `hostdisks/` and `images/` owner-only (`0700`),
+/// whatever the umask.
+fn create_state_dirs(config: &HandlerConfig) -> Result<(), HandlerError> {
+    for dir in [
+        config.data_dir.clone(),
+        config.pods_dir(),
+        config.host_disk_dir(),
+        config.data_dir.join("images"),
+    ] {
+        virt_launcher::private_fs::create_dir_all(&dir)
+            .map_err(|e| HandlerError::StateDir(dir.clone(), e))?;
+    }
+    Ok(())
+}
+
 /// Runs the node agent until `cancel` fires. Launchers and their guests keep running when
 /// it returns: they live in their own process groups.
 ///
@@ -146,13 +162,7 @@ pub async fn run_handler(
     config: HandlerConfig,
     cancel: CancellationToken,
 ) -> Result<(), HandlerError> {
-    for dir in [
-        config.pods_dir(),
-        config.host_disk_dir(),
-        config.data_dir.join("images"),
-    ] {
-        std::fs::create_dir_all(&dir).map_err(|e| HandlerError::StateDir(dir.clone(), e))?;
-    }
+    create_state_dirs(&config)?;
     let sync = vmi_sync::SyncConfig {
         node_name: config.node_name.clone(),
         pods_dir: config.pods_dir(),
@@ -194,4 +204,43 @@ pub async fn run_handler(
         tokio::join!(node, vmis);
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
+    use super::*;
+
+    #[test]
+    fn state_directories_are_owner_only_under_a_permissive_umask() {
+        nix::sys::stat::umask(nix::sys::stat::Mode::empty());
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let config = HandlerConfig {
+            node_name: "node01".into(),
+            data_dir: tmp.path().join("data"),
+            launcher_image: String::new(),
+            launcher_program: PathBuf::new(),
+            host_ip: "127.0.0.1".into(),
+            embedded: true,
+            use_emulation: None,
+            fake_qemu: true,
+            cluster_ca_pem: None,
+            node_serving_cert: None,
+        };
+        create_state_dirs(&config).expect("create");
+        for dir in [
+            config.data_dir.clone(),
+            config.pods_dir(),
+            config.host_disk_dir(),
+            config.data_dir.join("images"),
+        ] {
+            let mode = std::fs::metadata(&dir)
+                .expect("metadata")
+                .permissions()
+                .mode()
+                & 0o777;
+            assert_eq!(mode, 0o700, "{}", dir.display());
+        }
+    }
 }

@@ -17,6 +17,11 @@ use virt_launcher::protocol::{Command, LauncherClient};
 
 const NODE: &str = "node01";
 const DEADLINE: Duration = Duration::from_secs(30);
+// Pod UIDs as the API server writes them (the handler follows only UUID keys of activePods).
+const POD_ALPHA: &str = "0a7e3c52-1b1f-4d47-9c1e-6b2d1f0a0001";
+const POD_BETA: &str = "0a7e3c52-1b1f-4d47-9c1e-6b2d1f0a0002";
+const POD_GAMMA: &str = "0a7e3c52-1b1f-4d47-9c1e-6b2d1f0a0003";
+const POD_REAL: &str = "0a7e3c52-1b1f-4d47-9c1e-6b2d1f0a0004";
 
 struct Cluster {
     _tmp: tempfile::TempDir,
@@ -209,10 +214,10 @@ async fn fake_launchers_drive_vmis_to_running_succeeded_and_failed_and_survive_a
         &files.join("initramfs.cpio.gz"),
     )?;
 
-    cluster.create_scheduled_vmi("alpha", "pod-alpha").await?;
-    cluster.create_scheduled_vmi("beta", "pod-beta").await?;
-    let launcher_a = spawn_launcher(&cluster.pod_dir("pod-alpha"), true)?;
-    let launcher_b = spawn_launcher(&cluster.pod_dir("pod-beta"), true)?;
+    cluster.create_scheduled_vmi("alpha", POD_ALPHA).await?;
+    cluster.create_scheduled_vmi("beta", POD_BETA).await?;
+    let launcher_a = spawn_launcher(&cluster.pod_dir(POD_ALPHA), true)?;
+    let launcher_b = spawn_launcher(&cluster.pod_dir(POD_BETA), true)?;
 
     let cancel = CancellationToken::new();
     let handler = tokio::spawn(vmi_sync::run(
@@ -241,7 +246,7 @@ async fn fake_launchers_drive_vmis_to_running_succeeded_and_failed_and_survive_a
     );
     assert!(conditions.iter().any(|c| c["type"] == "LiveMigratable"));
     assert!(
-        cluster.pod_dir("pod-alpha").join("boot/kernel").exists(),
+        cluster.pod_dir(POD_ALPHA).join("boot/kernel").exists(),
         "the kernel was linked into the pod directory"
     );
     cluster
@@ -260,7 +265,7 @@ async fn fake_launchers_drive_vmis_to_running_succeeded_and_failed_and_survive_a
 
     // QEMU killed behind the handler's back (here: through the launcher socket) → Failed.
     let mut client =
-        LauncherClient::connect(&cluster.pod_dir("pod-beta").join("launcher.sock")).await?;
+        LauncherClient::connect(&cluster.pod_dir(POD_BETA).join("launcher.sock")).await?;
     client
         .request(Command::Kill)
         .await?
@@ -310,8 +315,8 @@ async fn fake_launchers_drive_vmis_to_running_succeeded_and_failed_and_survive_a
 async fn a_missing_image_is_reported_as_a_sync_condition_and_the_vmi_stays_scheduled()
 -> anyhow::Result<()> {
     let cluster = Cluster::start().await?;
-    cluster.create_scheduled_vmi("gamma", "pod-gamma").await?;
-    let launcher = spawn_launcher(&cluster.pod_dir("pod-gamma"), true)?;
+    cluster.create_scheduled_vmi("gamma", POD_GAMMA).await?;
+    let launcher = spawn_launcher(&cluster.pod_dir(POD_GAMMA), true)?;
     let cancel = CancellationToken::new();
     let handler = tokio::spawn(vmi_sync::run(
         cluster.client.clone(),
@@ -368,8 +373,8 @@ async fn a_real_tcg_guest_boots_to_running_and_powers_off_on_delete() -> anyhow:
     };
     let cluster = Cluster::start().await?;
     import_guest(&cluster.data, &guest.kernel(), &guest.initrd())?;
-    cluster.create_scheduled_vmi("real", "pod-real").await?;
-    let pod = cluster.pod_dir("pod-real");
+    cluster.create_scheduled_vmi("real", POD_REAL).await?;
+    let pod = cluster.pod_dir(POD_REAL);
     let _qemu = QemuGuard(pod.join("qemu.pid"));
     let launcher = spawn_launcher(&pod, false)?;
     let cancel = CancellationToken::new();

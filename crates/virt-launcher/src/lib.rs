@@ -5,11 +5,15 @@
 //! line through the pure [`argv::qemu_argv`]; the launcher starts QEMU, talks to it over
 //! [`qmp`] and turns QMP events and QEMU's exit into domain events for the handler.
 //! [`accel`] decides between KVM and TCG; [`safe_path`] opens host paths without following
-//! symlinks. This crate never depends on Kubernetes crates.
+//! symlinks; [`private_fs`] creates owner-only files, directories and sockets;
+//! [`log_rotation`] caps the serial console log. This crate never depends on Kubernetes
+//! crates.
 
 pub mod accel;
 pub mod argv;
 pub mod launcher;
+pub mod log_rotation;
+pub mod private_fs;
 pub mod protocol;
 pub mod qmp;
 pub mod safe_path;

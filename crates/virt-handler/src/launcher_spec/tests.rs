@@ -128,7 +128,7 @@ fn the_demo_vm_becomes_a_tcg_kernel_boot_spec_with_files_in_the_pod_dir() {
         spec.interfaces[0].mac_address.as_deref(),
         Some(&*derived_mac("1234-uid", "default"))
     );
-    let image_dir = f.data.join("images/kubevirt-rs_test-guest_latest");
+    let image_dir = f.data.join("images/kubevirt-rs%2Ftest-guest%3Alatest");
     assert_eq!(
         prepared.files,
         vec![

@@ -4,8 +4,9 @@
 //!
 //! Data flow: a request names a pod; the runner's pod cache gives its uid; the answer is the
 //! file `<state dir>/<uid>/<container>.log` (the pod runner's container output; the launcher's
-//! QEMU writes the guest serial console to `guest-console-log.log`), cut to `tailLines`, and
-//! with `follow=true` streamed as it grows until the client goes away or the pod is gone.
+//! QEMU writes the guest serial console to `guest-console-log.log`), streamed in bounded chunks
+//! with kubelet's `tailLines`, `limitBytes`, `sinceSeconds`/`sinceTime` and `follow`
+//! ([`container`]).
 //!
 //! The same server is the node side of virt-api's VMI subresources, under
 //! `/v1/namespaces/{ns}/pods/{pod}/`: `console` (websocket, subprotocol `plain.kubevirt.io`,
@@ -32,7 +33,7 @@ use std::time::Duration;
 use axum::Router;
 use axum::body::Body;
 use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, put};
@@ -42,13 +43,14 @@ use rustls::RootCertStore;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::WebPkiClientVerifier;
-use tokio::io::AsyncWriteExt;
-use tokio::io::{AsyncReadExt, AsyncSeekExt};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 use tower::ServiceExt;
 use tracing::{debug, warn};
 use virt_launcher::protocol::{Command, LauncherClient};
+
+mod container;
 
 /// Looks up a pod's uid and container names by namespace and name.
 pub type PodLookup = Arc<dyn Fn(&str, &str) -> Option<(String, Vec<String>)> + Send + Sync>;
@@ -68,13 +70,6 @@ pub enum LogServerError {
 struct LogState {
     state_dir: PathBuf,
     lookup: PodLookup,
-}
-
-#[derive(serde::Deserialize, Default)]
-#[serde(rename_all = "camelCase")]
-struct LogQuery {
-    follow: Option<bool>,
-    tail_lines: Option<usize>,
 }
 
 fn tls_config(
@@ -114,79 +109,6 @@ fn tls_config(
         .map_err(|e| err(&e))?;
     cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok(cfg)
-}
-
-/// The last `n` lines of `bytes`.
-fn tail(bytes: &[u8], n: usize) -> &[u8] {
-    if n == 0 {
-        return &[];
-    }
-    let body = bytes.strip_suffix(b"\n").unwrap_or(bytes);
-    let start = body
-        .iter()
-        .enumerate()
-        .rev()
-        .filter(|(_, b)| **b == b'\n')
-        .nth(n - 1)
-        .map_or(0, |(i, _)| i + 1);
-    &bytes[start..]
-}
-
-async fn container_logs(
-    State(state): State<LogState>,
-    Path((namespace, pod, container)): Path<(String, String, String)>,
-    Query(query): Query<LogQuery>,
-) -> Response {
-    let Some((uid, containers)) = (state.lookup)(&namespace, &pod) else {
-        return (
-            StatusCode::NOT_FOUND,
-            format!("pod {namespace}/{pod} is not on this node"),
-        )
-            .into_response();
-    };
-    if !containers.contains(&container) {
-        return (
-            StatusCode::BAD_REQUEST,
-            format!("container {container} is not valid for pod {pod}"),
-        )
-            .into_response();
-    }
-    let path = state.state_dir.join(&uid).join(format!("{container}.log"));
-    let content = tokio::fs::read(&path).await.unwrap_or_default();
-    let first = match query.tail_lines {
-        Some(n) => tail(&content, n).to_vec(),
-        None => content.clone(),
-    };
-    if !query.follow.unwrap_or(false) {
-        return ([("content-type", "text/plain")], first).into_response();
-    }
-    let offset = u64::try_from(content.len()).unwrap_or(0);
-    let lookup = state.lookup.clone();
-    let stream = futures::stream::unfold((Some(first), offset), move |(pending, offset)| {
-        let path = path.clone();
-        let lookup = lookup.clone();
-        let (namespace, pod) = (namespace.clone(), pod.clone());
-        async move {
-            if let Some(chunk) = pending {
-                return Some((Ok::<_, std::io::Error>(chunk), (None, offset)));
-            }
-            loop {
-                // The pod is gone: end the stream.
-                lookup(&namespace, &pod)?;
-                if let Ok(mut file) = tokio::fs::File::open(&path).await
-                    && file.seek(std::io::SeekFrom::Start(offset)).await.is_ok()
-                {
-                    let mut buf = Vec::new();
-                    if file.read_to_end(&mut buf).await.is_ok() && !buf.is_empty() {
-                        let next = offset + u64::try_from(buf.len()).unwrap_or(0);
-                        return Some((Ok(buf), (None, next)));
-                    }
-                }
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-        }
-    });
-    ([("content-type", "text/plain")], Body::from_stream(stream)).into_response()
 }
 
 /// The websocket subprotocol of console and vnc streams: raw bytes in binary frames.
@@ -346,7 +268,7 @@ fn router(state_dir: PathBuf, lookup: PodLookup) -> Router {
     Router::new()
         .route(
             "/containerLogs/{namespace}/{pod}/{container}",
-            get(container_logs),
+            get(container::container_logs),
         )
         .route(
             "/v1/namespaces/{namespace}/pods/{pod}/console",
@@ -469,14 +391,5 @@ mod tests {
         .await;
         assert_eq!(code, StatusCode::INTERNAL_SERVER_ERROR);
         assert!(body.contains("launcher"), "{body}");
-    }
-
-    #[test]
-    fn tail_keeps_the_last_lines() {
-        assert_eq!(tail(b"a\nb\nc\n", 2), b"b\nc\n");
-        assert_eq!(tail(b"a\nb\nc", 2), b"b\nc");
-        assert_eq!(tail(b"a\nb\n", 5), b"a\nb\n");
-        assert_eq!(tail(b"a\nb\n", 0), b"");
-        assert_eq!(tail(b"", 3), b"");
     }
 }

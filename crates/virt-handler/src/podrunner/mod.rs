@@ -7,7 +7,9 @@
 //! launcher puts its command socket. The runner reports the pod status kubelet would
 //! ([`status`]), stops the process group on delete (SIGTERM, then SIGKILL after the grace
 //! period) and then removes the pod with a zero grace period, and re-adopts running
-//! processes after a restart. A pod whose image it cannot run fails at once with reason
+//! processes after a restart. Directories of pods it does not know are handled by
+//! [`orphans`]: quarantined, never deleted, and their launchers stopped only once the API
+//! confirms the pod is gone. A pod whose image it cannot run fails at once with reason
 //! `UnsupportedImage` instead of hanging.
 //!
 //! # Guarantees
@@ -20,6 +22,7 @@
 //! same process and share its state.
 
 pub mod logs;
+pub mod orphans;
 pub mod process;
 pub mod status;
 
@@ -135,6 +138,7 @@ impl PodRunner {
         let state = if let Some(exit) = process::read_json::<ExitRecord>(&paths.exit) {
             terminated(record.as_ref(), exit)
         } else if let (Some(record), true) = (&record, alive) {
+            cap_log(&paths.log).await;
             ContainerState::Running {
                 started_at: record.started_at.clone(),
                 pid: record.pid,
@@ -160,13 +164,13 @@ impl PodRunner {
                     ),
                 }
             } else {
-                self.start(pod, &uid, &paths)?
+                self.start(pod, &uid, &paths).await?
             }
         };
         self.report(pod, &state).await
     }
 
-    fn start(
+    async fn start(
         &mut self,
         pod: &Pod,
         uid: &str,
@@ -201,7 +205,20 @@ impl PodRunner {
             pod.metadata.namespace.clone().unwrap_or_default(),
         ));
         env.push(("POD_UID".into(), uid.to_owned()));
+        let pod_ref = orphans::PodRef {
+            namespace: pod.metadata.namespace.clone().unwrap_or_default(),
+            name: pod.metadata.name.clone().unwrap_or_default(),
+            uid: uid.to_owned(),
+        };
+        orphans::write_pod_ref(&pod_dir, &pod_ref).map_err(|source| PodRunnerError::Start {
+            pod: pod_key(pod),
+            source: process::ProcessError::Prepare {
+                path: pod_dir.join(orphans::POD_REF_FILE),
+                source,
+            },
+        })?;
         let (mut child, record) = process::spawn(&self.config.launcher_program, &args, &env, paths)
+            .await
             .map_err(|source| PodRunnerError::Start {
                 pod: pod_key(pod),
                 source,
@@ -329,42 +346,21 @@ impl PodRunner {
         let _ = std::fs::remove_dir_all(self.pod_dir(uid));
         Ok(())
     }
+}
 
-    /// Kills processes of pods that no longer exist and removes their state.
-    fn collect_orphans(&self, known: &BTreeSet<String>) {
-        let Ok(entries) = std::fs::read_dir(&self.config.state_dir) else {
-            return;
-        };
-        for entry in entries.flatten() {
-            let uid = entry.file_name().to_string_lossy().into_owned();
-            if known.contains(&uid) {
-                continue;
-            }
-            let mut still_running = false;
-            for file in std::fs::read_dir(entry.path())
-                .into_iter()
-                .flatten()
-                .flatten()
-            {
-                if file.path().extension().is_none_or(|e| e != "json") {
-                    continue;
-                }
-                if let Some(record) = process::read_json::<ProcessRecord>(&file.path())
-                    && process::is_alive(&record)
-                {
-                    warn!(
-                        uid,
-                        pid = record.pid,
-                        "killing the process of a pod that no longer exists"
-                    );
-                    process::signal_group(&record, Signal::SIGKILL);
-                    still_running = true;
-                }
-            }
-            if !still_running {
-                let _ = std::fs::remove_dir_all(entry.path());
-            }
-        }
+/// Rotates a running container's log past [`MAX_LOG_BYTES`] (keeping `<log>.1`), as kubelet
+/// caps container logs; the size check is one `stat`, the copy runs off the runtime threads.
+async fn cap_log(log: &std::path::Path) {
+    use virt_launcher::log_rotation::{MAX_LOG_BYTES, rotate_if_larger};
+    if std::fs::metadata(log).is_ok_and(|m| m.len() <= MAX_LOG_BYTES) {
+        return;
+    }
+    let path = log.to_owned();
+    match tokio::task::spawn_blocking(move || rotate_if_larger(&path, MAX_LOG_BYTES)).await {
+        Ok(Ok(true)) => info!(log = %log.display(), "rotated a container log past its size limit"),
+        Ok(Ok(false)) => {}
+        Ok(Err(e)) => warn!(log = %log.display(), error = %e, "cannot rotate a container log"),
+        Err(e) => warn!(error = %e, "log rotation task failed"),
     }
 }
 
@@ -409,7 +405,8 @@ pub async fn run(client: kube::Client, config: PodRunnerConfig) {
         reported: BTreeMap::new(),
         exits: exits_tx,
     };
-    let api: Api<Pod> = Api::all(client);
+    let mut orphans = orphans::Orphans::new(runner.config.state_dir.clone());
+    let api: Api<Pod> = Api::all(client.clone());
     let selector = format!("spec.nodeName={}", runner.config.node_name);
     let (store, writer) = reflector::store::<Pod>();
     let mut events = watcher(api, watcher::Config::default().fields(&selector))
@@ -439,6 +436,9 @@ pub async fn run(client: kube::Client, config: PodRunnerConfig) {
             }
         }
         runner.reported.retain(|uid, _| known.contains(uid));
-        runner.collect_orphans(&known);
+        // Only here, after the initial list: before it every pod would look missing.
+        orphans
+            .collect(&client, orphans::Cache::Synced(&known))
+            .await;
     }
 }

@@ -10,13 +10,18 @@
 //! still the same. While the runner is the parent it learns the exit code from `wait`; for a
 //! re-adopted process that has gone it reports `ContainerStatusUnknown` (exit code 137), as
 //! kubelet does when it cannot know.
+//!
+//! The pod directory is created `0700`, logs and records `0600`, and the container runs with
+//! umask `077`, so everything it creates there (sockets, disks, logs) is owner-only too.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
 use nix::sys::signal::{Signal, killpg};
+use nix::sys::stat::{Mode, umask};
 use nix::unistd::Pid;
 use serde::{Deserialize, Serialize};
+use virt_launcher::private_fs;
 
 /// Errors of process management.
 #[derive(Debug, thiserror::Error)]
@@ -35,10 +40,12 @@ pub enum ProcessError {
         #[source]
         source: std::io::Error,
     },
-    /// Writing the process record failed.
-    #[error("recording process {path}")]
+    /// Writing the process record failed; the started process (pid `pid`) and its group were
+    /// killed and reaped, so no unrecorded container keeps running.
+    #[error("recording process {pid} in {path} (the process was killed)")]
     Record {
         path: PathBuf,
+        pid: i32,
         #[source]
         source: std::io::Error,
     },
@@ -103,13 +110,24 @@ pub fn is_alive(record: &ProcessRecord) -> bool {
     state != Some('Z') && start_ticks(record.pid) == Some(record.start_ticks)
 }
 
-fn write_json<T: Serialize>(path: &Path, value: &T) -> std::io::Result<()> {
-    let tmp = path.with_extension("tmp");
-    std::fs::write(
-        &tmp,
-        serde_json::to_vec(value).map_err(std::io::Error::other)?,
-    )?;
-    std::fs::rename(tmp, path)
+/// Writes `value` as JSON to `path` atomically, owner-only.
+pub(crate) fn write_json<T: Serialize>(path: &Path, value: &T) -> std::io::Result<()> {
+    let bytes = serde_json::to_vec(value).map_err(std::io::Error::other)?;
+    private_fs::write_atomic(path, &bytes)
+}
+
+/// Gives the container process the umask `077`, so whatever it creates in its pod directory
+/// (sockets, disks, logs; QEMU inherits it) is owner-only whatever the runner's umask.
+#[allow(unsafe_code)]
+fn private_umask(command: &mut tokio::process::Command) {
+    // SAFETY: the closure runs in the forked child before `exec` and only makes the
+    // async-signal-safe system call `umask`; it takes no lock and does not allocate.
+    unsafe {
+        command.pre_exec(|| {
+            umask(Mode::from_bits_truncate(private_fs::CHILD_UMASK));
+            Ok(())
+        });
+    }
 }
 
 pub fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> Option<T> {
@@ -118,7 +136,12 @@ pub fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> Option<T> {
 
 /// Starts `program args` in a new session with its output in `paths.log`. Returns the child
 /// handle (to learn the exit code) and the record written to disk.
-pub fn spawn(
+///
+/// # Guarantees
+/// When the record cannot be written the child's process group is killed and the child
+/// reaped before the error returns: a container without a record would be started again on
+/// the next pass, and the first one would run on, unsupervised.
+pub async fn spawn(
     program: &Path,
     args: &[String],
     env: &[(String, String)],
@@ -129,13 +152,9 @@ pub fn spawn(
         source,
     };
     if let Some(dir) = paths.log.parent() {
-        std::fs::create_dir_all(dir).map_err(|e| prepare(dir, e))?;
+        private_fs::create_dir_all(dir).map_err(|e| prepare(dir, e))?;
     }
-    let log = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&paths.log)
-        .map_err(|e| prepare(&paths.log, e))?;
+    let log = private_fs::open_append(&paths.log).map_err(|e| prepare(&paths.log, e))?;
     let log_err = log.try_clone().map_err(|e| prepare(&paths.log, e))?;
     let mut command = tokio::process::Command::new(program);
     command
@@ -146,6 +165,7 @@ pub fn spawn(
         .stdout(log)
         .stderr(log_err)
         .kill_on_drop(false);
+    private_umask(&mut command);
     let child = command.spawn().map_err(|source| ProcessError::Spawn {
         program: program.display().to_string(),
         source,
@@ -157,10 +177,19 @@ pub fn spawn(
         started_at: crate::now_rfc3339(),
     };
     let _ = std::fs::remove_file(&paths.exit);
-    write_json(&paths.record, &record).map_err(|source| ProcessError::Record {
-        path: paths.record.clone(),
-        source,
-    })?;
+    if let Err(source) = write_json(&paths.record, &record) {
+        let mut child = child;
+        if pid > 0 {
+            let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
+        }
+        let _ = child.start_kill();
+        let _ = child.wait().await;
+        return Err(ProcessError::Record {
+            path: paths.record.clone(),
+            pid,
+            source,
+        });
+    }
     Ok((child, record))
 }
 
@@ -209,6 +238,7 @@ mod tests {
             &[],
             &paths,
         )
+        .await
         .expect("spawn");
         assert!(record.pid > 0);
         let status = child.wait().await.expect("wait");
@@ -231,6 +261,7 @@ mod tests {
             &[],
             &paths,
         )
+        .await
         .expect("spawn");
         assert!(is_alive(&record));
         signal_group(&record, Signal::SIGKILL);
@@ -253,5 +284,64 @@ mod tests {
             ..ours
         };
         assert!(!is_alive(&other));
+    }
+
+    #[tokio::test]
+    async fn a_container_whose_record_cannot_be_written_is_killed_not_left_running() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let paths = ContainerPaths::new(dir.path(), "compute");
+        // A directory where the record goes: renaming the record over it fails.
+        std::fs::create_dir_all(paths.record.join("occupied")).expect("block the record");
+        let err = spawn(
+            Path::new("/bin/sh"),
+            &["-c".into(), "sleep 600 & wait".into()],
+            &[],
+            &paths,
+        )
+        .await
+        .expect_err("the record cannot be written");
+        let ProcessError::Record { pid, .. } = err else {
+            panic!("unexpected error {err}");
+        };
+        assert!(pid > 0);
+        // Killed and reaped by `spawn`: the pid no longer names a live process of ours.
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        assert!(
+            !stat.contains("(sh)"),
+            "the unrecorded container still runs: {stat}"
+        );
+    }
+
+    #[tokio::test]
+    async fn pod_directories_logs_records_and_container_files_are_private_under_a_permissive_umask()
+    {
+        use std::os::unix::fs::PermissionsExt;
+        nix::sys::stat::umask(Mode::empty());
+        let mode = |p: &Path| {
+            std::fs::symlink_metadata(p)
+                .expect("metadata")
+                .permissions()
+                .mode()
+                & 0o777
+        };
+        let dir = tempfile::tempdir().expect("tempdir");
+        let pod = dir.path().join("pods/uid-1");
+        let paths = ContainerPaths::new(&pod, "compute");
+        let made = pod.join("made-by-the-container");
+        let (mut child, _) = spawn(
+            Path::new("/bin/sh"),
+            &["-c".into(), format!("echo disk > {}", made.display())],
+            &[],
+            &paths,
+        )
+        .await
+        .expect("spawn");
+        let status = child.wait().await.expect("wait");
+        record_exit(&paths, &exit_from_status(status));
+        assert_eq!(mode(&pod), 0o700);
+        assert_eq!(mode(&paths.log), 0o600);
+        assert_eq!(mode(&paths.record), 0o600);
+        assert_eq!(mode(&paths.exit), 0o600);
+        assert_eq!(mode(&made), 0o600);
     }
 }

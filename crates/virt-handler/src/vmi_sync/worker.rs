@@ -15,7 +15,7 @@ use super::SyncConfig;
 use super::link::LauncherLink;
 use super::status::{DomainFacts, Observation, desired_status, status_patch};
 use crate::launcher_spec::{
-    PreparedSpec, SpecContext, build_spec, prepare_files, supports_direct_io,
+    FileAction, PreparedSpec, SpecContext, build_spec, prepare_files, supports_direct_io,
 };
 use crate::podrunner::process::ContainerPaths;
 
@@ -44,14 +44,31 @@ fn name(vmi: &VirtualMachineInstance) -> String {
 }
 
 /// The launcher pod directory of the VMI's active pod on this node.
+///
+/// `status.activePods` is written by whoever may patch the VMI's status, and its keys become a
+/// path component here: only keys that are pod UIDs in their canonical form (lower-case,
+/// hyphenated) are used, so a key can never leave `pods_dir` (`../…`, `/…`, `a/b`). Other keys
+/// for this node are ignored with a warning.
 pub fn pod_dir(vmi: &VirtualMachineInstance, config: &SyncConfig) -> Option<PathBuf> {
     let status = vmi.status.as_ref()?;
     let uid = status
         .active_pods
         .iter()
-        .find(|(_, node)| **node == config.node_name)
-        .map(|(uid, _)| uid)?;
+        .filter(|(_, node)| **node == config.node_name)
+        .map(|(uid, _)| uid)
+        .find(|uid| {
+            let valid = is_canonical_uuid(uid);
+            if !valid {
+                warn!(vmi = %name(vmi), key = %uid, "ignoring an activePods key that is not a pod UID");
+            }
+            valid
+        })?;
     Some(config.pods_dir.join(uid))
+}
+
+/// Whether `key` is a UUID written as Kubernetes writes pod UIDs (`8-4-4-4-12` lower-case hex).
+fn is_canonical_uuid(key: &str) -> bool {
+    uuid::Uuid::try_parse(key).is_ok_and(|u| u.hyphenated().to_string() == key)
 }
 
 /// The launcher pod's container has exited (the pod runner's exit record exists).
@@ -282,7 +299,13 @@ impl Follow {
             }
         };
         let files = prepared.files.clone();
-        let prepared_files = tokio::task::spawn_blocking(move || prepare_files(&files)).await;
+        let pod_dir = dir.to_owned();
+        let prepared_files = tokio::task::spawn_blocking(move || {
+            prepare_files(&files)?;
+            restrict_prepared(&pod_dir, &files);
+            Ok::<_, crate::launcher_spec::SpecError>(())
+        })
+        .await;
         match prepared_files {
             Ok(Ok(())) => {}
             Ok(Err(e)) => {
@@ -361,8 +384,136 @@ impl Follow {
     }
 }
 
+/// Makes the files `prepare_files` made (disks, kernels, cloud-init images) `0600` and the
+/// directories between them and the pod directory `0700`: they were created under the
+/// handler's umask, inside the owner-only pod directory.
+fn restrict_prepared(pod_dir: &Path, files: &[FileAction]) {
+    use virt_launcher::private_fs::{DIR_MODE, FILE_MODE, set_mode};
+    for action in files {
+        let target = match action {
+            FileAction::Copy { to, .. } | FileAction::Link { to, .. } => to,
+            FileAction::Sparse { path, .. } | FileAction::CloudInit { path, .. } => path,
+        };
+        if !target.starts_with(pod_dir) {
+            continue;
+        }
+        if let Err(e) = set_mode(target, FILE_MODE) {
+            warn!(path = %target.display(), error = %e, "cannot make a pod file owner-only");
+        }
+        let mut parent = target.parent();
+        while let Some(dir) = parent.filter(|d| d.starts_with(pod_dir) && *d != pod_dir) {
+            if let Err(e) = set_mode(dir, DIR_MODE) {
+                warn!(path = %dir.display(), error = %e, "cannot make a pod directory owner-only");
+            }
+            parent = dir.parent();
+        }
+    }
+}
+
 /// The final domain state a launcher recorded before exiting, if any.
 fn final_state(dir: &std::path::Path) -> Option<virt_launcher::protocol::DomainStatus> {
     let bytes = std::fs::read(dir.join(virt_launcher::protocol::FINAL_STATE_FILE)).ok()?;
     serde_json::from_slice(&bytes).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    fn config() -> SyncConfig {
+        SyncConfig {
+            node_name: "node01".into(),
+            pods_dir: PathBuf::from("/data/pods"),
+            images: crate::images::ImageStore::new(Path::new("/data")),
+            host_disk_dir: PathBuf::from("/data/hostdisks"),
+            use_emulation: None,
+        }
+    }
+
+    fn vmi_with_active_pods(pods: &[(&str, &str)]) -> VirtualMachineInstance {
+        let active: BTreeMap<String, String> = pods
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "kubevirt.io/v1",
+            "kind": "VirtualMachineInstance",
+            "metadata": {"name": "a", "namespace": "default"},
+            "spec": {"domain": {"devices": {}}},
+            "status": {"activePods": active},
+        }))
+        .expect("vmi")
+    }
+
+    #[test]
+    fn an_active_pod_uid_on_this_node_names_its_pod_directory() {
+        let uid = "6f1b2a34-5c6d-4e7f-8a9b-0c1d2e3f4a5b";
+        let vmi = vmi_with_active_pods(&[(uid, "node01")]);
+        assert_eq!(
+            pod_dir(&vmi, &config()),
+            Some(PathBuf::from("/data/pods").join(uid))
+        );
+    }
+
+    #[test]
+    fn active_pod_keys_that_are_not_uuids_are_never_used_as_paths() {
+        for key in [
+            "../../../tmp/x",
+            "/tmp/x",
+            "a/b",
+            "..",
+            "",
+            "pod-alpha",
+            "6F1B2A34-5C6D-4E7F-8A9B-0C1D2E3F4A5B",
+            "{6f1b2a34-5c6d-4e7f-8a9b-0c1d2e3f4a5b}",
+            "6f1b2a345c6d4e7f8a9b0c1d2e3f4a5b",
+        ] {
+            let vmi = vmi_with_active_pods(&[(key, "node01")]);
+            assert_eq!(pod_dir(&vmi, &config()), None, "key {key:?}");
+        }
+    }
+
+    #[test]
+    fn a_bad_key_does_not_hide_a_valid_pod_uid_on_this_node() {
+        let uid = "6f1b2a34-5c6d-4e7f-8a9b-0c1d2e3f4a5b";
+        let vmi = vmi_with_active_pods(&[("../../x", "node01"), (uid, "node01")]);
+        assert_eq!(
+            pod_dir(&vmi, &config()),
+            Some(PathBuf::from("/data/pods").join(uid))
+        );
+    }
+
+    #[test]
+    fn prepared_disks_are_owner_only_under_a_permissive_umask() {
+        use std::os::unix::fs::PermissionsExt;
+        nix::sys::stat::umask(nix::sys::stat::Mode::empty());
+        let mode = |p: &Path| std::fs::metadata(p).expect("metadata").permissions().mode() & 0o777;
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let pod = tmp.path().join("pod");
+        virt_launcher::private_fs::create_dir_all(&pod).expect("pod dir");
+        let source = tmp.path().join("image.img");
+        std::fs::write(&source, "disk").expect("image");
+        let files = vec![
+            FileAction::Copy {
+                from: source,
+                to: pod.join("disks/root.img"),
+            },
+            FileAction::Sparse {
+                path: pod.join("disks/empty.img"),
+                size: 1 << 20,
+            },
+        ];
+        prepare_files(&files).expect("prepare");
+        restrict_prepared(&pod, &files);
+        assert_eq!(mode(&pod.join("disks")), 0o700);
+        assert_eq!(mode(&pod.join("disks/root.img")), 0o600);
+        assert_eq!(mode(&pod.join("disks/empty.img")), 0o600);
+    }
+
+    #[test]
+    fn pods_on_other_nodes_are_not_followed() {
+        let vmi = vmi_with_active_pods(&[("6f1b2a34-5c6d-4e7f-8a9b-0c1d2e3f4a5b", "node02")]);
+        assert_eq!(pod_dir(&vmi, &config()), None);
+    }
 }

@@ -4,9 +4,11 @@
 //! State lives in a `watch` channel: every change is published there and each handler
 //! connection forwards it. QEMU's exit is watched by a supervisor task that owns the
 //! child process; it decides the final state from what QMP reported on the way (a guest
-//! `SHUTDOWN`, a panic) and from what the handler asked for (`shutdown`, `kill`).
+//! `SHUTDOWN`, a panic) and from what the handler asked for (`shutdown`, `kill`). While QEMU
+//! runs, the supervisor also keeps the serial console log and QEMU's own log under
+//! [`MAX_LOG_BYTES`] ([`crate::log_rotation`]).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -16,6 +18,7 @@ use tokio::process::{Child, Command as Process};
 use tokio::sync::watch;
 
 use super::LauncherOptions;
+use crate::log_rotation::{MAX_LOG_BYTES, rotate_if_larger};
 use crate::protocol::{Command, DomainState, DomainStatus, StateReason};
 use crate::qmp::{QmpClient, QmpEventKind, QmpEvents};
 use crate::safe_path::{SafePathError, check_beneath, check_parent_beneath};
@@ -173,31 +176,27 @@ impl Domain {
             });
             message
         };
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&log_path)
-            .map_err(|e| {
-                fail(format!(
-                    "cannot open the QEMU log {}: {e}",
-                    log_path.display()
-                ))
-            })?;
+        let log = crate::private_fs::open_append(&log_path).map_err(|e| {
+            fail(format!(
+                "cannot open the QEMU log {}: {e}",
+                log_path.display()
+            ))
+        })?;
         let log_err = log
             .try_clone()
             .map_err(|e| fail(format!("cannot share the QEMU log: {e}")))?;
-        let mut child = Process::new(&self.opts.qemu_binary)
-            .args(argv)
+        let mut qemu = Process::new(&self.opts.qemu_binary);
+        qemu.args(argv)
             .stdin(Stdio::null())
             .stdout(Stdio::from(log))
-            .stderr(Stdio::from(log_err))
-            .spawn()
-            .map_err(|e| {
-                fail(format!(
-                    "cannot start {}: {e}",
-                    self.opts.qemu_binary.display()
-                ))
-            })?;
+            .stderr(Stdio::from(log_err));
+        super::qemu_process::confine(&mut qemu);
+        let mut child = qemu.spawn().map_err(|e| {
+            fail(format!(
+                "cannot start {}: {e}",
+                self.opts.qemu_binary.display()
+            ))
+        })?;
         let pid = child.id();
         let started_at = jiff::Timestamp::now().to_string();
         tracing::info!(pid, "QEMU started");
@@ -222,7 +221,14 @@ impl Domain {
             started_at: Some(started_at),
             ..DomainStatus::pending()
         });
-        tokio::spawn(supervise(child, events, Arc::clone(&self.shared), log_path));
+        let capped_logs = vec![PathBuf::from(&spec.paths.serial_log), log_path.clone()];
+        tokio::spawn(supervise(
+            child,
+            events,
+            Arc::clone(&self.shared),
+            log_path,
+            capped_logs,
+        ));
         Ok(Started {
             pid,
             qmp: Some(qmp),
@@ -345,19 +351,43 @@ async fn escalate(
     }
 }
 
-/// Follows QMP events until QEMU exits, then publishes the final state.
+/// How often the serial and QEMU logs are checked against [`MAX_LOG_BYTES`].
+const LOG_CHECK: Duration = Duration::from_secs(10);
+
+/// Rotates those of `logs` past [`MAX_LOG_BYTES`] (off the runtime threads).
+async fn cap_logs(logs: &[PathBuf]) {
+    let logs = logs.to_vec();
+    let checked = tokio::task::spawn_blocking(move || {
+        for log in &logs {
+            match rotate_if_larger(log, MAX_LOG_BYTES) {
+                Ok(true) => {
+                    tracing::info!(log = %log.display(), "rotated a log past its size limit")
+                }
+                Ok(false) => {}
+                Err(e) => tracing::warn!(log = %log.display(), error = %e, "cannot rotate a log"),
+            }
+        }
+    });
+    let _ = checked.await;
+}
+
+/// Follows QMP events until QEMU exits, then publishes the final state. Meanwhile it keeps
+/// `capped_logs` (the serial console log, QEMU's output) under their size limit.
 async fn supervise(
     mut child: Child,
     mut events: QmpEvents,
     shared: Arc<Shared>,
-    log_path: std::path::PathBuf,
+    log_path: PathBuf,
+    capped_logs: Vec<PathBuf>,
 ) {
     let mut guest_shutdown = false;
     let mut panicked = false;
     let mut qmp_open = true;
+    let mut log_check = tokio::time::interval(LOG_CHECK);
     let exit = loop {
         tokio::select! {
             exit = child.wait() => break exit,
+            _ = log_check.tick() => cap_logs(&capped_logs).await,
             event = events.recv(), if qmp_open => {
                 let Some(event) = event else { qmp_open = false; continue };
                 tracing::debug!(event = %event.name, data = %event.data, "QMP event");

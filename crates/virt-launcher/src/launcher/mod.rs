@@ -8,7 +8,8 @@
 //! handler has been sent the final state, or after [`LauncherOptions::linger`].
 //!
 //! # Guarantees
-//! - QEMU runs in the launcher's process group (stopping the pod's group stops both) and does
+//! - QEMU runs in the launcher's process group (stopping the pod's group stops both), dies
+//!   with the launcher ([`qemu_process`]: a launcher killed alone takes QEMU with it) and does
 //!   not depend on the handler connection:
 //!   a handler may disconnect and reconnect at any time; a reconnecting handler first
 //!   receives the current state.
@@ -17,10 +18,10 @@
 //! # Caveats
 //! - Events carry the latest state, not a log: two quick transitions can reach a handler
 //!   as one event with the later state (`status` always tells the truth).
-//! - If the launcher process itself dies, QEMU keeps running unsupervised.
 
 mod connection;
 mod domain;
+mod qemu_process;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -132,11 +133,9 @@ fn record_final_state(socket_path: &std::path::Path, status: &crate::protocol::D
         return;
     };
     let path = dir.join(crate::protocol::FINAL_STATE_FILE);
-    let tmp = path.with_extension("tmp");
     let written = serde_json::to_vec(status)
         .map_err(std::io::Error::other)
-        .and_then(|bytes| std::fs::write(&tmp, bytes))
-        .and_then(|()| std::fs::rename(&tmp, &path));
+        .and_then(|bytes| crate::private_fs::write_atomic(&path, &bytes));
     if let Err(e) = written {
         tracing::warn!(path = %path.display(), error = %e, "cannot record the final domain state");
     }
@@ -163,7 +162,11 @@ fn listen(path: &std::path::Path) -> Result<UnixListener, LauncherError> {
     {
         std::fs::remove_file(path).map_err(listen_error)?;
     }
-    UnixListener::bind(path).map_err(listen_error)
+    // The socket is made owner-only right after bind; until then it lies in the pod
+    // directory, which is owner-only itself.
+    let listener = UnixListener::bind(path).map_err(listen_error)?;
+    crate::private_fs::set_mode(path, crate::private_fs::FILE_MODE).map_err(listen_error)?;
+    Ok(listener)
 }
 
 #[cfg(test)]

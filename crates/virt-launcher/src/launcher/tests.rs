@@ -335,3 +335,18 @@ fn rss_line() -> String {
         .collect::<Vec<_>>()
         .join(" ")
 }
+
+#[tokio::test]
+async fn the_command_socket_and_final_state_are_owner_only_under_a_permissive_umask() {
+    use crate::private_fs::tests::{mode_of, permissive_umask};
+    permissive_umask();
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("launcher.sock");
+    let _listener = listen(&socket).unwrap();
+    assert_eq!(mode_of(&socket), 0o600);
+    record_final_state(&socket, &DomainStatus::pending());
+    assert_eq!(
+        mode_of(&dir.path().join(crate::protocol::FINAL_STATE_FILE)),
+        0o600
+    );
+}
