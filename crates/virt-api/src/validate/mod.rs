@@ -6,6 +6,7 @@
 //! follow upstream KubeVirt, so a client sees the same `details.causes[]`. No function here does
 //! I/O; anything that needs other objects (the VMI of a migration) takes them as arguments.
 
+pub mod data_volume_template;
 pub mod devices;
 pub mod migration;
 pub mod misc;

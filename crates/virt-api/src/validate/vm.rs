@@ -8,6 +8,9 @@ use kubevirt_api::v1::{
     RunStrategy, VirtualMachine, VirtualMachineSpec, VirtualMachineVolumeRequest,
 };
 
+use super::data_volume_template::{
+    validate_data_volume_template_namespaces, validate_data_volume_templates,
+};
 use super::{Cause, FieldPath, network, spec::validate_vmi_spec, vmi::validate_vmi_metadata};
 use crate::config::{ClusterConfig, gates};
 use crate::mutate::vmi::memory_hotplug_error;
@@ -65,6 +68,14 @@ pub fn validate_vm_request(vm: &VirtualMachine, cfg: &ClusterConfig, req: VmRequ
     if !c.is_empty() {
         return c;
     }
+    // The storage admitter. Upstream skips this on an update that leaves the templates as they
+    // were; here it runs on every request (a template refused on create cannot be stored).
+    if let Some(namespace) = vm.metadata.namespace.as_deref().filter(|n| !n.is_empty()) {
+        let c = validate_data_volume_template_namespaces(&spec_f, &vm.spec, namespace);
+        if !c.is_empty() {
+            return c;
+        }
+    }
     vm.status
         .as_ref()
         .map(|s| validate_volume_requests(&s.volume_requests))
@@ -99,6 +110,7 @@ pub fn validate_vm_spec(
         tspec,
         cfg,
     ));
+    c.extend(validate_data_volume_templates(field, spec));
     validate_run_strategy(field, spec, cfg, &mut c);
     if cfg.live_update() {
         if let Some(cpu) = &tspec.domain.cpu {
