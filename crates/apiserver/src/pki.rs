@@ -12,7 +12,17 @@
 //! `kubeconfig-{controller,handler,api}` (bearer tokens). Every file is written atomically
 //! (temporary file + rename); keys and tokens are mode 0600.
 //!
-//! Caveat: certificates are long-lived and not rotated yet.
+//! # Lifetimes
+//! The CA is valid for [`CA_LIFETIME`] (10 years, kubeadm's default), every leaf for
+//! [`LEAF_LIFETIME`] (1 year), each from five minutes before issue (clock skew). At start,
+//! a stored certificate is issued anew when less than a fifth of its lifetime is left, when
+//! it does not parse, or (leaves) when the current CA did not sign it; a new CA therefore
+//! brings new leaves and kubeconfigs with it.
+//!
+//! # Caveats
+//! Renewal happens only at start: a server running for more than ~290 days without a restart
+//! serves a certificate that is past its renewal point (rotation at run time belongs to the
+//! shared TLS set-up's swappable resolver).
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -25,6 +35,15 @@ use rcgen::{
     BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
     Issuer, KeyPair, KeyUsagePurpose,
 };
+
+/// How long the embedded cluster's CA is valid.
+pub const CA_LIFETIME: time::Duration = time::Duration::days(3650);
+
+/// How long a serving or client certificate is valid.
+pub const LEAF_LIFETIME: time::Duration = time::Duration::days(365);
+
+/// A certificate is valid from this long before it is issued, for clocks that lag.
+const CLOCK_SKEW: time::Duration = time::Duration::minutes(5);
 
 /// The components that get their own bearer token and kubeconfig.
 pub const COMPONENTS: &[(&str, &str)] = &[
@@ -104,6 +123,7 @@ fn ca_params() -> Result<CertificateParams, PkiError> {
     let mut dn = DistinguishedName::new();
     dn.push(DnType::CommonName, "kubevirt-rs-ca");
     p.distinguished_name = dn;
+    set_validity(&mut p, CA_LIFETIME);
     p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
     p.key_usages = vec![
         KeyUsagePurpose::KeyCertSign,
@@ -111,6 +131,43 @@ fn ca_params() -> Result<CertificateParams, PkiError> {
         KeyUsagePurpose::DigitalSignature,
     ];
     Ok(p)
+}
+
+/// Valid from [`CLOCK_SKEW`] ago for `lifetime` from now.
+fn set_validity(p: &mut CertificateParams, lifetime: time::Duration) {
+    let now = time::OffsetDateTime::now_utc();
+    p.not_before = now - CLOCK_SKEW;
+    p.not_after = now + lifetime;
+}
+
+/// Whether a stored certificate must be issued anew: it does not parse, less than a fifth of
+/// its lifetime is left, or (with `issuer_pem`) that CA did not sign it.
+fn needs_renewal(cert_pem: &str, issuer_pem: Option<&str>) -> bool {
+    let Ok((_, pem)) = x509_parser::pem::parse_x509_pem(cert_pem.as_bytes()) else {
+        return true;
+    };
+    let Ok(cert) = pem.parse_x509() else {
+        return true;
+    };
+    let validity = cert.validity();
+    let (start, end) = (
+        validity.not_before.timestamp(),
+        validity.not_after.timestamp(),
+    );
+    let now = time::OffsetDateTime::now_utc().unix_timestamp();
+    if end - now < (end - start) / 5 {
+        return true;
+    }
+    let Some(issuer_pem) = issuer_pem else {
+        return false;
+    };
+    let Ok((_, issuer)) = x509_parser::pem::parse_x509_pem(issuer_pem.as_bytes()) else {
+        return true;
+    };
+    let Ok(issuer) = issuer.parse_x509() else {
+        return true;
+    };
+    cert.verify_signature(Some(issuer.public_key())).is_err()
 }
 
 fn leaf(
@@ -130,6 +187,7 @@ fn leaf(
         dn.push(DnType::OrganizationName, o);
     }
     p.distinguished_name = dn;
+    set_validity(&mut p, LEAF_LIFETIME);
     p.key_usages = vec![
         KeyUsagePurpose::DigitalSignature,
         KeyUsagePurpose::KeyEncipherment,
@@ -197,14 +255,19 @@ pub fn issue_serving_cert(
     )
 }
 
-/// Loads the PKI from `data_dir`, creating whatever is missing. The serving certificate is
-/// re-issued on every start.
-pub fn load_or_create(data_dir: &Path) -> Result<Pki, PkiError> {
-    let dir = data_dir.join("pki");
-    std::fs::create_dir_all(&dir).map_err(io_err(&dir))?;
+/// The stored CA when it has life left, else a new one (written to `dir`).
+fn load_or_create_ca(dir: &Path) -> Result<(String, KeyPair), PkiError> {
     let (ca_crt, ca_key) = (dir.join("ca.crt"), dir.join("ca.key"));
-    let (ca_pem, ca_key_pair) = match (read(&ca_crt), read(&ca_key)) {
-        (Some(c), Some(k)) => {
+    let stored_ca = match (read(&ca_crt), read(&ca_key)) {
+        (Some(c), Some(k)) if !needs_renewal(&c, None) => Some((c, k)),
+        (Some(_), Some(_)) => {
+            tracing::warn!("the cluster CA is near its end or unreadable: issuing a new one");
+            None
+        }
+        _ => None,
+    };
+    Ok(match stored_ca {
+        Some((c, k)) => {
             let key = KeyPair::from_pem(&k).map_err(|source| PkiError::Cert {
                 what: "CA key (loading)",
                 source,
@@ -226,7 +289,15 @@ pub fn load_or_create(data_dir: &Path) -> Result<Pki, PkiError> {
             write_atomic(&ca_crt, cert.pem().as_bytes(), false)?;
             (cert.pem(), key)
         }
-    };
+    })
+}
+
+/// Loads the PKI from `data_dir`, creating whatever is missing. The serving certificate is
+/// re-issued on every start.
+pub fn load_or_create(data_dir: &Path) -> Result<Pki, PkiError> {
+    let dir = data_dir.join("pki");
+    std::fs::create_dir_all(&dir).map_err(io_err(&dir))?;
+    let (ca_pem, ca_key_pair) = load_or_create_ca(&dir)?;
     let issuer = Issuer::new(ca_params()?, ca_key_pair);
     let (server_cert_pem, server_key_pem) = leaf(
         vec!["localhost".into(), "127.0.0.1".into(), "::1".into()],
@@ -240,7 +311,7 @@ pub fn load_or_create(data_dir: &Path) -> Result<Pki, PkiError> {
     write_atomic(&dir.join("server.crt"), server_cert_pem.as_bytes(), false)?;
     let (admin_crt, admin_key) = (dir.join("admin.crt"), dir.join("admin.key"));
     let (admin_cert_pem, admin_key_pem) = match (read(&admin_crt), read(&admin_key)) {
-        (Some(c), Some(k)) => (c, k),
+        (Some(c), Some(k)) if !needs_renewal(&c, Some(&ca_pem)) => (c, k),
         _ => {
             let (c, k) = leaf(
                 Vec::new(),
@@ -365,6 +436,106 @@ mod tests {
         assert!(kc.contains("server: https://127.0.0.1:1"));
         assert!(kc.contains("client-key-data: "));
         assert!(dir.join("kubeconfig-controller").exists());
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    fn validity_of(pem: &str) -> (i64, i64) {
+        let (_, pem) = x509_parser::pem::parse_x509_pem(pem.as_bytes()).unwrap();
+        let cert = pem.parse_x509().unwrap();
+        let v = cert.validity();
+        (v.not_before.timestamp(), v.not_after.timestamp())
+    }
+
+    fn temp_dir() -> PathBuf {
+        std::env::temp_dir().join(format!("kvrs-pki-{}", uuid::Uuid::new_v4()))
+    }
+
+    /// A client certificate valid from `from_days` to `to_days` around now, signed by `issuer`.
+    fn client_cert_valid(issuer: &Issuer<'_, KeyPair>, from_days: i64, to_days: i64) -> String {
+        let key = KeyPair::generate().unwrap();
+        let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
+        let now = time::OffsetDateTime::now_utc();
+        p.not_before = now + time::Duration::days(from_days);
+        p.not_after = now + time::Duration::days(to_days);
+        p.signed_by(&key, issuer).unwrap().pem()
+    }
+
+    fn stored_issuer(dir: &Path) -> Issuer<'static, KeyPair> {
+        let key = std::fs::read_to_string(dir.join("pki/ca.key")).unwrap();
+        Issuer::new(ca_params().unwrap(), KeyPair::from_pem(&key).unwrap())
+    }
+
+    #[test]
+    fn certificates_have_bounded_lifetimes() {
+        let dir = temp_dir();
+        let pki = load_or_create(&dir).unwrap();
+        let now = time::OffsetDateTime::now_utc().unix_timestamp();
+        let day = 86_400;
+        for (what, pem, lifetime) in [
+            ("CA", &pki.ca_pem, CA_LIFETIME),
+            ("serving", &pki.server_cert_pem, LEAF_LIFETIME),
+            ("admin", &pki.admin_cert_pem, LEAF_LIFETIME),
+            ("front proxy", &pki.proxy_client.0, LEAF_LIFETIME),
+            ("kubelet client", &pki.kubelet_client.0, LEAF_LIFETIME),
+        ] {
+            let (start, end) = validity_of(pem);
+            assert!(
+                start <= now && start >= now - day,
+                "{what} starts at {start}"
+            );
+            let left = end - now;
+            assert!(
+                left > lifetime.whole_seconds() - day && left <= lifetime.whole_seconds(),
+                "{what} has {left} s left"
+            );
+        }
+        assert!(CA_LIFETIME.whole_days() <= 3650 && LEAF_LIFETIME.whole_days() <= 366);
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn an_admin_certificate_near_its_end_is_issued_anew() {
+        let dir = temp_dir();
+        load_or_create(&dir).unwrap();
+        let old = client_cert_valid(&stored_issuer(&dir), -300, 10);
+        std::fs::write(dir.join("pki/admin.crt"), &old).unwrap();
+        let renewed = load_or_create(&dir).unwrap();
+        assert_ne!(renewed.admin_cert_pem, old);
+        let still_fresh = renewed.admin_cert_pem.clone();
+        assert_eq!(load_or_create(&dir).unwrap().admin_cert_pem, still_fresh);
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn an_admin_certificate_from_another_ca_is_issued_anew() {
+        let dir = temp_dir();
+        load_or_create(&dir).unwrap();
+        let other = Issuer::new(ca_params().unwrap(), KeyPair::generate().unwrap());
+        let foreign = client_cert_valid(&other, -1, 300);
+        std::fs::write(dir.join("pki/admin.crt"), &foreign).unwrap();
+        let pki = load_or_create(&dir).unwrap();
+        assert_ne!(pki.admin_cert_pem, foreign);
+        assert!(!needs_renewal(&pki.admin_cert_pem, Some(&pki.ca_pem)));
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn a_ca_near_its_end_is_replaced_and_its_leaves_with_it() {
+        let dir = temp_dir();
+        let first = load_or_create(&dir).unwrap();
+        let key = KeyPair::generate().unwrap();
+        let mut params = ca_params().unwrap();
+        let now = time::OffsetDateTime::now_utc();
+        params.not_before = now - time::Duration::days(3000);
+        params.not_after = now + time::Duration::days(30);
+        let old_ca = params.self_signed(&key).unwrap().pem();
+        std::fs::write(dir.join("pki/ca.crt"), &old_ca).unwrap();
+        std::fs::write(dir.join("pki/ca.key"), key.serialize_pem()).unwrap();
+        let pki = load_or_create(&dir).unwrap();
+        assert_ne!(pki.ca_pem, old_ca);
+        assert_ne!(pki.ca_pem, first.ca_pem);
+        assert_ne!(pki.admin_cert_pem, first.admin_cert_pem);
+        assert!(!needs_renewal(&pki.admin_cert_pem, Some(&pki.ca_pem)));
         std::fs::remove_dir_all(dir).unwrap();
     }
 }
