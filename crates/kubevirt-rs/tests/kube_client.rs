@@ -8,28 +8,9 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Client, Config};
-use kubevirt_apiserver::{Config as ServerConfig, RunningServer};
 use serde_json::json;
+use testkit::InProcessCluster;
 use tokio::sync::mpsc;
-
-async fn start(dir: &std::path::Path, listen: &str) -> RunningServer {
-    kubevirt_apiserver::start(ServerConfig {
-        data_dir: dir.to_owned(),
-        listen: listen.parse().unwrap(),
-        initial_objects: Vec::new(),
-    })
-    .await
-    .unwrap()
-}
-
-async fn client(server: &RunningServer) -> Client {
-    let kc = kube::config::Kubeconfig::read_from(&server.kubeconfig).unwrap();
-    let cfg = Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
-        .await
-        .unwrap();
-    Client::try_from(cfg).unwrap()
-}
 
 fn cm(name: &str) -> ConfigMap {
     serde_json::from_value(json!({"metadata": {"name": name}, "data": {"k": "v"}})).unwrap()
@@ -54,11 +35,8 @@ async fn seen(rx: &mut mpsc::UnboundedReceiver<watcher::Event<ConfigMap>>, name:
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kube_client_crud_and_watcher_survive_a_forced_410() {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let dir = tempfile::tempdir().unwrap();
-    let server = start(dir.path(), "127.0.0.1:0").await;
-    let addr = server.addr;
-    let client = client(&server).await;
+    let mut cluster = InProcessCluster::start_without_crds().await.unwrap();
+    let client = cluster.client.clone();
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
 
     // CRUD.
@@ -124,7 +102,7 @@ async fn kube_client_crud_and_watcher_survive_a_forced_410() {
         .create(&PostParams::default(), &cm("elsewhere"))
         .await
         .unwrap();
-    let store = server.state.store.clone();
+    let store = cluster.server().unwrap().state.store.clone();
     store
         .compact_storage(store.current_revision())
         .await
@@ -132,8 +110,7 @@ async fn kube_client_crud_and_watcher_survive_a_forced_410() {
     drop(store);
     // Restart on the same address: the watcher reconnects with its old resourceVersion,
     // gets 410 Gone, re-lists and keeps delivering.
-    server.stop().await;
-    let server = start(dir.path(), &addr.to_string()).await;
+    cluster.restart().await.unwrap();
     assert!(seen(&mut rx, "before").await, "re-listed after the 410");
     cms.create(&PostParams::default(), &cm("after"))
         .await
@@ -144,7 +121,6 @@ async fn kube_client_crud_and_watcher_survive_a_forced_410() {
     );
 
     watch_task.abort();
-    server.stop().await;
 }
 
 fn owned(name: &str, owner: &ConfigMap, block: bool) -> ConfigMap {
@@ -168,10 +144,8 @@ async fn gone(api: &Api<ConfigMap>, name: &str, uid: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn delete_propagation_policies_behave_as_on_kube() {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let dir = tempfile::tempdir().unwrap();
-    let server = start(dir.path(), "127.0.0.1:0").await;
-    let cms: Api<ConfigMap> = Api::namespaced(client(&server).await, "default");
+    let cluster = InProcessCluster::start_without_crds().await.unwrap();
+    let cms: Api<ConfigMap> = Api::namespaced(cluster.client.clone(), "default");
     let pp = PostParams::default();
     let uid = |c: &ConfigMap| c.metadata.uid.clone().unwrap();
 
@@ -223,5 +197,4 @@ async fn delete_propagation_policies_behave_as_on_kube() {
     }
     gone(&cms, "fg-owner", &uid(&owner)).await;
     assert!(cms.get_opt("fg-dep").await.unwrap().is_none());
-    server.stop().await;
 }

@@ -1,6 +1,8 @@
-//! Test helpers shared by end-to-end tests: a `kubevirt-rs` server process on a temporary
-//! data directory and a free port, real `kubectl` against it, a kube-rs client, background
-//! `kubectl get -w` watchers, and polling with a deadline.
+//! Test helpers shared by the workspace's tests: the embedded API server in the test's process
+//! with KubeVirt's CRDs ([`InProcessCluster`]); a `kubevirt-rs` server process on a temporary
+//! data directory and a free port ([`ServerProcess`]) with real `kubectl` against it, a kube-rs
+//! client and background `kubectl get -w` watchers; the test guest and other host
+//! prerequisites ([`available`]); polling with a deadline ([`wait_until`]).
 //!
 //! # Guarantees
 //! Dropping a [`ServerProcess`] kills the server (SIGKILL by pid) and then every launcher
@@ -15,6 +17,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 pub use test_prerequisites::{TestGuest, available, test_guest};
+
+mod cluster;
+pub use cluster::{InProcessCluster, client_for};
 
 /// The default deadline for conditions in end-to-end tests.
 pub const DEADLINE: Duration = Duration::from_secs(60);
@@ -244,15 +249,7 @@ impl ServerProcess {
 
     /// A kube-rs client with the admin credentials.
     pub async fn client(&self) -> anyhow::Result<kube::Client> {
-        let kubeconfig =
-            kube::config::Kubeconfig::read_from(self.kubeconfig()).context("kubeconfig")?;
-        let config = kube::Config::from_custom_kubeconfig(
-            kubeconfig,
-            &kube::config::KubeConfigOptions::default(),
-        )
-        .await
-        .context("client config")?;
-        kube::Client::try_from(config).context("client")
+        client_for(&self.kubeconfig()).await
     }
 
     /// Starts `kubectl args…` in the background (e.g. `get vm -w`).

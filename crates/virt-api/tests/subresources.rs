@@ -5,7 +5,6 @@ use axum::body::Body;
 use axum::http::{Method, Request, StatusCode};
 use kube::Api;
 use kube::api::PostParams;
-use kube::config::{KubeConfigOptions, Kubeconfig};
 use kubevirt_api::v1::{RunStrategy, VirtualMachine};
 use serde_json::{Value, json};
 use tower::ServiceExt;
@@ -13,32 +12,18 @@ use tower::ServiceExt;
 struct Harness {
     client: kube::Client,
     app: axum::Router,
-    _server: kubevirt_apiserver::RunningServer,
-    _data: tempfile::TempDir,
+    _cluster: testkit::InProcessCluster,
 }
 
 async fn harness() -> anyhow::Result<Harness> {
-    let data = tempfile::tempdir()?;
-    let crds = kubevirt_api::crd::all_crds()?
-        .iter()
-        .map(serde_json::to_value)
-        .collect::<Result<Vec<_>, _>>()?;
-    let server = kubevirt_apiserver::start(kubevirt_apiserver::Config {
-        data_dir: data.path().to_owned(),
-        listen: "127.0.0.1:0".parse()?,
-        initial_objects: crds,
-    })
-    .await?;
-    let kc = Kubeconfig::read_from(&server.kubeconfig)?;
-    let config = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await?;
-    let client = kube::Client::try_from(config)?;
+    let cluster = testkit::InProcessCluster::start().await?;
+    let client = cluster.client.clone();
     let (_tx, rx) = tokio::sync::watch::channel(virt_api::ClusterConfig::default());
     let app = virt_api::subresources::router(client.clone(), None, rx, false);
     Ok(Harness {
         client,
         app,
-        _server: server,
-        _data: data,
+        _cluster: cluster,
     })
 }
 
