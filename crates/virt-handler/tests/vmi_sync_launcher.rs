@@ -24,9 +24,8 @@ const POD_GAMMA: &str = "0a7e3c52-1b1f-4d47-9c1e-6b2d1f0a0003";
 const POD_REAL: &str = "0a7e3c52-1b1f-4d47-9c1e-6b2d1f0a0004";
 
 struct Cluster {
-    _tmp: tempfile::TempDir,
+    inner: testkit::InProcessCluster,
     data: PathBuf,
-    server: Option<kubevirt_apiserver::RunningServer>,
     client: kube::Client,
 }
 
@@ -39,26 +38,11 @@ impl Cluster {
             )
             .with_test_writer()
             .try_init();
-        let tmp = tempfile::tempdir()?;
-        let data = tmp.path().to_owned();
-        let crds = kubevirt_api::crd::all_crds()?
-            .iter()
-            .map(serde_json::to_value)
-            .collect::<Result<Vec<_>, _>>()?;
-        let server = kubevirt_apiserver::start(kubevirt_apiserver::Config {
-            data_dir: data.join("apiserver"),
-            listen: "127.0.0.1:0".parse()?,
-            initial_objects: crds,
-        })
-        .await?;
-        let kubeconfig = kube::config::Kubeconfig::read_from(&server.kubeconfig)?;
-        let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await?;
-        let client = kube::Client::try_from(config)?;
+        let inner = testkit::InProcessCluster::start().await?;
         Ok(Self {
-            _tmp: tmp,
-            data,
-            server: Some(server),
-            client,
+            data: inner.data_dir().to_owned(),
+            client: inner.client.clone(),
+            inner,
         })
     }
 
@@ -152,9 +136,7 @@ impl Cluster {
     }
 
     async fn stop(mut self) {
-        if let Some(server) = self.server.take() {
-            server.stop().await;
-        }
+        self.inner.stop().await;
     }
 }
 
