@@ -6,9 +6,8 @@ use std::time::Duration;
 
 use anyhow::Context;
 use k8s_openapi::api::core::v1::Pod;
+use kube::Api;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
-use kube::config::{KubeConfigOptions, Kubeconfig};
-use kube::{Api, Client};
 use kubevirt_api::v1::{VirtualMachineInstance, VirtualMachineInstancePhase as Phase};
 use serde_json::json;
 use testkit::wait_until_async;
@@ -49,21 +48,8 @@ async fn vmi_phase(vmis: &Api<VirtualMachineInstance>) -> Option<Phase> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_vmi_gets_a_launcher_pod_is_scheduled_and_its_labels_follow_in_place()
 -> anyhow::Result<()> {
-    let data = tempfile::tempdir()?;
-    let crds = kubevirt_api::crd::all_crds()?
-        .iter()
-        .map(serde_json::to_value)
-        .collect::<Result<Vec<_>, _>>()?;
-    let server = kubevirt_apiserver::start(kubevirt_apiserver::Config {
-        data_dir: data.path().to_owned(),
-        listen: "127.0.0.1:0".parse()?,
-        initial_objects: crds,
-    })
-    .await?;
-    let kubeconfig = Kubeconfig::read_from(&server.kubeconfig)?;
-    let config =
-        kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?;
-    let client = Client::try_from(config)?;
+    let cluster = testkit::InProcessCluster::start().await?;
+    let client = cluster.client.clone();
 
     let cancel = CancellationToken::new();
     let (set_patterns, patterns) = watch::channel(labels("ops.example.com/*"));
