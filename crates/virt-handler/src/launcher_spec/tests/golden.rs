@@ -50,8 +50,10 @@ fn render(f: &Fixture, input: &str) -> Result<(&'static str, String), String> {
     Ok((ext, text.replace(&data, DATA) + "\n"))
 }
 
-/// A line diff (longest common subsequence; the files are small).
+/// A line diff (longest common subsequence; the files are small), with three lines of
+/// context around each change.
 fn diff(expected: &str, actual: &str) -> String {
+    const CONTEXT: usize = 3;
     let a: Vec<_> = expected.lines().collect();
     let b: Vec<_> = actual.lines().collect();
     let mut lcs = vec![vec![0usize; b.len() + 1]; a.len() + 1];
@@ -64,17 +66,33 @@ fn diff(expected: &str, actual: &str) -> String {
             };
         }
     }
-    let (mut i, mut j, mut out) = (0, 0, String::new());
+    let (mut i, mut j, mut lines) = (0, 0, Vec::new());
     while i < a.len() || j < b.len() {
         if i < a.len() && j < b.len() && a[i] == b[j] {
-            out += &format!("  {}\n", a[i]);
+            lines.push(format!("  {}", a[i]));
             (i, j) = (i + 1, j + 1);
         } else if i < a.len() && (j == b.len() || lcs[i + 1][j] >= lcs[i][j + 1]) {
-            out += &format!("- {}\n", a[i]);
+            lines.push(format!("- {}", a[i]));
             i += 1;
         } else {
-            out += &format!("+ {}\n", b[j]);
+            lines.push(format!("+ {}", b[j]));
             j += 1;
+        }
+    }
+    let changed: Vec<usize> = (0..lines.len())
+        .filter(|&k| !lines[k].starts_with(' '))
+        .collect();
+    let near = |k: usize| changed.iter().any(|&c| k.abs_diff(c) <= CONTEXT);
+    let mut out = String::new();
+    let mut skipped = false;
+    for (k, line) in lines.iter().enumerate() {
+        if near(k) {
+            out += line;
+            out.push('\n');
+            skipped = false;
+        } else if !skipped {
+            out += "  …\n";
+            skipped = true;
         }
     }
     out
@@ -143,4 +161,9 @@ fn every_golden_vmi_converts_to_its_recorded_spec_or_error() {
 fn the_golden_diff_marks_removed_and_added_lines() {
     assert_eq!(diff("a\nb\nc\n", "a\nx\nc\n"), "  a\n- b\n+ x\n  c\n");
     assert_eq!(diff("a\n", "a\nb\n"), "  a\n+ b\n");
+    let long = "1\n2\n3\n4\n5\n6\n7\n8\n9\n";
+    assert_eq!(
+        diff(long, &long.replace("5\n", "five\n")),
+        "  …\n  2\n  3\n  4\n- 5\n+ five\n  6\n  7\n  8\n  …\n"
+    );
 }
