@@ -379,3 +379,5 @@ fn derived_macs_are_stable_and_local_to_qemus_prefix() {
     assert_ne!(a, derived_mac("uid-2", "default"));
     assert!(a.starts_with("52:54:00:") && a.len() == 17, "{a}");
 }
+
+mod golden;
