@@ -384,8 +384,11 @@ fn firmware(
     })
 }
 
-fn disk_bus(bus: Option<&VmiDiskBus>, name: &str) -> Result<DiskBus, SpecError> {
+/// The bus a disk is attached to; without one a disk is virtio and a cdrom sata, as the
+/// mutating webhook defaults them (QEMU has no virtio cdrom).
+fn disk_bus(bus: Option<&VmiDiskBus>, cdrom: bool, name: &str) -> Result<DiskBus, SpecError> {
     match bus {
+        None if cdrom => Ok(DiskBus::Sata),
         None | Some(VmiDiskBus::Virtio) => Ok(DiskBus::Virtio),
         Some(VmiDiskBus::Sata) => Ok(DiskBus::Sata),
         Some(VmiDiskBus::Scsi) => Ok(DiskBus::Scsi),
@@ -577,7 +580,7 @@ fn disks(
             name: disk.name.clone(),
             source_path: source.path.display().to_string(),
             format: source.format,
-            bus: disk_bus(bus, &disk.name)?,
+            bus: disk_bus(bus, cdrom, &disk.name)?,
             cdrom,
             boot_order: disk.boot_order,
             serial: disk.serial.clone(),
