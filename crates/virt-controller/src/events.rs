@@ -13,8 +13,10 @@
 //! Recording never fails a reconcile: a failed publish is logged at warn and dropped.
 //!
 //! # Caveats
-//! - Upstream writes core `v1` Events; these are `events.k8s.io/v1` (the API server serves
-//!   both views of one resource). `action` is [`ACTION_CREATE`] or [`ACTION_DELETE`].
+//! - Upstream writes core `v1` Events; these are `events.k8s.io/v1`, with `action`
+//!   [`ACTION_CREATE`] or [`ACTION_DELETE`]. Our embedded API server keeps the two Event
+//!   APIs apart, so these do not yet show in core `v1` lists (what `kubectl describe`
+//!   reads); `kubectl get events.v1.events.k8s.io` shows them.
 //! - kube-rs folds a repeat of the same (type, reason, action, regarding, related) into the
 //!   first event's `series` and keeps the first note. Successes name the created or deleted
 //!   object as `related`, so each one is its own event; repeated failures of one action are
