@@ -87,8 +87,10 @@ async fn context(
 ) -> (Context, Requests) {
     let requests = Requests::default();
     let (_, sync) = watch::channel(SyncConfig::default());
+    let client = client(&requests, fresh_vm);
     let ctx = Context {
-        client: client(&requests, fresh_vm),
+        events: EventRecorder::new(client.clone()),
+        client,
         vms: synced(vec![vm]).await,
         vmis: synced(vmis).await,
         revisions: synced(Vec::new()).await,

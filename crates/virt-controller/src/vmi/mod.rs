@@ -60,6 +60,7 @@ use serde_json::{Value, json};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+use crate::events::EventRecorder;
 use crate::kubevirt_config::ClusterSettings;
 use crate::runtime::controller::{Action, Controller, ControllerError, Reconciler};
 use crate::runtime::expectations::Expectations;
@@ -91,6 +92,8 @@ pub struct VmiControllerConfig {
     pub workers: usize,
     /// The KubeVirt CR's settings; new launcher pods take its `cpuAllocationRatio`.
     pub cluster: watch::Receiver<ClusterSettings>,
+    /// The recorder shared with the VM controller; `None` makes one of this controller's own.
+    pub events: Option<EventRecorder>,
 }
 
 impl VmiControllerConfig {
@@ -105,6 +108,7 @@ impl VmiControllerConfig {
             sync_patterns,
             workers: 10,
             cluster,
+            events: None,
         }
     }
 }
@@ -148,6 +152,7 @@ pub struct VmiReconciler {
     launcher: LauncherPodConfig,
     patterns: watch::Receiver<MetadataSyncPatterns>,
     cluster: watch::Receiver<ClusterSettings>,
+    events: EventRecorder,
 }
 
 /// The pods in the VMI's namespace whose controller reference is the VMI.
@@ -243,6 +248,7 @@ impl VmiReconciler {
             &vmi,
             plan,
             &launcher,
+            &self.events,
         )
         .await;
         let (created, sync_failure) = match synced {
@@ -491,6 +497,9 @@ pub async fn run_vmi_controller(
         res = synced => if res.is_err() { tasks.abort_all(); return; },
     }
     let reconciler = VmiReconciler {
+        events: config
+            .events
+            .unwrap_or_else(|| EventRecorder::new(client.clone())),
         client,
         vmis,
         pods,
