@@ -16,7 +16,6 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::events::EventRecorder;
 use crate::kubevirt_config::{self, ClusterSettings, effective_flag};
 use crate::labelsync::SyncPatterns;
 use crate::runtime::leader::{LeaderElectionConfig, LeaderElector};
@@ -111,12 +110,9 @@ pub async fn run_controller(
             Ok(()) => {
                 info!("acquired the virt-controller lease; starting controllers");
                 let controllers = cancel.child_token();
-                let events = Some(EventRecorder::new(client.clone()));
-                let vm_config = VmControllerConfig { sync: sync_rx.clone(), workers: 3, events: events.clone() };
-                let vm = run_vm_controller(client.clone(), vm_config, metrics, controllers.clone());
+                let vm = run_vm_controller(client.clone(), VmControllerConfig { sync: sync_rx.clone(), workers: 3 }, metrics, controllers.clone());
                 let vmi_config = VmiControllerConfig {
                     cluster: cluster_rx.clone(),
-                    events,
                     ..VmiControllerConfig::new(config.launcher.clone(), sync_rx.clone())
                 };
                 let vmi = run_vmi_controller(client.clone(), vmi_config, metrics, controllers.clone());

@@ -13,6 +13,5 @@ pub mod labelsync;
 pub mod vm;
 
 pub mod app;
-pub mod events;
 pub mod kubevirt_config;
 pub mod vmi;

@@ -6,7 +6,6 @@ use std::time::Duration;
 
 use anyhow::Context;
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::api::events::v1::Event;
 use kube::Api;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kubevirt_api::v1::{VirtualMachineInstance, VirtualMachineInstancePhase as Phase};
@@ -94,21 +93,6 @@ async fn a_vmi_gets_a_launcher_pod_is_scheduled_and_its_labels_follow_in_place()
         (vmi_phase(&vmis).await == Some(Phase::Scheduling)).then_some(())
     })
     .await?;
-    let events: Api<Event> = Api::namespaced(client.clone(), "default");
-    let pod_name = pod.metadata.name.clone().unwrap_or_default();
-    let event = wait_until_async(DEADLINE, "the pod creation event on the VMI", || async {
-        let list = events.list(&ListParams::default()).await.ok()?;
-        list.items.into_iter().find(|e| {
-            e.reason.as_deref() == Some("SuccessfulCreate")
-                && e.regarding.as_ref().and_then(|r| r.uid.as_deref()) == Some(uid.as_str())
-        })
-    })
-    .await?;
-    assert_eq!(event.type_.as_deref(), Some("Normal"));
-    assert_eq!(
-        event.note,
-        Some(format!("Created virtual machine pod {pod_name}"))
-    );
 
     // Play scheduler and kubelet: bind the pod and report the compute container running.
     let name = pod.metadata.name.clone().context("pod name")?;

@@ -1,11 +1,10 @@
 //! The thin executor: performs the [`VmAction`]s of a [`super::sync::SyncPlan`] in order
 //! through the API, raising and lowering expectations around creates and deletes, and maps a
-//! failure to upstream's sync error reason and message. Creating and deleting the VMI (or
-//! failing to) records upstream's event on the VM.
+//! failure to upstream's sync error reason and message.
 
 use k8s_openapi::api::apps::v1::ControllerRevision;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
-use kube::{Api, Client, Resource};
+use kube::{Api, Client};
 use kubevirt_api::v1::{VirtualMachine, VirtualMachineInstance};
 use serde_json::Value;
 
@@ -13,9 +12,6 @@ use super::sync::{
     ANNOTATIONS_LABELS_CHANGE_ERROR, FAILED_CREATE, FAILED_DELETE, FAILED_UPDATE, VmAction,
 };
 use super::{SyncFailure, VmError};
-use crate::events::{
-    self, ACTION_CREATE, ACTION_DELETE, EventRecorder, SUCCESSFUL_CREATE, SUCCESSFUL_DELETE,
-};
 use crate::runtime::expectations::Expectations;
 
 /// A JSON Patch request from a list of operations.
@@ -40,11 +36,6 @@ pub(super) struct Executor<'a> {
     pub key: &'a str,
     pub namespace: &'a str,
     pub vm_name: &'a str,
-    /// The VM the events are about.
-    pub vm: &'a VirtualMachine,
-    /// The VMI the VM controls, if any (its UID names a stop in the event).
-    pub vmi: Option<&'a VirtualMachineInstance>,
-    pub events: &'a EventRecorder,
 }
 
 impl Executor<'_> {
@@ -129,20 +120,10 @@ impl Executor<'_> {
                 match vmis.delete(&name, &DeleteParams::default()).await {
                     Ok(_) => {
                         tracing::info!(vmi = %name, "deleted virtual machine instance");
-                        self.vmi_deleted_event(&name).await;
                         Ok(())
                     }
                     Err(e) => {
                         self.expectations.deletion_observed(self.key, &object_key);
-                        self.events
-                            .warning(
-                                &self.vm.object_ref(&()),
-                                self.vmi_ref(&name),
-                                events::FAILED_DELETE,
-                                ACTION_DELETE,
-                                format!("Error deleting virtual machine instance {name}: {e}"),
-                            )
-                            .await;
                         Err(SyncFailure::new(
                             FAILED_DELETE,
                             format!("Failure attempting to delete VMI: {e}"),
@@ -185,62 +166,14 @@ impl Executor<'_> {
             Api::namespaced(self.client.clone(), self.namespace);
         self.expectations.expect_creations(self.key, 1);
         match vmis.create(&PostParams::default(), &vmi).await {
-            Ok(created) => {
+            Ok(_) => {
                 tracing::info!(vmi = %self.vm_name, "created virtual machine instance");
-                let name = created.metadata.name.clone().unwrap_or_default();
-                self.events
-                    .normal(
-                        &self.vm.object_ref(&()),
-                        Some(created.object_ref(&())),
-                        SUCCESSFUL_CREATE,
-                        ACTION_CREATE,
-                        format!(
-                            "Started the virtual machine by creating the new virtual machine instance {name}"
-                        ),
-                    )
-                    .await;
                 Ok(())
             }
             Err(e) => {
                 self.expectations.creation_observed(self.key);
-                self.events
-                    .warning(
-                        &self.vm.object_ref(&()),
-                        None,
-                        events::FAILED_CREATE,
-                        ACTION_CREATE,
-                        format!("Error creating virtual machine instance: {e}"),
-                    )
-                    .await;
                 Err(e)
             }
         }
-    }
-
-    /// The controlled VMI of `name`, as an event's related object.
-    fn vmi_ref(&self, name: &str) -> Option<k8s_openapi::api::core::v1::ObjectReference> {
-        self.vmi
-            .filter(|v| v.metadata.name.as_deref() == Some(name))
-            .map(|v| v.object_ref(&()))
-    }
-
-    /// Upstream's stop event, which names the VMI by its UID.
-    async fn vmi_deleted_event(&self, name: &str) {
-        let related = self.vmi_ref(name);
-        let uid = related
-            .as_ref()
-            .and_then(|r| r.uid.clone())
-            .unwrap_or_default();
-        self.events
-            .normal(
-                &self.vm.object_ref(&()),
-                related,
-                SUCCESSFUL_DELETE,
-                ACTION_DELETE,
-                format!(
-                    "Stopped the virtual machine by deleting the virtual machine instance {uid}"
-                ),
-            )
-            .await;
     }
 }

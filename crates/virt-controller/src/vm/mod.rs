@@ -42,7 +42,6 @@ use serde_json::json;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::events::EventRecorder;
 use crate::labelsync::SyncPatterns;
 use crate::runtime::controller::{Action, Controller, ControllerError, Reconciler};
 use crate::runtime::expectations::Expectations;
@@ -74,8 +73,6 @@ pub struct VmControllerConfig {
     pub sync: watch::Receiver<SyncConfig>,
     /// Concurrent reconciles (upstream `--vm-controller-threads`, 3).
     pub workers: usize,
-    /// The recorder shared with the VMI controller; `None` makes one of this controller's own.
-    pub events: Option<EventRecorder>,
 }
 
 impl VmControllerConfig {
@@ -89,11 +86,7 @@ impl VmControllerConfig {
             labels: labels_sync,
             annotations: annotations_sync,
         });
-        Self {
-            sync,
-            workers,
-            events: None,
-        }
+        Self { sync, workers }
     }
 }
 
@@ -198,7 +191,6 @@ pub struct Context {
     revisions: InformerHandle<ControllerRevision>,
     expectations: Arc<Expectations>,
     sync: watch::Receiver<SyncConfig>,
-    events: EventRecorder,
 }
 
 impl Reconciler for Arc<Context> {
@@ -259,10 +251,6 @@ pub async fn run_vm_controller(
         revisions: revisions.handle(),
         expectations,
         sync: config.sync.clone(),
-        events: config
-            .events
-            .clone()
-            .unwrap_or_else(|| EventRecorder::new(client.clone())),
     });
     let mut tasks = tokio::task::JoinSet::new();
     tasks.spawn(vms.run(Api::all(client.clone()), watcher::Config::default()));
@@ -372,9 +360,6 @@ async fn reconcile(ctx: &Context, key: &str) -> Result<Action, VmError> {
         key,
         namespace,
         vm_name: name,
-        vm: &vm,
-        vmi: vmi.as_deref(),
-        events: &ctx.events,
     };
     let outcome = match plan.error.clone() {
         Some(failure) => Err(failure),

@@ -87,10 +87,8 @@ async fn context(
 ) -> (Context, Requests) {
     let requests = Requests::default();
     let (_, sync) = watch::channel(SyncConfig::default());
-    let client = client(&requests, fresh_vm);
     let ctx = Context {
-        events: EventRecorder::new(client.clone()),
-        client,
+        client: client(&requests, fresh_vm),
         vms: synced(vec![vm]).await,
         vmis: synced(vmis).await,
         revisions: synced(Vec::new()).await,

@@ -60,7 +60,6 @@ use serde_json::{Value, json};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::events::EventRecorder;
 use crate::kubevirt_config::ClusterSettings;
 use crate::runtime::controller::{Action, Controller, ControllerError, Reconciler};
 use crate::runtime::expectations::Expectations;
@@ -92,8 +91,6 @@ pub struct VmiControllerConfig {
     pub workers: usize,
     /// The KubeVirt CR's settings; new launcher pods take its `cpuAllocationRatio`.
     pub cluster: watch::Receiver<ClusterSettings>,
-    /// The recorder shared with the VM controller; `None` makes one of this controller's own.
-    pub events: Option<EventRecorder>,
 }
 
 impl VmiControllerConfig {
@@ -108,7 +105,6 @@ impl VmiControllerConfig {
             sync_patterns,
             workers: 10,
             cluster,
-            events: None,
         }
     }
 }
@@ -152,7 +148,6 @@ pub struct VmiReconciler {
     launcher: LauncherPodConfig,
     patterns: watch::Receiver<MetadataSyncPatterns>,
     cluster: watch::Receiver<ClusterSettings>,
-    events: EventRecorder,
 }
 
 /// The pods in the VMI's namespace whose controller reference is the VMI.
@@ -248,7 +243,6 @@ impl VmiReconciler {
             &vmi,
             plan,
             &launcher,
-            &self.events,
         )
         .await;
         let (created, sync_failure) = match synced {
@@ -497,9 +491,6 @@ pub async fn run_vmi_controller(
         res = synced => if res.is_err() { tasks.abort_all(); return; },
     }
     let reconciler = VmiReconciler {
-        events: config
-            .events
-            .unwrap_or_else(|| EventRecorder::new(client.clone())),
         client,
         vmis,
         pods,

@@ -2,8 +2,7 @@
 //!
 //! Data flow: [`plan`] decides from the cached VMI and its pods what to do ([`SyncPlan`]);
 //! [`execute`] does it through the API, raising expectations before each call and lowering
-//! them again when a call fails (the watch event that would lower them never comes), and
-//! records upstream's events on the VMI for each pod created or deleted (or failed to be).
+//! them again when a call fails (the watch event that would lower them never comes).
 //!
 //! Rules, in order:
 //! 1. VMI being deleted → delete every pod it controls (pods already being deleted are skipped
@@ -15,22 +14,17 @@
 //! 5. otherwise nothing.
 //!
 //! Not implemented (yet): volume readiness (PVC/DataVolume checks and WFFC doppelganger pods),
-//! backend storage, hotplug attachment pods, the eviction-in-progress pod annotation.
+//! backend storage, hotplug attachment pods, the eviction-in-progress pod annotation, events.
 
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{ObjectReference, Pod};
-use kube::Resource;
+use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, PostParams};
 use kubevirt_api::constants as c;
 use kubevirt_api::v1::{VirtualMachineInstance, VirtualMachineInstancePhase as Phase};
 
 use super::status::SyncFailure;
 use super::template::{LauncherPodConfig, render_launcher_pod};
-use crate::events::{
-    ACTION_CREATE, ACTION_DELETE, EventRecorder, FAILED_CREATE, FAILED_DELETE, SUCCESSFUL_CREATE,
-    SUCCESSFUL_DELETE,
-};
 use crate::runtime::expectations::Expectations;
 use crate::runtime::key_of;
 
@@ -95,17 +89,6 @@ pub fn plan(vmi: &VirtualMachineInstance, pods: &[&Pod], current: Option<&Pod>) 
     SyncPlan::Nothing
 }
 
-/// A reference to the pod `name` in the VMI's namespace (an event's related object).
-fn pod_ref(vmi: &VirtualMachineInstance, name: &str) -> ObjectReference {
-    ObjectReference {
-        api_version: Some("v1".into()),
-        kind: Some("Pod".into()),
-        name: Some(name.into()),
-        namespace: vmi.metadata.namespace.clone(),
-        ..Default::default()
-    }
-}
-
 /// Carries out `plan` for the VMI with queue key `key`; returns a pod it created.
 pub async fn execute(
     pods_api: &Api<Pod>,
@@ -114,9 +97,7 @@ pub async fn execute(
     vmi: &VirtualMachineInstance,
     plan: SyncPlan,
     config: &LauncherPodConfig,
-    events: &EventRecorder,
 ) -> Result<Option<Pod>, SyncFailure> {
-    let regarding = vmi.object_ref(&());
     match plan {
         SyncPlan::Nothing => Ok(None),
         SyncPlan::CreatePod => {
@@ -127,29 +108,10 @@ pub async fn execute(
             match pods_api.create(&PostParams::default(), &pod).await {
                 Ok(created) => {
                     tracing::info!(pod = ?created.metadata.name, "created virtual machine pod");
-                    let name = created.metadata.name.clone().unwrap_or_default();
-                    events
-                        .normal(
-                            &regarding,
-                            Some(created.object_ref(&())),
-                            SUCCESSFUL_CREATE,
-                            ACTION_CREATE,
-                            format!("Created virtual machine pod {name}"),
-                        )
-                        .await;
                     Ok(Some(created))
                 }
                 Err(err) => {
                     expectations.creation_observed(key);
-                    events
-                        .warning(
-                            &regarding,
-                            None,
-                            FAILED_CREATE,
-                            ACTION_CREATE,
-                            format!("Error creating pod: {err}"),
-                        )
-                        .await;
                     Err(create_failure(vmi, &err))
                 }
             }
@@ -160,32 +122,12 @@ pub async fn execute(
             for pod_key in &keys {
                 let name = pod_key.rsplit('/').next().unwrap_or(pod_key);
                 match pods_api.delete(name, &DeleteParams::default()).await {
-                    Ok(_) => {
-                        tracing::info!(pod = %name, "deleted virtual machine pod");
-                        events
-                            .normal(
-                                &regarding,
-                                Some(pod_ref(vmi, name)),
-                                SUCCESSFUL_DELETE,
-                                ACTION_DELETE,
-                                format!("Deleted virtual machine pod {name}"),
-                            )
-                            .await;
-                    }
+                    Ok(_) => tracing::info!(pod = %name, "deleted virtual machine pod"),
                     Err(kube::Error::Api(status)) if status.code == 404 => {
                         expectations.deletion_observed(key, pod_key);
                     }
                     Err(err) => {
                         expectations.deletion_observed(key, pod_key);
-                        events
-                            .warning(
-                                &regarding,
-                                Some(pod_ref(vmi, name)),
-                                FAILED_DELETE,
-                                ACTION_DELETE,
-                                format!("Failed to delete virtual machine pod {name}"),
-                            )
-                            .await;
                         failure = Some(SyncFailure::new(
                             "FailedDelete",
                             format!("failed to delete pod: {err}"),

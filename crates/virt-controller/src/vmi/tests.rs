@@ -59,9 +59,6 @@ fn client(recorded: &Arc<Recorded>, create_delay: Duration) -> Client {
                     pod["metadata"]["uid"] = json!(format!("pod-uid-{n}"));
                     reply(StatusCode::CREATED, &pod)
                 }
-                (&Method::POST, "/apis/events.k8s.io/v1/namespaces/ns/events") => {
-                    reply(StatusCode::CREATED, &body)
-                }
                 (&Method::PATCH, p) if p.contains("/virtualmachineinstances/") => {
                     reply(StatusCode::OK, &vmi_json())
                 }
@@ -149,7 +146,6 @@ async fn reconciler_with_pods(
         annotations: Default::default(),
     });
     let reconciler = VmiReconciler {
-        events: EventRecorder::new(client.clone()),
         client,
         vmis: vmi_handle,
         pods: pod_handle,
@@ -185,7 +181,6 @@ async fn a_new_vmi_gets_one_launcher_pod_and_goes_scheduling_in_one_patch() {
         summary,
         vec![
             (Method::POST, "/api/v1/namespaces/ns/pods"),
-            (Method::POST, "/apis/events.k8s.io/v1/namespaces/ns/events"),
             (
                 Method::PATCH,
                 "/api/v1/namespaces/ns/pods/virt-launcher-vmi-0/status"
@@ -203,18 +198,7 @@ async fn a_new_vmi_gets_one_launcher_pod_and_goes_scheduling_in_one_patch() {
         "vmi-uid"
     );
     assert_eq!(pod["metadata"]["labels"]["ops.example.com/owner"], "a");
-    let event = &requests[1].2;
-    assert_eq!(
-        (&event["reason"], &event["type"], &event["note"]),
-        (
-            &json!("SuccessfulCreate"),
-            &json!("Normal"),
-            &json!("Created virtual machine pod virt-launcher-vmi-0")
-        )
-    );
-    assert_eq!(event["regarding"]["name"], "vmi");
-    assert_eq!(event["reportingController"], "virtualmachine-controller");
-    let unpaused = &requests[2].2["status"]["conditions"][0];
+    let unpaused = &requests[1].2["status"]["conditions"][0];
     assert_eq!(
         (&unpaused["type"], &unpaused["status"]),
         (
@@ -222,7 +206,7 @@ async fn a_new_vmi_gets_one_launcher_pod_and_goes_scheduling_in_one_patch() {
             &json!("True")
         )
     );
-    let patch = requests[3].2.as_array().cloned().unwrap_or_default();
+    let patch = requests[2].2.as_array().cloned().unwrap_or_default();
     assert_eq!(
         patch[0],
         json!({"op": "test", "path": "/metadata/resourceVersion", "value": "1"})
