@@ -146,6 +146,10 @@ async fn reconciler_with_pods(
         annotations: Default::default(),
     });
     let reconciler = VmiReconciler {
+        recorder: Arc::new(EventRecorder::new(
+            client.clone(),
+            crate::vm::EVENT_COMPONENT,
+        )),
         client,
         vmis: vmi_handle,
         pods: pod_handle,
@@ -172,7 +176,20 @@ async fn a_new_vmi_gets_one_launcher_pod_and_goes_scheduling_in_one_patch() {
     let action = reconciler.reconcile("ns/vmi").await;
     assert!(matches!(action, Ok(Action::Done)), "{action:?}");
 
-    let requests = recorded.requests();
+    let (events, requests): (Vec<_>, Vec<_>) = recorded
+        .requests()
+        .into_iter()
+        .partition(|(_, p, _)| p == "/api/v1/namespaces/ns/events");
+    assert_eq!(events.len(), 1, "one event: {events:?}");
+    let event = &events[0].2;
+    assert_eq!(event["reason"], "SuccessfulCreate");
+    assert_eq!(event["type"], "Normal");
+    assert_eq!(
+        event["message"],
+        "Created virtual machine pod virt-launcher-vmi-0"
+    );
+    assert_eq!(event["involvedObject"]["kind"], "VirtualMachineInstance");
+    assert_eq!(event["involvedObject"]["uid"], "vmi-uid");
     let summary: Vec<(Method, &str)> = requests
         .iter()
         .map(|(m, p, _)| (m.clone(), p.as_str()))
