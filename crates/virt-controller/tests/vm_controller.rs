@@ -5,7 +5,8 @@
 use std::time::Duration;
 
 use anyhow::Context;
-use kube::api::{Patch, PatchParams, PostParams};
+use k8s_openapi::api::core::v1::Event;
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client};
 use kubevirt_api::constants::{VM_CONTROLLER_FINALIZER, VM_GENERATION_ANNOTATION};
@@ -184,6 +185,102 @@ async fn a_vm_starts_runs_and_stops_against_the_embedded_api_server() -> anyhow:
         status.start_failure, None,
         "a VMI that ran is no start failure"
     );
+
+    harness.stop().await
+}
+
+/// The core `v1` Events about the VM `testvm`, found as `kubectl describe vm` finds them.
+async fn vm_events(client: &Client) -> Vec<Event> {
+    let events: Api<Event> = Api::namespaced(client.clone(), "default");
+    let selector = "involvedObject.kind=VirtualMachine,involvedObject.name=testvm";
+    events
+        .list(&ListParams::default().fields(selector))
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default()
+}
+
+async fn wait_event(client: &Client, reason: &str, count: i32) -> anyhow::Result<Event> {
+    wait_until_async(DEADLINE, &format!("event {reason} x{count}"), || async {
+        vm_events(client)
+            .await
+            .into_iter()
+            .find(|e| e.reason.as_deref() == Some(reason) && e.count == Some(count))
+    })
+    .await
+}
+
+async fn set_run_strategy(vms: &Api<VirtualMachine>, strategy: &str) -> anyhow::Result<()> {
+    let patch = json!({"spec": {"runStrategy": strategy}});
+    vms.patch("testvm", &PatchParams::default(), &Patch::Merge(patch))
+        .await
+        .context("patching the run strategy")?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn starting_and_stopping_a_vm_records_upstreams_events_and_aggregates_repeats()
+-> anyhow::Result<()> {
+    let harness = Harness::start().await?;
+    let client = harness.client.clone();
+    let vms: Api<VirtualMachine> = Api::namespaced(client.clone(), "default");
+    let vmis: Api<VirtualMachineInstance> = Api::namespaced(client.clone(), "default");
+    let vm: VirtualMachine = serde_json::from_value(json!({
+        "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",
+        "metadata": {"name": "testvm", "namespace": "default"},
+        "spec": {"runStrategy": "Always", "template": {
+            "spec": {"domain": {"devices": {}}}
+        }}
+    }))?;
+    let created = vms.create(&PostParams::default(), &vm).await?;
+
+    let started = wait_event(&client, "SuccessfulCreate", 1).await?;
+    assert_eq!(started.type_.as_deref(), Some("Normal"));
+    assert_eq!(
+        started.message.as_deref(),
+        Some("Started the virtual machine by creating the new virtual machine instance testvm")
+    );
+    assert_eq!(started.involved_object.uid, created.metadata.uid);
+    assert_eq!(
+        started.involved_object.api_version.as_deref(),
+        Some("kubevirt.io/v1")
+    );
+    assert_eq!(
+        started.source.and_then(|s| s.component).as_deref(),
+        Some("virtualmachine-controller")
+    );
+
+    let vmi_uid = wait_until_async(DEADLINE, "the VMI", || async {
+        vmis.get("testvm").await.ok()?.metadata.uid
+    })
+    .await?;
+    set_vmi_phase(&vmis, "Running").await?;
+    set_run_strategy(&vms, "Halted").await?;
+    let stopped = wait_event(&client, "SuccessfulDelete", 1).await?;
+    assert_eq!(stopped.type_.as_deref(), Some("Normal"));
+    assert_eq!(
+        stopped.message,
+        Some(format!(
+            "Stopped the virtual machine by deleting the virtual machine instance {vmi_uid}"
+        ))
+    );
+    set_vmi_phase(&vmis, "Succeeded").await?;
+    wait_until_async(DEADLINE, "the VMI to disappear", || async {
+        matches!(vmis.get_opt("testvm").await, Ok(None)).then_some(())
+    })
+    .await?;
+    wait_status(&vms, PrintableStatus::Stopped).await?;
+
+    // Starting again repeats the first event exactly: it is counted, not recorded twice.
+    set_run_strategy(&vms, "Always").await?;
+    let again = wait_event(&client, "SuccessfulCreate", 2).await?;
+    assert_eq!(again.metadata.name, started.metadata.name);
+    let creates = vm_events(&client)
+        .await
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some("SuccessfulCreate"))
+        .count();
+    assert_eq!(creates, 1, "a repeat is aggregated into the first Event");
 
     harness.stop().await
 }

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use anyhow::Context;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Event, Pod};
 use kube::Api;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kubevirt_api::v1::{VirtualMachineInstance, VirtualMachineInstancePhase as Phase};
@@ -94,8 +94,24 @@ async fn a_vmi_gets_a_launcher_pod_is_scheduled_and_its_labels_follow_in_place()
     })
     .await?;
 
-    // Play scheduler and kubelet: bind the pod and report the compute container running.
     let name = pod.metadata.name.clone().context("pod name")?;
+    let events: Api<Event> = Api::namespaced(client.clone(), "default");
+    let selector = "involvedObject.kind=VirtualMachineInstance,involvedObject.name=testvmi";
+    let created = wait_until_async(DEADLINE, "the SuccessfulCreate event", || async {
+        let list = events.list(&ListParams::default().fields(selector)).await;
+        list.ok()?
+            .items
+            .into_iter()
+            .find(|e| e.reason.as_deref() == Some("SuccessfulCreate"))
+    })
+    .await?;
+    assert_eq!(created.type_.as_deref(), Some("Normal"));
+    assert_eq!(
+        created.message,
+        Some(format!("Created virtual machine pod {name}"))
+    );
+
+    // Play scheduler and kubelet: bind the pod and report the compute container running.
     let uid_before = pod.metadata.uid.clone();
     pods.patch(
         &name,

@@ -3,6 +3,7 @@
 //! - [`informer`]: watches one resource kind, keeps a cache and maps changes to queue keys;
 //! - [`queue`]: the rate-limited, de-duplicating work queue;
 //! - [`expectations`]: creations and deletions a controller is still waiting to observe;
+//! - [`events`]: the event recorder (core `v1` Events, aggregated as client-go does);
 //! - [`controller`]: workers that pull keys and call a reconciler;
 //! - [`leader`]: leader election on a `coordination.k8s.io/v1` Lease;
 //! - [`metrics`]: per-controller Prometheus metrics.
@@ -10,6 +11,7 @@
 //! Keys are `namespace/name` strings (just `name` for cluster-scoped objects), see [`key_of`].
 
 pub mod controller;
+pub mod events;
 pub mod expectations;
 pub mod informer;
 pub mod leader;

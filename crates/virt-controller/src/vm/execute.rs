@@ -1,6 +1,7 @@
 //! The thin executor: performs the [`VmAction`]s of a [`super::sync::SyncPlan`] in order
 //! through the API, raising and lowering expectations around creates and deletes, and maps a
-//! failure to upstream's sync error reason and message.
+//! failure to upstream's sync error reason and message. VMI creates and deletes are recorded
+//! as events on the VM, with upstream's reasons and messages.
 
 use k8s_openapi::api::apps::v1::ControllerRevision;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
@@ -9,9 +10,11 @@ use kubevirt_api::v1::{VirtualMachine, VirtualMachineInstance};
 use serde_json::Value;
 
 use super::sync::{
-    ANNOTATIONS_LABELS_CHANGE_ERROR, FAILED_CREATE, FAILED_DELETE, FAILED_UPDATE, VmAction,
+    ANNOTATIONS_LABELS_CHANGE_ERROR, FAILED_CREATE, FAILED_DELETE, FAILED_UPDATE,
+    SUCCESSFUL_CREATE, SUCCESSFUL_DELETE, VmAction,
 };
 use super::{SyncFailure, VmError};
+use crate::runtime::events::{EventRecorder, EventType};
 use crate::runtime::expectations::Expectations;
 
 /// A JSON Patch request from a list of operations.
@@ -36,6 +39,9 @@ pub(super) struct Executor<'a> {
     pub key: &'a str,
     pub namespace: &'a str,
     pub vm_name: &'a str,
+    /// The VM, which events are about.
+    pub vm: &'a VirtualMachine,
+    pub recorder: &'a EventRecorder,
 }
 
 impl Executor<'_> {
@@ -118,12 +124,25 @@ impl Executor<'_> {
                 self.expectations
                     .expect_deletions(self.key, std::slice::from_ref(&object_key));
                 match vmis.delete(&name, &DeleteParams::default()).await {
-                    Ok(_) => {
+                    Ok(deleted) => {
                         tracing::info!(vmi = %name, "deleted virtual machine instance");
+                        let uid = deleted.either(
+                            |vmi| vmi.metadata.uid.unwrap_or_default(),
+                            |status| status.details.map(|d| d.uid).unwrap_or_default(),
+                        );
+                        let message = format!(
+                            "Stopped the virtual machine by deleting the virtual machine instance {uid}"
+                        );
+                        self.event(EventType::Normal, SUCCESSFUL_DELETE, &message)
+                            .await;
                         Ok(())
                     }
                     Err(e) => {
                         self.expectations.deletion_observed(self.key, &object_key);
+                        let message =
+                            format!("Error deleting virtual machine instance {name}: {e}");
+                        self.event(EventType::Warning, FAILED_DELETE, &message)
+                            .await;
                         Err(SyncFailure::new(
                             FAILED_DELETE,
                             format!("Failure attempting to delete VMI: {e}"),
@@ -142,6 +161,10 @@ impl Executor<'_> {
                     SyncFailure::new(FAILED_CREATE, format!("Failure while starting VMI: {e}"))
                 }),
         }
+    }
+
+    async fn event(&self, kind: EventType, reason: &str, message: &str) {
+        self.recorder.record(self.vm, kind, reason, message).await;
     }
 
     /// As upstream's `createVMRevision`: deletes the revisions of other generations, creates
@@ -166,12 +189,21 @@ impl Executor<'_> {
             Api::namespaced(self.client.clone(), self.namespace);
         self.expectations.expect_creations(self.key, 1);
         match vmis.create(&PostParams::default(), &vmi).await {
-            Ok(_) => {
-                tracing::info!(vmi = %self.vm_name, "created virtual machine instance");
+            Ok(created) => {
+                let name = created.metadata.name.as_deref().unwrap_or(self.vm_name);
+                tracing::info!(vmi = %name, "created virtual machine instance");
+                let message = format!(
+                    "Started the virtual machine by creating the new virtual machine instance {name}"
+                );
+                self.event(EventType::Normal, SUCCESSFUL_CREATE, &message)
+                    .await;
                 Ok(())
             }
             Err(e) => {
                 self.expectations.creation_observed(self.key);
+                let message = format!("Error creating virtual machine instance: {e}");
+                self.event(EventType::Warning, FAILED_CREATE, &message)
+                    .await;
                 Err(e)
             }
         }

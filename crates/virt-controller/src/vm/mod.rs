@@ -44,6 +44,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::labelsync::SyncPatterns;
 use crate::runtime::controller::{Action, Controller, ControllerError, Reconciler};
+use crate::runtime::events::EventRecorder;
 use crate::runtime::expectations::Expectations;
 use crate::runtime::informer::{Informer, InformerHandle};
 use crate::runtime::metrics::Metrics;
@@ -56,6 +57,9 @@ use sync::{SyncInput, SyncPlan};
 
 /// Name of the VM controller's queue and metrics.
 pub const CONTROLLER_NAME: &str = "virt-controller-vm";
+
+/// The component the VM and VMI controllers' events are reported as (upstream's).
+pub const EVENT_COMPONENT: &str = "virtualmachine-controller";
 
 /// The label and annotation keys synced from the VM template to the VMI (and on to the pod).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -191,6 +195,7 @@ pub struct Context {
     revisions: InformerHandle<ControllerRevision>,
     expectations: Arc<Expectations>,
     sync: watch::Receiver<SyncConfig>,
+    recorder: Arc<EventRecorder>,
 }
 
 impl Reconciler for Arc<Context> {
@@ -251,6 +256,7 @@ pub async fn run_vm_controller(
         revisions: revisions.handle(),
         expectations,
         sync: config.sync.clone(),
+        recorder: Arc::new(EventRecorder::new(client.clone(), EVENT_COMPONENT)),
     });
     let mut tasks = tokio::task::JoinSet::new();
     tasks.spawn(vms.run(Api::all(client.clone()), watcher::Config::default()));
@@ -360,6 +366,8 @@ async fn reconcile(ctx: &Context, key: &str) -> Result<Action, VmError> {
         key,
         namespace,
         vm_name: name,
+        vm: &vm,
+        recorder: &ctx.recorder,
     };
     let outcome = match plan.error.clone() {
         Some(failure) => Err(failure),

@@ -88,12 +88,16 @@ async fn context(
     let requests = Requests::default();
     let (_, sync) = watch::channel(SyncConfig::default());
     let ctx = Context {
-        client: client(&requests, fresh_vm),
+        client: client(&requests, fresh_vm.clone()),
         vms: synced(vec![vm]).await,
         vmis: synced(vmis).await,
         revisions: synced(Vec::new()).await,
         expectations: Arc::new(Expectations::new()),
         sync,
+        recorder: Arc::new(EventRecorder::new(
+            client(&requests, fresh_vm.clone()),
+            EVENT_COMPONENT,
+        )),
     };
     (ctx, requests)
 }

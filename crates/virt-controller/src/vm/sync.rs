@@ -38,6 +38,10 @@ use super::{ExpectView, SyncConfig, SyncFailure};
 pub const FAILED_CREATE: &str = "FailedCreate";
 /// Reason of failed stops.
 pub const FAILED_DELETE: &str = "FailedDelete";
+/// Event reason of a started VMI.
+pub const SUCCESSFUL_CREATE: &str = "SuccessfulCreate";
+/// Event reason of a stopped VMI.
+pub const SUCCESSFUL_DELETE: &str = "SuccessfulDelete";
 /// Reason of a failed VMI metadata sync.
 pub const ANNOTATIONS_LABELS_CHANGE_ERROR: &str = "AnnotationsLabelsChangeError";
 /// Reason of a failed VM metadata or spec patch.

@@ -62,11 +62,13 @@ use tokio_util::sync::CancellationToken;
 
 use crate::kubevirt_config::ClusterSettings;
 use crate::runtime::controller::{Action, Controller, ControllerError, Reconciler};
+use crate::runtime::events::EventRecorder;
 use crate::runtime::expectations::Expectations;
 use crate::runtime::informer::{Change, Informer, InformerHandle};
 use crate::runtime::key_of;
 use crate::runtime::metrics::Metrics;
 use crate::runtime::queue::{RateLimiterConfig, WorkQueue};
+use crate::vm::EVENT_COMPONENT;
 use status::{Observed, SyncFailure};
 use template::LauncherPodConfig;
 
@@ -148,6 +150,7 @@ pub struct VmiReconciler {
     launcher: LauncherPodConfig,
     patterns: watch::Receiver<MetadataSyncPatterns>,
     cluster: watch::Receiver<ClusterSettings>,
+    recorder: Arc<EventRecorder>,
 }
 
 /// The pods in the VMI's namespace whose controller reference is the VMI.
@@ -243,6 +246,7 @@ impl VmiReconciler {
             &vmi,
             plan,
             &launcher,
+            &self.recorder,
         )
         .await;
         let (created, sync_failure) = match synced {
@@ -491,6 +495,7 @@ pub async fn run_vmi_controller(
         res = synced => if res.is_err() { tasks.abort_all(); return; },
     }
     let reconciler = VmiReconciler {
+        recorder: Arc::new(EventRecorder::new(client.clone(), EVENT_COMPONENT)),
         client,
         vmis,
         pods,

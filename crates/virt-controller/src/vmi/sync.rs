@@ -14,7 +14,10 @@
 //! 5. otherwise nothing.
 //!
 //! Not implemented (yet): volume readiness (PVC/DataVolume checks and WFFC doppelganger pods),
-//! backend storage, hotplug attachment pods, the eviction-in-progress pod annotation, events.
+//! backend storage, hotplug attachment pods, the eviction-in-progress pod annotation.
+//!
+//! Events on the VMI, as upstream: `SuccessfulCreate` / `FailedCreate` for the launcher pod,
+//! `SuccessfulDelete` / `FailedDelete` for each pod deleted.
 
 use std::sync::Arc;
 
@@ -25,8 +28,15 @@ use kubevirt_api::v1::{VirtualMachineInstance, VirtualMachineInstancePhase as Ph
 
 use super::status::SyncFailure;
 use super::template::{LauncherPodConfig, render_launcher_pod};
+use crate::runtime::events::{EventRecorder, EventType};
 use crate::runtime::expectations::Expectations;
 use crate::runtime::key_of;
+
+/// Event and sync-error reasons of launcher pod writes (upstream's).
+const SUCCESSFUL_CREATE: &str = "SuccessfulCreate";
+const FAILED_CREATE: &str = "FailedCreate";
+const SUCCESSFUL_DELETE: &str = "SuccessfulDelete";
+const FAILED_DELETE: &str = "FailedDelete";
 
 /// What sync should do for a VMI.
 #[derive(Debug, PartialEq)]
@@ -97,6 +107,7 @@ pub async fn execute(
     vmi: &VirtualMachineInstance,
     plan: SyncPlan,
     config: &LauncherPodConfig,
+    recorder: &EventRecorder,
 ) -> Result<Option<Pod>, SyncFailure> {
     match plan {
         SyncPlan::Nothing => Ok(None),
@@ -107,12 +118,26 @@ pub async fn execute(
             expectations.expect_creations(key, 1);
             match pods_api.create(&PostParams::default(), &pod).await {
                 Ok(created) => {
-                    tracing::info!(pod = ?created.metadata.name, "created virtual machine pod");
+                    let name = created.metadata.name.as_deref().unwrap_or_default();
+                    tracing::info!(pod = %name, "created virtual machine pod");
+                    let message = format!("Created virtual machine pod {name}");
+                    recorder
+                        .record(vmi, EventType::Normal, SUCCESSFUL_CREATE, &message)
+                        .await;
                     Ok(Some(created))
                 }
                 Err(err) => {
                     expectations.creation_observed(key);
-                    Err(create_failure(vmi, &err))
+                    let failure = create_failure(vmi, &err);
+                    let message = if failure.message.contains("violates PodSecurity") {
+                        format!("failed to render launch manifest: {}", failure.message)
+                    } else {
+                        format!("Error creating pod: {err}")
+                    };
+                    recorder
+                        .record(vmi, EventType::Warning, FAILED_CREATE, &message)
+                        .await;
+                    Err(failure)
                 }
             }
         }
@@ -122,14 +147,24 @@ pub async fn execute(
             for pod_key in &keys {
                 let name = pod_key.rsplit('/').next().unwrap_or(pod_key);
                 match pods_api.delete(name, &DeleteParams::default()).await {
-                    Ok(_) => tracing::info!(pod = %name, "deleted virtual machine pod"),
+                    Ok(_) => {
+                        tracing::info!(pod = %name, "deleted virtual machine pod");
+                        let message = format!("Deleted virtual machine pod {name}");
+                        recorder
+                            .record(vmi, EventType::Normal, SUCCESSFUL_DELETE, &message)
+                            .await;
+                    }
                     Err(kube::Error::Api(status)) if status.code == 404 => {
                         expectations.deletion_observed(key, pod_key);
                     }
                     Err(err) => {
                         expectations.deletion_observed(key, pod_key);
+                        let message = format!("Failed to delete virtual machine pod {name}");
+                        recorder
+                            .record(vmi, EventType::Warning, FAILED_DELETE, &message)
+                            .await;
                         failure = Some(SyncFailure::new(
-                            "FailedDelete",
+                            FAILED_DELETE,
                             format!("failed to delete pod: {err}"),
                         ));
                     }
@@ -147,14 +182,14 @@ fn create_failure(vmi: &VirtualMachineInstance, err: &kube::Error) -> SyncFailur
         let ns = vmi.metadata.namespace.as_deref().unwrap_or_default();
         let name = vmi.metadata.name.as_deref().unwrap_or_default();
         return SyncFailure::new(
-            "FailedCreate",
+            FAILED_CREATE,
             format!(
                 "failed to create pod for vmi {ns}/{name}, it needs a privileged namespace to run: {text}"
             ),
         );
     }
     SyncFailure::new(
-        "FailedCreate",
+        FAILED_CREATE,
         format!("failed to create virtual machine pod: {text}"),
     )
 }

@@ -146,6 +146,10 @@ async fn reconciler_with_pods(
         annotations: Default::default(),
     });
     let reconciler = VmiReconciler {
+        recorder: Arc::new(EventRecorder::new(
+            client.clone(),
+            crate::vm::EVENT_COMPONENT,
+        )),
         client,
         vmis: vmi_handle,
         pods: pod_handle,
@@ -172,7 +176,20 @@ async fn a_new_vmi_gets_one_launcher_pod_and_goes_scheduling_in_one_patch() {
     let action = reconciler.reconcile("ns/vmi").await;
     assert!(matches!(action, Ok(Action::Done)), "{action:?}");
 
-    let requests = recorded.requests();
+    let (events, requests): (Vec<_>, Vec<_>) = recorded
+        .requests()
+        .into_iter()
+        .partition(|(_, p, _)| p == "/api/v1/namespaces/ns/events");
+    assert_eq!(events.len(), 1, "one event: {events:?}");
+    let event = &events[0].2;
+    assert_eq!(event["reason"], "SuccessfulCreate");
+    assert_eq!(event["type"], "Normal");
+    assert_eq!(
+        event["message"],
+        "Created virtual machine pod virt-launcher-vmi-0"
+    );
+    assert_eq!(event["involvedObject"]["kind"], "VirtualMachineInstance");
+    assert_eq!(event["involvedObject"]["uid"], "vmi-uid");
     let summary: Vec<(Method, &str)> = requests
         .iter()
         .map(|(m, p, _)| (m.clone(), p.as_str()))
@@ -395,4 +412,58 @@ impl Reconciler for SharedReconciler {
     async fn reconcile(&self, key: &str) -> Result<Action, VmiError> {
         self.0.reconcile_vmi(key).await
     }
+}
+
+/// An endpoint that refuses pod creates as PodSecurity admission does and records requests.
+fn pod_security_client(recorded: &Arc<Recorded>) -> Client {
+    let recorded = Arc::clone(recorded);
+    let service = tower::service_fn(move |req: Request<kube::client::Body>| {
+        let recorded = Arc::clone(&recorded);
+        async move {
+            let method = req.method().clone();
+            let path = req.uri().path().to_owned();
+            let bytes = req.into_body().collect().await?.to_bytes();
+            let body: serde_json::Value = serde_json::from_slice(&bytes).unwrap_or_default();
+            if let Ok(mut r) = recorded.requests.lock() {
+                r.push((method.clone(), path.clone(), body));
+            }
+            let resp = if path == "/api/v1/namespaces/ns/pods" {
+                reply(
+                    StatusCode::FORBIDDEN,
+                    &json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                            "code": 403, "reason": "Forbidden",
+                            "message": "pods \"p\" is forbidden: violates PodSecurity \"restricted:latest\""}),
+                )
+            } else {
+                reply(StatusCode::OK, &vmi_json())
+            };
+            Ok::<_, Box<dyn std::error::Error + Send + Sync>>(resp)
+        }
+    });
+    Client::new(service, "default")
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_pod_refused_by_pod_security_records_a_failed_create_warning_with_the_render_text() {
+    let recorded = Arc::new(Recorded::default());
+    let queue = WorkQueue::new("test");
+    let (reconciler, _vmis, _pods) =
+        reconciler(pod_security_client(&recorded), &queue, vec![vmi()]).await;
+    let _ = reconciler.reconcile("ns/vmi").await;
+    let events: Vec<serde_json::Value> = recorded
+        .requests()
+        .into_iter()
+        .filter(|(_, p, _)| p == "/api/v1/namespaces/ns/events")
+        .map(|(_, _, body)| body)
+        .collect();
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert_eq!(events[0]["reason"], "FailedCreate");
+    assert_eq!(events[0]["type"], "Warning");
+    let message = events[0]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.starts_with(
+            "failed to render launch manifest: failed to create pod for vmi ns/vmi, it needs a privileged namespace to run: "
+        ),
+        "{message}"
+    );
 }
