@@ -226,6 +226,33 @@ async fn a_client_that_never_sends_headers_is_disconnected() {
 }
 
 #[tokio::test]
+async fn an_idle_kept_alive_connection_is_closed_by_the_server() {
+    let ca = ca("ca");
+    let (cert, key) = leaf(&ca, "server");
+    let resolver = SwappableCert::from_pem(cert.as_bytes(), key.as_bytes()).unwrap();
+    let config = server_config(resolver, &ClientAuth::None).unwrap();
+    let options = ServeOptions {
+        header_read_timeout: Duration::from_millis(100),
+        ..ServeOptions::default()
+    };
+    let server = start(config, tower::service_fn(hello), options).await;
+
+    let stream = connect(server.addr, &ca, None).await.unwrap();
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .unwrap();
+    let conn = tokio::spawn(conn);
+    let resp = sender
+        .send_request(Request::get("/").body(Empty::<Bytes>::new()).unwrap())
+        .await
+        .unwrap();
+    resp.into_body().collect().await.unwrap();
+    // The client keeps the connection for a next request; the server ends it.
+    let _ = conn.await.unwrap();
+    assert!(sender.is_closed());
+}
+
+#[tokio::test]
 async fn connections_beyond_the_cap_wait_until_a_slot_frees() {
     let ca = ca("ca");
     let (cert, key) = leaf(&ca, "server");
