@@ -11,10 +11,8 @@ use std::sync::Arc;
 use axum::body::Body;
 use hyper::client::conn::http1;
 use hyper_util::rt::TokioIo;
-use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
-use rustls::{DigitallySignedStruct, RootCertStore, SignatureScheme};
+use kubevirt_tls::ServerTrust;
+use rustls::pki_types::ServerName;
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 
@@ -25,8 +23,8 @@ pub enum ClientError {
     #[error("invalid URL {0:?}")]
     Url(String),
     /// The CA bundle or client identity could not be used.
-    #[error("TLS configuration: {0}")]
-    TlsConfig(String),
+    #[error("TLS configuration")]
+    TlsConfig(#[source] kubevirt_tls::ConfigError),
     /// The TCP connection failed.
     #[error("dial tcp {0}")]
     Connect(String, #[source] std::io::Error),
@@ -49,92 +47,21 @@ pub struct TlsOptions {
     pub identity: Option<(String, String)>,
 }
 
-#[derive(Debug)]
-struct NoVerification(Arc<rustls::crypto::CryptoProvider>);
-
-impl ServerCertVerifier for NoVerification {
-    fn verify_server_cert(
-        &self,
-        _end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp_response: &[u8],
-        _now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        Ok(ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.signature_verification_algorithms.supported_schemes()
-    }
-}
-
 /// Builds a rustls client configuration from `opts`.
+///
+/// # Errors
+/// When the CA bundle is empty or unusable, or the identity is unusable.
 pub fn tls_config(opts: &TlsOptions) -> Result<rustls::ClientConfig, ClientError> {
-    let err = |e: &dyn std::fmt::Display| ClientError::TlsConfig(e.to_string());
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
-        .with_safe_default_protocol_versions()
-        .map_err(|e| err(&e))?;
-    let builder = if opts.insecure {
-        builder
-            .dangerous()
-            .with_custom_certificate_verifier(Arc::new(NoVerification(provider)))
+    let trust = if opts.insecure {
+        ServerTrust::DangerAcceptAny
     } else {
-        let mut roots = RootCertStore::empty();
-        for c in CertificateDer::pem_slice_iter(&opts.ca_pem) {
-            roots.add(c.map_err(|e| err(&e))?).map_err(|e| err(&e))?;
-        }
-        if roots.is_empty() {
-            return Err(ClientError::TlsConfig(
-                "no CA certificate to verify the server with".into(),
-            ));
-        }
-        builder.with_root_certificates(roots)
+        ServerTrust::CaPem(&opts.ca_pem)
     };
-    let mut cfg = match &opts.identity {
-        Some((cert, key)) => {
-            let certs: Vec<CertificateDer<'static>> =
-                CertificateDer::pem_slice_iter(cert.as_bytes())
-                    .collect::<Result<_, _>>()
-                    .map_err(|e| err(&e))?;
-            let key = PrivateKeyDer::from_pem_slice(key.as_bytes()).map_err(|e| err(&e))?;
-            builder
-                .with_client_auth_cert(certs, key)
-                .map_err(|e| err(&e))?
-        }
-        None => builder.with_no_client_auth(),
-    };
-    cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
-    Ok(cfg)
+    let identity = opts
+        .identity
+        .as_ref()
+        .map(|(cert, key)| (cert.as_bytes(), key.as_bytes()));
+    kubevirt_tls::client_config(&trust, identity).map_err(ClientError::TlsConfig)
 }
 
 /// Host and port of an `https://` URL (`[::1]` brackets removed for the SNI name).

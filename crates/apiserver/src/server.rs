@@ -17,20 +17,14 @@ use axum::extract::{Request, State};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use hyper_util::rt::{TokioExecutor, TokioIo};
 use kubevirt_store::Store;
-use rustls::RootCertStore;
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-use rustls::server::WebPkiClientVerifier;
+use kubevirt_tls::{ClientAuth, ServeOptions, SwappableCert};
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
-use tokio::task::JoinSet;
-use tokio_rustls::TlsAcceptor;
-use tower::ServiceExt;
+use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::auth::{self, VerifiedClientCert};
+use crate::auth;
 use crate::handlers::{RequestInfo, common::WriteOptions, create};
 use crate::pki;
 use crate::state::ApiState;
@@ -60,8 +54,8 @@ pub enum ServerError {
     #[error("setting up the PKI")]
     Pki(#[source] pki::PkiError),
     /// Building the TLS configuration failed.
-    #[error("configuring TLS: {0}")]
-    Tls(String),
+    #[error("configuring TLS")]
+    Tls(#[source] kubevirt_tls::ConfigError),
     /// Binding the listener failed.
     #[error("binding {0}")]
     Bind(SocketAddr, #[source] std::io::Error),
@@ -78,18 +72,17 @@ pub struct RunningServer {
     pub kubeconfig: PathBuf,
     /// Shared state (store, registry, metrics).
     pub state: Arc<ApiState>,
-    shutdown: Option<tokio::sync::oneshot::Sender<()>>,
+    shutdown: CancellationToken,
     task: tokio::task::JoinHandle<()>,
     /// Background tasks (garbage collector …), aborted on stop.
     background: Vec<tokio::task::JoinHandle<()>>,
 }
 
 impl RunningServer {
-    /// Stops accepting, closes every connection and waits for the server task.
+    /// Stops accepting, lets requests in flight finish (within [`SHUTDOWN_GRACE`]; watches
+    /// do not finish on their own and are cut then) and waits for the server task.
     pub async fn stop(mut self) {
-        if let Some(tx) = self.shutdown.take() {
-            let _ = tx.send(());
-        }
+        self.shutdown.cancel();
         let _ = (&mut self.task).await;
         for t in self.background.drain(..) {
             t.abort();
@@ -226,30 +219,17 @@ fn with_layers(routes: Router<Arc<ApiState>>, state: Arc<ApiState>) -> Router {
         .with_state(state)
 }
 
+/// How long requests in flight may take to finish once the server stops: short, as
+/// watches never finish on their own and hold the stop until it passes.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(1);
+
+/// TLS with the server certificate of the PKI; a client certificate is optional (tokens
+/// authenticate too) and, when given, must chain to the cluster CA.
 fn tls_config(p: &pki::Pki) -> Result<rustls::ServerConfig, ServerError> {
-    let tls = |e: &dyn std::fmt::Display| ServerError::Tls(e.to_string());
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut roots = RootCertStore::empty();
-    for c in CertificateDer::pem_slice_iter(p.ca_pem.as_bytes()) {
-        roots.add(c.map_err(|e| tls(&e))?).map_err(|e| tls(&e))?;
-    }
-    let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone())
-        .allow_unauthenticated()
-        .build()
-        .map_err(|e| tls(&e))?;
-    let certs: Vec<CertificateDer<'static>> =
-        CertificateDer::pem_slice_iter(p.server_cert_pem.as_bytes())
-            .collect::<Result<_, _>>()
-            .map_err(|e| tls(&e))?;
-    let key = PrivateKeyDer::from_pem_slice(p.server_key_pem.as_bytes()).map_err(|e| tls(&e))?;
-    let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|e| tls(&e))?
-        .with_client_cert_verifier(verifier)
-        .with_single_cert(certs, key)
-        .map_err(|e| tls(&e))?;
-    cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
-    Ok(cfg)
+    let cert = SwappableCert::from_pem(p.server_cert_pem.as_bytes(), p.server_key_pem.as_bytes())
+        .map_err(ServerError::Tls)?;
+    kubevirt_tls::server_config(cert, &ClientAuth::Optional(p.ca_pem.clone().into_bytes()))
+        .map_err(ServerError::Tls)
 }
 
 /// Creates the data directory (and missing parents) 0700 whatever the umask, and
@@ -299,7 +279,7 @@ pub async fn start(config: Config) -> Result<RunningServer, ServerError> {
     let state = Arc::new(state);
     crate::crd::load_all(&state);
     ensure_initial(&state, &config.initial_objects).await?;
-    let tls = TlsAcceptor::from(Arc::new(tls_config(&pki)?));
+    let tls = Arc::new(tls_config(&pki)?);
     let listener = TcpListener::bind(config.listen)
         .await
         .map_err(|e| ServerError::Bind(config.listen, e))?;
@@ -310,62 +290,27 @@ pub async fn start(config: Config) -> Result<RunningServer, ServerError> {
         .map_err(ServerError::Pki)?;
     let background = vec![crate::gc::spawn(state.clone())];
     let app = router(state.clone());
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    let task = tokio::spawn(serve(listener, tls, app, rx));
+    let shutdown = CancellationToken::new();
+    let options = ServeOptions {
+        shutdown_grace: SHUTDOWN_GRACE,
+        ..ServeOptions::default()
+    };
+    let task = tokio::spawn({
+        let shutdown = shutdown.clone();
+        async move {
+            kubevirt_tls::serve(listener, tls, app, options, shutdown).await;
+            info!("API server stopped");
+        }
+    });
     info!(%addr, "API server ready");
     Ok(RunningServer {
         addr,
         kubeconfig: config.data_dir.join("kubeconfig"),
         state,
-        shutdown: Some(tx),
+        shutdown,
         task,
         background,
     })
-}
-
-async fn serve(
-    listener: TcpListener,
-    tls: TlsAcceptor,
-    app: Router,
-    mut shutdown: tokio::sync::oneshot::Receiver<()>,
-) {
-    let mut conns = JoinSet::new();
-    loop {
-        tokio::select! {
-            _ = &mut shutdown => break,
-            accepted = listener.accept() => {
-                let (tcp, peer) = match accepted {
-                    Ok(x) => x,
-                    Err(e) => { warn!(error = %e, "accept failed"); continue; }
-                };
-                let _ = tcp.set_nodelay(true);
-                let tls = tls.clone();
-                let app = app.clone();
-                conns.spawn(async move {
-                    let stream = match tokio::time::timeout(Duration::from_secs(10), tls.accept(tcp)).await {
-                        Ok(Ok(s)) => s,
-                        Ok(Err(e)) => { tracing::debug!(%peer, error = %e, "TLS handshake failed"); return; }
-                        Err(_) => return,
-                    };
-                    let cert = stream.get_ref().1.peer_certificates().is_some_and(|c| !c.is_empty());
-                    let svc = hyper::service::service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
-                        if cert {
-                            req.extensions_mut().insert(VerifiedClientCert);
-                        }
-                        app.clone().oneshot(req.map(axum::body::Body::new))
-                    });
-                    let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-                    if let Err(e) = builder.serve_connection_with_upgrades(TokioIo::new(stream), svc).await {
-                        tracing::debug!(%peer, error = %e, "connection ended with an error");
-                    }
-                });
-            }
-            Some(_) = conns.join_next(), if !conns.is_empty() => {}
-        }
-    }
-    conns.abort_all();
-    while conns.join_next().await.is_some() {}
-    info!("API server stopped");
 }
 
 /// Runs the server until `shutdown` completes.
@@ -380,6 +325,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
 mod tests {
     use axum::body::Body;
     use http_body_util::BodyExt;
+    use tower::ServiceExt;
 
     use super::*;
     use crate::catch_panic::PANIC_MESSAGE;
@@ -390,7 +336,8 @@ mod tests {
 
     fn authenticated(path: &str) -> Request {
         let mut req = Request::get(path).body(Body::empty()).unwrap();
-        req.extensions_mut().insert(VerifiedClientCert);
+        req.extensions_mut()
+            .insert(kubevirt_tls::PeerCertificates(Arc::from(Vec::new())));
         req
     }
 

@@ -220,6 +220,7 @@ async fn start_virt_api(
             node_endpoint: Some(virt_api::subresources::NodeClientConfig {
                 client_cert_pem: read("apiserver-kubelet-client.crt")?,
                 client_key_pem: read("apiserver-kubelet-client.key")?,
+                server_ca_pem: Some(ca_pem.clone()),
             }),
             client_ca_pem: Some(ca_pem.clone()),
             cluster_config: config_rx_sub,

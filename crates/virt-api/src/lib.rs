@@ -15,6 +15,7 @@
 
 pub mod config;
 pub mod mutate;
+mod serving;
 pub mod subresources;
 pub mod validate;
 pub mod webhook;

@@ -23,29 +23,20 @@ pub mod volumes;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
 
 use axum::Router;
-use axum::body::Body;
 use axum::extract::Request;
 use axum::http::StatusCode;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, put};
-use hyper_util::rt::{TokioExecutor, TokioIo};
 use kube::Api;
 use kubevirt_api::v1::{VirtualMachine, VirtualMachineInstance};
-use rustls::RootCertStore;
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-use rustls::server::WebPkiClientVerifier;
+use kubevirt_tls::{ClientAuth, PeerCertificates, SwappableCert};
 use serde::de::DeserializeOwned;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
-use tokio::task::JoinSet;
-use tokio_rustls::TlsAcceptor;
-use tower::ServiceExt;
-use tracing::{debug, info, warn};
+use tracing::{debug, info};
 
 pub use discovery::GROUP;
 pub use error::{Res, SubError};
@@ -77,9 +68,12 @@ pub struct SubresourceServerConfig {
 /// Start-up failures.
 #[derive(Debug, thiserror::Error)]
 pub enum SubresourceServerError {
-    /// The certificates or keys could not be used.
-    #[error("configuring TLS: {0}")]
-    Tls(String),
+    /// The serving certificate, its key or the client CA could not be used.
+    #[error("configuring TLS")]
+    Tls(#[source] kubevirt_tls::ConfigError),
+    /// The client to node agents could not be configured.
+    #[error("configuring the node agent client")]
+    NodeClient(#[source] kubevirt_tls::ConfigError),
     /// Binding the listener failed.
     #[error("binding {0}")]
     Bind(SocketAddr, #[source] std::io::Error),
@@ -156,13 +150,9 @@ pub(crate) async fn get_vmi_opt(
         .map_err(SubError::internal)
 }
 
-/// Marks a request whose TLS client certificate verified.
-#[derive(Clone, Copy)]
-struct VerifiedClientCert;
-
 async fn require_client_cert(req: Request, next: Next) -> Response {
     let health = req.uri().path().ends_with("/healthz");
-    if health || req.extensions().get::<VerifiedClientCert>().is_some() {
+    if health || req.extensions().get::<PeerCertificates>().is_some() {
         return next.run(req).await;
     }
     SubError {
@@ -230,37 +220,20 @@ pub fn router(
     }
 }
 
+/// TLS with the serving certificate; with a client CA, a client certificate is optional
+/// at the handshake (health checks come without) and [`require_client_cert`] refuses the
+/// other requests without one.
 fn tls_config(
     cert_pem: &[u8],
     key_pem: &[u8],
     client_ca_pem: Option<&[u8]>,
 ) -> Result<rustls::ServerConfig, SubresourceServerError> {
-    let tls = |e: &dyn std::fmt::Display| SubresourceServerError::Tls(e.to_string());
-    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(cert_pem)
-        .collect::<Result<_, _>>()
-        .map_err(|e| tls(&e))?;
-    let key = PrivateKeyDer::from_pem_slice(key_pem).map_err(|e| tls(&e))?;
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
-        .with_safe_default_protocol_versions()
-        .map_err(|e| tls(&e))?;
-    let builder = match client_ca_pem {
-        Some(ca) => {
-            let mut roots = RootCertStore::empty();
-            for c in CertificateDer::pem_slice_iter(ca) {
-                roots.add(c.map_err(|e| tls(&e))?).map_err(|e| tls(&e))?;
-            }
-            let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
-                .allow_unauthenticated()
-                .build()
-                .map_err(|e| tls(&e))?;
-            builder.with_client_cert_verifier(verifier)
-        }
-        None => builder.with_no_client_auth(),
+    let cert = SwappableCert::from_pem(cert_pem, key_pem).map_err(SubresourceServerError::Tls)?;
+    let client_auth = match client_ca_pem {
+        Some(ca) => ClientAuth::Optional(ca.to_vec()),
+        None => ClientAuth::None,
     };
-    let mut cfg = builder.with_single_cert(certs, key).map_err(|e| tls(&e))?;
-    cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
-    Ok(cfg)
+    kubevirt_tls::server_config(cert, &client_auth).map_err(SubresourceServerError::Tls)
 }
 
 /// Binds and serves until `shutdown` completes; returns once listening, with the bound
@@ -272,17 +245,17 @@ pub async fn run_subresource_server(
     config: SubresourceServerConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(SocketAddr, tokio::task::JoinHandle<()>), SubresourceServerError> {
-    let tls = TlsAcceptor::from(Arc::new(tls_config(
+    let tls = tls_config(
         &config.cert_pem,
         &config.key_pem,
         config.client_ca_pem.as_deref(),
-    )?));
+    )?;
     let node = config
         .node_endpoint
         .as_ref()
         .map(node::NodeClient::new)
         .transpose()
-        .map_err(SubresourceServerError::Tls)?;
+        .map_err(SubresourceServerError::NodeClient)?;
     let listener = TcpListener::bind(config.listen)
         .await
         .map_err(|e| SubresourceServerError::Bind(config.listen, e))?;
@@ -295,51 +268,10 @@ pub async fn run_subresource_server(
         config.cluster_config,
         config.client_ca_pem.is_some(),
     );
-    let task = tokio::spawn(serve(listener, tls, app, shutdown));
+    let task = tokio::spawn(async move {
+        crate::serving::serve_until(listener, tls, app, shutdown).await;
+        info!("virt-api subresources stopped");
+    });
     info!(%addr, "virt-api subresources ready");
     Ok((addr, task))
-}
-
-async fn serve(
-    listener: TcpListener,
-    tls: TlsAcceptor,
-    app: Router,
-    shutdown: impl Future<Output = ()>,
-) {
-    let mut conns = JoinSet::new();
-    tokio::pin!(shutdown);
-    loop {
-        tokio::select! {
-            () = &mut shutdown => break,
-            accepted = listener.accept() => {
-                let (tcp, peer) = match accepted {
-                    Ok(x) => x,
-                    Err(e) => { warn!(error = %e, "accept failed"); continue; }
-                };
-                let (tls, app) = (tls.clone(), app.clone());
-                conns.spawn(async move {
-                    let stream = match tokio::time::timeout(Duration::from_secs(10), tls.accept(tcp)).await {
-                        Ok(Ok(s)) => s,
-                        Ok(Err(e)) => { debug!(%peer, error = %e, "TLS handshake failed"); return; }
-                        Err(_) => return,
-                    };
-                    let cert = stream.get_ref().1.peer_certificates().is_some_and(|c| !c.is_empty());
-                    let svc = hyper::service::service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
-                        if cert {
-                            req.extensions_mut().insert(VerifiedClientCert);
-                        }
-                        app.clone().oneshot(req.map(Body::new))
-                    });
-                    let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-                    if let Err(e) = builder.serve_connection_with_upgrades(TokioIo::new(stream), svc).await {
-                        debug!(%peer, error = %e, "connection ended with an error");
-                    }
-                });
-            }
-            Some(_) = conns.join_next(), if !conns.is_empty() => {}
-        }
-    }
-    conns.abort_all();
-    while conns.join_next().await.is_some() {}
-    info!("virt-api subresources stopped");
 }

@@ -12,8 +12,13 @@
 //! under the server's data directory will do).
 //!
 //! # Caveats
-//! The node's serving certificate is not verified: node agents serve a self-signed
-//! certificate, as kubelet does by default, and kube-apiserver does not verify it either.
+//! The node's serving certificate is verified against
+//! [`NodeClientConfig::server_ca_pem`] when given: in embedded mode the node agent serves a
+//! certificate the cluster CA signed. A stand-alone `handler` serves a self-signed
+//! certificate, as kubelet does by default (kube-apiserver does not verify it either);
+//! without a CA the certificate is not verified
+//! ([`kubevirt_tls::danger_accept_any_server_certificate`]) until node agents get
+//! CA-signed serving certificates everywhere.
 
 use std::sync::Arc;
 
@@ -23,11 +28,8 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Api;
 use kube::api::ListParams;
 use kubevirt_api::v1::VirtualMachineInstance;
-use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-use rustls::crypto::CryptoProvider;
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
-use rustls::{DigitallySignedStruct, SignatureScheme};
+use kubevirt_tls::ServerTrust;
+use rustls::pki_types::ServerName;
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 use tokio_rustls::client::TlsStream;
@@ -46,6 +48,10 @@ pub struct NodeClientConfig {
     pub client_cert_pem: Vec<u8>,
     /// Its private key, PEM.
     pub client_key_pem: Vec<u8>,
+    /// The PEM CA that signed the node agents' serving certificates, when there is one
+    /// (embedded mode: the cluster CA); `None` accepts any serving certificate (see the
+    /// module's caveats).
+    pub server_ca_pem: Option<Vec<u8>>,
 }
 
 /// Where a VMI's launcher pod is served.
@@ -73,75 +79,20 @@ pub struct NodeClient {
     tls: TlsConnector,
 }
 
-#[derive(Debug)]
-struct AnyServerCert(Arc<CryptoProvider>);
-
-impl ServerCertVerifier for AnyServerCert {
-    fn verify_server_cert(
-        &self,
-        _end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp_response: &[u8],
-        _now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        Ok(ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.signature_verification_algorithms.supported_schemes()
-    }
-}
-
 impl NodeClient {
     /// Builds the TLS client.
     ///
     /// # Errors
-    /// A message when the certificate or key cannot be used.
-    pub fn new(config: &NodeClientConfig) -> Result<Self, String> {
-        let certs: Vec<CertificateDer<'static>> =
-            CertificateDer::pem_slice_iter(&config.client_cert_pem)
-                .collect::<Result<_, _>>()
-                .map_err(|e| e.to_string())?;
-        let key =
-            PrivateKeyDer::from_pem_slice(&config.client_key_pem).map_err(|e| e.to_string())?;
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let mut cfg = rustls::ClientConfig::builder_with_provider(provider.clone())
-            .with_safe_default_protocol_versions()
-            .map_err(|e| e.to_string())?
-            .dangerous()
-            .with_custom_certificate_verifier(Arc::new(AnyServerCert(provider)))
-            .with_client_auth_cert(certs, key)
-            .map_err(|e| e.to_string())?;
-        cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
+    /// When the certificate or key cannot be used.
+    pub fn new(config: &NodeClientConfig) -> Result<Self, kubevirt_tls::ConfigError> {
+        let trust = match &config.server_ca_pem {
+            Some(ca) => ServerTrust::CaPem(ca),
+            None => ServerTrust::DangerAcceptAny,
+        };
+        let cfg = kubevirt_tls::client_config(
+            &trust,
+            Some((&config.client_cert_pem, &config.client_key_pem)),
+        )?;
         Ok(Self {
             tls: TlsConnector::from(Arc::new(cfg)),
         })

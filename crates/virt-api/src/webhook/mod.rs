@@ -18,22 +18,16 @@ use std::collections::BTreeSet;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
 
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use kubevirt_tls::{ClientAuth, SwappableCert};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
-use tokio::task::JoinSet;
-use tokio_rustls::TlsAcceptor;
-use tower::ServiceExt;
-use tracing::{debug, info, warn};
+use tracing::{debug, info};
 
 pub use registration::{WebhookTarget, webhook_configurations, webhook_configurations_for};
 pub use review::{kubevirt_service_accounts, paths};
@@ -60,8 +54,8 @@ pub struct WebhookServerConfig {
 #[derive(Debug, thiserror::Error)]
 pub enum WebhookServerError {
     /// The certificate or key could not be used.
-    #[error("configuring TLS: {0}")]
-    Tls(String),
+    #[error("configuring TLS")]
+    Tls(#[source] kubevirt_tls::ConfigError),
     /// Binding the listener failed.
     #[error("binding {0}")]
     Bind(SocketAddr, #[source] std::io::Error),
@@ -142,20 +136,8 @@ pub fn router(
 }
 
 fn tls_config(cert_pem: &[u8], key_pem: &[u8]) -> Result<rustls::ServerConfig, WebhookServerError> {
-    let tls = |e: &dyn std::fmt::Display| WebhookServerError::Tls(e.to_string());
-    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(cert_pem)
-        .collect::<Result<_, _>>()
-        .map_err(|e| tls(&e))?;
-    let key = PrivateKeyDer::from_pem_slice(key_pem).map_err(|e| tls(&e))?;
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|e| tls(&e))?
-        .with_no_client_auth()
-        .with_single_cert(certs, key)
-        .map_err(|e| tls(&e))?;
-    cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
-    Ok(cfg)
+    let cert = SwappableCert::from_pem(cert_pem, key_pem).map_err(WebhookServerError::Tls)?;
+    kubevirt_tls::server_config(cert, &ClientAuth::None).map_err(WebhookServerError::Tls)
 }
 
 /// Binds and serves the webhooks until `shutdown` completes; returns once listening.
@@ -166,7 +148,7 @@ pub async fn run_webhook_server(
     config: WebhookServerConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<WebhookServer, WebhookServerError> {
-    let tls = TlsAcceptor::from(Arc::new(tls_config(&config.cert_pem, &config.key_pem)?));
+    let tls = tls_config(&config.cert_pem, &config.key_pem)?;
     let listener = TcpListener::bind(config.listen)
         .await
         .map_err(|e| WebhookServerError::Bind(config.listen, e))?;
@@ -178,49 +160,12 @@ pub async fn run_webhook_server(
         config.service_accounts,
         config.client,
     );
-    let task = tokio::spawn(serve(listener, tls, app, shutdown));
+    let task = tokio::spawn(async move {
+        crate::serving::serve_until(listener, tls, app, shutdown).await;
+        info!("virt-api webhooks stopped");
+    });
     info!(%addr, "virt-api webhooks ready");
     Ok(WebhookServer { addr, task })
-}
-
-async fn serve(
-    listener: TcpListener,
-    tls: TlsAcceptor,
-    app: Router,
-    shutdown: impl Future<Output = ()>,
-) {
-    let mut conns = JoinSet::new();
-    tokio::pin!(shutdown);
-    loop {
-        tokio::select! {
-            () = &mut shutdown => break,
-            accepted = listener.accept() => {
-                let (tcp, peer) = match accepted {
-                    Ok(x) => x,
-                    Err(e) => { warn!(error = %e, "accept failed"); continue; }
-                };
-                let (tls, app) = (tls.clone(), app.clone());
-                conns.spawn(async move {
-                    let stream = match tokio::time::timeout(Duration::from_secs(10), tls.accept(tcp)).await {
-                        Ok(Ok(s)) => s,
-                        Ok(Err(e)) => { debug!(%peer, error = %e, "TLS handshake failed"); return; }
-                        Err(_) => return,
-                    };
-                    let svc = hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
-                        app.clone().oneshot(req.map(axum::body::Body::new))
-                    });
-                    let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-                    if let Err(e) = builder.serve_connection(TokioIo::new(stream), svc).await {
-                        debug!(%peer, error = %e, "connection ended with an error");
-                    }
-                });
-            }
-            Some(_) = conns.join_next(), if !conns.is_empty() => {}
-        }
-    }
-    conns.abort_all();
-    while conns.join_next().await.is_some() {}
-    info!("virt-api webhooks stopped");
 }
 
 #[cfg(test)]

@@ -1,0 +1,321 @@
+//! Round trips over loopback with a generated CA.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http_body_util::{BodyExt, Empty, Full};
+use hyper::body::{Bytes, Incoming};
+use hyper::{Request, Response};
+use hyper_util::rt::TokioIo;
+use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
+use rustls::pki_types::ServerName;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Notify;
+use tokio::task::JoinHandle;
+use tokio_rustls::TlsConnector;
+use tokio_rustls::client::TlsStream;
+use tokio_util::sync::CancellationToken;
+
+use crate::*;
+
+struct Ca {
+    pem: String,
+    issuer: Issuer<'static, KeyPair>,
+}
+
+fn ca(name: &str) -> Ca {
+    let key = KeyPair::generate().unwrap();
+    let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, name);
+    let cert = params.self_signed(&key).unwrap();
+    Ca {
+        pem: cert.pem(),
+        issuer: Issuer::new(params, key),
+    }
+}
+
+/// A leaf for `localhost` (server) or any client: (certificate PEM, key PEM).
+fn leaf(ca: &Ca, cn: &str) -> (String, String) {
+    let key = KeyPair::generate().unwrap();
+    let mut params = CertificateParams::new(vec!["localhost".to_owned()]).unwrap();
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, cn);
+    let cert = params.signed_by(&key, &ca.issuer).unwrap();
+    (cert.pem(), key.serialize_pem())
+}
+
+async fn hello(req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {
+    let who = match req.extensions().get::<PeerCertificates>() {
+        Some(certs) => format!("client with {} certificate(s)", certs.0.len()),
+        None => "anonymous".to_owned(),
+    };
+    Ok(Response::new(Full::new(Bytes::from(who))))
+}
+
+struct Server {
+    addr: SocketAddr,
+    shutdown: CancellationToken,
+    task: JoinHandle<()>,
+}
+
+async fn start<S, B>(config: rustls::ServerConfig, service: S, options: ServeOptions) -> Server
+where
+    S: tower::Service<Request<Incoming>, Response = Response<B>, Error = Infallible>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    B: hyper::body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn(serve(
+        listener,
+        Arc::new(config),
+        service,
+        options,
+        shutdown.clone(),
+    ));
+    Server {
+        addr,
+        shutdown,
+        task,
+    }
+}
+
+async fn connect(
+    addr: SocketAddr,
+    ca: &Ca,
+    identity: Option<&(String, String)>,
+) -> std::io::Result<TlsStream<TcpStream>> {
+    let config = client_config(
+        &ServerTrust::CaPem(ca.pem.as_bytes()),
+        identity.map(|(c, k)| (c.as_bytes(), k.as_bytes())),
+    )
+    .unwrap();
+    let tcp = TcpStream::connect(addr).await?;
+    TlsConnector::from(Arc::new(config))
+        .connect(ServerName::try_from("localhost").unwrap(), tcp)
+        .await
+}
+
+/// Sends `GET /` on a fresh connection and returns the body.
+async fn get(stream: TlsStream<TcpStream>) -> hyper::Result<String> {
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+    tokio::spawn(conn);
+    let resp = sender
+        .send_request(Request::get("/").body(Empty::<Bytes>::new()).unwrap())
+        .await?;
+    let body = resp.into_body().collect().await?.to_bytes();
+    Ok(String::from_utf8_lossy(&body).into_owned())
+}
+
+fn served_leaf(stream: &TlsStream<TcpStream>) -> Vec<u8> {
+    stream.get_ref().1.peer_certificates().unwrap()[0].to_vec()
+}
+
+#[tokio::test]
+async fn a_client_trusting_the_ca_gets_an_answer_and_its_certificate_reaches_the_handler() {
+    let ca = ca("ca");
+    let (cert, key) = leaf(&ca, "server");
+    let resolver = SwappableCert::from_pem(cert.as_bytes(), key.as_bytes()).unwrap();
+    let config =
+        server_config(resolver, &ClientAuth::Optional(ca.pem.clone().into_bytes())).unwrap();
+    let server = start(config, tower::service_fn(hello), ServeOptions::default()).await;
+
+    let anonymous = get(connect(server.addr, &ca, None).await.unwrap())
+        .await
+        .unwrap();
+    assert_eq!(anonymous, "anonymous");
+    let client = leaf(&ca, "admin");
+    let authenticated = get(connect(server.addr, &ca, Some(&client)).await.unwrap())
+        .await
+        .unwrap();
+    assert_eq!(authenticated, "client with 1 certificate(s)");
+}
+
+#[tokio::test]
+async fn a_required_client_ca_refuses_a_client_without_a_certificate() {
+    let ca = ca("ca");
+    let (cert, key) = leaf(&ca, "server");
+    let resolver = SwappableCert::from_pem(cert.as_bytes(), key.as_bytes()).unwrap();
+    let config =
+        server_config(resolver, &ClientAuth::Required(ca.pem.clone().into_bytes())).unwrap();
+    let server = start(config, tower::service_fn(hello), ServeOptions::default()).await;
+
+    // TLS 1.3: the client learns of the refusal when it first reads.
+    let refused = match connect(server.addr, &ca, None).await {
+        Ok(stream) => get(stream).await.is_err(),
+        Err(_) => true,
+    };
+    assert!(refused, "a client without a certificate is refused");
+    let client = leaf(&ca, "admin");
+    let answer = get(connect(server.addr, &ca, Some(&client)).await.unwrap())
+        .await
+        .unwrap();
+    assert_eq!(answer, "client with 1 certificate(s)");
+}
+
+#[tokio::test]
+async fn a_swapped_certificate_is_served_to_the_next_connection() {
+    let ca = ca("ca");
+    let (first, first_key) = leaf(&ca, "first");
+    let (second, second_key) = leaf(&ca, "second");
+    let resolver = SwappableCert::from_pem(first.as_bytes(), first_key.as_bytes()).unwrap();
+    let config = server_config(resolver.clone(), &ClientAuth::None).unwrap();
+    let server = start(config, tower::service_fn(hello), ServeOptions::default()).await;
+
+    let before = connect(server.addr, &ca, None).await.unwrap();
+    resolver
+        .swap_pem(second.as_bytes(), second_key.as_bytes())
+        .unwrap();
+    let after = connect(server.addr, &ca, None).await.unwrap();
+
+    let der = |pem: &str| certificates_from_pem(pem.as_bytes()).unwrap()[0].to_vec();
+    assert_eq!(served_leaf(&before), der(&first));
+    assert_eq!(served_leaf(&after), der(&second));
+    assert_eq!(
+        get(before).await.unwrap(),
+        "anonymous",
+        "the old connection still works"
+    );
+}
+
+#[test]
+fn a_key_that_does_not_belong_to_the_certificate_is_refused() {
+    let ca = ca("ca");
+    let (cert, _) = leaf(&ca, "server");
+    let (_, other_key) = leaf(&ca, "other");
+    let resolver = SwappableCert::from_pem(cert.as_bytes(), other_key.as_bytes());
+    assert!(matches!(resolver, Err(ConfigError::KeyMismatch(_))));
+}
+
+#[tokio::test]
+async fn a_client_that_never_sends_headers_is_disconnected() {
+    let ca = ca("ca");
+    let (cert, key) = leaf(&ca, "server");
+    let resolver = SwappableCert::from_pem(cert.as_bytes(), key.as_bytes()).unwrap();
+    let config = server_config(resolver, &ClientAuth::None).unwrap();
+    let options = ServeOptions {
+        header_read_timeout: Duration::from_millis(100),
+        ..ServeOptions::default()
+    };
+    let server = start(config, tower::service_fn(hello), options).await;
+
+    let mut stream = connect(server.addr, &ca, None).await.unwrap();
+    stream
+        .write_all(b"GET / HTTP/1.1\r\nHost: x\r\n")
+        .await
+        .unwrap();
+    // The head never ends; the server closes the connection (the read returns 0 bytes
+    // or an error) instead of waiting for ever.
+    let mut buf = Vec::new();
+    let _ = stream.read_to_end(&mut buf).await;
+    let text = String::from_utf8_lossy(&buf);
+    assert!(!text.contains("anonymous"), "no request was served: {text}");
+}
+
+#[tokio::test]
+async fn an_idle_kept_alive_connection_is_closed_by_the_server() {
+    let ca = ca("ca");
+    let (cert, key) = leaf(&ca, "server");
+    let resolver = SwappableCert::from_pem(cert.as_bytes(), key.as_bytes()).unwrap();
+    let config = server_config(resolver, &ClientAuth::None).unwrap();
+    let options = ServeOptions {
+        header_read_timeout: Duration::from_millis(100),
+        ..ServeOptions::default()
+    };
+    let server = start(config, tower::service_fn(hello), options).await;
+
+    let stream = connect(server.addr, &ca, None).await.unwrap();
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .unwrap();
+    let conn = tokio::spawn(conn);
+    let resp = sender
+        .send_request(Request::get("/").body(Empty::<Bytes>::new()).unwrap())
+        .await
+        .unwrap();
+    resp.into_body().collect().await.unwrap();
+    // The client keeps the connection for a next request; the server ends it.
+    let _ = conn.await.unwrap();
+    assert!(sender.is_closed());
+}
+
+#[tokio::test]
+async fn connections_beyond_the_cap_wait_until_a_slot_frees() {
+    let ca = ca("ca");
+    let (cert, key) = leaf(&ca, "server");
+    let resolver = SwappableCert::from_pem(cert.as_bytes(), key.as_bytes()).unwrap();
+    let config = server_config(resolver, &ClientAuth::None).unwrap();
+    let options = ServeOptions {
+        max_connections: 1,
+        ..ServeOptions::default()
+    };
+    let server = start(config, tower::service_fn(hello), options).await;
+
+    let first = connect(server.addr, &ca, None).await.unwrap();
+    let addr = server.addr;
+    let ca2 = Ca {
+        pem: ca.pem.clone(),
+        issuer: ca.issuer,
+    };
+    let mut second = tokio::spawn(async move {
+        get(connect(addr, &ca2, None).await?)
+            .await
+            .map_err(std::io::Error::other)
+    });
+    // The second connection is not accepted while the first one holds the slot, so its
+    // handshake cannot complete, however long it waits.
+    let waited = tokio::time::timeout(Duration::from_millis(100), &mut second).await;
+    assert!(
+        waited.is_err(),
+        "the second connection was served too early"
+    );
+    drop(first);
+    assert_eq!(second.await.unwrap().unwrap(), "anonymous");
+}
+
+#[tokio::test]
+async fn shutdown_lets_the_request_in_flight_finish_and_stops_accepting() {
+    let ca = ca("ca");
+    let (cert, key) = leaf(&ca, "server");
+    let resolver = SwappableCert::from_pem(cert.as_bytes(), key.as_bytes()).unwrap();
+    let config = server_config(resolver, &ClientAuth::None).unwrap();
+    let entered = Arc::new(Notify::new());
+    let release = Arc::new(Notify::new());
+    let service = {
+        let (entered, release) = (entered.clone(), release.clone());
+        tower::service_fn(move |_req: Request<Incoming>| {
+            let (entered, release) = (entered.clone(), release.clone());
+            async move {
+                entered.notify_one();
+                release.notified().await;
+                Ok::<_, Infallible>(Response::new(Full::new(Bytes::from("finished"))))
+            }
+        })
+    };
+    let server = start(config, service, ServeOptions::default()).await;
+
+    let stream = connect(server.addr, &ca, None).await.unwrap();
+    let in_flight = tokio::spawn(get(stream));
+    entered.notified().await;
+    server.shutdown.cancel();
+    release.notify_one();
+    assert_eq!(in_flight.await.unwrap().unwrap(), "finished");
+    server.task.await.unwrap();
+    assert!(
+        TcpStream::connect(server.addr).await.is_err(),
+        "the listener is closed"
+    );
+}
