@@ -184,12 +184,17 @@ pub fn desired_status(
     }
     if let Observation::Domain(domain) = observation {
         let paused = (domain.state == DomainState::Paused).then(|| {
-            let reason = if domain.reason == StateReason::User {
-                "PausedByUser"
+            // The launcher tells a `pause` command (User) from QEMU stopping on its own
+            // (Emulator: in practice a disk with `werror=stop` hitting an I/O error).
+            let (reason, message) = if domain.reason == StateReason::User {
+                ("PausedByUser", "VMI was paused by user")
             } else {
-                "PausedIOError"
+                (
+                    "PausedIOError",
+                    "VMI was paused, low-level IO error detected",
+                )
             };
-            condition("Paused", "True", reason, "VMI was paused", now)
+            condition("Paused", "True", reason, message, now)
         });
         set_condition(&mut conditions, "Paused", paused);
     }

@@ -217,6 +217,7 @@ fn pause_sets_and_unpause_clears_the_paused_condition() {
         .cloned()
         .unwrap();
     assert_eq!(paused["reason"], "PausedByUser");
+    assert_eq!(paused["message"], "VMI was paused by user");
     assert_eq!(paused_status["phase"], "Running");
     let paused_vmi = with_status(running, &paused_status);
     let resumed = desired_status(
@@ -231,6 +232,38 @@ fn pause_sets_and_unpause_clears_the_paused_condition() {
             .unwrap()
             .iter()
             .any(|c| c["type"] == "Paused")
+    );
+}
+
+#[test]
+fn a_domain_stopped_by_qemu_itself_is_paused_by_an_io_error() {
+    let vmi = scheduled_vmi();
+    let running = with_status(
+        vmi.clone(),
+        &desired_status(
+            &vmi,
+            &domain(DomainState::Running, StateReason::Booted),
+            &facts(Accel::Kvm),
+            NOW,
+        ),
+    );
+    let status = desired_status(
+        &running,
+        &domain(DomainState::Paused, StateReason::Emulator),
+        &facts(Accel::Kvm),
+        NOW,
+    );
+    let paused = status["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "Paused")
+        .cloned()
+        .unwrap();
+    assert_eq!(paused["reason"], "PausedIOError");
+    assert_eq!(
+        paused["message"],
+        "VMI was paused, low-level IO error detected"
     );
 }
 
