@@ -31,8 +31,36 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-/// How often the heartbeat is refreshed.
+/// The heartbeat period; each wait adds a random jitter of up to
+/// [`HEARTBEAT_JITTER_FACTOR`] times it, as upstream's `wait.JitterUntil(…, 1.2, sliding)`.
 pub const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(60);
+
+/// Upstream's heartbeat jitter factor.
+pub const HEARTBEAT_JITTER_FACTOR: f64 = 1.2;
+
+/// The wait before the next heartbeat: `period + fraction × factor × period`, where
+/// `fraction` is a random number in `[0, 1)` (clamped into it), as apimachinery's
+/// `wait.Jitter`.
+pub fn jittered(period: Duration, factor: f64, fraction: f64) -> Duration {
+    let fraction = if fraction.is_finite() {
+        fraction.clamp(0.0, 1.0)
+    } else {
+        0.0
+    };
+    period + period.mul_f64(fraction * factor.max(0.0))
+}
+
+/// A random number in `[0, 1)` from the standard library's per-process random hasher keys
+/// (jitter needs no stronger source, nor a dependency).
+fn random_fraction() -> f64 {
+    use std::hash::BuildHasher;
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let bits = std::collections::hash_map::RandomState::new().hash_one(nanos);
+    // The top 53 bits fill an f64 mantissa exactly.
+    (bits >> 11) as f64 / (1u64 << 53) as f64
+}
 /// Label prefix of CPU features.
 pub const CPU_FEATURE_PREFIX: &str = "cpu-feature.node.kubevirt.io/";
 /// Label prefix of usable CPU models.
@@ -428,7 +456,8 @@ async fn heartbeat(api: &Api<Node>, node_name: &str, embedded: bool) -> Result<(
     Ok(())
 }
 
-/// Registers the node, then refreshes the heartbeat every [`HEARTBEAT_INTERVAL`] until
+/// Registers the node, then refreshes the heartbeat after each [`jittered`] wait of
+/// [`HEARTBEAT_INTERVAL`] (counted from the end of the previous heartbeat) until
 /// `cancel` fires. Failures are logged and retried on the next tick (registration every 5 s
 /// until it succeeds).
 pub async fn run_node_agent(
@@ -451,12 +480,15 @@ pub async fn run_node_agent(
             () = tokio::time::sleep(Duration::from_secs(5)) => {}
         }
     }
-    let mut tick = tokio::time::interval(HEARTBEAT_INTERVAL);
-    tick.tick().await;
     loop {
+        let wait = jittered(
+            HEARTBEAT_INTERVAL,
+            HEARTBEAT_JITTER_FACTOR,
+            random_fraction(),
+        );
         tokio::select! {
             () = cancel.cancelled() => return,
-            _ = tick.tick() => {}
+            () = tokio::time::sleep(wait) => {}
         }
         if let Err(e) = heartbeat(&api, &node_name, embedded).await {
             warn!(error = %e, "node heartbeat failed; retrying on the next tick");
@@ -467,6 +499,22 @@ pub async fn run_node_agent(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn heartbeat_waits_one_minute_plus_up_to_one_point_two_minutes_of_jitter() {
+        let p = HEARTBEAT_INTERVAL;
+        let f = HEARTBEAT_JITTER_FACTOR;
+        assert_eq!(jittered(p, f, 0.0), Duration::from_secs(60));
+        assert_eq!(jittered(p, f, 0.5), Duration::from_secs(96));
+        assert_eq!(jittered(p, f, 1.0), Duration::from_secs(132));
+        assert_eq!(jittered(p, f, f64::NAN), Duration::from_secs(60));
+        for _ in 0..100 {
+            let r = random_fraction();
+            assert!((0.0..1.0).contains(&r), "{r}");
+            let wait = jittered(p, f, r);
+            assert!(wait >= Duration::from_secs(60) && wait < Duration::from_secs(132));
+        }
+    }
 
     const CPUINFO: &str = "processor\t: 0\nvendor_id\t: GenuineIntel\nmodel name\t: Intel(R) Xeon(R) Platinum 8375C CPU @ 2.90GHz\nflags\t\t: fpu vme tsc constant_tsc nonstop_tsc ssse3 fma sse4_1 sse4_2 popcnt aes xsave avx f16c rdrand hypervisor tsc_deadline_timer pclmulqdq fsgsbase smep erms avx2 bmi1 bmi2 movbe invpcid sha_ni\n\nprocessor\t: 1\nvendor_id\t: GenuineIntel\nmodel name\t: Intel(R) Xeon(R) Platinum 8375C CPU @ 2.90GHz\nflags\t\t: fpu\n";
 

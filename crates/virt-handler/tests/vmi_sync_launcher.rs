@@ -77,6 +77,7 @@ impl Cluster {
             "spec": {
                 "terminationGracePeriodSeconds": 30,
                 "domain": {
+                    "features": {"acpi": {}},
                     "cpu": {"cores": 1},
                     "memory": {"guest": "128Mi"},
                     "firmware": {"kernelBoot": {
@@ -255,7 +256,7 @@ async fn fake_launchers_drive_vmis_to_running_succeeded_and_failed_and_survive_a
     let failed = cluster
         .wait_vmi("beta", "beta Failed", phase_is("Failed"))
         .await?;
-    assert_eq!(failed["status"]["reason"], "Destroyed");
+    assert!(failed["status"].get("reason").is_none());
 
     let alpha = serde_json::to_value(cluster.vmis().get("alpha").await?)?;
     assert_eq!(alpha["status"]["phase"], "Running");

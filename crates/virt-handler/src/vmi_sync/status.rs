@@ -7,7 +7,7 @@
 //! phase (and of the conditions when it rewrites them), so a concurrent writer makes the
 //! patch fail instead of being overwritten. Nothing is written when nothing changed.
 //!
-//! Handler-owned fields: `phase` from Scheduled on, `reason` for failures,
+//! Handler-owned fields: `phase` from Scheduled on (never `reason`, as upstream),
 //! `phaseTransitionTimestamps` (appended on each phase change), `interfaces`, `machine`,
 //! `currentCPUTopology`, `memory`, and the conditions `LiveMigratable`, `Paused`,
 //! `SoftwareEmulation` and `Synchronized` (the last only while a sync fails).
@@ -40,23 +40,36 @@ pub struct DomainFacts {
     pub accel_reason: String,
 }
 
-/// The phase (and failure reason) a domain state means; `None` leaves the phase alone.
-pub fn phase_for(
-    domain: &DomainStatus,
-    grace_period_seconds: i64,
-) -> Option<(Phase, Option<String>)> {
+/// Whether the domain was given a graceful shutdown before being destroyed: a grace
+/// period and ACPI in the domain, as upstream's `isACPIEnabled` (the converter puts ACPI in
+/// the domain only when the VMI has `features` and does not disable `acpi`).
+pub fn acpi_shutdown_attempted(vmi: &VirtualMachineInstance) -> bool {
+    let grace = vmi
+        .spec
+        .termination_grace_period_seconds
+        .unwrap_or(kubevirt_api::v1::DEFAULT_GRACE_PERIOD_SECONDS);
+    let acpi = vmi
+        .spec
+        .domain
+        .features
+        .as_ref()
+        .is_some_and(|f| f.acpi.as_ref().is_none_or(|a| a.enabled != Some(false)));
+    grace > 0 && acpi
+}
+
+/// The phase a domain state means; `None` leaves the phase alone. `acpi_shutdown` is
+/// [`acpi_shutdown_attempted`] for the VMI.
+pub fn phase_for(domain: &DomainStatus, acpi_shutdown: bool) -> Option<Phase> {
     match domain.state {
         DomainState::Pending => None,
-        DomainState::Running | DomainState::Paused => Some((Phase::Running, None)),
+        DomainState::Running | DomainState::Paused => Some(Phase::Running),
         DomainState::Shutoff => match domain.reason {
-            // Ended on request: a kill with no grace period is an orderly stop; a shutdown
-            // escalated after the grace period is a failure, as upstream.
-            StateReason::Destroyed if grace_period_seconds > 0 => {
-                Some((Phase::Failed, Some("Destroyed".to_owned())))
-            }
-            _ => Some((Phase::Succeeded, None)),
+            // Destroyed after a graceful shutdown was tried means the grace period ran out: a
+            // failure. Without a grace period or ACPI a destroyed domain is fine, as upstream.
+            StateReason::Destroyed if acpi_shutdown => Some(Phase::Failed),
+            _ => Some(Phase::Succeeded),
         },
-        DomainState::Crashed => Some((Phase::Failed, Some(format!("{:?}", domain.reason)))),
+        DomainState::Crashed => Some(Phase::Failed),
     }
 }
 
@@ -160,18 +173,12 @@ pub fn desired_status(
     {
         return status;
     }
-    let grace = vmi
-        .spec
-        .termination_grace_period_seconds
-        .unwrap_or(kubevirt_api::v1::DEFAULT_GRACE_PERIOD_SECONDS);
     let mut conditions: Vec<Value> = status["conditions"].as_array().cloned().unwrap_or_default();
-    let (phase, reason) = match observation {
-        Observation::Domain(domain) => match phase_for(domain, grace) {
-            Some(p) => p,
-            None => (old_phase.clone().unwrap_or(Phase::Scheduled), None),
-        },
-        Observation::LauncherGone(_) => (Phase::Failed, Some("LauncherUnresponsive".to_owned())),
-        Observation::SyncFailed(..) => (old_phase.clone().unwrap_or(Phase::Scheduled), None),
+    let phase = match observation {
+        Observation::Domain(domain) => phase_for(domain, acpi_shutdown_attempted(vmi))
+            .unwrap_or_else(|| old_phase.clone().unwrap_or(Phase::Scheduled)),
+        Observation::LauncherGone(_) => Phase::Failed,
+        Observation::SyncFailed(..) => old_phase.clone().unwrap_or(Phase::Scheduled),
     };
     if let Observation::SyncFailed(reason, message) = observation {
         set_condition(
@@ -184,12 +191,17 @@ pub fn desired_status(
     }
     if let Observation::Domain(domain) = observation {
         let paused = (domain.state == DomainState::Paused).then(|| {
-            let reason = if domain.reason == StateReason::User {
-                "PausedByUser"
+            // The launcher tells a `pause` command (User) from QEMU stopping on its own
+            // (Emulator: in practice a disk with `werror=stop` hitting an I/O error).
+            let (reason, message) = if domain.reason == StateReason::User {
+                ("PausedByUser", "VMI was paused by user")
             } else {
-                "PausedIOError"
+                (
+                    "PausedIOError",
+                    "VMI was paused, low-level IO error detected",
+                )
             };
-            condition("Paused", "True", reason, "VMI was paused", now)
+            condition("Paused", "True", reason, message, now)
         });
         set_condition(&mut conditions, "Paused", paused);
     }
@@ -226,9 +238,6 @@ pub fn desired_status(
             .unwrap_or_default();
         stamps.push(json!({"phase": phase.as_str(), "phaseTransitionTimestamp": now}));
         status["phaseTransitionTimestamps"] = Value::Array(stamps);
-        if let Some(reason) = reason {
-            status["reason"] = json!(reason);
-        }
     }
     status
 }

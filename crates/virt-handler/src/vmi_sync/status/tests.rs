@@ -103,33 +103,56 @@ fn domain_states_map_to_phases_like_upstream() {
         message: None,
     };
     assert_eq!(
-        phase_for(&d(DomainState::Pending, StateReason::Unknown), 30),
+        phase_for(&d(DomainState::Pending, StateReason::Unknown), true),
         None
     );
     assert_eq!(
-        phase_for(&d(DomainState::Running, StateReason::Booted), 30),
-        Some((Phase::Running, None))
+        phase_for(&d(DomainState::Running, StateReason::Booted), true),
+        Some(Phase::Running)
     );
     assert_eq!(
-        phase_for(&d(DomainState::Paused, StateReason::User), 30),
-        Some((Phase::Running, None))
+        phase_for(&d(DomainState::Paused, StateReason::User), true),
+        Some(Phase::Running)
     );
     assert_eq!(
-        phase_for(&d(DomainState::Shutoff, StateReason::GuestShutdown), 30),
-        Some((Phase::Succeeded, None))
+        phase_for(&d(DomainState::Shutoff, StateReason::GuestShutdown), true),
+        Some(Phase::Succeeded)
     );
     assert_eq!(
-        phase_for(&d(DomainState::Shutoff, StateReason::Destroyed), 30),
-        Some((Phase::Failed, Some("Destroyed".into())))
+        phase_for(&d(DomainState::Shutoff, StateReason::Destroyed), true),
+        Some(Phase::Failed)
     );
     assert_eq!(
-        phase_for(&d(DomainState::Shutoff, StateReason::Destroyed), 0),
-        Some((Phase::Succeeded, None))
+        phase_for(&d(DomainState::Shutoff, StateReason::Destroyed), false),
+        Some(Phase::Succeeded)
     );
     assert_eq!(
-        phase_for(&d(DomainState::Crashed, StateReason::QemuExited), 30),
-        Some((Phase::Failed, Some("QemuExited".into())))
+        phase_for(&d(DomainState::Crashed, StateReason::QemuExited), true),
+        Some(Phase::Failed)
     );
+}
+
+#[test]
+fn a_destroyed_domain_fails_only_when_acpi_and_a_grace_period_were_there() {
+    let mut vmi = scheduled_vmi();
+    // No `features`: upstream's converter puts no ACPI in the domain.
+    assert!(!acpi_shutdown_attempted(&vmi));
+    vmi.spec.domain.features = Some(serde_json::from_value(json!({"acpi": {}})).unwrap());
+    assert!(acpi_shutdown_attempted(&vmi));
+    vmi.spec.termination_grace_period_seconds = Some(0);
+    assert!(!acpi_shutdown_attempted(&vmi));
+    vmi.spec.termination_grace_period_seconds = None;
+    vmi.spec.domain.features =
+        Some(serde_json::from_value(json!({"acpi": {"enabled": false}})).unwrap());
+    assert!(!acpi_shutdown_attempted(&vmi));
+    let status = desired_status(
+        &vmi,
+        &domain(DomainState::Shutoff, StateReason::Destroyed),
+        &facts(Accel::Kvm),
+        NOW,
+    );
+    assert_eq!(status["phase"], "Succeeded");
+    assert!(status.get("reason").is_none());
 }
 
 #[test]
@@ -217,6 +240,7 @@ fn pause_sets_and_unpause_clears_the_paused_condition() {
         .cloned()
         .unwrap();
     assert_eq!(paused["reason"], "PausedByUser");
+    assert_eq!(paused["message"], "VMI was paused by user");
     assert_eq!(paused_status["phase"], "Running");
     let paused_vmi = with_status(running, &paused_status);
     let resumed = desired_status(
@@ -235,7 +259,39 @@ fn pause_sets_and_unpause_clears_the_paused_condition() {
 }
 
 #[test]
-fn a_crash_fails_the_vmi_with_a_reason_and_final_phases_are_left_alone() {
+fn a_domain_stopped_by_qemu_itself_is_paused_by_an_io_error() {
+    let vmi = scheduled_vmi();
+    let running = with_status(
+        vmi.clone(),
+        &desired_status(
+            &vmi,
+            &domain(DomainState::Running, StateReason::Booted),
+            &facts(Accel::Kvm),
+            NOW,
+        ),
+    );
+    let status = desired_status(
+        &running,
+        &domain(DomainState::Paused, StateReason::Emulator),
+        &facts(Accel::Kvm),
+        NOW,
+    );
+    let paused = status["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "Paused")
+        .cloned()
+        .unwrap();
+    assert_eq!(paused["reason"], "PausedIOError");
+    assert_eq!(
+        paused["message"],
+        "VMI was paused, low-level IO error detected"
+    );
+}
+
+#[test]
+fn a_crash_fails_the_vmi_without_a_status_reason_and_final_phases_are_left_alone() {
     let vmi = scheduled_vmi();
     let failed = desired_status(
         &vmi,
@@ -244,7 +300,7 @@ fn a_crash_fails_the_vmi_with_a_reason_and_final_phases_are_left_alone() {
         NOW,
     );
     assert_eq!(failed["phase"], "Failed");
-    assert_eq!(failed["reason"], "FailedToStart");
+    assert!(failed.get("reason").is_none());
     let failed_vmi = with_status(vmi, &failed);
     let later = desired_status(
         &failed_vmi,
@@ -266,7 +322,7 @@ fn a_vanished_launcher_fails_the_vmi_and_a_refused_sync_is_a_condition() {
         NOW,
     );
     assert_eq!(gone["phase"], "Failed");
-    assert_eq!(gone["reason"], "LauncherUnresponsive");
+    assert!(gone.get("reason").is_none());
     let refused = desired_status(
         &vmi,
         &Observation::SyncFailed("ImageNotFound".into(), "image x is missing".into()),
