@@ -125,7 +125,7 @@ fn live_migratable(vmi: &VirtualMachineInstance, now: &str) -> Value {
             "LiveMigratable",
             "False",
             "InterfaceNotLiveMigratable",
-            "cannot migrate VMI which does not use masquerade to connect to the pod network",
+            "cannot migrate VMI which does not use masquerade or a migratable plugin to connect to the pod network",
             now,
         );
     }
@@ -135,15 +135,12 @@ fn live_migratable(vmi: &VirtualMachineInstance, now: &str) -> Value {
             .as_ref()
             .is_some_and(|h| h.shared != Some(true))
     });
-    if let Some(v) = host_disk {
+    if host_disk.is_some() {
         return condition(
             "LiveMigratable",
             "False",
             "DisksNotLiveMigratable",
-            &format!(
-                "cannot migrate VMI: hostDisk volume {:?} is not shared",
-                v.name
-            ),
+            "cannot migrate VMI with non-shared HostDisk",
             now,
         );
     }

@@ -364,6 +364,10 @@ fn bridge_on_the_pod_network_is_not_live_migratable() {
         .unwrap();
     assert_eq!(lm["status"], "False");
     assert_eq!(lm["reason"], "InterfaceNotLiveMigratable");
+    assert_eq!(
+        lm["message"],
+        "cannot migrate VMI which does not use masquerade or a migratable plugin to connect to the pod network"
+    );
     assert!(
         !desired["conditions"]
             .as_array()
