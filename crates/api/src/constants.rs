@@ -172,3 +172,9 @@ pub const COMPUTE_CONTAINER_NAME: &str = "compute";
 pub const VIRTUAL_MACHINE_UNPAUSED_READINESS_GATE: &str = "kubevirt.io/virtual-machine-unpaused";
 /// Taint key that triggers evacuation of a node.
 pub const NODE_DRAIN_TAINT_KEY: &str = "kubevirt.io/drain";
+
+/// The launcher pod's emptyDir volume that holds the launcher's sockets, disks and logs
+/// (upstream's `public` volume at `/var/run/kubevirt`).
+pub const LAUNCHER_VOLUME: &str = "public";
+/// Where the launcher pod's containers see [`LAUNCHER_VOLUME`].
+pub const LAUNCHER_DIR: &str = "/var/run/kubevirt";

@@ -15,5 +15,5 @@ mod string_enum;
 pub mod constants;
 pub mod crd;
 pub mod pool;
-pub mod quantity;
+pub use k8s_quantity as quantity;
 pub mod v1;

@@ -11,26 +11,22 @@ pub struct HandlerArgs {
     /// Kubeconfig of the API server.
     #[arg(long)]
     pub kubeconfig: PathBuf,
-    /// State directory: `pods/`, `images/`, `hostdisks/`.
+    /// State directory: `images/`, `hostdisks/`.
     #[arg(long)]
     pub data_dir: PathBuf,
+    /// The kubelet's pod directory (where launcher pods' emptyDir volumes are).
+    #[arg(long, default_value = "/var/lib/kubelet/pods")]
+    pub kubelet_pods_dir: PathBuf,
+    /// Address of the REST server (console, VNC, pause) virt-api connects to.
+    #[arg(long, default_value = "0.0.0.0:8186")]
+    pub listen: std::net::SocketAddr,
     /// This node's name (default: the hostname).
     #[arg(long)]
     pub node_name: Option<String>,
-    /// Also run the scheduler and the pod runner and act as this node's kubelet.
-    #[arg(long)]
-    pub embedded: bool,
-    /// The node's address.
-    #[arg(long, default_value = "127.0.0.1")]
-    pub host_ip: String,
     /// Force (`true`) or forbid (`false`) software emulation instead of following the
     /// KubeVirt CR.
     #[arg(long)]
     pub use_emulation: Option<bool>,
-    /// Start launchers with a fake QEMU that reports a running domain (control-plane
-    /// benchmarks).
-    #[arg(long)]
-    pub fake_qemu: bool,
 }
 
 async fn client_from(kubeconfig: &Path) -> anyhow::Result<kube::Client> {
@@ -63,15 +59,13 @@ pub fn run(args: HandlerArgs) -> anyhow::Result<()> {
                 .node_name
                 .unwrap_or_else(virt_handler::default_node_name),
             data_dir: args.data_dir,
-            launcher_image: virt_controller::vmi::template::LauncherPodConfig::default()
-                .launcher_image,
-            launcher_program: std::env::current_exe().context("locating the kubevirt-rs binary")?,
-            host_ip: args.host_ip,
-            embedded: args.embedded,
+            kubelet_pods_dir: args.kubelet_pods_dir,
             use_emulation: args.use_emulation,
-            fake_qemu: args.fake_qemu,
-            cluster_ca_pem: cluster_ca(&args.kubeconfig),
-            node_serving_cert: None,
+            rest: cluster_ca(&args.kubeconfig).map(|ca| virt_handler::rest::RestConfig {
+                listen: args.listen,
+                client_ca_pem: ca,
+                serving_cert: None,
+            }),
         };
         let cancel = CancellationToken::new();
         let token = cancel.clone();

@@ -1,8 +1,8 @@
 //! `kubevirt-rs launcher`: the process of a launcher pod's `compute` container.
 //!
 //! Runs `virt_launcher::run_launcher` with its command socket at
-//! `<pod dir>/launcher.sock` (pod dir from `--pod-dir` or `$KUBEVIRT_RS_POD_DIR`, set by the
-//! pod runner) and every host path of the spec confined to the pod directory. On SIGTERM or
+//! `<pod dir>/launcher.sock` (`--pod-dir`: the pod's `public` emptyDir as the container sees
+//! it, `/var/run/kubevirt`) and every host path of the spec confined to the pod directory. On SIGTERM or
 //! SIGINT (pod deletion) it asks its own launcher for an ACPI power-down with the grace
 //! period (the launcher kills QEMU when the guest has not powered off by then) and exits once
 //! the final state was delivered; with no domain started it exits at once.
@@ -28,14 +28,15 @@ pub struct LauncherArgs {
     /// Seconds the guest gets to power off after SIGTERM before QEMU is killed.
     #[arg(long, default_value_t = 45)]
     pub grace_period_seconds: u64,
-    /// Report a running domain without starting QEMU (control-plane tests).
-    #[arg(long)]
+    /// Report a running domain without starting QEMU (control-plane tests; the embedded
+    /// server's launcher image sets it in its environment under `--fake-qemu`).
+    #[arg(long, env = "KUBEVIRT_RS_FAKE_QEMU")]
     pub fake_qemu: bool,
     /// The QEMU binary.
     #[arg(long, default_value = "qemu-system-x86_64")]
     pub qemu: PathBuf,
     /// The pod directory (socket, disks, logs).
-    #[arg(long, env = "KUBEVIRT_RS_POD_DIR")]
+    #[arg(long)]
     pub pod_dir: PathBuf,
 }
 

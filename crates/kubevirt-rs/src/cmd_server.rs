@@ -1,10 +1,12 @@
 //! `kubevirt-rs server`: the whole stack in one process on one machine.
 //!
-//! Wiring only: the API server (with the KubeVirt CRDs and a default `KubeVirt` CR), then each
+//! Wiring only. First the embedded Kubernetes: the API server (with the KubeVirt CRDs and a
+//! default `KubeVirt` CR), the scheduler and this machine's node agent (kubelet's role, with an
+//! image store holding this binary as the project's images). Then KubeVirt on it, each
 //! component with its own client and credentials to the loopback API server, exactly as they
 //! would run against a real cluster — virt-api (admission webhooks, registered through
 //! webhook configuration objects), virt-controller (behind its Lease) and virt-handler for
-//! this machine (with the embedded scheduler and pod runner). Components that stop with an
+//! this node. The two halves meet only at the Kubernetes API. Components that stop with an
 //! error are restarted after a second.
 
 use std::net::SocketAddr;
@@ -270,6 +272,31 @@ where
     })
 }
 
+/// The node's image store: this binary under the project's images (the launcher image of
+/// the default launcher pod configuration), with the environment its image would carry.
+fn project_images(fake_qemu: bool) -> anyhow::Result<kubevirt_node::images::ImageStore> {
+    let binary = std::env::current_exe().context("locating the kubevirt-rs binary")?;
+    let mut env = vec![];
+    for key in ["PATH", "RUST_LOG"] {
+        if let Some(value) = std::env::var_os(key) {
+            env.push((key.to_owned(), value.to_string_lossy().into_owned()));
+        }
+    }
+    if fake_qemu {
+        env.push(("KUBEVIRT_RS_FAKE_QEMU".to_owned(), "true".to_owned()));
+    }
+    let mut images = kubevirt_node::images::ImageStore::new();
+    images.insert(
+        &virt_controller::vmi::template::LauncherPodConfig::default().launcher_image,
+        kubevirt_node::images::Image {
+            programs: std::collections::BTreeMap::from([("kubevirt-rs".to_owned(), binary)]),
+            entrypoint: vec!["kubevirt-rs".to_owned()],
+            env,
+        },
+    );
+    Ok(images)
+}
+
 pub fn run(args: ServerArgs) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Runtime::new().context("starting the tokio runtime")?;
     runtime.block_on(serve(args))
@@ -324,29 +351,56 @@ async fn serve(args: ServerArgs) -> anyhow::Result<()> {
         async move { Ok(virt_controller::app::run_controller(client, config, &metrics, token).await?) }
     });
 
+    let ca_pem =
+        std::fs::read(data_dir.join("pki").join("ca.crt")).context("reading the cluster CA")?;
+    let serving_cert = || {
+        kubevirt_apiserver::pki::issue_serving_cert(
+            &data_dir,
+            vec!["127.0.0.1".into(), "localhost".into()],
+        )
+    };
+
+    // The embedded Kubernetes: scheduler and node agent.
+    let scheduler_client = client_from(&data_dir.join("kubeconfig")).await?;
+    let scheduler = supervise("scheduler", cancel.clone(), move |token| {
+        let client = scheduler_client.clone();
+        async move {
+            tokio::select! {
+                () = token.cancelled() => {}
+                () = kubevirt_scheduler::run(client) => {}
+            }
+            Ok(())
+        }
+    });
+    let node_client = client_from(&data_dir.join("kubeconfig")).await?;
+    let node_config = kubevirt_node::NodeConfig {
+        node_name: node_name.clone(),
+        data_dir: data_dir.join("node"),
+        images: project_images(args.fake_qemu)?,
+        host_ip: "127.0.0.1".into(),
+        cluster_ca_pem: Some(ca_pem.clone()),
+        serving_cert: Some(serving_cert().context("issuing the node's serving certificate")?),
+    };
+    let kubelet_pods_dir = node_config.pods_dir();
+    let node = supervise("node", cancel.clone(), move |token| {
+        let (client, config) = (node_client.clone(), node_config.clone());
+        async move { Ok(kubevirt_node::run_node(client, config, token).await?) }
+    });
+
+    // KubeVirt's node agent.
     let handler_client = client_from(&data_dir.join("kubeconfig-handler")).await?;
     let handler_config = virt_handler::HandlerConfig {
-        node_name: args
-            .node_name
-            .clone()
-            .unwrap_or_else(virt_handler::default_node_name),
+        node_name: node_name.clone(),
         data_dir: data_dir.clone(),
-        launcher_image: virt_controller::vmi::template::LauncherPodConfig::default().launcher_image,
-        launcher_program: std::env::current_exe().context("locating the kubevirt-rs binary")?,
-        host_ip: "127.0.0.1".into(),
-        embedded: true,
+        kubelet_pods_dir,
         use_emulation: args.use_emulation.then_some(true),
-        fake_qemu: args.fake_qemu,
-        cluster_ca_pem: Some(
-            std::fs::read(data_dir.join("pki").join("ca.crt")).context("reading the cluster CA")?,
-        ),
-        node_serving_cert: Some(
-            kubevirt_apiserver::pki::issue_serving_cert(
-                &data_dir,
-                vec!["127.0.0.1".into(), "localhost".into()],
-            )
-            .context("issuing the node's serving certificate")?,
-        ),
+        rest: Some(virt_handler::rest::RestConfig {
+            listen: "127.0.0.1:0".parse().context("address")?,
+            client_ca_pem: ca_pem.clone(),
+            serving_cert: Some(
+                serving_cert().context("issuing virt-handler's serving certificate")?,
+            ),
+        }),
     };
     let handler = supervise("virt-handler", cancel.clone(), move |token| {
         let (client, config) = (handler_client.clone(), handler_config.clone());
@@ -360,7 +414,7 @@ async fn serve(args: ServerArgs) -> anyhow::Result<()> {
     // Let the components finish their last API calls (the controller releases its Lease)
     // before the API server goes away.
     let _ = tokio::time::timeout(Duration::from_secs(5), async {
-        let _ = tokio::join!(controller, handler);
+        let _ = tokio::join!(controller, handler, node, scheduler);
     })
     .await;
     server.stop().await;

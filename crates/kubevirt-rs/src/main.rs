@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 
+mod cmd_console_log;
 mod cmd_controller;
 mod cmd_handler;
 mod cmd_images;
@@ -22,8 +23,8 @@ struct Cli {
 enum Command {
     /// Print the KubeVirt CustomResourceDefinitions as a multi-document YAML stream.
     Crds,
-    /// Run everything on this machine: the API server with the KubeVirt CRDs, virt-api,
-    /// virt-controller and virt-handler (with the embedded scheduler and pod runner).
+    /// Run everything on this machine: the embedded Kubernetes (API server, scheduler, node
+    /// agent) and KubeVirt on it (virt-api, virt-controller, virt-handler).
     Server(cmd_server::ServerArgs),
     /// Run the embedded Kubernetes-compatible API server alone.
     Apiserver(ServerArgs),
@@ -33,6 +34,8 @@ enum Command {
     Handler(cmd_handler::HandlerArgs),
     /// Run one VMI's launcher (the launcher pod's `compute` container).
     Launcher(cmd_launcher::LauncherArgs),
+    /// Stream a VMI's serial console log (the launcher pod's `guest-console-log` container).
+    GuestConsoleLog(cmd_console_log::ConsoleLogArgs),
     /// Manage the local image store.
     Images(cmd_images::ImagesArgs),
 }
@@ -95,6 +98,7 @@ fn main() -> anyhow::Result<()> {
         Command::Controller(args) => cmd_controller::run(args)?,
         Command::Handler(args) => cmd_handler::run(args)?,
         Command::Launcher(args) => cmd_launcher::run(args)?,
+        Command::GuestConsoleLog(args) => cmd_console_log::run(args)?,
         Command::Images(args) => cmd_images::run(args)?,
     }
     Ok(())

@@ -162,6 +162,34 @@ impl FileAction {
             Self::Sparse { path, .. } | Self::CloudInit { path, .. } => path,
         }
     }
+
+    /// The same action with its target below `host_dir` instead of `launcher_dir`: the spec
+    /// names files as the launcher sees them in its pod; the handler writes them where that
+    /// directory is on the node. Targets elsewhere are kept.
+    pub fn on_host(&self, launcher_dir: &Path, host_dir: &Path) -> FileAction {
+        let map = |p: &Path| match p.strip_prefix(launcher_dir) {
+            Ok(rest) => host_dir.join(rest),
+            Err(_) => p.to_owned(),
+        };
+        match self {
+            Self::Copy { from, to } => Self::Copy {
+                from: from.clone(),
+                to: map(to),
+            },
+            Self::Link { from, to } => Self::Link {
+                from: from.clone(),
+                to: map(to),
+            },
+            Self::Sparse { path, size } => Self::Sparse {
+                path: map(path),
+                size: *size,
+            },
+            Self::CloudInit { path, files } => Self::CloudInit {
+                path: map(path),
+                files: files.clone(),
+            },
+        }
+    }
 }
 
 /// A launcher spec and the files it relies on.

@@ -1,21 +1,22 @@
-//! virt-handler: the node agent.
+//! virt-handler: KubeVirt's agent on each node.
 //!
-//! Data flow: [`run_handler`] registers this machine's Node and keeps its heartbeat
-//! ([`node`]), follows the VMIs scheduled here through their launchers ([`vmi_sync`], with the
+//! Data flow: [`run_handler`] labels this node's Node and keeps its heartbeat ([`node`]),
+//! follows the VMIs scheduled here through their launchers ([`vmi_sync`], with the
 //! VMI → launcher spec conversion in [`launcher_spec`] and images from the local store in
-//! [`images`]), and in embedded mode also runs the [`scheduler`] and the [`podrunner`] that
-//! play kube-scheduler and kubelet for launcher pods.
+//! [`images`]), and serves its REST API ([`rest`]: console, VNC, pause, unpause,
+//! softreboot) to virt-api. It runs the same way on the embedded node and on a real
+//! cluster: it finds a launcher through the launcher pod's `public` emptyDir volume in the
+//! kubelet's pod directory (`<kubelet pods dir>/<pod uid>/volumes/kubernetes.io~empty-dir/public/`,
+//! upstream's `/var/run/kubevirt` of the pod), never through the node agent.
 //!
-//! Directory layout below `data_dir`: `pods/<pod uid>/` (one per launcher pod: the launcher
-//! socket, QMP and serial sockets, disks, logs), `images/<name>/` (the image store) and
-//! `hostdisks/` (the only place `hostDisk` volumes may point to). Directories there are `0700`
-//! and files `0600` whatever the umask ([`virt_launcher::private_fs`]).
+//! Directory layout below `data_dir`: `images/<name>/` (the image store) and `hostdisks/`
+//! (the only place `hostDisk` volumes may point to). Directories there are `0700` and files
+//! `0600` whatever the umask ([`virt_launcher::private_fs`]).
 
 pub mod images;
 pub mod launcher_spec;
 pub mod node;
-pub mod podrunner;
-pub mod scheduler;
+pub mod rest;
 pub mod vmi_sync;
 
 use std::path::PathBuf;
@@ -27,36 +28,20 @@ use tokio_util::sync::CancellationToken;
 pub struct HandlerConfig {
     /// This node's name (the hostname unless configured).
     pub node_name: String,
-    /// Root of the handler's state: `pods/`, `images/`, `hostdisks/`.
+    /// Root of the handler's state: `images/`, `hostdisks/`.
     pub data_dir: PathBuf,
-    /// Pod images starting with this are launcher images the pod runner can run.
-    pub launcher_image: String,
-    /// The program that runs launcher containers (the `kubevirt-rs` binary).
-    pub launcher_program: PathBuf,
-    /// The node's address (Node `InternalIP`, pod and host IP of launcher pods).
-    pub host_ip: String,
-    /// Also run the scheduler and the pod runner, and act as the node's kubelet.
-    pub embedded: bool,
+    /// The kubelet's pod directory (upstream mounts `/var/lib/kubelet/pods` into the handler).
+    pub kubelet_pods_dir: PathBuf,
     /// Force (`Some(true)`) or forbid (`Some(false)`) software emulation; `None` follows
     /// the KubeVirt CR's `developerConfiguration.useEmulation`, then host detection.
     pub use_emulation: Option<bool>,
-    /// Start every launcher with `--fake-qemu` (a running domain without QEMU): control-plane
-    /// benchmarks and tests.
-    pub fake_qemu: bool,
-    /// The cluster CA (PEM). In embedded mode the node serves kubelet's `/containerLogs`
-    /// to clients with certificates from this CA (the API server's `pods/log`) and publishes
-    /// the port in the Node's `daemonEndpoints`; without it no log endpoint is served.
-    pub cluster_ca_pem: Option<Vec<u8>>,
-    /// Certificate and key (PEM) the log endpoint presents (self-signed when `None`).
-    pub node_serving_cert: Option<(String, String)>,
+    /// The REST server (console, VNC, pause): where it listens, the cluster CA whose client
+    /// certificates it accepts (virt-api's), and the certificate it presents. Without it no
+    /// REST server runs.
+    pub rest: Option<rest::RestConfig>,
 }
 
 impl HandlerConfig {
-    /// `data_dir/pods`: launcher pod directories.
-    pub fn pods_dir(&self) -> PathBuf {
-        self.data_dir.join("pods")
-    }
-
     /// `data_dir/hostdisks`: where `hostDisk` volumes may live.
     pub fn host_disk_dir(&self) -> PathBuf {
         self.data_dir.join("hostdisks")
@@ -86,63 +71,16 @@ pub enum HandlerError {
     /// A state directory could not be created.
     #[error("creating {0:?}")]
     StateDir(PathBuf, #[source] std::io::Error),
-    /// The node's log endpoint could not be started.
-    #[error("starting the node log endpoint")]
-    LogEndpoint(#[source] podrunner::logs::LogServerError),
+    /// The REST server could not be started.
+    #[error("starting virt-handler's REST server")]
+    Rest(#[source] rest::RestError),
 }
 
-/// Serves the node's container logs (see [`podrunner::logs`]) on the node address and a free
-/// port, answering from a cache of the pods bound to this node; returns the port.
-async fn start_log_endpoint(
-    client: &kube::Client,
-    config: &HandlerConfig,
-    ca_pem: &[u8],
-) -> Result<u16, HandlerError> {
-    use futures::StreamExt;
-    use k8s_openapi::api::core::v1::Pod;
-    use kube::runtime::{WatchStreamExt, reflector, watcher};
-    let (store, writer) = reflector::store::<Pod>();
-    let selector = format!("spec.nodeName={}", config.node_name);
-    let pods = watcher(
-        kube::Api::<Pod>::all(client.clone()),
-        watcher::Config::default().fields(&selector),
-    )
-    .default_backoff()
-    .reflect(writer)
-    .for_each(|_| async {});
-    tokio::spawn(pods);
-    let lookup: podrunner::logs::PodLookup =
-        std::sync::Arc::new(move |namespace: &str, name: &str| {
-            let pod = store.get(&reflector::ObjectRef::new(name).within(namespace))?;
-            let containers = pod
-                .spec
-                .as_ref()
-                .map(|s| s.containers.iter().map(|c| c.name.clone()).collect())
-                .unwrap_or_default();
-            Some((pod.metadata.uid.clone()?, containers))
-        });
-    let ip: std::net::IpAddr = config
-        .host_ip
-        .parse()
-        .unwrap_or(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST));
-    let (addr, _task) = podrunner::logs::serve_logs(
-        std::net::SocketAddr::new(ip, 0),
-        ca_pem,
-        config.pods_dir(),
-        lookup,
-        config.node_serving_cert.as_ref(),
-    )
-    .await
-    .map_err(HandlerError::LogEndpoint)?;
-    Ok(addr.port())
-}
-
-/// Creates the data directory and its `pods/`, `hostdisks/` and `images/` owner-only (`0700`),
+/// Creates the data directory and its `hostdisks/` and `images/` owner-only (`0700`),
 /// whatever the umask.
 fn create_state_dirs(config: &HandlerConfig) -> Result<(), HandlerError> {
     for dir in [
         config.data_dir.clone(),
-        config.pods_dir(),
         config.host_disk_dir(),
         config.data_dir.join("images"),
     ] {
@@ -165,44 +103,28 @@ pub async fn run_handler(
     create_state_dirs(&config)?;
     let sync = vmi_sync::SyncConfig {
         node_name: config.node_name.clone(),
-        pods_dir: config.pods_dir(),
+        kubelet_pods_dir: config.kubelet_pods_dir.clone(),
+        launcher_dir_in_pod: Some(PathBuf::from(kubevirt_api::constants::LAUNCHER_DIR)),
         images: images::ImageStore::new(&config.data_dir),
         host_disk_dir: config.host_disk_dir(),
         use_emulation: config.use_emulation,
     };
-    let kubelet_port = match (&config.cluster_ca_pem, config.embedded) {
-        (Some(ca), true) => Some(start_log_endpoint(&client, &config, ca).await?),
-        _ => None,
+    let _rest = match &config.rest {
+        Some(rest) => Some(
+            rest::serve(
+                client.clone(),
+                rest,
+                &config.node_name,
+                &config.kubelet_pods_dir,
+            )
+            .await
+            .map_err(HandlerError::Rest)?,
+        ),
+        None => None,
     };
-    let node = node::run_node_agent(
-        client.clone(),
-        config.node_name.clone(),
-        config.host_ip.clone(),
-        config.embedded,
-        kubelet_port,
-        cancel.clone(),
-    );
+    let node = node::run_node_agent(client.clone(), config.node_name.clone(), cancel.clone());
     let vmis = vmi_sync::run(client.clone(), sync, cancel.clone());
-    if config.embedded {
-        let runner = podrunner::PodRunnerConfig {
-            node_name: config.node_name.clone(),
-            state_dir: config.pods_dir(),
-            launcher_image: config.launcher_image.clone(),
-            launcher_program: config.launcher_program.clone(),
-            host_ip: config.host_ip.clone(),
-            fake_qemu: config.fake_qemu,
-        };
-        let embedded = async {
-            tokio::select! {
-                () = cancel.cancelled() => {}
-                () = scheduler::run(client.clone()) => {}
-                () = podrunner::run(client.clone(), runner) => {}
-            }
-        };
-        tokio::join!(node, vmis, embedded);
-    } else {
-        tokio::join!(node, vmis);
-    }
+    tokio::join!(node, vmis);
     Ok(())
 }
 
@@ -219,19 +141,13 @@ mod tests {
         let config = HandlerConfig {
             node_name: "node01".into(),
             data_dir: tmp.path().join("data"),
-            launcher_image: String::new(),
-            launcher_program: PathBuf::new(),
-            host_ip: "127.0.0.1".into(),
-            embedded: true,
+            kubelet_pods_dir: tmp.path().join("pods"),
             use_emulation: None,
-            fake_qemu: true,
-            cluster_ca_pem: None,
-            node_serving_cert: None,
+            rest: None,
         };
         create_state_dirs(&config).expect("create");
         for dir in [
             config.data_dir.clone(),
-            config.pods_dir(),
             config.host_disk_dir(),
             config.data_dir.join("images"),
         ] {

@@ -2,9 +2,15 @@
 //!
 //! Data flow: [`HostFacts::read`] gathers `/proc/cpuinfo`, `/proc/meminfo` and a few other
 //! files once; the pure [`node_labels`] and [`node_status`] turn them into what the Node
-//! shows; [`run_node_agent`] creates the Node (embedded mode: we are also its kubelet) or
-//! patches labels onto an existing one, then refreshes the `kubevirt.io/heartbeat`
-//! annotation (RFC 3339) and, in embedded mode, the `Ready` condition every 60 s.
+//! shows; [`run_node_agent`] waits for the Node (its kubelet registers it), patches the labels
+//! onto it and advertises the device resources guests need (`devices.kubevirt.io/kvm`,
+//! `…/tun`) in its capacity, then refreshes the `kubevirt.io/heartbeat` annotation
+//! (RFC 3339) and the schedulable label. The Node's `Ready` condition, addresses and base
+//! capacity are kubelet's, never the handler's.
+//!
+//! Upstream advertises the device resources through kubelet's device-plugin API; kubelets
+//! without one (the embedded node) take a status patch of these keys alone instead, which is
+//! what the handler sends.
 //!
 //! CPU labels (upstream derives them from libvirt's host capabilities; without libvirt they
 //! come from `/proc/cpuinfo`):
@@ -25,11 +31,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Node;
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::{Api, Patch, PatchParams};
 use kubevirt_api::constants::{HEARTBEAT_ANNOTATION, NODE_SCHEDULABLE_LABEL};
-use serde_json::{Value, json};
+use serde_json::json;
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::warn;
 
 /// The heartbeat period; each wait adds a random jitter of up to
 /// [`HEARTBEAT_JITTER_FACTOR`] times it, as upstream's `wait.JitterUntil(…, 1.2, sliding)`.
@@ -289,15 +295,9 @@ pub fn node_labels(node_name: &str, facts: &HostFacts) -> BTreeMap<String, Strin
     labels
 }
 
-/// Capacity (= allocatable) of the node.
-pub fn node_capacity(facts: &HostFacts) -> BTreeMap<String, String> {
+/// The device resources this node offers guests (capacity = allocatable).
+pub fn device_capacity(facts: &HostFacts) -> BTreeMap<String, String> {
     let mut capacity = BTreeMap::new();
-    capacity.insert("cpu".to_owned(), facts.cpu.processors.max(1).to_string());
-    capacity.insert(
-        "memory".to_owned(),
-        format!("{}Ki", facts.memory_bytes / 1024),
-    );
-    capacity.insert("pods".to_owned(), "110".to_owned());
     if facts.kvm_usable {
         capacity.insert(KVM_RESOURCE.to_owned(), "1k".to_owned());
     }
@@ -305,39 +305,6 @@ pub fn node_capacity(facts: &HostFacts) -> BTreeMap<String, String> {
         capacity.insert(TUN_RESOURCE.to_owned(), "1k".to_owned());
     }
     capacity
-}
-
-/// The Node status a kubelet would post (embedded mode).
-pub fn node_status(host_ip: &str, node_name: &str, facts: &HostFacts, now: &str) -> Value {
-    let capacity = node_capacity(facts);
-    json!({
-        "capacity": capacity,
-        "allocatable": capacity,
-        "conditions": [{
-            "type": "Ready",
-            "status": "True",
-            "reason": "KubeletReady",
-            "message": "kubevirt-rs handler is posting ready status",
-            "lastHeartbeatTime": now,
-            "lastTransitionTime": now,
-        }],
-        "addresses": [
-            {"type": "InternalIP", "address": host_ip},
-            {"type": "Hostname", "address": node_name},
-        ],
-        "nodeInfo": {
-            "machineID": facts.machine_id,
-            "systemUUID": facts.machine_id,
-            "bootID": facts.boot_id,
-            "kernelVersion": facts.kernel_version,
-            "osImage": facts.os_image,
-            "containerRuntimeVersion": concat!("kubevirt-rs://", env!("CARGO_PKG_VERSION")),
-            "kubeletVersion": concat!("v1.33.0-kubevirt-rs-", env!("CARGO_PKG_VERSION")),
-            "kubeProxyVersion": "",
-            "operatingSystem": "linux",
-            "architecture": "amd64",
-        },
-    })
 }
 
 /// Errors of node registration.
@@ -352,65 +319,42 @@ pub enum NodeError {
     /// Patching the Node failed.
     #[error("patching node {0}")]
     Patch(String, #[source] kube::Error),
-    /// The node does not exist and this handler may not create it (cluster mode).
-    #[error("node {0} does not exist")]
+    /// The node is not registered (yet): its kubelet creates it.
+    #[error("node {0} does not exist (yet)")]
     Missing(String),
 }
 
-/// Creates or updates the Node once: labels, heartbeat and (embedded) status.
+/// Patches the handler's labels, the heartbeat and the device resources onto the Node.
 ///
 /// # Errors
-/// [`NodeError`] when an API call fails.
+/// [`NodeError::Missing`] while the Node is not registered yet; [`NodeError`] when an API
+/// call fails.
 pub async fn register_node(
     api: &Api<Node>,
     node_name: &str,
-    host_ip: &str,
-    embedded: bool,
-    kubelet_port: Option<u16>,
     facts: &HostFacts,
 ) -> Result<(), NodeError> {
     let now = crate::now_rfc3339();
     let labels = node_labels(node_name, facts);
     let name = node_name.to_owned();
-    let existing = api
+    if api
         .get_opt(node_name)
         .await
-        .map_err(|e| NodeError::Get(name.clone(), e))?;
-    if existing.is_none() {
-        if !embedded {
-            return Err(NodeError::Missing(name));
-        }
-        let node: Node = serde_json::from_value(json!({
-            "apiVersion": "v1",
-            "kind": "Node",
-            "metadata": {
-                "name": node_name,
-                "labels": labels,
-                "annotations": {HEARTBEAT_ANNOTATION: now},
-            },
-        }))
-        .map_err(|e| NodeError::Create(name.clone(), kube::Error::SerdeError(e)))?;
-        match api.create(&PostParams::default(), &node).await {
-            Ok(_) => info!(node = node_name, "registered the node"),
-            Err(kube::Error::Api(e)) if e.code == 409 => {}
-            Err(e) => return Err(NodeError::Create(name, e)),
-        }
-    } else {
-        let patch =
-            json!({"metadata": {"labels": labels, "annotations": {HEARTBEAT_ANNOTATION: now}}});
-        api.patch(node_name, &PatchParams::default(), &Patch::Merge(patch))
-            .await
-            .map_err(|e| NodeError::Patch(name.clone(), e))?;
+        .map_err(|e| NodeError::Get(name.clone(), e))?
+        .is_none()
+    {
+        return Err(NodeError::Missing(name));
     }
-    if embedded {
-        let mut status = node_status(host_ip, node_name, facts, &now);
-        if let Some(port) = kubelet_port {
-            status["daemonEndpoints"] = json!({"kubeletEndpoint": {"Port": port}});
-        }
+    let patch = json!({"metadata": {"labels": labels, "annotations": {HEARTBEAT_ANNOTATION: now}}});
+    api.patch(node_name, &PatchParams::default(), &Patch::Merge(patch))
+        .await
+        .map_err(|e| NodeError::Patch(name.clone(), e))?;
+    let devices = device_capacity(facts);
+    if !devices.is_empty() {
         api.patch_status(
             node_name,
             &PatchParams::default(),
-            &Patch::Merge(json!({"status": status})),
+            &Patch::Merge(json!({"status": {"capacity": devices, "allocatable": devices}})),
         )
         .await
         .map_err(|e| NodeError::Patch(name, e))?;
@@ -418,66 +362,34 @@ pub async fn register_node(
     Ok(())
 }
 
-/// Refreshes the heartbeat annotation, the schedulable label and (embedded) the Ready
-/// condition's heartbeat time.
-async fn heartbeat(api: &Api<Node>, node_name: &str, embedded: bool) -> Result<(), NodeError> {
+/// Refreshes the heartbeat annotation and the schedulable label.
+async fn heartbeat(api: &Api<Node>, node_name: &str) -> Result<(), NodeError> {
     let now = crate::now_rfc3339();
     let patch = json!({"metadata": {
         "labels": {NODE_SCHEDULABLE_LABEL: "true"},
         "annotations": {HEARTBEAT_ANNOTATION: now},
     }});
-    let name = node_name.to_owned();
     api.patch(node_name, &PatchParams::default(), &Patch::Merge(patch))
         .await
-        .map_err(|e| NodeError::Patch(name.clone(), e))?;
-    if embedded {
-        let node = api
-            .get_status(node_name)
-            .await
-            .map_err(|e| NodeError::Get(name.clone(), e))?;
-        let mut conditions = node
-            .status
-            .and_then(|s| s.conditions)
-            .map(|c| serde_json::to_value(c).unwrap_or(Value::Null))
-            .unwrap_or(Value::Null);
-        if let Some(list) = conditions.as_array_mut() {
-            for c in list.iter_mut().filter(|c| c["type"] == "Ready") {
-                c["lastHeartbeatTime"] = json!(now);
-            }
-            api.patch_status(
-                node_name,
-                &PatchParams::default(),
-                &Patch::Merge(json!({"status": {"conditions": list}})),
-            )
-            .await
-            .map_err(|e| NodeError::Patch(name, e))?;
-        }
-    }
+        .map_err(|e| NodeError::Patch(node_name.to_owned(), e))?;
     Ok(())
 }
 
 /// Registers the node, then refreshes the heartbeat after each [`jittered`] wait of
 /// [`HEARTBEAT_INTERVAL`] (counted from the end of the previous heartbeat) until
-/// `cancel` fires. Failures are logged and retried on the next tick (registration every 5 s
-/// until it succeeds).
-pub async fn run_node_agent(
-    client: kube::Client,
-    node_name: String,
-    host_ip: String,
-    embedded: bool,
-    kubelet_port: Option<u16>,
-    cancel: CancellationToken,
-) {
+/// `cancel` fires. Failures are logged and retried on the next tick (registration
+/// until it succeeds, every second while the Node is not registered yet).
+pub async fn run_node_agent(client: kube::Client, node_name: String, cancel: CancellationToken) {
     let api: Api<Node> = Api::all(client);
     let facts = HostFacts::read();
     loop {
-        match register_node(&api, &node_name, &host_ip, embedded, kubelet_port, &facts).await {
+        match register_node(&api, &node_name, &facts).await {
             Ok(()) => break,
             Err(e) => warn!(error = %e, "node registration failed; retrying"),
         }
         tokio::select! {
             () = cancel.cancelled() => return,
-            () = tokio::time::sleep(Duration::from_secs(5)) => {}
+            () = tokio::time::sleep(Duration::from_secs(1)) => {}
         }
     }
     loop {
@@ -490,7 +402,7 @@ pub async fn run_node_agent(
             () = cancel.cancelled() => return,
             () = tokio::time::sleep(wait) => {}
         }
-        if let Err(e) = heartbeat(&api, &node_name, embedded).await {
+        if let Err(e) = heartbeat(&api, &node_name).await {
             warn!(error = %e, "node heartbeat failed; retrying on the next tick");
         }
     }
@@ -569,22 +481,13 @@ mod tests {
     #[test]
     fn kvm_capacity_is_offered_only_when_kvm_is_usable() {
         let mut f = facts();
-        let capacity = node_capacity(&f);
-        assert_eq!(capacity["cpu"], "2");
-        assert_eq!(capacity["memory"], format!("{}Ki", 24 << 20));
-        assert_eq!(capacity["pods"], "110");
+        f.tun = true;
+        let capacity = device_capacity(&f);
+        assert_eq!(capacity[TUN_RESOURCE], "1k");
         assert!(!capacity.contains_key(KVM_RESOURCE));
+        assert!(!capacity.contains_key("cpu"), "base capacity is kubelet's");
         f.kvm_usable = true;
-        assert_eq!(node_capacity(&f)[KVM_RESOURCE], "1k");
-    }
-
-    #[test]
-    fn status_is_ready_with_kubelet_reason() {
-        let status = node_status("10.0.0.5", "node01", &facts(), "2026-01-01T00:00:00Z");
-        assert_eq!(status["conditions"][0]["reason"], "KubeletReady");
-        assert_eq!(status["conditions"][0]["status"], "True");
-        assert_eq!(status["addresses"][0]["address"], "10.0.0.5");
-        assert_eq!(status["nodeInfo"]["architecture"], "amd64");
+        assert_eq!(device_capacity(&f)[KVM_RESOURCE], "1k");
     }
 
     #[test]

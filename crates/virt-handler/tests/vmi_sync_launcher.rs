@@ -49,7 +49,8 @@ impl Cluster {
     fn sync_config(&self) -> SyncConfig {
         SyncConfig {
             node_name: NODE.into(),
-            pods_dir: self.data.join("pods"),
+            kubelet_pods_dir: self.data.join("pods"),
+            launcher_dir_in_pod: None,
             images: ImageStore::new(&self.data),
             host_disk_dir: self.data.join("hostdisks"),
             use_emulation: Some(true),
@@ -57,7 +58,7 @@ impl Cluster {
     }
 
     fn pod_dir(&self, pod_uid: &str) -> PathBuf {
-        self.data.join("pods").join(pod_uid)
+        virt_handler::vmi_sync::worker::launcher_dir_on_host(&self.data.join("pods"), pod_uid)
     }
 
     fn vmis(&self) -> Api<VirtualMachineInstance> {

@@ -12,8 +12,8 @@
 pub mod accel;
 pub mod argv;
 pub mod launcher;
-pub mod log_rotation;
-pub mod private_fs;
+pub use private_fs;
+pub use private_fs::log_rotation;
 pub mod protocol;
 pub mod qmp;
 pub mod safe_path;

@@ -30,3 +30,18 @@ pub(crate) async fn wait_until(timeout: Duration, mut condition: impl FnMut() ->
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// The permission bits of `path` (without following a final symlink).
+pub(crate) fn mode_of(path: &std::path::Path) -> u32 {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::symlink_metadata(path)
+        .expect("metadata")
+        .permissions()
+        .mode()
+        & 0o777
+}
+
+/// Clears the umask of this test process (nextest runs each test in its own process).
+pub(crate) fn permissive_umask() {
+    nix::sys::stat::umask(nix::sys::stat::Mode::empty());
+}

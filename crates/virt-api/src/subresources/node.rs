@@ -1,10 +1,10 @@
-//! virt-api → node agent: the node-side half of pause, unpause, softreboot, console and vnc.
+//! virt-api → virt-handler: the node-side half of pause, unpause, softreboot, console and vnc.
 //!
-//! Data flow: the VMI's `status.nodeName` → the `Node` object → its `InternalIP` and the
-//! port in `status.daemonEndpoints.kubeletEndpoint.Port` → the VMI's launcher pod (label
-//! `kubevirt.io/created-by=<vmi uid>` on that node) → HTTPS to
-//! `/v1/namespaces/{ns}/pods/{pod}/{pause|unpause|softreboot}` (PUT) or a websocket to
-//! `…/{console|vnc}`.
+//! Data flow: the VMI's `status.nodeName` → the `Node` object → the handler's REST endpoint
+//! in its `kubevirt-rs.io/virt-handler-endpoint` annotation (`host:port`, written by the
+//! handler; upstream looks up the node's virt-handler pod and uses its pod IP and port 8186)
+//! → HTTPS to `/v1/namespaces/{ns}/virtualmachineinstances/{name}/{pause|unpause|softreboot}`
+//! (PUT) or a websocket to `…/{console|vnc}`, as upstream's handler serves them.
 //!
 //! # Assumptions
 //! The client certificate given in [`NodeClientConfig`] is signed by the CA the node agent
@@ -24,9 +24,8 @@ use std::sync::Arc;
 
 use axum::http::{HeaderValue, Request};
 use hyper_util::rt::TokioIo;
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::Node;
 use kube::Api;
-use kube::api::ListParams;
 use kubevirt_api::v1::VirtualMachineInstance;
 use kubevirt_tls::ServerTrust;
 use rustls::pki_types::ServerName;
@@ -61,15 +60,21 @@ pub struct NodeTarget {
     pub host: String,
     /// Node agent port.
     pub port: u16,
-    /// Pod namespace.
+    /// VMI namespace.
     pub namespace: String,
-    /// Launcher pod name.
-    pub pod: String,
+    /// VMI name.
+    pub name: String,
 }
+
+/// The Node annotation where virt-handler announces its REST endpoint (`host:port`).
+pub const HANDLER_ENDPOINT_ANNOTATION: &str = "kubevirt-rs.io/virt-handler-endpoint";
 
 impl NodeTarget {
     fn path(&self, sub: &str) -> String {
-        format!("/v1/namespaces/{}/pods/{}/{sub}", self.namespace, self.pod)
+        format!(
+            "/v1/namespaces/{}/virtualmachineinstances/{}/{sub}",
+            self.namespace, self.name
+        )
     }
 }
 
@@ -116,40 +121,26 @@ impl NodeClient {
             .get(&node_name)
             .await
             .map_err(SubError::internal)?;
-        let status = node.status.unwrap_or_default();
-        let addresses = status.addresses.unwrap_or_default();
-        let host = addresses
-            .iter()
-            .find(|a| a.type_ == "InternalIP")
-            .or_else(|| addresses.first())
-            .map(|a| a.address.clone())
-            .ok_or_else(|| SubError::internal(format!("node {node_name} has no address")))?;
-        let port = status
-            .daemon_endpoints
-            .and_then(|d| d.kubelet_endpoint)
-            .and_then(|k| u16::try_from(k.port).ok())
-            .filter(|p| *p != 0)
-            .ok_or_else(|| SubError::internal(format!("node {node_name} has no agent port")))?;
-        let namespace = vmi.metadata.namespace.clone().unwrap_or_default();
-        let uid = vmi.metadata.uid.clone().unwrap_or_default();
-        let pods = Api::<Pod>::namespaced(client.clone(), &namespace)
-            .list(&ListParams::default().labels(&format!("kubevirt.io/created-by={uid}")))
-            .await
-            .map_err(SubError::internal)?;
-        let pod = pods
-            .items
-            .iter()
-            .filter(|p| p.metadata.deletion_timestamp.is_none())
-            .find(|p| {
-                p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node_name.as_str())
-            })
-            .and_then(|p| p.metadata.name.clone())
-            .ok_or_else(|| SubError::internal("failed to find the VMI's launcher pod"))?;
+        let endpoint = node
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(HANDLER_ENDPOINT_ANNOTATION))
+            .ok_or_else(|| {
+                SubError::internal(format!(
+                    "no virt-handler endpoint known for node {node_name}"
+                ))
+            })?;
+        let addr: std::net::SocketAddr = endpoint.parse().map_err(|e| {
+            SubError::internal(format!(
+                "virt-handler endpoint {endpoint:?} of node {node_name}: {e}"
+            ))
+        })?;
         Ok(NodeTarget {
-            host,
-            port,
-            namespace,
-            pod,
+            host: addr.ip().to_string(),
+            port: addr.port(),
+            namespace: vmi.metadata.namespace.clone().unwrap_or_default(),
+            name: vmi.metadata.name.clone().unwrap_or_default(),
         })
     }
 

@@ -7,11 +7,13 @@
 //!
 //! | container | command | role |
 //! |---|---|---|
-//! | `compute` (always first) | `kubevirt-rs launcher --namespace NS --name NAME --uid UID --grace-period-seconds G` | the launcher; `G` = VMI grace period + 15 s, the time it gives the guest to shut down |
-//! | `guest-console-log` | `kubevirt-rs guest-console-log --namespace NS --name NAME --uid UID` | present unless `spec.domain.devices.logSerialConsole` is false, so `kubectl logs POD -c guest-console-log` names a container |
+//! | `compute` (always first) | `kubevirt-rs launcher --namespace NS --name NAME --uid UID --grace-period-seconds G --pod-dir /var/run/kubevirt` | the launcher; `G` = VMI grace period + 15 s, the time it gives the guest to shut down |
+//! | `guest-console-log` | `kubevirt-rs guest-console-log --namespace NS --name NAME --uid UID --pod-dir /var/run/kubevirt` | present unless `spec.domain.devices.logSerialConsole` is false: streams the guest's serial log to its output, so `kubectl logs POD -c guest-console-log` shows it (upstream's `virt-tail`) |
 //!
-//! Both use [`LauncherPodConfig::launcher_image`]; the pod runner of the embedded mode runs
-//! `command[1..] + args` with its own `kubevirt-rs` binary.
+//! Both use [`LauncherPodConfig::launcher_image`] and mount the pod's `public` emptyDir at
+//! `/var/run/kubevirt` (upstream's path): the launcher's sockets, disks and logs live there,
+//! and virt-handler reaches them through the kubelet's pod directory. Any kubelet runs the
+//! pod as written; nothing here is specific to the embedded node.
 //!
 //! # CPU request
 //! As upstream: a VMI without a CPU request gets (vCPUs + supplemental IO threads) /
@@ -36,7 +38,10 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{Container, Pod, PodReadinessGate, PodSpec, ResourceRequirements};
+use k8s_openapi::api::core::v1::{
+    Container, EmptyDirVolumeSource, Pod, PodReadinessGate, PodSpec, ResourceRequirements, Volume,
+    VolumeMount,
+};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::Resource;
@@ -186,6 +191,11 @@ pub fn render_launcher_pod(
             dns_policy: spec.dns_policy.clone(),
             dns_config: spec.dns_config.clone(),
             containers,
+            volumes: Some(vec![Volume {
+                name: c::LAUNCHER_VOLUME.to_owned(),
+                empty_dir: Some(EmptyDirVolumeSource::default()),
+                ..Volume::default()
+            }]),
             ..PodSpec::default()
         }),
         status: None,
@@ -357,6 +367,18 @@ fn identity_args(namespace: &str, name: &str, uid: &str) -> Vec<String> {
         .to_vec()
 }
 
+fn pod_dir_args() -> [String; 2] {
+    ["--pod-dir".to_owned(), c::LAUNCHER_DIR.to_owned()]
+}
+
+fn launcher_volume_mount() -> Vec<VolumeMount> {
+    vec![VolumeMount {
+        name: c::LAUNCHER_VOLUME.to_owned(),
+        mount_path: c::LAUNCHER_DIR.to_owned(),
+        ..VolumeMount::default()
+    }]
+}
+
 fn compute_container(
     vmi: &VirtualMachineInstance,
     config: &LauncherPodConfig,
@@ -368,12 +390,14 @@ fn compute_container(
     let mut args = identity_args(namespace, name, uid);
     args.push("--grace-period-seconds".to_owned());
     args.push((grace + LAUNCHER_GRACE_EXTRA_SECONDS).to_string());
+    args.extend(pod_dir_args());
     Ok(Container {
         name: c::COMPUTE_CONTAINER_NAME.to_owned(),
         image: Some(config.launcher_image.clone()),
         command: Some(vec!["kubevirt-rs".to_owned(), "launcher".to_owned()]),
         args: Some(args),
         resources: Some(compute_resources(vmi, config)?),
+        volume_mounts: Some(launcher_volume_mount()),
         ..Container::default()
     })
 }
@@ -391,7 +415,13 @@ fn console_log_container(
             "kubevirt-rs".to_owned(),
             "guest-console-log".to_owned(),
         ]),
-        args: Some(identity_args(namespace, name, uid)),
+        args: Some(
+            identity_args(namespace, name, uid)
+                .into_iter()
+                .chain(pod_dir_args())
+                .collect(),
+        ),
+        volume_mounts: Some(launcher_volume_mount()),
         ..Container::default()
     }
 }

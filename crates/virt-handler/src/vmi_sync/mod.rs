@@ -18,12 +18,12 @@
 //!
 //! # Caveats
 //! - "Launcher gone" is decided from the socket: connecting fails while the VMI is Running,
-//!   or the pod runner's exit record exists (embedded mode). A launcher that is slow to
+//!   or its socket exists and refuses connections (the launcher exited). A launcher that is slow to
 //!   create its socket keeps a Scheduled VMI waiting.
 
 pub mod link;
 pub mod status;
-mod worker;
+pub mod worker;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -45,8 +45,13 @@ use crate::images::ImageStore;
 pub struct SyncConfig {
     /// This node's name.
     pub node_name: String,
-    /// Launcher pod directories: `<pods_dir>/<pod uid>/`.
-    pub pods_dir: PathBuf,
+    /// The kubelet's pod directory; a launcher's directory is its pod's `public` emptyDir
+    /// there ([`worker::launcher_dir_on_host`]).
+    pub kubelet_pods_dir: PathBuf,
+    /// Where launchers see their directory (the `public` volume's `mountPath`,
+    /// [`kubevirt_api::constants::LAUNCHER_DIR`]); `None` when they see it at its node path
+    /// (launchers run without a mount namespace, as in tests).
+    pub launcher_dir_in_pod: Option<PathBuf>,
     /// The local image store.
     pub images: ImageStore,
     /// Host disks must lie below this directory.

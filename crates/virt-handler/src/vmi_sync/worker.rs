@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kube::api::{Api, Patch, PatchParams};
+use kubevirt_api::constants::LAUNCHER_VOLUME;
 use kubevirt_api::v1::{VirtualMachineInstance, VirtualMachineInstancePhase as Phase};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -17,9 +18,8 @@ use super::status::{DomainFacts, Observation, desired_status, status_patch};
 use crate::launcher_spec::{
     FileAction, PreparedSpec, SpecContext, build_spec, prepare_files, supports_direct_io,
 };
-use crate::podrunner::process::ContainerPaths;
 
-/// The launcher's command socket inside its pod directory.
+/// The launcher's command socket inside its directory.
 pub const LAUNCHER_SOCKET: &str = "launcher.sock";
 /// How often a missing launcher socket is retried.
 const RETRY: Duration = Duration::from_millis(500);
@@ -63,7 +63,17 @@ pub fn pod_dir(vmi: &VirtualMachineInstance, config: &SyncConfig) -> Option<Path
             }
             valid
         })?;
-    Some(config.pods_dir.join(uid))
+    Some(launcher_dir_on_host(&config.kubelet_pods_dir, uid))
+}
+
+/// Where the launcher pod's [`LAUNCHER_VOLUME`] emptyDir is on the node: kubelet's layout
+/// below its pod directory.
+pub fn launcher_dir_on_host(kubelet_pods_dir: &Path, pod_uid: &str) -> PathBuf {
+    kubelet_pods_dir
+        .join(pod_uid)
+        .join("volumes")
+        .join("kubernetes.io~empty-dir")
+        .join(LAUNCHER_VOLUME)
 }
 
 /// Whether `key` is a UUID written as Kubernetes writes pod UIDs (`8-4-4-4-12` lower-case hex).
@@ -71,11 +81,11 @@ fn is_canonical_uuid(key: &str) -> bool {
     uuid::Uuid::try_parse(key).is_ok_and(|u| u.hyphenated().to_string() == key)
 }
 
-/// The launcher pod's container has exited (the pod runner's exit record exists).
-fn launcher_exited(pod_dir: &Path) -> bool {
-    ContainerPaths::new(pod_dir, kubevirt_api::constants::COMPUTE_CONTAINER_NAME)
-        .exit
-        .exists()
+/// The launcher has gone: its socket is there but nobody listens on it any more.
+fn launcher_exited(dir: &Path, error: &virt_launcher::protocol::ProtocolError) -> bool {
+    dir.join(LAUNCHER_SOCKET).exists()
+        && matches!(error, virt_launcher::protocol::ProtocolError::Io(e)
+            if e.kind() == std::io::ErrorKind::ConnectionRefused)
 }
 
 fn grace_seconds(vmi: &VirtualMachineInstance) -> u64 {
@@ -159,7 +169,7 @@ impl Follow {
                         self.observe(Observation::Domain(last)).await;
                         return;
                     }
-                    if running || connected_once || launcher_exited(&dir) {
+                    if running || connected_once || launcher_exited(&dir, &e) {
                         let message = format!("the launcher of this VMI is gone: {e}");
                         warn!(vmi = %name(&self.current), "{message}");
                         self.observe(Observation::LauncherGone(message)).await;
@@ -273,7 +283,7 @@ impl Follow {
         let dir = dir.to_owned();
         let built = tokio::task::spawn_blocking(move || {
             let ctx = SpecContext {
-                pod_dir: &dir,
+                pod_dir: config.launcher_dir_in_pod.as_deref().unwrap_or(&dir),
                 images: &config.images,
                 host_disk_dir: &config.host_disk_dir,
                 accel: decision.accel,
@@ -298,7 +308,14 @@ impl Follow {
                 return None;
             }
         };
-        let files = prepared.files.clone();
+        let files: Vec<FileAction> = prepared
+            .files
+            .iter()
+            .map(|f| match &self.config.launcher_dir_in_pod {
+                Some(in_pod) => f.on_host(in_pod, dir),
+                None => f.clone(),
+            })
+            .collect();
         let pod_dir = dir.to_owned();
         let prepared_files = tokio::task::spawn_blocking(move || {
             prepare_files(&files)?;
@@ -424,7 +441,8 @@ mod tests {
     fn config() -> SyncConfig {
         SyncConfig {
             node_name: "node01".into(),
-            pods_dir: PathBuf::from("/data/pods"),
+            kubelet_pods_dir: PathBuf::from("/data/pods"),
+            launcher_dir_in_pod: None,
             images: crate::images::ImageStore::new(Path::new("/data")),
             host_disk_dir: PathBuf::from("/data/hostdisks"),
             use_emulation: None,

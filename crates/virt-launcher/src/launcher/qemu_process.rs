@@ -132,7 +132,7 @@ mod tests {
 
     #[tokio::test]
     async fn qemu_creates_its_files_owner_only_whatever_the_launchers_umask() {
-        crate::private_fs::tests::permissive_umask();
+        crate::test_support::permissive_umask();
         let mut qemu = tokio::process::Command::new("/bin/sh");
         qemu.args(["-c", "umask"]).stdout(Stdio::piped());
         confine(&mut qemu);

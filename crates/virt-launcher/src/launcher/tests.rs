@@ -338,7 +338,7 @@ fn rss_line() -> String {
 
 #[tokio::test]
 async fn the_command_socket_and_final_state_are_owner_only_under_a_permissive_umask() {
-    use crate::private_fs::tests::{mode_of, permissive_umask};
+    use crate::test_support::{mode_of, permissive_umask};
     permissive_umask();
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("launcher.sock");

@@ -1,32 +1,26 @@
-//! The node's container-log endpoint (kubelet's `/containerLogs`), so `kubectl logs` works in
-//! embedded mode: the API server's `pods/log` proxies to
-//! `https://<node InternalIP>:<kubeletEndpoint port>/containerLogs/{ns}/{pod}/{container}`.
+//! virt-handler's REST server: the node side of virt-api's VMI subresources, as upstream's
+//! `pkg/virt-handler/rest`, served the same way on the embedded node and on a cluster.
 //!
-//! Data flow: a request names a pod; the runner's pod cache gives its uid; the answer is the
-//! file `<state dir>/<uid>/<container>.log` (the pod runner's container output; the launcher's
-//! QEMU writes the guest serial console to `guest-console-log.log`), streamed in bounded chunks
-//! with kubelet's `tailLines`, `limitBytes`, `sinceSeconds`/`sinceTime` and `follow`
-//! ([`container`]).
+//! Routes under `/v1/namespaces/{ns}/virtualmachineinstances/{name}/`: `console` (websocket,
+//! subprotocol `plain.kubevirt.io`, bridged to the launcher's serial console socket
+//! `serial0.sock`), `vnc` (websocket to `vnc.sock` when the launcher provides one), and
+//! `pause`, `unpause` (PUT, sent as commands over `launcher.sock`) and `softreboot` (PUT;
+//! refused: the launcher has neither a guest agent nor an ACPI reboot command). The VMI's
+//! active pod on this node names the launcher directory
+//! ([`crate::vmi_sync::worker::launcher_dir_on_host`]).
 //!
-//! The same server is the node side of virt-api's VMI subresources, under
-//! `/v1/namespaces/{ns}/pods/{pod}/`: `console` (websocket, subprotocol `plain.kubevirt.io`,
-//! bridged to the launcher's serial console socket `<state dir>/<uid>/serial0.sock`), `vnc`
-//! (websocket to `<uid>/vnc.sock` when the launcher provides one), and `pause`, `unpause`
-//! (PUT, sent as commands over `<uid>/launcher.sock`) and `softreboot` (PUT; refused: the
-//! launcher has neither a guest agent nor an ACPI reboot command).
+//! virt-api finds the server through the Node annotation [`ENDPOINT_ANNOTATION`]
+//! (`host:port`), which the handler writes when it starts. Upstream virt-api looks up the
+//! virt-handler pod of the node instead and uses its pod IP and port 8186; the handler does
+//! not run as a pod in the embedded server yet.
 //!
 //! # Guarantees
-//! Only clients presenting a certificate signed by the cluster CA are served (the API server
-//! uses its kubelet-client certificate). Paths are built from the pod's uid and a container
-//! name the pod declares, never from request text.
-//!
-//! # Caveats
-//! Without a given serving certificate a self-signed one is made, as kubelet's default is;
-//! the embedded API server verifies node certificates against the cluster CA, so the embedded
-//! server hands the node one issued by that CA.
+//! Only clients presenting a certificate signed by the cluster CA are served (virt-api's).
+//! Paths are built from a pod UID of the VMI's status in canonical form, never from request
+//! text.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path as FsPath, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -50,14 +44,26 @@ use tower::ServiceExt;
 use tracing::{debug, warn};
 use virt_launcher::protocol::{Command, LauncherClient};
 
-mod container;
+/// The Node annotation that tells virt-api where this node's handler serves (`host:port`).
+pub const ENDPOINT_ANNOTATION: &str = "kubevirt-rs.io/virt-handler-endpoint";
 
-/// Looks up a pod's uid and container names by namespace and name.
-pub type PodLookup = Arc<dyn Fn(&str, &str) -> Option<(String, Vec<String>)> + Send + Sync>;
+/// Where the REST server listens and with what credentials.
+#[derive(Debug, Clone)]
+pub struct RestConfig {
+    /// Listen address (port 0 picks a free port).
+    pub listen: SocketAddr,
+    /// The cluster CA (PEM) whose client certificates are accepted.
+    pub client_ca_pem: Vec<u8>,
+    /// Certificate and key (PEM) to present (self-signed when `None`).
+    pub serving_cert: Option<(String, String)>,
+}
 
-/// Errors starting the log server.
+/// Errors starting the REST server.
 #[derive(Debug, thiserror::Error)]
-pub enum LogServerError {
+pub enum RestError {
+    /// Announcing the endpoint on the Node failed.
+    #[error("announcing the REST endpoint on node {0}")]
+    Announce(String, #[source] kube::Error),
     /// Building the TLS configuration failed.
     #[error("TLS configuration: {0}")]
     Tls(String),
@@ -67,17 +73,18 @@ pub enum LogServerError {
 }
 
 #[derive(Clone)]
-struct LogState {
-    state_dir: PathBuf,
-    lookup: PodLookup,
+struct RestState {
+    client: kube::Client,
+    node_name: String,
+    kubelet_pods_dir: PathBuf,
 }
 
 fn tls_config(
     cluster_ca_pem: &[u8],
     host: &str,
     serving: Option<&(String, String)>,
-) -> Result<rustls::ServerConfig, LogServerError> {
-    let err = |e: &dyn std::fmt::Display| LogServerError::Tls(e.to_string());
+) -> Result<rustls::ServerConfig, RestError> {
+    let err = |e: &dyn std::fmt::Display| RestError::Tls(e.to_string());
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut roots = RootCertStore::empty();
     for c in CertificateDer::pem_slice_iter(cluster_ca_pem) {
@@ -114,14 +121,26 @@ fn tls_config(
 /// The websocket subprotocol of console and vnc streams: raw bytes in binary frames.
 const PLAIN_STREAM_PROTOCOL: &str = "plain.kubevirt.io";
 
-fn pod_dir(state: &LogState, namespace: &str, pod: &str) -> Option<PathBuf> {
-    (state.lookup)(namespace, pod).map(|(uid, _)| state.state_dir.join(uid))
+/// The launcher directory of the VMI's active pod on this node.
+async fn pod_dir(state: &RestState, namespace: &str, name: &str) -> Option<PathBuf> {
+    let api: kube::Api<kubevirt_api::v1::VirtualMachineInstance> =
+        kube::Api::namespaced(state.client.clone(), namespace);
+    let vmi = api.get_opt(name).await.ok()??;
+    let config = crate::vmi_sync::SyncConfig {
+        node_name: state.node_name.clone(),
+        kubelet_pods_dir: state.kubelet_pods_dir.clone(),
+        launcher_dir_in_pod: None,
+        images: crate::images::ImageStore::new(FsPath::new("")),
+        host_disk_dir: PathBuf::new(),
+        use_emulation: None,
+    };
+    crate::vmi_sync::worker::pod_dir(&vmi, &config)
 }
 
-fn not_on_node(namespace: &str, pod: &str) -> Response {
+fn not_on_node(namespace: &str, name: &str) -> Response {
     (
         StatusCode::NOT_FOUND,
-        format!("pod {namespace}/{pod} is not on this node"),
+        format!("VMI {namespace}/{name} does not run on this node"),
     )
         .into_response()
 }
@@ -166,14 +185,14 @@ async fn bridge_unix(socket: WebSocket, unix: tokio::net::UnixStream) {
 }
 
 async fn stream_socket(
-    state: &LogState,
+    state: &RestState,
     namespace: &str,
     pod: &str,
     socket_name: &str,
     missing: &'static str,
     upgrade: WebSocketUpgrade,
 ) -> Response {
-    let Some(dir) = pod_dir(state, namespace, pod) else {
+    let Some(dir) = pod_dir(state, namespace, pod).await else {
         return not_on_node(namespace, pod);
     };
     let path = dir.join(socket_name);
@@ -196,7 +215,7 @@ async fn stream_socket(
 }
 
 async fn console(
-    State(state): State<LogState>,
+    State(state): State<RestState>,
     Path((namespace, pod)): Path<(String, String)>,
     upgrade: WebSocketUpgrade,
 ) -> Response {
@@ -212,7 +231,7 @@ async fn console(
 }
 
 async fn vnc(
-    State(state): State<LogState>,
+    State(state): State<RestState>,
     Path((namespace, pod)): Path<(String, String)>,
     upgrade: WebSocketUpgrade,
 ) -> Response {
@@ -228,7 +247,7 @@ async fn vnc(
 }
 
 async fn launcher_command(
-    State(state): State<LogState>,
+    State(state): State<RestState>,
     Path((namespace, pod, command)): Path<(String, String, String)>,
 ) -> Response {
     let command = match command.as_str() {
@@ -245,7 +264,7 @@ async fn launcher_command(
             return (StatusCode::NOT_FOUND, format!("unknown command {other}")).into_response();
         }
     };
-    let Some(dir) = pod_dir(&state, &namespace, &pod) else {
+    let Some(dir) = pod_dir(&state, &namespace, &pod).await else {
         return not_on_node(&namespace, &pod);
     };
     let result = match LauncherClient::connect(&dir.join("launcher.sock")).await {
@@ -263,35 +282,96 @@ async fn launcher_command(
     }
 }
 
-/// The routes of the node endpoint (exposed for tests).
-fn router(state_dir: PathBuf, lookup: PodLookup) -> Router {
+/// The routes of the REST server.
+fn router(state: RestState) -> Router {
     Router::new()
         .route(
-            "/containerLogs/{namespace}/{pod}/{container}",
-            get(container::container_logs),
-        )
-        .route(
-            "/v1/namespaces/{namespace}/pods/{pod}/console",
+            "/v1/namespaces/{namespace}/virtualmachineinstances/{name}/console",
             get(console),
         )
-        .route("/v1/namespaces/{namespace}/pods/{pod}/vnc", get(vnc))
         .route(
-            "/v1/namespaces/{namespace}/pods/{pod}/{command}",
+            "/v1/namespaces/{namespace}/virtualmachineinstances/{name}/vnc",
+            get(vnc),
+        )
+        .route(
+            "/v1/namespaces/{namespace}/virtualmachineinstances/{name}/{command}",
             put(launcher_command),
         )
-        .with_state(LogState { state_dir, lookup })
+        .with_state(state)
 }
 
-/// Serves container logs on `listen` until the task is dropped; returns the bound address.
-/// `serving` is the certificate and key (PEM) to present; without one a self-signed
-/// certificate is made, as kubelet does by default.
-pub async fn serve_logs(
+/// What keeps the REST server running: it stops when this is dropped.
+pub struct RestServer {
+    /// The bound address.
+    pub addr: SocketAddr,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for RestServer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Starts the REST server and announces it on the Node ([`ENDPOINT_ANNOTATION`]).
+///
+/// # Errors
+/// [`RestError`] when the TLS set-up, the bind or the announcement fails.
+pub async fn serve(
+    client: kube::Client,
+    config: &RestConfig,
+    node_name: &str,
+    kubelet_pods_dir: &std::path::Path,
+) -> Result<RestServer, RestError> {
+    let state = RestState {
+        client: client.clone(),
+        node_name: node_name.to_owned(),
+        kubelet_pods_dir: kubelet_pods_dir.to_owned(),
+    };
+    let (addr, task) = serve_router(
+        config.listen,
+        &config.client_ca_pem,
+        router(state),
+        config.serving_cert.as_ref(),
+    )
+    .await?;
+    let server = RestServer { addr, task };
+    announce(&client, node_name, addr).await?;
+    Ok(server)
+}
+
+/// Writes the endpoint annotation, retrying while the Node is not registered yet.
+async fn announce(
+    client: &kube::Client,
+    node_name: &str,
+    addr: SocketAddr,
+) -> Result<(), RestError> {
+    use kube::api::{Patch, PatchParams};
+    let api: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(client.clone());
+    let patch =
+        serde_json::json!({"metadata": {"annotations": {ENDPOINT_ANNOTATION: addr.to_string()}}});
+    let mut attempts = 0;
+    loop {
+        match api
+            .patch(node_name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => return Ok(()),
+            Err(kube::Error::Api(e)) if e.code == 404 && attempts < 120 => {
+                attempts += 1;
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            Err(e) => return Err(RestError::Announce(node_name.to_owned(), e)),
+        }
+    }
+}
+
+async fn serve_router(
     listen: SocketAddr,
     cluster_ca_pem: &[u8],
-    state_dir: PathBuf,
-    lookup: PodLookup,
+    app: Router,
     serving: Option<&(String, String)>,
-) -> Result<(SocketAddr, tokio::task::JoinHandle<()>), LogServerError> {
+) -> Result<(SocketAddr, tokio::task::JoinHandle<()>), RestError> {
     let tls = TlsAcceptor::from(Arc::new(tls_config(
         cluster_ca_pem,
         &listen.ip().to_string(),
@@ -299,11 +379,10 @@ pub async fn serve_logs(
     )?));
     let listener = TcpListener::bind(listen)
         .await
-        .map_err(|e| LogServerError::Bind(listen, e))?;
+        .map_err(|e| RestError::Bind(listen, e))?;
     let addr = listener
         .local_addr()
-        .map_err(|e| LogServerError::Bind(listen, e))?;
-    let app = router(state_dir, lookup);
+        .map_err(|e| RestError::Bind(listen, e))?;
     let task = tokio::spawn(async move {
         loop {
             let Ok((tcp, peer)) = listener.accept().await else {
@@ -315,7 +394,7 @@ pub async fn serve_logs(
                     match tokio::time::timeout(Duration::from_secs(10), tls.accept(tcp)).await {
                         Ok(Ok(s)) => s,
                         Ok(Err(e)) => {
-                            return debug!(%peer, error = %e, "log endpoint: TLS handshake failed");
+                            return debug!(%peer, error = %e, "REST server: TLS handshake failed");
                         }
                         Err(_) => return,
                     };
@@ -329,67 +408,10 @@ pub async fn serve_logs(
                     .serve_connection_with_upgrades(TokioIo::new(stream), svc)
                     .await
                 {
-                    warn!(%peer, error = %e, "log endpoint connection failed");
+                    warn!(%peer, error = %e, "REST server connection failed");
                 }
             });
         }
     });
     Ok((addr, task))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn app(dir: &std::path::Path) -> Router {
-        let lookup: PodLookup = Arc::new(|ns: &str, pod: &str| {
-            (ns == "default" && pod == "virt-launcher-a")
-                .then(|| ("uid-a".to_owned(), vec!["compute".to_owned()]))
-        });
-        router(dir.to_owned(), lookup)
-    }
-
-    async fn put(app: Router, path: &str) -> (StatusCode, String) {
-        let req = axum::http::Request::put(path).body(Body::empty()).unwrap();
-        let res = app.oneshot(req).await.unwrap();
-        let code = res.status();
-        let body = axum::body::to_bytes(res.into_body(), 1 << 16)
-            .await
-            .unwrap();
-        (code, String::from_utf8_lossy(&body).into_owned())
-    }
-
-    #[tokio::test]
-    async fn soft_reboot_is_refused_with_upstreams_message() {
-        let dir = tempfile::tempdir().unwrap();
-        let (code, body) = put(
-            app(dir.path()),
-            "/v1/namespaces/default/pods/virt-launcher-a/softreboot",
-        )
-        .await;
-        assert_eq!(code, StatusCode::BAD_REQUEST);
-        assert_eq!(
-            body,
-            "VMI neither have the agent connected nor the ACPI feature enabled"
-        );
-    }
-
-    #[tokio::test]
-    async fn pause_of_a_pod_not_on_this_node_is_not_found() {
-        let dir = tempfile::tempdir().unwrap();
-        let (code, _) = put(app(dir.path()), "/v1/namespaces/default/pods/other/pause").await;
-        assert_eq!(code, StatusCode::NOT_FOUND);
-    }
-
-    #[tokio::test]
-    async fn pause_without_a_launcher_socket_is_an_internal_error() {
-        let dir = tempfile::tempdir().unwrap();
-        let (code, body) = put(
-            app(dir.path()),
-            "/v1/namespaces/default/pods/virt-launcher-a/pause",
-        )
-        .await;
-        assert_eq!(code, StatusCode::INTERNAL_SERVER_ERROR);
-        assert!(body.contains("launcher"), "{body}");
-    }
 }

@@ -4,8 +4,10 @@
 //! records, sockets — belongs to the user that runs the node agent and its launchers, and to
 //! nobody else: a guest disk or a console socket readable by another local user is a leak.
 //! These helpers give directories `0700` and files `0600` at creation and then set the mode
-//! explicitly, because the creation mode is filtered through the umask. Used by the launcher
-//! and by virt-handler (which depends on this crate), so there is one implementation.
+//! explicitly, because the creation mode is filtered through the umask. Used by the launcher,
+//! virt-handler and the embedded node agent, so there is one implementation; it knows neither.
+
+pub mod log_rotation;
 
 use std::fs::{File, OpenOptions, Permissions};
 use std::io::{self, Write};
@@ -90,11 +92,11 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
+mod tests {
     use super::*;
 
     /// The permission bits of `path` (without following a final symlink).
-    pub(crate) fn mode_of(path: &Path) -> u32 {
+    fn mode_of(path: &Path) -> u32 {
         std::fs::symlink_metadata(path)
             .expect("metadata")
             .permissions()
@@ -103,7 +105,7 @@ pub(crate) mod tests {
     }
 
     /// Clears the umask of this test process (nextest runs each test in its own process).
-    pub(crate) fn permissive_umask() {
+    fn permissive_umask() {
         nix::sys::stat::umask(nix::sys::stat::Mode::empty());
     }
 

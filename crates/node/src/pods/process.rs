@@ -17,11 +17,10 @@
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
-use nix::sys::signal::{Signal, killpg};
+use nix::sys::signal::{Signal, kill, killpg};
 use nix::sys::stat::{Mode, umask};
 use nix::unistd::Pid;
 use serde::{Deserialize, Serialize};
-use virt_launcher::private_fs;
 
 /// Errors of process management.
 #[derive(Debug, thiserror::Error)]
@@ -60,6 +59,9 @@ pub struct ProcessRecord {
     pub start_ticks: u64,
     /// RFC 3339 time the container started.
     pub started_at: String,
+    /// How often the container was restarted before this run.
+    #[serde(default)]
+    pub restart_count: u32,
 }
 
 /// How a container ended.
@@ -130,6 +132,103 @@ fn private_umask(command: &mut tokio::process::Command) {
     }
 }
 
+/// A volume bind-mounted into the container's private mount namespace.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BindMount {
+    /// The host path (a directory or a file).
+    pub source: PathBuf,
+    /// Where the container sees it.
+    pub target: PathBuf,
+    pub read_only: bool,
+}
+
+/// The isolation a container process gets: its `argv[0]`, its own mount namespace with the
+/// pod's volumes at their `mountPath`s, and the pod's network namespace.
+#[derive(Clone, Debug, Default)]
+pub struct Sandbox {
+    /// `argv[0]` as the pod spec wrote it (the program itself when `None`).
+    pub argv0: Option<String>,
+    /// Volumes to mount; with none the process shares the host's mount namespace.
+    pub mounts: Vec<BindMount>,
+    /// The pod's network namespace (a `/run/netns/<name>`-style file), if it has one.
+    pub netns: Option<PathBuf>,
+}
+
+/// Creates the mount points of `mounts` on the host file system: without a private root
+/// (the container sees the host's files, see the ADR on pod isolation) a bind mount needs
+/// an existing target. A directory for a directory source, an empty file for a file.
+fn create_mount_points(mounts: &[BindMount]) -> std::io::Result<()> {
+    for m in mounts {
+        if m.source.is_dir() {
+            std::fs::create_dir_all(&m.target)?;
+        } else if !m.target.exists() {
+            if let Some(parent) = m.target.parent() {
+                std::fs::create_dir_all(parent)?;
+            }
+            std::fs::OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .open(&m.target)?;
+        }
+    }
+    Ok(())
+}
+
+/// Enters the pod's network namespace and a private mount namespace with the volumes, in the
+/// forked child before `exec`.
+#[allow(unsafe_code)]
+fn isolate(command: &mut tokio::process::Command, sandbox: &Sandbox) -> std::io::Result<()> {
+    let netns = match &sandbox.netns {
+        Some(path) => Some(std::fs::File::open(path)?),
+        None => None,
+    };
+    create_mount_points(&sandbox.mounts)?;
+    let mounts = sandbox.mounts.clone();
+    // SAFETY: the closure runs in the forked child before `exec`. It calls `setns`,
+    // `unshare` and `mount` only, with paths and files prepared before the fork (nix turns
+    // short paths into C strings on the stack), and takes no lock.
+    unsafe {
+        command.pre_exec(move || {
+            if let Some(ns) = &netns {
+                nix::sched::setns(ns, nix::sched::CloneFlags::CLONE_NEWNET)?;
+            }
+            if mounts.is_empty() {
+                return Ok(());
+            }
+            use nix::mount::{MsFlags, mount};
+            nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS)?;
+            mount(
+                None::<&str>,
+                "/",
+                None::<&str>,
+                MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+                None::<&str>,
+            )?;
+            for m in &mounts {
+                mount(
+                    Some(&m.source),
+                    &m.target,
+                    None::<&str>,
+                    MsFlags::MS_BIND | MsFlags::MS_REC,
+                    None::<&str>,
+                )?;
+                if m.read_only {
+                    mount(
+                        None::<&str>,
+                        &m.target,
+                        None::<&str>,
+                        MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY,
+                        None::<&str>,
+                    )?;
+                }
+            }
+            Ok(())
+        });
+    }
+    Ok(())
+}
+
 pub fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> Option<T> {
     serde_json::from_slice(&std::fs::read(path).ok()?).ok()
 }
@@ -146,6 +245,8 @@ pub async fn spawn(
     args: &[String],
     env: &[(String, String)],
     paths: &ContainerPaths,
+    sandbox: &Sandbox,
+    restart_count: u32,
 ) -> Result<(tokio::process::Child, ProcessRecord), ProcessError> {
     let prepare = |path: &Path, source| ProcessError::Prepare {
         path: path.to_owned(),
@@ -157,7 +258,11 @@ pub async fn spawn(
     let log = private_fs::open_append(&paths.log).map_err(|e| prepare(&paths.log, e))?;
     let log_err = log.try_clone().map_err(|e| prepare(&paths.log, e))?;
     let mut command = tokio::process::Command::new(program);
+    if let Some(argv0) = &sandbox.argv0 {
+        command.arg0(argv0);
+    }
     command
+        .env_clear()
         .args(args)
         .process_group(0)
         .envs(env.iter().map(|(k, v)| (k, v)))
@@ -166,6 +271,7 @@ pub async fn spawn(
         .stderr(log_err)
         .kill_on_drop(false);
     private_umask(&mut command);
+    isolate(&mut command, sandbox).map_err(|e| prepare(&paths.record, e))?;
     let child = command.spawn().map_err(|source| ProcessError::Spawn {
         program: program.display().to_string(),
         source,
@@ -175,6 +281,7 @@ pub async fn spawn(
         pid,
         start_ticks: start_ticks(pid).unwrap_or(0),
         started_at: crate::now_rfc3339(),
+        restart_count,
     };
     let _ = std::fs::remove_file(&paths.exit);
     if let Err(source) = write_json(&paths.record, &record) {
@@ -217,9 +324,23 @@ pub fn exit_from_status(status: std::process::ExitStatus) -> ExitRecord {
     }
 }
 
-/// Sends `signal` to the container's whole process group (launcher and QEMU alike).
-pub fn signal_group(record: &ProcessRecord, signal: Signal) {
+/// Sends `signal` to the container's main process only, as kubelet's stop does (its
+/// children — QEMU of a launcher — are the main process's to stop).
+pub fn signal_main(record: &ProcessRecord, signal: Signal) {
     if record.pid > 0 && is_alive(record) {
+        let _ = kill(Pid::from_raw(record.pid), signal);
+    }
+}
+
+/// Whether any process of the container's process group is left.
+pub fn group_alive(record: &ProcessRecord) -> bool {
+    record.pid > 0 && killpg(Pid::from_raw(record.pid), None).is_ok()
+}
+
+/// Sends `signal` to the container's whole process group (what is left after the grace
+/// period).
+pub fn signal_group(record: &ProcessRecord, signal: Signal) {
+    if group_alive(record) {
         let _ = killpg(Pid::from_raw(record.pid), signal);
     }
 }
@@ -237,6 +358,8 @@ mod tests {
             &["-c".into(), "echo hello; exit 3".into()],
             &[],
             &paths,
+            &Sandbox::default(),
+            0,
         )
         .await
         .expect("spawn");
@@ -260,6 +383,8 @@ mod tests {
             &["-c".into(), "sleep 600 & wait".into()],
             &[],
             &paths,
+            &Sandbox::default(),
+            0,
         )
         .await
         .expect("spawn");
@@ -277,6 +402,7 @@ mod tests {
             pid: me,
             start_ticks: ticks,
             started_at: String::new(),
+            restart_count: 0,
         };
         assert!(is_alive(&ours));
         let other = ProcessRecord {
@@ -297,6 +423,8 @@ mod tests {
             &["-c".into(), "sleep 600 & wait".into()],
             &[],
             &paths,
+            &Sandbox::default(),
+            0,
         )
         .await
         .expect_err("the record cannot be written");
@@ -333,6 +461,8 @@ mod tests {
             &["-c".into(), format!("echo disk > {}", made.display())],
             &[],
             &paths,
+            &Sandbox::default(),
+            0,
         )
         .await
         .expect("spawn");

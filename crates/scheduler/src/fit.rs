@@ -14,7 +14,7 @@ use k8s_openapi::api::core::v1::{
     Node, NodeSelectorRequirement, NodeSelectorTerm, Pod, Taint, Toleration,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use kubevirt_api::quantity::Quantity as ExactQuantity;
+use k8s_quantity::Quantity as ExactQuantity;
 
 /// Thousandths of a resource quantity, rounded up as kube-scheduler's `MilliValue()` rounds;
 /// `None` when it does not parse.

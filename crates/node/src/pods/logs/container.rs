@@ -268,10 +268,10 @@ pub(super) async fn container_logs(
     ([("content-type", "text/plain")], Body::from_stream(body)).into_response()
 }
 
-/// The inode of `<log>.1`, if there is one ([`virt_launcher::log_rotation`]).
+/// The inode of `<log>.1`, if there is one ([`private_fs::log_rotation`]).
 async fn rotated_inode(log: &FsPath) -> Option<u64> {
     use std::os::unix::fs::MetadataExt;
-    let rotated = virt_launcher::log_rotation::rotated_path(log);
+    let rotated = private_fs::log_rotation::rotated_path(log);
     tokio::fs::metadata(rotated).await.ok().map(|m| m.ino())
 }
 

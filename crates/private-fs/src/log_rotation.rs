@@ -48,7 +48,7 @@ pub fn rotate_if_larger(log: &Path, max_bytes: u64) -> io::Result<bool> {
     let tmp = PathBuf::from(tmp);
     {
         let mut source = File::open(log)?;
-        let mut copy = crate::private_fs::create_truncated(&tmp)?;
+        let mut copy = crate::create_truncated(&tmp)?;
         io::copy(&mut source, &mut copy)?;
     }
     // Truncate before the rename: a reader that sees a new `<log>.1` knows the log has

@@ -199,7 +199,7 @@ async fn follow_sends_only_what_was_appended_and_starts_over_after_a_rotation() 
     assert_eq!(&body.next().await.unwrap().unwrap()[..], b"login:\n");
     // A rotation truncates the log; what comes after is sent from its start, also when it
     // has grown past the old offset before the next poll.
-    assert!(virt_launcher::log_rotation::rotate_if_larger(&node.log(), 1).unwrap());
+    assert!(private_fs::log_rotation::rotate_if_larger(&node.log(), 1).unwrap());
     node.append(b"after rotation\n");
     assert_eq!(
         &body.next().await.unwrap().unwrap()[..],

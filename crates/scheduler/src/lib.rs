@@ -1,5 +1,6 @@
-//! The embedded scheduler: binds pending pods to nodes (embedded mode only; on a real
-//! cluster kube-scheduler does this).
+//! kube-scheduler's role in the embedded Kubernetes: binds pending pods to nodes. It knows
+//! nothing of KubeVirt; on a real cluster kube-scheduler does this and this crate is not run.
+//!
 //!
 //! Data flow: watches pods without `spec.nodeName` whose `schedulerName` is empty or
 //! `default-scheduler`, and all nodes; for each pending pod it runs the pure filters of
@@ -254,4 +255,9 @@ pub async fn run(client: kube::Client) {
             warn!(error = %e, "scheduling pass failed; retrying");
         }
     }
+}
+
+/// The current time as Kubernetes writes `metav1.Time`: RFC 3339 in UTC, whole seconds.
+fn now_rfc3339() -> String {
+    jiff::fmt::strtime::format("%Y-%m-%dT%H:%M:%SZ", jiff::Timestamp::now()).unwrap_or_default()
 }

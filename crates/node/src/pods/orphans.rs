@@ -56,7 +56,7 @@ pub struct PodRef {
 /// # Errors
 /// The write error.
 pub fn write_pod_ref(pod_dir: &Path, pod: &PodRef) -> std::io::Result<()> {
-    virt_launcher::private_fs::create_dir_all(pod_dir)?;
+    private_fs::create_dir_all(pod_dir)?;
     process::write_json(&pod_dir.join(POD_REF_FILE), pod)
 }
 
@@ -114,7 +114,7 @@ impl Orphans {
 
     fn quarantine(&mut self, uid: &str, dir: &Path) {
         let target = self.quarantine_target(uid);
-        let moved = virt_launcher::private_fs::create_dir_all(&self.state_dir.join(QUARANTINE_DIR))
+        let moved = private_fs::create_dir_all(&self.state_dir.join(QUARANTINE_DIR))
             .and_then(|()| std::fs::rename(dir, &target));
         match moved {
             Ok(()) => warn!(
@@ -236,7 +236,7 @@ async fn lookup(client: &kube::Client, dir: &Path, uid: &str) -> Lookup {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::podrunner::process::ContainerPaths;
+    use crate::pods::process::ContainerPaths;
     use kube::api::PostParams;
 
     struct Fixture {
@@ -284,6 +284,8 @@ mod tests {
                 &["-c".into(), "exec sleep 600".into()],
                 &[],
                 &paths,
+                &process::Sandbox::default(),
+                0,
             )
             .await
             .expect("spawn");

@@ -1,0 +1,146 @@
+//! kubelet's role in the embedded Kubernetes: one node agent per node.
+//!
+//! Data flow: [`run_node`] registers the Node ([`registration`]: capacity, addresses,
+//! `nodeInfo`, the `Ready` condition and its heartbeat, the kubelet endpoint), runs the pods
+//! bound to the node ([`pods`]) and serves their container logs ([`pods::logs`]). It knows
+//! nothing of KubeVirt: what runs in a pod is decided by the pod spec and the image store
+//! ([`images`]), and no other crate reads the node agent's files. On a real cluster kubelet
+//! does all of this and this crate is not run.
+//!
+//! Directory layout below `data_dir`: `pods/<pod uid>/` as kubelet's
+//! `/var/lib/kubelet/pods/<uid>/` (`volumes/kubernetes.io~empty-dir/<name>/`, container
+//! records and logs). Directories there are `0700` and files `0600` whatever the umask.
+
+pub mod images;
+pub mod pods;
+pub mod registration;
+
+use std::path::PathBuf;
+
+use tokio_util::sync::CancellationToken;
+
+/// How the node agent runs.
+#[derive(Debug, Clone)]
+pub struct NodeConfig {
+    /// The Node's name.
+    pub node_name: String,
+    /// Root of the node agent's state (`pods/`).
+    pub data_dir: PathBuf,
+    /// The images this node can run.
+    pub images: images::ImageStore,
+    /// The node's address (Node `InternalIP`, `hostIP` of its pods).
+    pub host_ip: String,
+    /// The cluster CA (PEM): the container-log endpoint serves clients with certificates it
+    /// signed (the API server's `pods/log`). Without it no log endpoint is served.
+    pub cluster_ca_pem: Option<Vec<u8>>,
+    /// Certificate and key (PEM) the log endpoint presents (self-signed when `None`).
+    pub serving_cert: Option<(String, String)>,
+}
+
+impl NodeConfig {
+    /// `data_dir/pods`: the pod directories, as kubelet's `/var/lib/kubelet/pods`.
+    pub fn pods_dir(&self) -> PathBuf {
+        self.data_dir.join("pods")
+    }
+}
+
+/// Errors starting the node agent.
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    /// A state directory could not be created.
+    #[error("creating {0:?}")]
+    StateDir(PathBuf, #[source] std::io::Error),
+    /// The container-log endpoint could not be started.
+    #[error("starting the container-log endpoint")]
+    LogEndpoint(#[source] pods::logs::LogServerError),
+}
+
+/// Serves the node's container logs on the node address and a free port, answering from a
+/// cache of the pods bound to this node; returns the port.
+async fn start_log_endpoint(
+    client: &kube::Client,
+    config: &NodeConfig,
+    ca_pem: &[u8],
+) -> Result<u16, NodeError> {
+    use futures::StreamExt;
+    use k8s_openapi::api::core::v1::Pod;
+    use kube::runtime::{WatchStreamExt, reflector, watcher};
+    let (store, writer) = reflector::store::<Pod>();
+    let selector = format!("spec.nodeName={}", config.node_name);
+    let pods = watcher(
+        kube::Api::<Pod>::all(client.clone()),
+        watcher::Config::default().fields(&selector),
+    )
+    .default_backoff()
+    .reflect(writer)
+    .for_each(|_| async {});
+    tokio::spawn(pods);
+    let lookup: pods::logs::PodLookup = std::sync::Arc::new(move |namespace: &str, name: &str| {
+        let pod = store.get(&reflector::ObjectRef::new(name).within(namespace))?;
+        let containers = pod
+            .spec
+            .as_ref()
+            .map(|s| s.containers.iter().map(|c| c.name.clone()).collect())
+            .unwrap_or_default();
+        Some((pod.metadata.uid.clone()?, containers))
+    });
+    let ip: std::net::IpAddr = config
+        .host_ip
+        .parse()
+        .unwrap_or(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST));
+    let (addr, _task) = pods::logs::serve_logs(
+        std::net::SocketAddr::new(ip, 0),
+        ca_pem,
+        config.pods_dir(),
+        lookup,
+        config.serving_cert.as_ref(),
+    )
+    .await
+    .map_err(NodeError::LogEndpoint)?;
+    Ok(addr.port())
+}
+
+/// Runs the node agent until `cancel` fires. Pods keep running when it returns: their
+/// processes live in their own process groups, and a restarted agent re-adopts them.
+///
+/// # Errors
+/// [`NodeError`] when the state directories cannot be created or the log endpoint fails.
+pub async fn run_node(
+    client: kube::Client,
+    config: NodeConfig,
+    cancel: CancellationToken,
+) -> Result<(), NodeError> {
+    for dir in [config.data_dir.clone(), config.pods_dir()] {
+        private_fs::create_dir_all(&dir).map_err(|e| NodeError::StateDir(dir.clone(), e))?;
+    }
+    let kubelet_port = match &config.cluster_ca_pem {
+        Some(ca) => Some(start_log_endpoint(&client, &config, ca).await?),
+        None => None,
+    };
+    let registration = registration::run(
+        client.clone(),
+        config.node_name.clone(),
+        config.host_ip.clone(),
+        kubelet_port,
+        cancel.clone(),
+    );
+    let runner = pods::PodRunnerConfig {
+        node_name: config.node_name.clone(),
+        state_dir: config.pods_dir(),
+        images: config.images.clone(),
+        host_ip: config.host_ip.clone(),
+    };
+    let pods = async {
+        tokio::select! {
+            () = cancel.cancelled() => {}
+            () = pods::run(client.clone(), runner) => {}
+        }
+    };
+    tokio::join!(registration, pods);
+    Ok(())
+}
+
+/// The current time as Kubernetes writes `metav1.Time`: RFC 3339 in UTC, whole seconds.
+pub(crate) fn now_rfc3339() -> String {
+    jiff::fmt::strtime::format("%Y-%m-%dT%H:%M:%SZ", jiff::Timestamp::now()).unwrap_or_default()
+}

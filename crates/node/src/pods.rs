@@ -1,0 +1,585 @@
+//! The pods of this node, as kubelet runs them.
+//!
+//! Data flow: watches pods bound to this node (`spec.nodeName`). Each container runs as a
+//! host process ([`process`]): the image store ([`crate::images`]) resolves the container's
+//! image and `command[0]` to a program, and the container's `command[1..] + args` follow,
+//! as a container runtime runs them. Before the containers start the pod's volumes are
+//! prepared ([`volumes`]) and every container gets a private mount namespace with its
+//! `volumeMounts` bind-mounted at their `mountPath`s. The runner reports the pod status
+//! kubelet would ([`status`]), restarts containers as `restartPolicy` says (with kubelet's
+//! back-off), and stops a deleted pod as kubelet does: `SIGTERM` to each container's main
+//! process, then `SIGKILL` of whatever is left of its process group after the grace period;
+//! then it removes the pod with a zero grace period. Running processes are re-adopted after
+//! a restart. Directories of pods it does not know are handled by [`orphans`]: quarantined,
+//! never deleted, and their processes stopped only once the API confirms the pod is gone.
+//!
+//! # Guarantees
+//! - At most one process per pod container: the on-disk record is written before the status
+//!   is reported, and a container with a live record is never started again.
+//! - A container whose image the store does not know never starts a process: it waits with
+//!   `ErrImagePull`, then `ImagePullBackOff`.
+//! - A pod status is written only when phase, pod IP, container states or readiness change.
+
+pub mod logs;
+pub mod orphans;
+pub mod process;
+pub mod status;
+pub mod volumes;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
+use kube::runtime::{WatchStreamExt, reflector, watcher};
+use nix::sys::signal::Signal;
+use serde_json::json;
+use tokio::sync::mpsc;
+use tracing::{info, warn};
+
+use process::{ContainerPaths, ExitRecord, ProcessRecord};
+use status::ContainerState;
+
+/// How the runner is set up.
+#[derive(Clone, Debug)]
+pub struct PodRunnerConfig {
+    /// The node whose pods this runner runs.
+    pub node_name: String,
+    /// Per-pod state directories live here (`<state_dir>/<pod uid>/`).
+    pub state_dir: PathBuf,
+    /// What images this node runs.
+    pub images: crate::images::ImageStore,
+    /// The address reported as the pods' host IP (and pod IP while pods share the host's
+    /// network).
+    pub host_ip: String,
+}
+
+/// Errors of one reconcile of one pod.
+#[derive(Debug, thiserror::Error)]
+pub enum PodRunnerError {
+    /// Starting the container process failed.
+    #[error("starting the container of pod {pod}")]
+    Start {
+        pod: String,
+        #[source]
+        source: process::ProcessError,
+    },
+    /// Writing the pod status failed.
+    #[error("reporting the status of pod {pod}")]
+    ReportStatus {
+        pod: String,
+        #[source]
+        source: kube::Error,
+    },
+    /// Removing the pod after its containers stopped failed.
+    #[error("removing pod {pod}")]
+    Remove {
+        pod: String,
+        #[source]
+        source: kube::Error,
+    },
+}
+
+/// The pod runner's state across passes.
+pub struct PodRunner {
+    config: PodRunnerConfig,
+    client: kube::Client,
+    /// When SIGTERM was sent to a deleting pod's containers: pod uid → SIGKILL deadline.
+    kill_deadlines: BTreeMap<String, Instant>,
+    /// The status last sent per pod uid, with the pod's resourceVersion the cache showed when
+    /// it was sent: while the cache still shows that version, the write has not come back
+    /// yet and is not repeated.
+    reported: BTreeMap<String, (Option<String>, serde_json::Value)>,
+    /// Containers waiting to be restarted: (pod uid, container) → when.
+    restart_at: BTreeMap<(String, String), Instant>,
+    /// Containers whose image could not be resolved once already (the next report says
+    /// `ImagePullBackOff`, as kubelet alternates).
+    pull_failed: BTreeSet<(String, String)>,
+    exits: mpsc::UnboundedSender<()>,
+}
+
+fn pod_key(pod: &Pod) -> String {
+    format!(
+        "{}/{}",
+        pod.metadata.namespace.as_deref().unwrap_or_default(),
+        pod.metadata.name.as_deref().unwrap_or_default()
+    )
+}
+
+/// kubelet's container restart back-off: 10 s, doubling per restart, at most 5 minutes.
+pub fn restart_backoff(restart_count: u32) -> Duration {
+    Duration::from_secs(10u64.saturating_mul(1 << restart_count.min(5)).min(300))
+}
+
+/// Whether `restart_policy` restarts a container that exited with `exit_code`.
+pub fn restarts(restart_policy: &str, exit_code: i32) -> bool {
+    match restart_policy {
+        "Never" => false,
+        "OnFailure" => exit_code != 0,
+        _ => true,
+    }
+}
+
+fn restart_policy(pod: &Pod) -> &str {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.restart_policy.as_deref())
+        .unwrap_or("Always")
+}
+
+impl PodRunner {
+    fn pod_dir(&self, uid: &str) -> PathBuf {
+        self.config.state_dir.join(uid)
+    }
+
+    /// Reconciles one pod bound to this node.
+    async fn reconcile(&mut self, pod: &Pod) -> Result<(), PodRunnerError> {
+        let Some(uid) = pod.metadata.uid.clone() else {
+            return Ok(());
+        };
+        let Some(spec) = &pod.spec else { return Ok(()) };
+        if pod.metadata.deletion_timestamp.is_some() {
+            return self.stop_and_remove(pod, &uid).await;
+        }
+        let pod_dir = self.pod_dir(&uid);
+        let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+        let terminal = matches!(phase, Some("Succeeded" | "Failed"));
+        let mounts = if terminal {
+            Ok(BTreeMap::new())
+        } else {
+            self.prepare_pod(pod, &uid).map_err(|e| e.to_string())
+        };
+        let mut reports = Vec::with_capacity(spec.containers.len());
+        for container in &spec.containers {
+            let state = match &mounts {
+                Ok(mounts) => {
+                    self.container_state(pod, &uid, container, mounts, terminal)
+                        .await?
+                }
+                Err(message) => ContainerState::Waiting {
+                    reason: "ContainerCreating".into(),
+                    message: Some(message.clone()),
+                },
+            };
+            let restart_count = process::read_json::<ProcessRecord>(
+                &ContainerPaths::new(&pod_dir, &container.name).record,
+            )
+            .map_or(0, |r| r.restart_count);
+            reports.push(status::ContainerReport {
+                name: container.name.clone(),
+                image: container.image.clone().unwrap_or_default(),
+                state,
+                restart_count,
+            });
+        }
+        self.report(pod, &reports).await
+    }
+
+    /// Writes the pod's reference and prepares its volumes; returns the host path of each
+    /// volume by name.
+    fn prepare_pod(
+        &self,
+        pod: &Pod,
+        uid: &str,
+    ) -> Result<BTreeMap<String, PathBuf>, volumes::VolumeError> {
+        let pod_dir = self.pod_dir(uid);
+        let pod_ref = orphans::PodRef {
+            namespace: pod.metadata.namespace.clone().unwrap_or_default(),
+            name: pod.metadata.name.clone().unwrap_or_default(),
+            uid: uid.to_owned(),
+        };
+        if !pod_dir.join(orphans::POD_REF_FILE).exists() {
+            orphans::write_pod_ref(&pod_dir, &pod_ref).map_err(|source| {
+                volumes::VolumeError::Io {
+                    volume: String::new(),
+                    path: pod_dir.join(orphans::POD_REF_FILE),
+                    source,
+                }
+            })?;
+        }
+        volumes::prepare(pod, &pod_dir)
+    }
+
+    /// The state of one container, starting or restarting it when it should run.
+    async fn container_state(
+        &mut self,
+        pod: &Pod,
+        uid: &str,
+        container: &k8s_openapi::api::core::v1::Container,
+        mounts: &BTreeMap<String, PathBuf>,
+        terminal: bool,
+    ) -> Result<ContainerState, PodRunnerError> {
+        let paths = ContainerPaths::new(&self.pod_dir(uid), &container.name);
+        let record: Option<ProcessRecord> = process::read_json(&paths.record);
+        let alive = record.as_ref().is_some_and(process::is_alive);
+        let key = (uid.to_owned(), container.name.clone());
+        if let (Some(record), true) = (&record, alive) {
+            cap_log(&paths.log).await;
+            return Ok(ContainerState::Running {
+                started_at: record.started_at.clone(),
+                pid: record.pid,
+            });
+        }
+        let exit = match (&record, process::read_json::<ExitRecord>(&paths.exit)) {
+            (_, Some(exit)) => Some(exit),
+            (Some(_), None) => {
+                // Our record, no exit file, process gone: we were not its parent (restart).
+                let exit = ExitRecord {
+                    exit_code: 137,
+                    reason: "ContainerStatusUnknown".into(),
+                    finished_at: crate::now_rfc3339(),
+                };
+                process::record_exit(&paths, &exit);
+                Some(exit)
+            }
+            (None, None) => None,
+        };
+        let restart_count = record.as_ref().map_or(0, |r| r.restart_count);
+        if let Some(exit) = exit {
+            if terminal || !restarts(restart_policy(pod), exit.exit_code) {
+                return Ok(terminated(record.as_ref(), exit));
+            }
+            let when = *self
+                .restart_at
+                .entry(key.clone())
+                .or_insert_with(|| Instant::now() + restart_backoff(restart_count));
+            if Instant::now() < when {
+                return Ok(ContainerState::Waiting {
+                    reason: "CrashLoopBackOff".into(),
+                    message: Some(format!(
+                        "back-off restarting failed container {} in pod {}",
+                        container.name,
+                        pod_key(pod)
+                    )),
+                });
+            }
+            self.restart_at.remove(&key);
+            return self
+                .start(pod, uid, container, mounts, &paths, restart_count + 1)
+                .await;
+        }
+        if terminal {
+            return Ok(ContainerState::Waiting {
+                reason: "PodCompleted".into(),
+                message: None,
+            });
+        }
+        self.start(pod, uid, container, mounts, &paths, 0).await
+    }
+
+    async fn start(
+        &mut self,
+        pod: &Pod,
+        uid: &str,
+        container: &k8s_openapi::api::core::v1::Container,
+        mounts: &BTreeMap<String, PathBuf>,
+        paths: &ContainerPaths,
+        restart_count: u32,
+    ) -> Result<ContainerState, PodRunnerError> {
+        let key = (uid.to_owned(), container.name.clone());
+        let image = container.image.clone().unwrap_or_default();
+        let resolved = match self.config.images.resolve(
+            &image,
+            container.command.as_deref().unwrap_or_default(),
+            container.args.as_deref().unwrap_or_default(),
+        ) {
+            Ok(r) => r,
+            Err(crate::images::ImageError::NotFound(_)) => {
+                let again = !self.pull_failed.insert(key);
+                return Ok(ContainerState::Waiting {
+                    reason: if again {
+                        "ImagePullBackOff"
+                    } else {
+                        "ErrImagePull"
+                    }
+                    .into(),
+                    message: Some(if again {
+                        format!("Back-off pulling image \"{image}\"")
+                    } else {
+                        format!("Failed to pull image \"{image}\": not in this node's image store")
+                    }),
+                });
+            }
+            Err(e) => {
+                let exit = ExitRecord {
+                    exit_code: 128,
+                    reason: "StartError".into(),
+                    finished_at: crate::now_rfc3339(),
+                };
+                warn!(pod = %pod_key(pod), container = %container.name, error = %e, "container cannot start");
+                process::record_exit(paths, &exit);
+                return Ok(terminated(None, exit));
+            }
+        };
+        self.pull_failed.remove(&key);
+        let mut env = resolved.env.clone();
+        env.extend(volumes::container_env(pod, container, &self.config.host_ip));
+        let sandbox = process::Sandbox {
+            argv0: Some(resolved.argv0.clone()),
+            mounts: volumes::bind_mounts(container, mounts),
+            netns: None,
+        };
+        let (mut child, record) = process::spawn(
+            &resolved.program,
+            &resolved.args,
+            &env,
+            paths,
+            &sandbox,
+            restart_count,
+        )
+        .await
+        .map_err(|source| PodRunnerError::Start {
+            pod: pod_key(pod),
+            source,
+        })?;
+        info!(pod = %pod_key(pod), container = %container.name, pid = record.pid, "started container");
+        let exits = self.exits.clone();
+        let waiter_paths = paths.clone();
+        let waiter_record = record.clone();
+        tokio::spawn(async move {
+            if let Ok(status) = child.wait().await {
+                // As a container runtime: when the main process ends, nothing of the
+                // container outlives it.
+                process::signal_group(&waiter_record, Signal::SIGKILL);
+                process::record_exit(&waiter_paths, &process::exit_from_status(status));
+            }
+            let _ = exits.send(());
+        });
+        Ok(ContainerState::Running {
+            started_at: record.started_at,
+            pid: record.pid,
+        })
+    }
+
+    async fn report(
+        &mut self,
+        pod: &Pod,
+        containers: &[status::ContainerReport],
+    ) -> Result<(), PodRunnerError> {
+        let now = crate::now_rfc3339();
+        let start_time = pod
+            .status
+            .as_ref()
+            .and_then(|s| s.start_time.as_ref())
+            .and_then(|t| serde_json::to_value(t).ok())
+            .and_then(|v| v.as_str().map(str::to_owned))
+            .unwrap_or_else(|| now.clone());
+        let wanted = status::pod_status(
+            containers,
+            restart_policy(pod),
+            readiness_gates_true(pod),
+            &self.config.host_ip,
+            &self.config.host_ip,
+            &start_time,
+            &now,
+        );
+        let current = pod
+            .status
+            .as_ref()
+            .and_then(|s| serde_json::to_value(s).ok());
+        if status::same_report(current.as_ref(), &wanted) {
+            return Ok(());
+        }
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        if let Some((version, sent)) = self.reported.get(&uid)
+            && *version == pod.metadata.resource_version
+            && status::same_report(Some(sent), &wanted)
+        {
+            return Ok(());
+        }
+        let api: Api<Pod> = Api::namespaced(
+            self.client.clone(),
+            pod.metadata.namespace.as_deref().unwrap_or_default(),
+        );
+        let name = pod.metadata.name.clone().unwrap_or_default();
+        api.patch_status(
+            &name,
+            &PatchParams::default(),
+            // Strategic: conditions merge by type, so conditions others own (the readiness
+            // gate `kubevirt.io/virtual-machine-unpaused`) are kept.
+            &Patch::Strategic(json!({"status": wanted})),
+        )
+        .await
+        .map_err(|source| PodRunnerError::ReportStatus {
+            pod: pod_key(pod),
+            source,
+        })?;
+        self.reported
+            .insert(uid, (pod.metadata.resource_version.clone(), wanted));
+        Ok(())
+    }
+
+    /// kubelet's stop: `SIGTERM` to each container's main process, `SIGKILL` to what is left
+    /// of its process group once the grace period is over; when nothing runs, the pod is
+    /// removed.
+    async fn stop_and_remove(&mut self, pod: &Pod, uid: &str) -> Result<(), PodRunnerError> {
+        let pod_dir = self.pod_dir(uid);
+        let records: Vec<ProcessRecord> = pod
+            .spec
+            .iter()
+            .flat_map(|s| s.containers.iter())
+            .filter_map(|c| process::read_json(&ContainerPaths::new(&pod_dir, &c.name).record))
+            .filter(process::group_alive)
+            .collect();
+        if !records.is_empty() {
+            let grace = pod
+                .metadata
+                .deletion_grace_period_seconds
+                .unwrap_or(30)
+                .max(0);
+            match self.kill_deadlines.get(uid) {
+                None => {
+                    info!(pod = %pod_key(pod), grace, "stopping the pod's containers");
+                    for record in &records {
+                        process::signal_main(record, Signal::SIGTERM);
+                    }
+                    let deadline =
+                        Instant::now() + Duration::from_secs(u64::try_from(grace).unwrap_or(0));
+                    self.kill_deadlines.insert(uid.to_owned(), deadline);
+                }
+                Some(deadline) if Instant::now() >= *deadline => {
+                    for record in &records {
+                        process::signal_group(record, Signal::SIGKILL);
+                    }
+                }
+                Some(_) => {
+                    // A main process that ended leaves nothing of its container behind.
+                    for record in records.iter().filter(|r| !process::is_alive(r)) {
+                        process::signal_group(record, Signal::SIGKILL);
+                    }
+                }
+            }
+            return Ok(());
+        }
+        self.kill_deadlines.remove(uid);
+        let api: Api<Pod> = Api::namespaced(
+            self.client.clone(),
+            pod.metadata.namespace.as_deref().unwrap_or_default(),
+        );
+        let params = DeleteParams {
+            grace_period_seconds: Some(0),
+            preconditions: Some(Preconditions {
+                uid: Some(uid.to_owned()),
+                resource_version: None,
+            }),
+            ..DeleteParams::default()
+        };
+        match api
+            .delete(pod.metadata.name.as_deref().unwrap_or_default(), &params)
+            .await
+        {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => {}
+            Err(source) => {
+                return Err(PodRunnerError::Remove {
+                    pod: pod_key(pod),
+                    source,
+                });
+            }
+        }
+        let _ = std::fs::remove_dir_all(pod_dir);
+        Ok(())
+    }
+}
+
+/// Rotates a running container's log past [`MAX_LOG_BYTES`] (keeping `<log>.1`), as kubelet
+/// caps container logs; the size check is one `stat`, the copy runs off the runtime threads.
+async fn cap_log(log: &std::path::Path) {
+    use private_fs::log_rotation::{MAX_LOG_BYTES, rotate_if_larger};
+    if std::fs::metadata(log).is_ok_and(|m| m.len() <= MAX_LOG_BYTES) {
+        return;
+    }
+    let path = log.to_owned();
+    match tokio::task::spawn_blocking(move || rotate_if_larger(&path, MAX_LOG_BYTES)).await {
+        Ok(Ok(true)) => info!(log = %log.display(), "rotated a container log past its size limit"),
+        Ok(Ok(false)) => {}
+        Ok(Err(e)) => warn!(log = %log.display(), error = %e, "cannot rotate a container log"),
+        Err(e) => warn!(error = %e, "log rotation task failed"),
+    }
+}
+
+/// Whether every readiness gate of the pod has its condition `True` (as kubelet requires
+/// for `Ready`).
+fn readiness_gates_true(pod: &Pod) -> bool {
+    let conditions = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_deref())
+        .unwrap_or_default();
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.readiness_gates.as_deref())
+        .unwrap_or_default()
+        .iter()
+        .all(|gate| {
+            conditions
+                .iter()
+                .any(|c| c.type_ == gate.condition_type && c.status == "True")
+        })
+}
+
+fn terminated(record: Option<&ProcessRecord>, exit: ExitRecord) -> ContainerState {
+    ContainerState::Terminated {
+        exit_code: exit.exit_code,
+        reason: exit.reason,
+        started_at: record
+            .map(|r| r.started_at.clone())
+            .unwrap_or_else(|| exit.finished_at.clone()),
+        finished_at: exit.finished_at,
+    }
+}
+
+/// Runs the pod runner until the future is dropped.
+pub async fn run(client: kube::Client, config: PodRunnerConfig) {
+    let (exits_tx, mut exits_rx) = mpsc::unbounded_channel();
+    let mut runner = PodRunner {
+        config,
+        client: client.clone(),
+        kill_deadlines: BTreeMap::new(),
+        reported: BTreeMap::new(),
+        restart_at: BTreeMap::new(),
+        pull_failed: BTreeSet::new(),
+        exits: exits_tx,
+    };
+    let mut orphans = orphans::Orphans::new(runner.config.state_dir.clone());
+    let api: Api<Pod> = Api::all(client.clone());
+    let selector = format!("spec.nodeName={}", runner.config.node_name);
+    let (store, writer) = reflector::store::<Pod>();
+    let mut events = watcher(api, watcher::Config::default().fields(&selector))
+        .default_backoff()
+        .reflect(writer)
+        .boxed();
+    // Re-adopted processes are not our children: poll them (and grace deadlines) periodically.
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tokio::select! {
+            event = events.next() => if event.is_none() { return },
+            _ = exits_rx.recv() => {},
+            _ = tick.tick() => {},
+        }
+        while let Some(Some(_)) = futures::FutureExt::now_or_never(events.next()) {}
+        // Not ready until the initial list is in; blocking here would stop the watcher.
+        match futures::FutureExt::now_or_never(store.wait_until_ready()) {
+            None => continue,
+            Some(Err(_)) => return,
+            Some(Ok(())) => {}
+        }
+        let pods: Vec<Arc<Pod>> = store.state();
+        let known: BTreeSet<String> = pods.iter().filter_map(|p| p.metadata.uid.clone()).collect();
+        for pod in &pods {
+            if let Err(e) = runner.reconcile(pod).await {
+                warn!(error = %e, "pod runner pass failed; retrying");
+            }
+        }
+        runner.reported.retain(|uid, _| known.contains(uid));
+        runner.restart_at.retain(|(uid, _), _| known.contains(uid));
+        runner.pull_failed.retain(|(uid, _)| known.contains(uid));
+        // Only here, after the initial list: before it every pod would look missing.
+        orphans
+            .collect(&client, orphans::Cache::Synced(&known))
+            .await;
+    }
+}

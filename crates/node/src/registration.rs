@@ -1,0 +1,297 @@
+//! The Node object, as kubelet keeps it: registration, capacity, addresses, `nodeInfo`, the
+//! `Ready` condition and its heartbeat.
+//!
+//! Data flow: [`HostFacts::read`] reads a few files of this machine once; the pure
+//! [`node_status`] turns them into the status; [`run`] creates the Node when it is missing
+//! (with kubelet's well-known labels), patches the status, and refreshes the `Ready`
+//! condition's `lastHeartbeatTime` every [`HEARTBEAT_INTERVAL`]. Everything else on the
+//! Node (labels, annotations, extended resources other components advertise) is left alone:
+//! status writes are merge patches of the fields kubelet owns.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+/// How often the `Ready` condition's heartbeat is refreshed (kubelet reports its status at
+/// least every 5 minutes and renews a Lease every 10 s; the embedded node does the former more
+/// often and has no Lease).
+pub const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(40);
+
+/// What this machine offers and is.
+#[derive(Debug, Clone, Default)]
+pub struct HostFacts {
+    /// Number of CPUs (`processor` entries of `/proc/cpuinfo`).
+    pub cpus: usize,
+    /// Total memory in bytes.
+    pub memory_bytes: u64,
+    /// `uname -r`.
+    pub kernel_version: String,
+    /// `PRETTY_NAME` of `/etc/os-release`.
+    pub os_image: String,
+    /// `/etc/machine-id`.
+    pub machine_id: String,
+    /// `/proc/sys/kernel/random/boot_id`.
+    pub boot_id: String,
+}
+
+fn read_trimmed(path: &str) -> String {
+    std::fs::read_to_string(path)
+        .map(|s| s.trim().to_owned())
+        .unwrap_or_default()
+}
+
+/// `MemTotal` of `/proc/meminfo`, in bytes.
+pub fn parse_mem_total(meminfo: &str) -> Option<u64> {
+    let line = meminfo.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
+}
+
+impl HostFacts {
+    /// Reads the facts of this machine.
+    pub fn read() -> Self {
+        let cpus = read_trimmed("/proc/cpuinfo")
+            .lines()
+            .filter(|l| l.split(':').next().is_some_and(|k| k.trim() == "processor"))
+            .count();
+        let os_image = read_trimmed("/etc/os-release")
+            .lines()
+            .find_map(|l| l.strip_prefix("PRETTY_NAME="))
+            .map(|v| v.trim_matches('"').to_owned())
+            .unwrap_or_else(|| "Linux".to_owned());
+        Self {
+            cpus,
+            memory_bytes: parse_mem_total(&read_trimmed("/proc/meminfo")).unwrap_or(0),
+            kernel_version: read_trimmed("/proc/sys/kernel/osrelease"),
+            os_image,
+            machine_id: read_trimmed("/etc/machine-id"),
+            boot_id: read_trimmed("/proc/sys/kernel/random/boot_id"),
+        }
+    }
+}
+
+/// Capacity (= allocatable) kubelet reports: CPUs, memory and pods.
+pub fn node_capacity(facts: &HostFacts) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        ("cpu".to_owned(), facts.cpus.max(1).to_string()),
+        (
+            "memory".to_owned(),
+            format!("{}Ki", facts.memory_bytes / 1024),
+        ),
+        ("pods".to_owned(), "110".to_owned()),
+    ])
+}
+
+/// The labels kubelet puts on the Node it registers.
+pub fn node_labels(node_name: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        ("kubernetes.io/hostname".to_owned(), node_name.to_owned()),
+        ("kubernetes.io/os".to_owned(), "linux".to_owned()),
+        ("kubernetes.io/arch".to_owned(), "amd64".to_owned()),
+        ("beta.kubernetes.io/os".to_owned(), "linux".to_owned()),
+        ("beta.kubernetes.io/arch".to_owned(), "amd64".to_owned()),
+    ])
+}
+
+/// The Node status kubelet posts.
+pub fn node_status(
+    host_ip: &str,
+    node_name: &str,
+    facts: &HostFacts,
+    kubelet_port: Option<u16>,
+    now: &str,
+) -> Value {
+    let capacity = node_capacity(facts);
+    let mut status = json!({
+        "capacity": capacity,
+        "allocatable": capacity,
+        "conditions": [{
+            "type": "Ready",
+            "status": "True",
+            "reason": "KubeletReady",
+            "message": "kubelet is posting ready status",
+            "lastHeartbeatTime": now,
+            "lastTransitionTime": now,
+        }],
+        "addresses": [
+            {"type": "InternalIP", "address": host_ip},
+            {"type": "Hostname", "address": node_name},
+        ],
+        "nodeInfo": {
+            "machineID": facts.machine_id,
+            "systemUUID": facts.machine_id,
+            "bootID": facts.boot_id,
+            "kernelVersion": facts.kernel_version,
+            "osImage": facts.os_image,
+            "containerRuntimeVersion": concat!("kubevirt-rs://", env!("CARGO_PKG_VERSION")),
+            "kubeletVersion": concat!("v1.33.0-kubevirt-rs-", env!("CARGO_PKG_VERSION")),
+            "kubeProxyVersion": "",
+            "operatingSystem": "linux",
+            "architecture": "amd64",
+        },
+    });
+    if let Some(port) = kubelet_port {
+        status["daemonEndpoints"] = json!({"kubeletEndpoint": {"Port": port}});
+    }
+    status
+}
+
+/// Errors of node registration.
+#[derive(Debug, thiserror::Error)]
+pub enum RegistrationError {
+    /// Reading the Node failed.
+    #[error("reading node {0}")]
+    Get(String, #[source] kube::Error),
+    /// Creating the Node failed.
+    #[error("creating node {0}")]
+    Create(String, #[source] kube::Error),
+    /// Patching the Node's status failed.
+    #[error("patching the status of node {0}")]
+    Patch(String, #[source] kube::Error),
+}
+
+/// Creates the Node when missing, then writes the status kubelet owns.
+///
+/// # Errors
+/// [`RegistrationError`] when an API call fails.
+pub async fn register(
+    api: &Api<Node>,
+    node_name: &str,
+    host_ip: &str,
+    kubelet_port: Option<u16>,
+    facts: &HostFacts,
+) -> Result<(), RegistrationError> {
+    let name = node_name.to_owned();
+    let existing = api
+        .get_opt(node_name)
+        .await
+        .map_err(|e| RegistrationError::Get(name.clone(), e))?;
+    if existing.is_none() {
+        let node: Node = serde_json::from_value(json!({
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {"name": node_name, "labels": node_labels(node_name)},
+        }))
+        .map_err(|e| RegistrationError::Create(name.clone(), kube::Error::SerdeError(e)))?;
+        match api.create(&PostParams::default(), &node).await {
+            Ok(_) => info!(node = node_name, "registered the node"),
+            Err(kube::Error::Api(e)) if e.code == 409 => {}
+            Err(e) => return Err(RegistrationError::Create(name, e)),
+        }
+    }
+    let status = node_status(
+        host_ip,
+        node_name,
+        facts,
+        kubelet_port,
+        &crate::now_rfc3339(),
+    );
+    api.patch_status(
+        node_name,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"status": status})),
+    )
+    .await
+    .map_err(|e| RegistrationError::Patch(name, e))?;
+    Ok(())
+}
+
+/// Refreshes the `Ready` condition's heartbeat time.
+async fn heartbeat(api: &Api<Node>, node_name: &str) -> Result<(), RegistrationError> {
+    let now = crate::now_rfc3339();
+    let name = node_name.to_owned();
+    let node = api
+        .get_status(node_name)
+        .await
+        .map_err(|e| RegistrationError::Get(name.clone(), e))?;
+    let mut conditions = node
+        .status
+        .and_then(|s| s.conditions)
+        .map(|c| serde_json::to_value(c).unwrap_or(Value::Null))
+        .unwrap_or(Value::Null);
+    if let Some(list) = conditions.as_array_mut() {
+        for c in list.iter_mut().filter(|c| c["type"] == "Ready") {
+            c["lastHeartbeatTime"] = json!(now);
+        }
+        api.patch_status(
+            node_name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"conditions": list}})),
+        )
+        .await
+        .map_err(|e| RegistrationError::Patch(name, e))?;
+    }
+    Ok(())
+}
+
+/// Registers the node (retrying every 5 s until it succeeds), then refreshes the heartbeat
+/// every [`HEARTBEAT_INTERVAL`] until `cancel` fires.
+pub async fn run(
+    client: kube::Client,
+    node_name: String,
+    host_ip: String,
+    kubelet_port: Option<u16>,
+    cancel: CancellationToken,
+) {
+    let api: Api<Node> = Api::all(client);
+    let facts = HostFacts::read();
+    loop {
+        match register(&api, &node_name, &host_ip, kubelet_port, &facts).await {
+            Ok(()) => break,
+            Err(e) => warn!(error = %e, "node registration failed; retrying"),
+        }
+        tokio::select! {
+            () = cancel.cancelled() => return,
+            () = tokio::time::sleep(Duration::from_secs(5)) => {}
+        }
+    }
+    loop {
+        tokio::select! {
+            () = cancel.cancelled() => return,
+            () = tokio::time::sleep(HEARTBEAT_INTERVAL) => {}
+        }
+        if let Err(e) = heartbeat(&api, &node_name).await {
+            warn!(error = %e, "node heartbeat failed; retrying on the next tick");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_is_ready_with_kubelets_reason_capacity_and_endpoint() {
+        let facts = HostFacts {
+            cpus: 2,
+            memory_bytes: 24 << 30,
+            ..HostFacts::default()
+        };
+        let status = node_status(
+            "10.0.0.5",
+            "node01",
+            &facts,
+            Some(10250),
+            "2026-01-01T00:00:00Z",
+        );
+        assert_eq!(status["conditions"][0]["reason"], "KubeletReady");
+        assert_eq!(status["conditions"][0]["status"], "True");
+        assert_eq!(status["addresses"][0]["address"], "10.0.0.5");
+        assert_eq!(status["capacity"]["cpu"], "2");
+        assert_eq!(status["capacity"]["memory"], format!("{}Ki", 24 << 20));
+        assert_eq!(status["daemonEndpoints"]["kubeletEndpoint"]["Port"], 10250);
+    }
+
+    #[test]
+    fn meminfo_total_is_read_in_bytes() {
+        assert_eq!(
+            parse_mem_total("MemTotal:       24576000 kB\nMemFree: 1 kB\n"),
+            Some(24_576_000 * 1024)
+        );
+    }
+}
