@@ -91,11 +91,7 @@ fn qemu_pid(server: &ServerProcess, name: &str) -> Option<i32> {
         ])
         .ok()?;
     let pid = std::fs::read_to_string(
-        server
-            .data_dir()
-            .join("pods")
-            .join(uid.trim())
-            .join("qemu.pid"),
+        testkit::launcher_dir(server.data_dir(), uid.trim()).join("qemu.pid"),
     )
     .ok()?;
     pid.trim().parse().ok().filter(|p| is_running(*p))

@@ -7,7 +7,7 @@
 //! # Guarantees
 //! Dropping a [`ServerProcess`] kills the server (SIGKILL by pid) and then every launcher
 //! process group the server's pod runner started under the data directory (their records
-//! are `DATA/pods/<uid>/<container>.json`), so a failing test leaves no QEMU behind.
+//! are `DATA/node/pods/<uid>/<container>.json`), so a failing test leaves no QEMU behind.
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -278,10 +278,10 @@ impl ServerProcess {
 }
 
 /// Kills every launcher process group a server's pod runner recorded under `data_dir`
-/// (`DATA/pods/<uid>/<container>.json`), for tests that start servers by other means.
+/// (`DATA/node/pods/<uid>/<container>.json`), for tests that start servers by other means.
 pub fn kill_launchers(data_dir: &Path) {
     {
-        let pods = data_dir.join("pods");
+        let pods = data_dir.join("node").join("pods");
         for pod in std::fs::read_dir(pods).into_iter().flatten().flatten() {
             for file in std::fs::read_dir(pod.path())
                 .into_iter()
@@ -360,4 +360,13 @@ impl Drop for Watcher {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// The launcher directory of launcher pod `pod_uid` of a server with `data_dir`: the pod's
+/// `public` emptyDir in the embedded node's pod directory.
+pub fn launcher_dir(data_dir: &Path, pod_uid: &str) -> std::path::PathBuf {
+    data_dir
+        .join("node/pods")
+        .join(pod_uid)
+        .join("volumes/kubernetes.io~empty-dir/public")
 }

@@ -199,7 +199,7 @@ async fn stream_socket(
     if !path.exists() {
         return (StatusCode::BAD_REQUEST, missing).into_response();
     }
-    let unix = match tokio::net::UnixStream::connect(&path).await {
+    let unix = match virt_launcher::unix_socket::connect(&path).await {
         Ok(u) => u,
         Err(e) => {
             return (

@@ -18,6 +18,7 @@ pub mod protocol;
 pub mod qmp;
 pub mod safe_path;
 pub mod spec;
+pub mod unix_socket;
 
 #[cfg(test)]
 mod test_support;

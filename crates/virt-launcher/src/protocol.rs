@@ -16,7 +16,6 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
-use tokio::net::UnixStream;
 use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 
 use crate::spec::LauncherSpec;
@@ -400,7 +399,9 @@ impl LauncherClient {
     /// [`ProtocolError::Io`] when the socket does not accept, [`ProtocolError::Version`]
     /// when the launcher speaks another version.
     pub async fn connect(path: &Path) -> Result<Self, ProtocolError> {
-        let stream = UnixStream::connect(path).await.map_err(ProtocolError::Io)?;
+        let stream = crate::unix_socket::connect(path)
+            .await
+            .map_err(ProtocolError::Io)?;
         let (read, writer) = stream.into_split();
         let mut client = Self {
             reader: BufReader::new(read),

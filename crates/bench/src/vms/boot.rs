@@ -49,11 +49,9 @@ pub fn import_guest(binary: &Path, cluster: &Cluster, guest_dir: &Path) -> anyho
 }
 
 fn pod_dirs(cluster: &Cluster) -> HashSet<PathBuf> {
-    std::fs::read_dir(cluster.data_dir().join("pods"))
+    super::cluster::pod_dirs(cluster.data_dir())
         .into_iter()
-        .flatten()
-        .flatten()
-        .map(|e| e.path())
+        .map(|d| d.join(super::cluster::LAUNCHER_DIR_IN_POD_DIR))
         .collect()
 }
 

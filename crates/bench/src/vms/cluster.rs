@@ -86,17 +86,21 @@ impl Drop for Cluster {
     }
 }
 
-/// The pids of the QEMUs whose pid files lie under `data_dir/pods`.
+/// The pids of the QEMUs whose pid files lie in launcher directories under `data_dir`.
 fn qemu_pids(data_dir: &Path) -> Vec<u32> {
     pod_dirs(data_dir)
         .iter()
-        .filter_map(|d| procfs::pid_from_file(&d.join("qemu.pid")))
+        .filter_map(|d| procfs::pid_from_file(&d.join(LAUNCHER_DIR_IN_POD_DIR).join("qemu.pid")))
         .filter(|pid| Path::new(&format!("/proc/{pid}")).exists())
         .collect()
 }
 
-fn pod_dirs(data_dir: &Path) -> Vec<PathBuf> {
-    std::fs::read_dir(data_dir.join("pods"))
+/// The launcher directory (the `public` emptyDir) inside a pod directory.
+pub const LAUNCHER_DIR_IN_POD_DIR: &str = "volumes/kubernetes.io~empty-dir/public";
+
+/// The embedded node's pod directories.
+pub fn pod_dirs(data_dir: &Path) -> Vec<PathBuf> {
+    std::fs::read_dir(data_dir.join("node").join("pods"))
         .into_iter()
         .flatten()
         .flatten()

@@ -672,9 +672,19 @@ mod tests {
                 "--uid",
                 "1234",
                 "--grace-period-seconds",
-                "15"
+                "15",
+                "--pod-dir",
+                "/var/run/kubevirt"
             ])
         );
+        // The launcher directory is the pod's `public` emptyDir, as upstream's.
+        assert_eq!(spec["volumes"], json!([{"name": "public", "emptyDir": {}}]));
+        for container in [compute, &spec["containers"][1]] {
+            assert_eq!(
+                container["volumeMounts"],
+                json!([{"name": "public", "mountPath": "/var/run/kubevirt"}])
+            );
+        }
         assert_eq!(spec["containers"][1]["name"], "guest-console-log");
         assert_eq!(
             spec["containers"][1]["command"],

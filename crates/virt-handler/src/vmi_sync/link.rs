@@ -8,7 +8,6 @@
 use std::path::Path;
 
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
-use tokio::net::UnixStream;
 use tokio::net::unix::OwnedWriteHalf;
 use tokio::sync::mpsc;
 use virt_launcher::protocol::{
@@ -37,7 +36,7 @@ impl LauncherLink {
     /// [`ProtocolError`] when the socket does not accept, the launcher closes, or it speaks
     /// another protocol version.
     pub async fn connect(socket: &Path) -> Result<Self, ProtocolError> {
-        let stream = UnixStream::connect(socket)
+        let stream = virt_launcher::unix_socket::connect(socket)
             .await
             .map_err(ProtocolError::Io)?;
         let (read, mut writer) = stream.into_split();
