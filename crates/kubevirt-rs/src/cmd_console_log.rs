@@ -4,7 +4,9 @@
 //!
 //! Follows `<pod dir>/guest-console-log.log` (written by QEMU, rotated by the launcher with
 //! copy-and-truncate): waits for it to appear, copies what is there and what is appended,
-//! and starts again from the beginning when the file shrank. Exits on SIGTERM.
+//! and starts again from the beginning when the file shrank. Exits on SIGTERM, and once the
+//! launcher is gone (its socket refuses connections or was removed after it had been there),
+//! after copying the last output, as upstream's container ends with the domain.
 
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::PathBuf;
@@ -35,9 +37,12 @@ pub struct ConsoleLogArgs {
 
 pub fn run(args: ConsoleLogArgs) -> anyhow::Result<()> {
     let path = args.pod_dir.join(SERIAL_LOG_FILE);
+    let socket = args
+        .pod_dir
+        .join(virt_handler::vmi_sync::worker::LAUNCHER_SOCKET);
     let runtime = tokio::runtime::Runtime::new().context("starting the tokio runtime")?;
     runtime.block_on(async move {
-        let follow = tokio::task::spawn_blocking(move || follow(&path));
+        let follow = tokio::task::spawn_blocking(move || follow(&path, &socket));
         tokio::select! {
             done = follow => done.context("follow task")?,
             () = crate::shutdown_signal() => Ok(()),
@@ -45,12 +50,35 @@ pub fn run(args: ConsoleLogArgs) -> anyhow::Result<()> {
     })
 }
 
-fn follow(path: &std::path::Path) -> anyhow::Result<()> {
+/// Whether the launcher has been seen and is gone now.
+fn launcher_gone(socket: &std::path::Path, seen: &mut bool) -> bool {
+    match std::os::unix::net::UnixStream::connect(socket) {
+        Ok(_) => {
+            *seen = true;
+            false
+        }
+        Err(e) => {
+            *seen
+                && matches!(
+                    e.kind(),
+                    std::io::ErrorKind::ConnectionRefused | std::io::ErrorKind::NotFound
+                )
+        }
+    }
+}
+
+fn follow(path: &std::path::Path, socket: &std::path::Path) -> anyhow::Result<()> {
     let mut out = std::io::stdout().lock();
+    let mut launcher_seen = false;
     let mut offset = 0u64;
     let mut buf = vec![0u8; 64 * 1024];
     loop {
+        // Checked before the last copy, so output written before the launcher ended is kept.
+        let gone = launcher_gone(socket, &mut launcher_seen);
         let Ok(mut file) = std::fs::File::open(path) else {
+            if gone {
+                return Ok(());
+            }
             std::thread::sleep(POLL);
             continue;
         };
@@ -70,6 +98,9 @@ fn follow(path: &std::path::Path) -> anyhow::Result<()> {
             offset += n as u64;
         }
         out.flush().context("writing the console log")?;
+        if gone {
+            return Ok(());
+        }
         std::thread::sleep(POLL);
     }
 }

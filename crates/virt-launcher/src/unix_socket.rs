@@ -51,7 +51,10 @@ mod tests {
             .join(std::os::fd::AsRawFd::as_raw_fd(&dir).to_string())
             .join("launcher.sock");
         let listener = tokio::net::UnixListener::bind(&short).expect("bind");
-        assert!(UnixStream::connect(&socket).await.is_err(), "the plain path is too long");
+        assert!(
+            UnixStream::connect(&socket).await.is_err(),
+            "the plain path is too long"
+        );
         let (client, server) = tokio::join!(connect(&socket), listener.accept());
         client.expect("connect");
         server.expect("accept");
