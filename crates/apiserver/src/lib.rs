@@ -70,6 +70,7 @@ pub mod request;
 pub mod schema;
 pub mod selectors;
 pub mod server;
+pub mod serviceaccount;
 pub mod state;
 pub mod status;
 pub mod table;
