@@ -3,7 +3,7 @@
 //!
 //! Start-up order: open the store → create/load the PKI and the service-account signing
 //! key → load CRDs → ensure namespaces and initial objects → bind → write the kubeconfigs
-//! (with the bound address) → start the garbage collector →
+//! (with the bound address) → start the garbage collector and the built-in controllers →
 //! serve.
 //! The kubeconfig therefore exists only once the server accepts connections, so tests and
 //! users can wait for the file.
@@ -315,7 +315,10 @@ pub async fn start(config: Config) -> Result<RunningServer, ServerError> {
         .map_err(|e| ServerError::Bind(config.listen, e))?;
     pki::write_kubeconfigs(&config.data_dir, &pki, &format!("https://{addr}"))
         .map_err(ServerError::Pki)?;
-    let background = vec![crate::gc::spawn(state.clone())];
+    let background = vec![
+        crate::gc::spawn(state.clone()),
+        crate::builtin_controllers::spawn(state.clone()),
+    ];
     let app = router(state.clone());
     let shutdown = CancellationToken::new();
     let options = ServeOptions {

@@ -3,7 +3,8 @@
 //!
 //! Tokens are requested through the `serviceaccounts/token` subresource
 //! ([`crate::handlers::token_request`]), checked on every request by [`crate::auth`], and
-//! reviewed through `tokenreviews` ([`crate::handlers::reviews`]).
+//! reviewed through `tokenreviews` ([`crate::handlers::reviews`]). The `default` service
+//! account of each namespace comes from [`crate::builtin_controllers`].
 
 pub mod authenticator;
 pub mod jwt;
