@@ -155,11 +155,7 @@ pub async fn proxy(target: Target, mut req: Request) -> Response {
         .path_and_query()
         .map_or("/", |p| p.as_str())
         .to_owned();
-    let user = req
-        .extensions()
-        .get::<User>()
-        .map(|u| u.0.clone())
-        .unwrap_or_default();
+    let user = req.extensions().get::<User>().cloned().unwrap_or_default();
     let upgrade = req.headers().contains_key(header::UPGRADE);
     let mut b = http::Request::builder()
         .method(req.method().clone())
@@ -174,14 +170,10 @@ pub async fn proxy(target: Target, mut req: Request) -> Response {
             .header(header::UPGRADE, v)
             .header(header::CONNECTION, "Upgrade");
     }
-    b = b.header(HeaderName::from_static("x-remote-user"), user.as_str());
-    if user == "kubernetes-admin" {
-        b = b.header(HeaderName::from_static("x-remote-group"), "system:masters");
+    b = b.header(HeaderName::from_static("x-remote-user"), user.name.as_str());
+    for group in &user.groups {
+        b = b.header(HeaderName::from_static("x-remote-group"), group.as_str());
     }
-    b = b.header(
-        HeaderName::from_static("x-remote-group"),
-        "system:authenticated",
-    );
     let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
     let body = if upgrade {
         Body::empty()

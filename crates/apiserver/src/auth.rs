@@ -1,24 +1,102 @@
 //! Authentication: a client certificate signed by our CA (verified during the TLS
-//! handshake) or a bearer token from the tokens file. Anonymous requests get 401, except
-//! the health and version endpoints, which kube-apiserver also serves to everyone.
+//! handshake), a service-account token (a JWT of our issuer, see [`crate::serviceaccount`])
+//! or a bearer token from the tokens file. Anonymous requests get 401, except the health
+//! and version endpoints, which kube-apiserver also serves to everyone.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use axum::extract::{Request, State};
 use axum::http::header;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use tracing::debug;
 
 use crate::state::ApiState;
 use crate::status::ApiError;
 
+/// The group of every authenticated user.
+pub const AUTHENTICATED_GROUP: &str = "system:authenticated";
+
+/// The user every client certificate of our CA authenticates as.
+pub const ADMIN_USER: &str = "kubernetes-admin";
+
 /// The authenticated user, inserted into request extensions.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct User(pub String);
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct User {
+    pub name: String,
+    /// Empty for certificates and tokens-file users.
+    pub uid: String,
+    pub groups: Vec<String>,
+    /// Extra attributes (a pod-bound token's pod name and uid, its credential id).
+    pub extra: BTreeMap<String, Vec<String>>,
+}
+
+impl User {
+    /// The certificate user: `kubernetes-admin` in `system:masters`.
+    pub fn admin() -> User {
+        User {
+            name: ADMIN_USER.to_owned(),
+            groups: vec!["system:masters".to_owned(), AUTHENTICATED_GROUP.to_owned()],
+            ..User::default()
+        }
+    }
+
+    /// A user of the tokens file.
+    pub fn static_token(name: &str) -> User {
+        User {
+            name: name.to_owned(),
+            groups: vec![AUTHENTICATED_GROUP.to_owned()],
+            ..User::default()
+        }
+    }
+}
 
 /// Paths open to anonymous clients.
 pub fn is_public(path: &str) -> bool {
     matches!(path, "/healthz" | "/livez" | "/readyz" | "/version")
+}
+
+/// The audiences the API server accepts tokens for.
+pub fn api_audiences(state: &ApiState) -> Vec<String> {
+    match &state.token_issuer {
+        Some(i) => i.api_audiences().to_vec(),
+        None => vec![crate::serviceaccount::DEFAULT_ISSUER.to_owned()],
+    }
+}
+
+/// The user a bearer token stands for, and the audiences (of `audiences`) it is valid
+/// for: a service-account JWT whose audience meets `audiences`, or a tokens-file token
+/// (valid for the API server's own audiences only).
+pub fn authenticate_token(
+    state: &ApiState,
+    token: &str,
+    audiences: &[String],
+) -> Option<(User, Vec<String>)> {
+    let api = api_audiences(state);
+    if let Some(name) = state.tokens.get(token) {
+        let accepted: Vec<String> = audiences
+            .iter()
+            .filter(|a| api.contains(a))
+            .cloned()
+            .collect();
+        return (!accepted.is_empty()).then(|| (User::static_token(name), accepted));
+    }
+    let now = jiff::Timestamp::now().as_second();
+    match crate::serviceaccount::authenticator::authenticate(state, token, audiences, now) {
+        Ok(found) => Some(found),
+        Err(why) => {
+            debug!(%why, "bearer token refused");
+            None
+        }
+    }
+}
+
+/// The bearer token of a request, if it has one.
+pub fn bearer_token(req: &Request) -> Option<&str> {
+    let auth = req.headers().get(header::AUTHORIZATION)?.to_str().ok()?;
+    let token = auth.strip_prefix("Bearer ")?.trim();
+    (!token.is_empty()).then_some(token)
 }
 
 /// The user a request authenticates as, if any.
@@ -28,11 +106,10 @@ pub fn authenticate(state: &ApiState, req: &Request) -> Option<User> {
         .get::<kubevirt_tls::PeerCertificates>()
         .is_some()
     {
-        return Some(User("kubernetes-admin".into()));
+        return Some(User::admin());
     }
-    let auth = req.headers().get(header::AUTHORIZATION)?.to_str().ok()?;
-    let token = auth.strip_prefix("Bearer ")?.trim();
-    state.tokens.get(token).map(|u| User(u.clone()))
+    let token = bearer_token(req)?;
+    authenticate_token(state, token, &api_audiences(state)).map(|(user, _)| user)
 }
 
 /// Middleware: authenticates or answers 401.

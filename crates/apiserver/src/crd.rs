@@ -244,6 +244,7 @@ pub fn resources_of(crd: &Value) -> Vec<Arc<ResourceInfo>> {
                     printer_columns: printer_columns(v),
                     scale,
                 }),
+                create_only: false,
             })
         })
         .collect()

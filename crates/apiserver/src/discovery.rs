@@ -27,6 +27,11 @@ fn subresource_entries(r: &ResourceInfo) -> Vec<(String, Value, Vec<&'static str
         .map(|s| match s.as_str() {
             "binding" => (s.clone(), gvk("Binding", "", "v1"), vec!["create"]),
             "log" => (s.clone(), gvk(&r.kind, &r.group, &r.version), vec!["get"]),
+            "token" => (
+                s.clone(),
+                gvk("TokenRequest", "authentication.k8s.io", "v1"),
+                vec!["create"],
+            ),
             "scale" => (
                 s.clone(),
                 gvk("Scale", "autoscaling", "v1"),

@@ -25,7 +25,12 @@
 //! - [`aggregation`]: APIService proxying (websocket upgrades included);
 //! - [`handlers::scale`]: the `scale` subresource (`autoscaling/v1` Scale);
 //! - [`logs`]: `pods/log` from the node's log server (its contract is documented there);
-//! - [`client`]: the outgoing HTTPS client they share.
+//! - [`client`]: the outgoing HTTPS client they share;
+//! - [`serviceaccount`]: service-account tokens (issued through `serviceaccounts/token`,
+//!   checked by [`auth`]);
+//! - [`builtin_controllers`]: kube-controller-manager's serviceaccount and
+//!   root-ca-cert-publisher roles (a `default` ServiceAccount and a `kube-root-ca.crt`
+//!   ConfigMap in every namespace).
 //!
 //! Kubernetes API behaviours not implemented yet (each answers sensibly, never wrongly
 //! silently, unless noted):
@@ -43,12 +48,14 @@
 //!   legacy `/apis/<group>/<version>` document comes from the backend);
 //! - certificate rotation (the CA and leaf certificates are long-lived);
 //! - authentication maps every client certificate of our CA to `kubernetes-admin`
-//!   (including the server's own front-proxy and kubelet client certificates);
+//!   (including the server's own front-proxy and kubelet client certificates); legacy
+//!   Secret-based service-account tokens are not issued or accepted;
 //! - RBAC authorization (every authenticated user may do everything).
 
 pub mod admission;
 pub mod aggregation;
 pub mod auth;
+pub mod builtin_controllers;
 pub mod catch_panic;
 pub mod cause;
 pub mod client;
@@ -70,6 +77,7 @@ pub mod request;
 pub mod schema;
 pub mod selectors;
 pub mod server;
+pub mod serviceaccount;
 pub mod state;
 pub mod status;
 pub mod table;

@@ -54,6 +54,9 @@ pub struct ResourceInfo {
     pub name_rule: NameRule,
     /// Present for CRD-backed resources.
     pub crd: Option<CrdVersionInfo>,
+    /// A review resource (`tokenreviews`, `selfsubjectreviews`): only `create`, answered
+    /// without storing anything.
+    pub create_only: bool,
 }
 
 impl ResourceInfo {
@@ -73,6 +76,9 @@ impl ResourceInfo {
 
     /// The verbs of the main resource.
     pub fn verbs(&self) -> Vec<&'static str> {
+        if self.create_only {
+            return vec!["create"];
+        }
         vec![
             "create",
             "delete",
@@ -124,6 +130,7 @@ struct Builtin {
     all: bool,
     subresources: &'static [&'static str],
     rule: NameRule,
+    create_only: bool,
 }
 
 const fn b(
@@ -144,7 +151,14 @@ const fn b(
         all: false,
         subresources: &[],
         rule: NameRule::Subdomain,
+        create_only: false,
     }
+}
+
+const fn review(group: &'static str, kind: &'static str, plural: &'static str) -> Builtin {
+    let mut x = b(group, "v1", kind, plural, &[], false);
+    x.create_only = true;
+    x
 }
 
 const fn all(mut x: Builtin) -> Builtin {
@@ -189,7 +203,10 @@ const BUILTINS: &[Builtin] = &[
         NameRule::Label,
     ),
     b("", "v1", "Endpoints", "endpoints", &["ep"], true),
-    b("", "v1", "ServiceAccount", "serviceaccounts", &["sa"], true),
+    sub(
+        b("", "v1", "ServiceAccount", "serviceaccounts", &["sa"], true),
+        &["token"],
+    ),
     sub(
         b(
             "",
@@ -346,6 +363,12 @@ const BUILTINS: &[Builtin] = &[
         &["pc"],
         false,
     ),
+    review("authentication.k8s.io", "TokenReview", "tokenreviews"),
+    review(
+        "authentication.k8s.io",
+        "SelfSubjectReview",
+        "selfsubjectreviews",
+    ),
 ];
 
 fn builtin_infos() -> Vec<Arc<ResourceInfo>> {
@@ -368,6 +391,7 @@ fn builtin_infos() -> Vec<Arc<ResourceInfo>> {
                 subresources: x.subresources.iter().map(|s| (*s).to_owned()).collect(),
                 name_rule: x.rule,
                 crd: None,
+                create_only: x.create_only,
             })
         })
         .collect()

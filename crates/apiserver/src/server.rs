@@ -1,8 +1,10 @@
 //! The HTTPS listener: TLS (rustls, ring), the axum router, authentication, metrics and
 //! graceful shutdown.
 //!
-//! Start-up order: open the store → load CRDs → ensure namespaces and initial objects →
-//! create/load the PKI → bind → write the kubeconfigs (with the bound address) → serve.
+//! Start-up order: open the store → create/load the PKI and the service-account signing
+//! key → load CRDs → ensure namespaces and initial objects → bind → write the kubeconfigs
+//! (with the bound address) → start the garbage collector and the built-in controllers →
+//! serve.
 //! The kubeconfig therefore exists only once the server accepts connections, so tests and
 //! users can wait for the file.
 
@@ -150,6 +152,22 @@ async fn version() -> Response {
     )
 }
 
+/// The service-account issuer's public keys (kube serves them to authenticated clients).
+async fn jwks(State(state): State<Arc<ApiState>>) -> Response {
+    match &state.token_issuer {
+        Some(i) => json_response(200, &i.jwks()),
+        None => crate::status::ApiError::no_route().into_response(),
+    }
+}
+
+/// The service-account issuer's OpenID discovery document.
+async fn openid_configuration(State(state): State<Arc<ApiState>>) -> Response {
+    match &state.token_issuer {
+        Some(i) => json_response(200, &i.openid_configuration()),
+        None => crate::status::ApiError::no_route().into_response(),
+    }
+}
+
 async fn ok() -> &'static str {
     "ok"
 }
@@ -200,6 +218,11 @@ fn routes() -> Router<Arc<ApiState>> {
         .route("/openapi/v2", get(crate::openapi::v2))
         .route("/openapi/v3", get(crate::openapi::index))
         .route("/openapi/v3/{*path}", get(crate::openapi::group_version))
+        .route("/openid/v1/jwks", get(jwks))
+        .route(
+            "/.well-known/openid-configuration",
+            get(openid_configuration),
+        )
         .fallback(crate::handlers::api_request)
 }
 
@@ -265,6 +288,10 @@ pub async fn start(config: Config) -> Result<RunningServer, ServerError> {
     let pki = pki::load_or_create(&config.data_dir).map_err(ServerError::Pki)?;
     let mut state = ApiState::new(store);
     state.tokens = pki.tokens.clone();
+    state.token_issuer = Some(Arc::new(
+        crate::serviceaccount::TokenIssuer::load_or_create(&config.data_dir)
+            .map_err(ServerError::Pki)?,
+    ));
     state.outgoing = crate::state::Outgoing {
         ca_pem: pki.ca_pem.clone(),
         proxy_client: Some(pki.proxy_client.clone()),
@@ -288,7 +315,10 @@ pub async fn start(config: Config) -> Result<RunningServer, ServerError> {
         .map_err(|e| ServerError::Bind(config.listen, e))?;
     pki::write_kubeconfigs(&config.data_dir, &pki, &format!("https://{addr}"))
         .map_err(ServerError::Pki)?;
-    let background = vec![crate::gc::spawn(state.clone())];
+    let background = vec![
+        crate::gc::spawn(state.clone()),
+        crate::builtin_controllers::spawn(state.clone()),
+    ];
     let app = router(state.clone());
     let shutdown = CancellationToken::new();
     let options = ServeOptions {

@@ -8,6 +8,7 @@ use kubevirt_store::Store;
 use crate::admission::Admission;
 use crate::metrics::Metrics;
 use crate::registry::Registry;
+use crate::serviceaccount::TokenIssuer;
 
 /// Everything a request handler needs; one per server, shared behind an `Arc`.
 pub struct ApiState {
@@ -20,6 +21,9 @@ pub struct ApiState {
     pub tokens: HashMap<String, String>,
     /// Credentials for the server's own outgoing calls.
     pub outgoing: Outgoing,
+    /// Signs and verifies service-account tokens; `None` only if no key could be made
+    /// (then token requests fail and only certificates and the tokens file authenticate).
+    pub token_issuer: Option<Arc<TokenIssuer>>,
 }
 
 /// The CA and client identities the server uses when it calls out (aggregated APIs, node
@@ -35,7 +39,8 @@ pub struct Outgoing {
 }
 
 impl ApiState {
-    /// State over `store` with the built-in resources, no admission hooks and no tokens.
+    /// State over `store` with the built-in resources, no admission hooks, no tokens file
+    /// and a service-account token issuer whose key is kept nowhere.
     pub fn new(store: Store) -> ApiState {
         ApiState {
             store,
@@ -44,6 +49,7 @@ impl ApiState {
             admission: Vec::new(),
             tokens: HashMap::new(),
             outgoing: Outgoing::default(),
+            token_issuer: TokenIssuer::ephemeral().ok().map(Arc::new),
         }
     }
 }

@@ -525,13 +525,15 @@ fn cases(rv: &str) -> Vec<Case> {
     ]
 }
 
-/// The names of the objects in a list reply.
+/// The names of the objects in a list reply, without the root CA ConfigMap every
+/// namespace has.
 fn names(list: &Value) -> Vec<String> {
     list["items"]
         .as_array()
         .unwrap_or(&Vec::new())
         .iter()
         .filter_map(|i| i["metadata"]["name"].as_str().map(str::to_owned))
+        .filter(|n| n != "kube-root-ca.crt")
         .collect()
 }
 

@@ -1,6 +1,7 @@
 //! kube-rs conformance: the real `kube::Client` and `kube::runtime::watcher` against the
 //! embedded API server started in-process, including a watch resumed across a forced
-//! 410 Gone (history compacted while the server was down).
+//! 410 Gone (history compacted while the server was down), and service-account tokens as
+//! the node agent will request them.
 
 use std::time::Duration;
 
@@ -197,4 +198,95 @@ async fn delete_propagation_policies_behave_as_on_kube() {
     }
     gone(&cms, "fg-owner", &uid(&owner)).await;
     assert!(cms.get_opt("fg-dep").await.unwrap().is_none());
+}
+
+/// What the node agent does for a pod: kube-rs's `create_token_request` for the pod's
+/// service account, bound to the pod; a client with only that token (as
+/// `kube::Config::infer` builds in a pod) is the service account, until the pod goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_bound_token_from_kube_rs_authenticates_as_the_service_account() {
+    use k8s_openapi::api::authentication::v1::{
+        BoundObjectReference, SelfSubjectReview, TokenRequest, TokenRequestSpec,
+    };
+    use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
+
+    let cluster = InProcessCluster::start_without_crds().await.unwrap();
+    let client = cluster.client.clone();
+    let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), "default");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while sas.get_opt("default").await.unwrap().is_none() {
+        assert!(tokio::time::Instant::now() < deadline, "no default account");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "p"},
+        "spec": {"containers": [{"name": "c", "image": "x"}]},
+    }))
+    .unwrap();
+    let pod = pods.create(&PostParams::default(), &pod).await.unwrap();
+    let request = TokenRequest {
+        spec: TokenRequestSpec {
+            expiration_seconds: Some(3607),
+            bound_object_ref: Some(BoundObjectReference {
+                kind: Some("Pod".into()),
+                api_version: Some("v1".into()),
+                name: pod.metadata.name.clone(),
+                uid: pod.metadata.uid.clone(),
+            }),
+            ..TokenRequestSpec::default()
+        },
+        ..TokenRequest::default()
+    };
+    let issued = sas
+        .create_token_request("default", &PostParams::default(), &request)
+        .await
+        .unwrap();
+    let token = issued.status.unwrap().token;
+
+    let server = cluster.server().unwrap();
+    let ca = std::fs::read_to_string(cluster.data_dir().join("apiserver/pki/ca.crt")).unwrap();
+    let path = cluster.data_dir().join("kubeconfig-pod");
+    std::fs::write(
+        &path,
+        kubevirt_apiserver::pki::kubeconfig_yaml(
+            &format!("https://{}", server.addr),
+            &ca,
+            "pod",
+            kubevirt_apiserver::pki::KubeAuth::Token(&token),
+        ),
+    )
+    .unwrap();
+    let config = kube::Config::from_custom_kubeconfig(
+        kube::config::Kubeconfig::read_from(&path).unwrap(),
+        &kube::config::KubeConfigOptions::default(),
+    )
+    .await
+    .unwrap();
+    let as_pod = kube::Client::try_from(config).unwrap();
+    let reviews: Api<SelfSubjectReview> = Api::all(as_pod.clone());
+    let who = reviews
+        .create(&PostParams::default(), &SelfSubjectReview::default())
+        .await
+        .unwrap();
+    let info = who.status.unwrap().user_info.unwrap();
+    assert_eq!(
+        info.username.as_deref(),
+        Some("system:serviceaccount:default:default")
+    );
+    let extra = info.extra.unwrap();
+    assert_eq!(
+        extra["authentication.kubernetes.io/pod-name"],
+        ["p".to_owned()]
+    );
+
+    pods.delete("p", &DeleteParams::default()).await.unwrap();
+    let err = reviews
+        .create(&PostParams::default(), &SelfSubjectReview::default())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, kube::Error::Api(s) if s.code == 401),
+        "{err}"
+    );
 }

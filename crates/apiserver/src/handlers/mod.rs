@@ -2,7 +2,8 @@
 //! dispatch to the verb handler, and render the reply (plain JSON or a Table).
 //!
 //! One file per verb: [`create`], [`get`], [`list`], [`update`], [`patch`], [`delete`],
-//! [`watch`], plus [`binding`] for `pods/binding`.
+//! [`watch`], plus [`binding`] for `pods/binding`, [`scale`], [`token_request`] for
+//! `serviceaccounts/token` and [`reviews`] for the `authentication.k8s.io` reviews.
 
 pub mod binding;
 pub mod common;
@@ -11,7 +12,9 @@ pub mod delete;
 pub mod get;
 pub mod list;
 pub mod patch;
+pub mod reviews;
 pub mod scale;
+pub mod token_request;
 pub mod update;
 pub mod watch;
 
@@ -210,15 +213,11 @@ async fn execute(
     }
     let accept = header_str(&req, header::ACCEPT);
     let content_type = header_str(&req, header::CONTENT_TYPE);
-    let user = req
-        .extensions()
-        .get::<User>()
-        .map(|u| u.0.clone())
-        .unwrap_or_default();
+    let caller = req.extensions().get::<User>().cloned().unwrap_or_default();
     let opts = WriteOptions {
         dry_run: query.dry_run,
         field_validation: query.field_validation,
-        user,
+        user: caller.name.clone(),
     };
     let ri = RequestInfo {
         verb: verb.as_str(),
@@ -226,6 +225,18 @@ async fn execute(
         resource: info.plural.clone(),
         subresource: sub.unwrap_or("").to_owned(),
     };
+    if info.create_only {
+        if verb != Verb::Create {
+            return Err(ApiError::method_not_allowed(
+                "the server does not allow this method on the requested resource",
+            ));
+        }
+        let body = read_body(req).await?;
+        let obj = decode_body(&content_type, &body)?;
+        require_object(&obj)?;
+        let reply = reviews::create(&state, &info.plural, &caller, &obj)?;
+        return Ok(render(reply, ri));
+    }
     if sub == Some("scale") {
         let reply = scale_request(&state, &info, ns, name, verb, &content_type, req, &opts).await?;
         return Ok(render(reply, ri));
@@ -242,6 +253,8 @@ async fn execute(
             require_object(&obj)?;
             if sub == Some("binding") {
                 binding::bind(&state, &info, ns, name, &obj, &opts).await?
+            } else if sub == Some("token") {
+                token_request::create(&state, ns.unwrap_or(""), name, &obj)?
             } else if sub.is_some() {
                 return Err(ApiError::method_not_allowed(
                     "the server does not allow this method on the requested resource",

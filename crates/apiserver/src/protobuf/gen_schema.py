@@ -17,8 +17,8 @@ API, MACH = sys.argv[1], sys.argv[2]
 PACKAGES = [
     (API, "core/v1"), (API, "apps/v1"), (API, "batch/v1"), (API, "rbac/v1"),
     (API, "policy/v1"), (API, "scheduling/v1"), (API, "coordination/v1"),
-    (API, "networking/v1"), (MACH, "pkg/apis/meta/v1"), (MACH, "pkg/runtime"),
-    (MACH, "pkg/util/intstr"), (MACH, "pkg/api/resource"),
+    (API, "networking/v1"), (API, "authentication/v1"), (MACH, "pkg/apis/meta/v1"),
+    (MACH, "pkg/runtime"), (MACH, "pkg/util/intstr"), (MACH, "pkg/api/resource"),
 ]
 KINDS = [
     ("k8s.io.api.core.v1", k) for k in
@@ -32,6 +32,9 @@ KINDS = [
     ("k8s.io.api.policy.v1", "PodDisruptionBudget"),
     ("k8s.io.api.scheduling.v1", "PriorityClass"),
     ("k8s.io.api.coordination.v1", "Lease"), ("k8s.io.api.networking.v1", "Ingress"),
+] + [
+    ("k8s.io.api.authentication.v1", k)
+    for k in "TokenRequest TokenReview SelfSubjectReview".split()
 ]
 # Messages with a JSON form of their own; the decoder knows them by these names.
 BUILTIN = {

@@ -49,6 +49,9 @@ const KINDS: &[(&str, &str)] = &[
     ("scheduling.k8s.io/v1", "PriorityClass"),
     ("coordination.k8s.io/v1", "Lease"),
     ("networking.k8s.io/v1", "Ingress"),
+    ("authentication.k8s.io/v1", "TokenRequest"),
+    ("authentication.k8s.io/v1", "TokenReview"),
+    ("authentication.k8s.io/v1", "SelfSubjectReview"),
 ];
 
 /// Why a protobuf body could not be decoded.

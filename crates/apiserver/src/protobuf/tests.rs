@@ -16,7 +16,8 @@ macro_rules! fixtures {
     };
 }
 
-/// Captured from kubectl v1.32 `create …` against a recording server.
+/// Captured from kubectl v1.32 `create …` (and `create token`, `auth whoami`) against a
+/// recording server.
 const FIXTURES: &[(&str, &[u8], &str)] = fixtures![
     "clusterrole",
     "clusterrole_agg",
@@ -38,9 +39,12 @@ const FIXTURES: &[(&str, &[u8], &str)] = fixtures![
     "rolebinding",
     "secret",
     "secret_tls_docker",
+    "selfsubjectreview",
     "service",
     "service_nodeport",
     "serviceaccount",
+    "tokenrequest",
+    "tokenrequest_bound",
 ];
 
 /// Prints the decoding of every fixture (used to review new golden files).
