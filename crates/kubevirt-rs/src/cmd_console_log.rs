@@ -35,7 +35,7 @@ pub struct ConsoleLogArgs {
     pub pod_dir: PathBuf,
 }
 
-pub fn run(args: ConsoleLogArgs) -> anyhow::Result<()> {
+pub fn run(args: &ConsoleLogArgs) -> anyhow::Result<()> {
     let path = args.pod_dir.join(SERIAL_LOG_FILE);
     let socket = args
         .pod_dir

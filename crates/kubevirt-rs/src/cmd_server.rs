@@ -272,6 +272,53 @@ where
     })
 }
 
+/// Starts the embedded Kubernetes' scheduler and this machine's node agent; returns their
+/// tasks and the node's pod directory.
+async fn start_embedded_node(
+    data_dir: &Path,
+    node_name: &str,
+    fake_qemu: bool,
+    ca_pem: &[u8],
+    cancel: &CancellationToken,
+) -> anyhow::Result<(
+    tokio::task::JoinHandle<()>,
+    tokio::task::JoinHandle<()>,
+    PathBuf,
+)> {
+    let scheduler_client = client_from(&data_dir.join("kubeconfig")).await?;
+    let scheduler = supervise("scheduler", cancel.clone(), move |token| {
+        let client = scheduler_client.clone();
+        async move {
+            tokio::select! {
+                () = token.cancelled() => {}
+                () = kubevirt_scheduler::run(client) => {}
+            }
+            Ok(())
+        }
+    });
+    let node_client = client_from(&data_dir.join("kubeconfig")).await?;
+    let node_config = kubevirt_node::NodeConfig {
+        node_name: node_name.to_owned(),
+        data_dir: data_dir.join("node"),
+        images: project_images(fake_qemu)?,
+        host_ip: "127.0.0.1".into(),
+        cluster_ca_pem: Some(ca_pem.to_vec()),
+        serving_cert: Some(
+            kubevirt_apiserver::pki::issue_serving_cert(
+                data_dir,
+                vec!["127.0.0.1".into(), "localhost".into()],
+            )
+            .context("issuing the node's serving certificate")?,
+        ),
+    };
+    let kubelet_pods_dir = node_config.pods_dir();
+    let node = supervise("node", cancel.clone(), move |token| {
+        let (client, config) = (node_client.clone(), node_config.clone());
+        async move { Ok(kubevirt_node::run_node(client, config, token).await?) }
+    });
+    Ok((scheduler, node, kubelet_pods_dir))
+}
+
 /// The node's image store: this binary under the project's images (the launcher image of
 /// the default launcher pod configuration), with the environment its image would carry.
 fn project_images(fake_qemu: bool) -> anyhow::Result<kubevirt_node::images::ImageStore> {
@@ -360,32 +407,8 @@ async fn serve(args: ServerArgs) -> anyhow::Result<()> {
         )
     };
 
-    // The embedded Kubernetes: scheduler and node agent.
-    let scheduler_client = client_from(&data_dir.join("kubeconfig")).await?;
-    let scheduler = supervise("scheduler", cancel.clone(), move |token| {
-        let client = scheduler_client.clone();
-        async move {
-            tokio::select! {
-                () = token.cancelled() => {}
-                () = kubevirt_scheduler::run(client) => {}
-            }
-            Ok(())
-        }
-    });
-    let node_client = client_from(&data_dir.join("kubeconfig")).await?;
-    let node_config = kubevirt_node::NodeConfig {
-        node_name: node_name.clone(),
-        data_dir: data_dir.join("node"),
-        images: project_images(args.fake_qemu)?,
-        host_ip: "127.0.0.1".into(),
-        cluster_ca_pem: Some(ca_pem.clone()),
-        serving_cert: Some(serving_cert().context("issuing the node's serving certificate")?),
-    };
-    let kubelet_pods_dir = node_config.pods_dir();
-    let node = supervise("node", cancel.clone(), move |token| {
-        let (client, config) = (node_client.clone(), node_config.clone());
-        async move { Ok(kubevirt_node::run_node(client, config, token).await?) }
-    });
+    let (scheduler, node, kubelet_pods_dir) =
+        start_embedded_node(&data_dir, &node_name, args.fake_qemu, &ca_pem, &cancel).await?;
 
     // KubeVirt's node agent.
     let handler_client = client_from(&data_dir.join("kubeconfig-handler")).await?;

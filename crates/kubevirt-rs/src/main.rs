@@ -98,7 +98,7 @@ fn main() -> anyhow::Result<()> {
         Command::Controller(args) => cmd_controller::run(args)?,
         Command::Handler(args) => cmd_handler::run(args)?,
         Command::Launcher(args) => cmd_launcher::run(args)?,
-        Command::GuestConsoleLog(args) => cmd_console_log::run(args)?,
+        Command::GuestConsoleLog(args) => cmd_console_log::run(&args)?,
         Command::Images(args) => cmd_images::run(args)?,
     }
     Ok(())
