@@ -241,11 +241,11 @@ mod tests {
     use serde_json::json;
 
     fn pod(spec: serde_json::Value) -> Pod {
-        serde_json::from_value(json!({
+        let mut pod = json!({
             "metadata": {"name": "p", "namespace": "ns", "uid": "u1", "labels": {"a": "b"}},
-            "spec": spec,
-        }))
-        .expect("pod")
+        });
+        pod["spec"] = spec;
+        serde_json::from_value(pod).expect("pod")
     }
 
     #[test]
