@@ -26,7 +26,31 @@ const POD_REAL: &str = "0a7e3c52-1b1f-4d47-9c1e-6b2d1f0a0004";
 struct Cluster {
     inner: testkit::InProcessCluster,
     data: PathBuf,
+    /// A short symlink to `data/pods` (removed on drop): launchers here run without a mount
+    /// namespace and bind their sockets at node paths, which must fit a socket address.
+    pods: ShortLink,
     client: kube::Client,
+}
+
+/// A symlink `/tmp/kvp-<pid>-<n>` to a directory, removed when dropped.
+struct ShortLink(PathBuf);
+
+impl ShortLink {
+    fn to(target: &std::path::Path) -> anyhow::Result<Self> {
+        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let link = PathBuf::from(format!("/tmp/kvp-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_file(&link);
+        std::fs::create_dir_all(target)?;
+        std::os::unix::fs::symlink(target, &link)?;
+        Ok(Self(link))
+    }
+}
+
+impl Drop for ShortLink {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
 }
 
 impl Cluster {
@@ -41,6 +65,7 @@ impl Cluster {
         let inner = testkit::InProcessCluster::start().await?;
         Ok(Self {
             data: inner.data_dir().to_owned(),
+            pods: ShortLink::to(&inner.data_dir().join("pods"))?,
             client: inner.client.clone(),
             inner,
         })
@@ -49,7 +74,7 @@ impl Cluster {
     fn sync_config(&self) -> SyncConfig {
         SyncConfig {
             node_name: NODE.into(),
-            kubelet_pods_dir: self.data.join("pods"),
+            kubelet_pods_dir: self.pods.0.clone(),
             launcher_dir_in_pod: None,
             images: ImageStore::new(&self.data),
             host_disk_dir: self.data.join("hostdisks"),
@@ -58,7 +83,7 @@ impl Cluster {
     }
 
     fn pod_dir(&self, pod_uid: &str) -> PathBuf {
-        virt_handler::vmi_sync::worker::launcher_dir_on_host(&self.data.join("pods"), pod_uid)
+        virt_handler::vmi_sync::worker::launcher_dir_on_host(&self.pods.0, pod_uid)
     }
 
     fn vmis(&self) -> Api<VirtualMachineInstance> {

@@ -470,7 +470,7 @@ mod tests {
         let vmi = vmi_with_active_pods(&[(uid, "node01")]);
         assert_eq!(
             pod_dir(&vmi, &config()),
-            Some(PathBuf::from("/data/pods").join(uid))
+            Some(launcher_dir_on_host(Path::new("/data/pods"), uid))
         );
     }
 
@@ -498,7 +498,7 @@ mod tests {
         let vmi = vmi_with_active_pods(&[("../../x", "node01"), (uid, "node01")]);
         assert_eq!(
             pod_dir(&vmi, &config()),
-            Some(PathBuf::from("/data/pods").join(uid))
+            Some(launcher_dir_on_host(Path::new("/data/pods"), uid))
         );
     }
 
