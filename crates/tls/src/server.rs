@@ -164,3 +164,14 @@ pub fn server_config(
     config.alpn_protocols = vec![crate::ALPN_HTTP1.to_vec()];
     Ok(config)
 }
+
+/// A self-signed serving certificate and key (PEM) for `names`, as kubelet makes one when it
+/// is given none.
+///
+/// # Errors
+/// When key generation or signing fails.
+pub fn self_signed_pem(names: Vec<String>) -> Result<(String, String), rcgen::Error> {
+    let key = rcgen::KeyPair::generate()?;
+    let cert = rcgen::CertificateParams::new(names)?.self_signed(&key)?;
+    Ok((cert.pem(), key.serialize_pem()))
+}

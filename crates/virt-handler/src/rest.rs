@@ -25,23 +25,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
-use axum::body::Body;
 use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, put};
 use futures::{SinkExt, StreamExt};
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use rustls::RootCertStore;
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-use rustls::server::WebPkiClientVerifier;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
-use tokio_rustls::TlsAcceptor;
-use tower::ServiceExt;
-use tracing::{debug, warn};
+
 use virt_launcher::protocol::{Command, LauncherClient};
 
 /// The Node annotation that tells virt-api where this node's handler serves (`host:port`).
@@ -77,45 +69,6 @@ struct RestState {
     client: kube::Client,
     node_name: String,
     kubelet_pods_dir: PathBuf,
-}
-
-fn tls_config(
-    cluster_ca_pem: &[u8],
-    host: &str,
-    serving: Option<&(String, String)>,
-) -> Result<rustls::ServerConfig, RestError> {
-    let err = |e: &dyn std::fmt::Display| RestError::Tls(e.to_string());
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut roots = RootCertStore::empty();
-    for c in CertificateDer::pem_slice_iter(cluster_ca_pem) {
-        roots.add(c.map_err(|e| err(&e))?).map_err(|e| err(&e))?;
-    }
-    let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone())
-        .build()
-        .map_err(|e| err(&e))?;
-    let (cert_pem, key_pem) = match serving {
-        Some((cert, key)) => (cert.clone(), key.clone()),
-        None => {
-            let key = rcgen::KeyPair::generate().map_err(|e| err(&e))?;
-            let params =
-                rcgen::CertificateParams::new(vec![host.to_owned(), "localhost".to_owned()])
-                    .map_err(|e| err(&e))?;
-            let cert = params.self_signed(&key).map_err(|e| err(&e))?;
-            (cert.pem(), key.serialize_pem())
-        }
-    };
-    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(cert_pem.as_bytes())
-        .collect::<Result<_, _>>()
-        .map_err(|e| err(&e))?;
-    let key_der = PrivateKeyDer::from_pem_slice(key_pem.as_bytes()).map_err(|e| err(&e))?;
-    let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|e| err(&e))?
-        .with_client_cert_verifier(verifier)
-        .with_single_cert(certs, key_der)
-        .map_err(|e| err(&e))?;
-    cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
-    Ok(cfg)
 }
 
 /// The websocket subprotocol of console and vnc streams: raw bytes in binary frames.
@@ -366,52 +319,41 @@ async fn announce(
     }
 }
 
+/// Serves `app` over TLS on `listen` (clients must present a certificate of
+/// `cluster_ca_pem`) until the task is dropped; returns the bound address. Without a
+/// `serving` certificate a self-signed one is made, as kubelet does by default.
 async fn serve_router(
     listen: SocketAddr,
     cluster_ca_pem: &[u8],
     app: Router,
     serving: Option<&(String, String)>,
 ) -> Result<(SocketAddr, tokio::task::JoinHandle<()>), RestError> {
-    let tls = TlsAcceptor::from(Arc::new(tls_config(
-        cluster_ca_pem,
-        &listen.ip().to_string(),
-        serving,
-    )?));
+    let (cert_pem, key_pem) = match serving {
+        Some(pair) => pair.clone(),
+        None => {
+            kubevirt_tls::self_signed_pem(vec![listen.ip().to_string(), "localhost".to_owned()])
+                .map_err(|e| RestError::Tls(e.to_string()))?
+        }
+    };
+    let cert = kubevirt_tls::SwappableCert::from_pem(cert_pem.as_bytes(), key_pem.as_bytes())
+        .map_err(|e| RestError::Tls(e.to_string()))?;
+    let tls = kubevirt_tls::server_config(
+        cert,
+        &kubevirt_tls::ClientAuth::Required(cluster_ca_pem.to_vec()),
+    )
+    .map_err(|e| RestError::Tls(e.to_string()))?;
     let listener = TcpListener::bind(listen)
         .await
         .map_err(|e| RestError::Bind(listen, e))?;
     let addr = listener
         .local_addr()
         .map_err(|e| RestError::Bind(listen, e))?;
-    let task = tokio::spawn(async move {
-        loop {
-            let Ok((tcp, peer)) = listener.accept().await else {
-                continue;
-            };
-            let (tls, app) = (tls.clone(), app.clone());
-            tokio::spawn(async move {
-                let stream =
-                    match tokio::time::timeout(Duration::from_secs(10), tls.accept(tcp)).await {
-                        Ok(Ok(s)) => s,
-                        Ok(Err(e)) => {
-                            return debug!(%peer, error = %e, "REST server: TLS handshake failed");
-                        }
-                        Err(_) => return,
-                    };
-                let svc = hyper::service::service_fn(
-                    move |req: hyper::Request<hyper::body::Incoming>| {
-                        app.clone().oneshot(req.map(Body::new))
-                    },
-                );
-                let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-                if let Err(e) = builder
-                    .serve_connection_with_upgrades(TokioIo::new(stream), svc)
-                    .await
-                {
-                    warn!(%peer, error = %e, "REST server connection failed");
-                }
-            });
-        }
-    });
+    let task = tokio::spawn(kubevirt_tls::serve(
+        listener,
+        Arc::new(tls),
+        app,
+        kubevirt_tls::ServeOptions::default(),
+        tokio_util::sync::CancellationToken::new(),
+    ));
     Ok((addr, task))
 }
