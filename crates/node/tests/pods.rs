@@ -2,7 +2,7 @@
 //! its volumes.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
@@ -25,31 +25,7 @@ impl Drop for Node {
     fn drop(&mut self) {
         self.cancel.cancel();
         // Nothing a test starts outlives it: kill every recorded container group.
-        testkit_kill(&self.tmp.path().join("node/pods"));
-    }
-}
-
-/// Kills the process groups recorded under `pods` (`<uid>/<container>.json`).
-fn testkit_kill(pods: &Path) {
-    for pod in std::fs::read_dir(pods).into_iter().flatten().flatten() {
-        for file in std::fs::read_dir(pod.path())
-            .into_iter()
-            .flatten()
-            .flatten()
-        {
-            let pid = std::fs::read(file.path())
-                .ok()
-                .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
-                .and_then(|v| v.get("pid").and_then(serde_json::Value::as_i64))
-                .and_then(|p| i32::try_from(p).ok())
-                .filter(|p| *p > 1);
-            if let Some(pid) = pid {
-                let _ = nix::sys::signal::killpg(
-                    nix::unistd::Pid::from_raw(pid),
-                    nix::sys::signal::Signal::SIGKILL,
-                );
-            }
-        }
+        testkit::kill_launchers(self.tmp.path());
     }
 }
 
@@ -109,19 +85,12 @@ async fn create(node: &Node, pod: serde_json::Value) -> Pod {
 /// Polls the pod until `done` holds (or fails after a minute).
 async fn wait_for(node: &Node, name: &str, what: &str, done: impl Fn(&Pod) -> bool) -> Pod {
     let api = Api::<Pod>::namespaced(node.client.clone(), "default");
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    loop {
-        if let Ok(pod) = api.get(name).await
-            && done(&pod)
-        {
-            return pod;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    testkit::wait_until_async(Duration::from_secs(60), what, || {
+        let (api, done) = (&api, &done);
+        async move { api.get(name).await.ok().filter(|p| done(p)) }
+    })
+    .await
+    .expect("the pod state")
 }
 
 fn waiting_reason(pod: &Pod) -> Option<String> {

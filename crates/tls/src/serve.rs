@@ -225,3 +225,62 @@ async fn connection<S, B>(
         debug!(?peer, error = %e, "connection ended with an error");
     }
 }
+
+/// Errors of [`spawn_serving`].
+#[derive(Debug, thiserror::Error)]
+pub enum SpawnError {
+    /// The certificate, key or client CA could not be used.
+    #[error("TLS configuration: {0}")]
+    Tls(String),
+    /// Binding the listen address failed.
+    #[error("binding {0}")]
+    Bind(std::net::SocketAddr, #[source] std::io::Error),
+}
+
+/// Serves `service` on `listen` with [`ServeOptions::default`] until the returned task is
+/// dropped or aborted: presents `serving` (certificate and key, PEM; a self-signed one for
+/// the listen address when `None`, as kubelet does by default) and authenticates clients as
+/// `client_auth` says. Returns the bound address.
+///
+/// # Errors
+/// [`SpawnError`] when the TLS set-up or the bind fails.
+pub async fn spawn_serving<S, B>(
+    listen: std::net::SocketAddr,
+    serving: Option<&(String, String)>,
+    client_auth: &crate::ClientAuth,
+    service: S,
+) -> Result<(std::net::SocketAddr, tokio::task::JoinHandle<()>), SpawnError>
+where
+    S: Service<Request<Incoming>, Response = Response<B>, Error = Infallible>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    B: Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let tls_err = |e: &dyn std::fmt::Display| SpawnError::Tls(e.to_string());
+    let (cert_pem, key_pem) = match serving {
+        Some(pair) => pair.clone(),
+        None => crate::self_signed_pem(vec![listen.ip().to_string(), "localhost".to_owned()])
+            .map_err(|e| tls_err(&e))?,
+    };
+    let cert = crate::SwappableCert::from_pem(cert_pem.as_bytes(), key_pem.as_bytes())
+        .map_err(|e| tls_err(&e))?;
+    let tls = crate::server_config(cert, client_auth).map_err(|e| tls_err(&e))?;
+    let listener = TcpListener::bind(listen)
+        .await
+        .map_err(|e| SpawnError::Bind(listen, e))?;
+    let addr = listener
+        .local_addr()
+        .map_err(|e| SpawnError::Bind(listen, e))?;
+    let task = tokio::spawn(serve(
+        listener,
+        Arc::new(tls),
+        service,
+        ServeOptions::default(),
+        CancellationToken::new(),
+    ));
+    Ok((addr, task))
+}

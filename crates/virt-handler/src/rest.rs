@@ -21,7 +21,6 @@
 
 use std::net::SocketAddr;
 use std::path::{Path as FsPath, PathBuf};
-use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
@@ -32,7 +31,6 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, put};
 use futures::{SinkExt, StreamExt};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpListener;
 
 use virt_launcher::protocol::{Command, LauncherClient};
 
@@ -56,12 +54,9 @@ pub enum RestError {
     /// Announcing the endpoint on the Node failed.
     #[error("announcing the REST endpoint on node {0}")]
     Announce(String, #[source] kube::Error),
-    /// Building the TLS configuration failed.
-    #[error("TLS configuration: {0}")]
-    Tls(String),
-    /// Binding the listen address failed.
-    #[error("binding {0}")]
-    Bind(SocketAddr, #[source] std::io::Error),
+    /// The TLS set-up or the bind failed.
+    #[error("serving")]
+    Serve(#[source] kubevirt_tls::SpawnError),
 }
 
 #[derive(Clone)]
@@ -328,32 +323,12 @@ async fn serve_router(
     app: Router,
     serving: Option<&(String, String)>,
 ) -> Result<(SocketAddr, tokio::task::JoinHandle<()>), RestError> {
-    let (cert_pem, key_pem) = match serving {
-        Some(pair) => pair.clone(),
-        None => {
-            kubevirt_tls::self_signed_pem(vec![listen.ip().to_string(), "localhost".to_owned()])
-                .map_err(|e| RestError::Tls(e.to_string()))?
-        }
-    };
-    let cert = kubevirt_tls::SwappableCert::from_pem(cert_pem.as_bytes(), key_pem.as_bytes())
-        .map_err(|e| RestError::Tls(e.to_string()))?;
-    let tls = kubevirt_tls::server_config(
-        cert,
+    kubevirt_tls::spawn_serving(
+        listen,
+        serving,
         &kubevirt_tls::ClientAuth::Required(cluster_ca_pem.to_vec()),
-    )
-    .map_err(|e| RestError::Tls(e.to_string()))?;
-    let listener = TcpListener::bind(listen)
-        .await
-        .map_err(|e| RestError::Bind(listen, e))?;
-    let addr = listener
-        .local_addr()
-        .map_err(|e| RestError::Bind(listen, e))?;
-    let task = tokio::spawn(kubevirt_tls::serve(
-        listener,
-        Arc::new(tls),
         app,
-        kubevirt_tls::ServeOptions::default(),
-        tokio_util::sync::CancellationToken::new(),
-    ));
-    Ok((addr, task))
+    )
+    .await
+    .map_err(RestError::Serve)
 }

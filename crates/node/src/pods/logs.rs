@@ -24,7 +24,6 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::routing::get;
-use tokio::net::TcpListener;
 
 mod container;
 
@@ -34,12 +33,9 @@ pub type PodLookup = Arc<dyn Fn(&str, &str) -> Option<(String, Vec<String>)> + S
 /// Errors starting the log server.
 #[derive(Debug, thiserror::Error)]
 pub enum LogServerError {
-    /// Building the TLS configuration failed.
-    #[error("TLS configuration: {0}")]
-    Tls(String),
-    /// Binding the listen address failed.
-    #[error("binding {0}")]
-    Bind(SocketAddr, #[source] std::io::Error),
+    /// The TLS set-up or the bind failed.
+    #[error("serving")]
+    Serve(#[source] kubevirt_tls::SpawnError),
 }
 
 #[derive(Clone)]
@@ -80,32 +76,12 @@ async fn serve_router(
     app: Router,
     serving: Option<&(String, String)>,
 ) -> Result<(SocketAddr, tokio::task::JoinHandle<()>), LogServerError> {
-    let (cert_pem, key_pem) = match serving {
-        Some(pair) => pair.clone(),
-        None => {
-            kubevirt_tls::self_signed_pem(vec![listen.ip().to_string(), "localhost".to_owned()])
-                .map_err(|e| LogServerError::Tls(e.to_string()))?
-        }
-    };
-    let cert = kubevirt_tls::SwappableCert::from_pem(cert_pem.as_bytes(), key_pem.as_bytes())
-        .map_err(|e| LogServerError::Tls(e.to_string()))?;
-    let tls = kubevirt_tls::server_config(
-        cert,
+    kubevirt_tls::spawn_serving(
+        listen,
+        serving,
         &kubevirt_tls::ClientAuth::Required(cluster_ca_pem.to_vec()),
-    )
-    .map_err(|e| LogServerError::Tls(e.to_string()))?;
-    let listener = TcpListener::bind(listen)
-        .await
-        .map_err(|e| LogServerError::Bind(listen, e))?;
-    let addr = listener
-        .local_addr()
-        .map_err(|e| LogServerError::Bind(listen, e))?;
-    let task = tokio::spawn(kubevirt_tls::serve(
-        listener,
-        Arc::new(tls),
         app,
-        kubevirt_tls::ServeOptions::default(),
-        tokio_util::sync::CancellationToken::new(),
-    ));
-    Ok((addr, task))
+    )
+    .await
+    .map_err(LogServerError::Serve)
 }
