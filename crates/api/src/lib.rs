@@ -6,12 +6,14 @@
 //! - [`constants`]: labels, annotations and finalizers KubeVirt writes.
 //! - [`crd`]: structural CustomResourceDefinitions generated from the types.
 //! - [`quantity`]: exact Kubernetes resource quantities, the one parser every crate uses.
+//! - [`cluster_config`]: the one watch of the `KubeVirt` CR every component subscribes to.
 //!
-//! The crate does no I/O. Every optional field round-trips: decoding an upstream manifest and
+//! Apart from [`cluster_config`] the crate does no I/O. Every optional field round-trips: decoding an upstream manifest and
 //! encoding it again yields the same JSON, and unknown enum strings are kept verbatim.
 
 mod string_enum;
 
+pub mod cluster_config;
 pub mod constants;
 pub mod crd;
 pub mod pool;

@@ -20,7 +20,6 @@ use k8s_openapi::api::admissionregistration::v1::{
 };
 use kube::api::{Api, PostParams};
 use serde_json::json;
-use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
@@ -103,25 +102,6 @@ where
     Ok(())
 }
 
-/// Follows the KubeVirt CR into virt-api's cluster configuration.
-async fn follow_api_config(client: kube::Client, tx: watch::Sender<virt_api::ClusterConfig>) {
-    use futures::StreamExt;
-    use kube::runtime::{WatchStreamExt, watcher};
-    let api: Api<kubevirt_api::v1::KubeVirt> = Api::namespaced(client, KUBEVIRT_NAMESPACE);
-    let mut stream = watcher(api, watcher::Config::default())
-        .default_backoff()
-        .applied_objects()
-        .boxed();
-    while let Some(kv) = stream.next().await {
-        match kv {
-            Ok(kv) => {
-                tx.send_replace(virt_api::ClusterConfig::from_kubevirt(Some(&kv)));
-            }
-            Err(e) => warn!(error = %e, "watching the KubeVirt CR for virt-api failed"),
-        }
-    }
-}
-
 /// Starts virt-api's admission webhooks and registers them.
 /// What keeps virt-api's servers running.
 struct VirtApi {
@@ -172,9 +152,12 @@ async fn start_virt_api(
     .context("issuing virt-api's serving certificate")?;
     let ca_pem =
         std::fs::read(data_dir.join("pki").join("ca.crt")).context("reading the cluster CA")?;
-    let (config_tx, config_rx) = watch::channel(virt_api::ClusterConfig::from_kubevirt(None));
+    let config_rx = kubevirt_api::cluster_config::subscribe(
+        Api::namespaced(client.clone(), KUBEVIRT_NAMESPACE),
+        virt_api::ClusterConfig::from_kubevirt,
+    )
+    .receiver();
     let config_rx_sub = config_rx.clone();
-    tokio::spawn(follow_api_config(client.clone(), config_tx));
     let server = virt_api::webhook::run_webhook_server(
         virt_api::webhook::WebhookServerConfig {
             listen: "127.0.0.1:0".parse().context("address")?,

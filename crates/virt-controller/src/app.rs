@@ -1,7 +1,8 @@
 //! virt-controller as an application: leader election, the KubeVirt CR's settings, and the
 //! VM and VMI controllers — what `kubevirt-rs controller` and `kubevirt-rs server` run.
 //!
-//! Data flow: [`kubevirt_config::watch_kubevirt`] publishes the CR's settings; the effective
+//! Data flow: the shared CR watch ([`kubevirt_api::cluster_config::subscribe`]) publishes the
+//! CR's settings ([`ClusterSettings`]); the effective
 //! label/annotation sync patterns (command-line flags overlaid by
 //! `spec.customizeComponents.flags.controller`) go to both controllers through one
 //! `watch` channel, so a `kubectl patch kubevirt` reconfigures them in place. The controllers
@@ -16,7 +17,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::kubevirt_config::{self, ClusterSettings, effective_flag};
+use crate::kubevirt_config::{ClusterSettings, effective_flag};
 use crate::labelsync::SyncPatterns;
 use crate::runtime::leader::{LeaderElectionConfig, LeaderElector};
 use crate::runtime::metrics::Metrics;
@@ -78,14 +79,16 @@ pub async fn run_controller(
     metrics: &Metrics,
     cancel: CancellationToken,
 ) -> Result<(), ControllerAppError> {
-    let (settings_tx, mut settings_rx) = watch::channel(ClusterSettings::default());
-    let cluster_rx = settings_rx.clone();
+    // The watch ends once the last receiver (the republisher's, the VMI controller's) is gone.
+    let settings = kubevirt_api::cluster_config::subscribe(
+        kube::Api::namespaced(client.clone(), &config.namespace),
+        ClusterSettings::from_kubevirt,
+    );
+    let mut settings_rx = settings.receiver();
+    let cluster_rx = settings.receiver();
+    drop(settings);
     let (sync_tx, sync_rx) =
         watch::channel(effective_sync_config(&config, &ClusterSettings::default()));
-    let watcher = tokio::spawn({
-        let (client, namespace) = (client.clone(), config.namespace.clone());
-        async move { kubevirt_config::watch_kubevirt(client, &namespace, settings_tx).await }
-    });
     let republish = tokio::spawn({
         let config = config.clone();
         async move {
@@ -129,7 +132,6 @@ pub async fn run_controller(
     };
     election_cancel.cancel();
     let election_result = election.await;
-    watcher.abort();
     republish.abort();
     match election_result {
         Ok(Err(e)) if !cancel.is_cancelled() => Err(ControllerAppError::LeaderElection(e)),

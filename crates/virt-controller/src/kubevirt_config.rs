@@ -3,19 +3,14 @@
 //! KubeVirt users change component flags through
 //! `spec.customizeComponents.flags.{api,controller,handler}` of the `KubeVirt` CR (upstream's
 //! operator then rolls the component's pods). Here the running components pick the change up
-//! in place: [`watch_kubevirt`] follows the CR and publishes a [`ClusterSettings`] on a
-//! `tokio::sync::watch` channel, and each component derives its effective settings from its
+//! in place: the shared CR watch ([`kubevirt_api::cluster_config::subscribe`]) publishes a
+//! [`ClusterSettings`] ([`ClusterSettings::from_kubevirt`]), and each component derives its effective settings from its
 //! command-line flags overlaid with the CR's ([`effective_flag`]) — so changing the label-sync
 //! patterns restarts nothing, VMs included.
 
 use std::collections::BTreeMap;
 
-use futures::StreamExt;
-use kube::api::Api;
-use kube::runtime::{WatchStreamExt, watcher};
 use kubevirt_api::v1::KubeVirt;
-use tokio::sync::watch;
-use tracing::{info, warn};
 
 /// What the components need from the KubeVirt CR.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -72,45 +67,6 @@ pub fn effective_flag<'a>(
     command_line: &'a str,
 ) -> &'a str {
     cr_flags.get(name).map_or(command_line, String::as_str)
-}
-
-/// Follows the KubeVirt CRs of `namespace` and publishes the settings of the first one (by
-/// name) whenever they change. Runs until the watch stream ends.
-pub async fn watch_kubevirt(
-    client: kube::Client,
-    namespace: &str,
-    tx: watch::Sender<ClusterSettings>,
-) {
-    let api: Api<KubeVirt> = Api::namespaced(client, namespace);
-    let mut current: BTreeMap<String, KubeVirt> = BTreeMap::new();
-    let mut events = watcher(api, watcher::Config::default())
-        .default_backoff()
-        .boxed();
-    while let Some(event) = events.next().await {
-        match event {
-            Ok(watcher::Event::Apply(kv) | watcher::Event::InitApply(kv)) => {
-                current.insert(kv.metadata.name.clone().unwrap_or_default(), kv);
-            }
-            Ok(watcher::Event::Delete(kv)) => {
-                current.remove(kv.metadata.name.as_deref().unwrap_or_default());
-            }
-            Ok(watcher::Event::Init) => current.clear(),
-            Ok(watcher::Event::InitDone) => {}
-            Err(e) => {
-                warn!(error = %e, "watching the KubeVirt CR failed; retrying");
-                continue;
-            }
-        }
-        let settings = ClusterSettings::from_kubevirt(current.values().next());
-        tx.send_if_modified(|old| {
-            if *old == settings {
-                return false;
-            }
-            info!(?settings, "cluster settings changed");
-            *old = settings;
-            true
-        });
-    }
 }
 
 #[cfg(test)]

@@ -108,6 +108,10 @@ pub async fn run_handler(
         images: images::ImageStore::new(&config.data_dir),
         host_disk_dir: config.host_disk_dir(),
         use_emulation: config.use_emulation,
+        cluster: kubevirt_api::cluster_config::subscribe(
+            kube::Api::all(client.clone()),
+            vmi_sync::ClusterSettings::from_kubevirt,
+        ),
     };
     let _rest = match &config.rest {
         Some(rest) => Some(

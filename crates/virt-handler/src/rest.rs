@@ -81,6 +81,7 @@ async fn pod_dir(state: &RestState, namespace: &str, name: &str) -> Option<PathB
         images: crate::images::ImageStore::new(FsPath::new("")),
         host_disk_dir: PathBuf::new(),
         use_emulation: None,
+        cluster: kubevirt_api::cluster_config::ClusterConfigWatch::fixed(Default::default()),
     };
     crate::vmi_sync::worker::pod_dir(&vmi, &config)
 }

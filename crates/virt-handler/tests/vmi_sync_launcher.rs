@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use kube::api::{Api, DeleteParams, PostParams};
+use kubevirt_api::cluster_config::ClusterConfigWatch;
 use kubevirt_api::v1::VirtualMachineInstance;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
@@ -79,6 +80,7 @@ impl Cluster {
             images: ImageStore::new(&self.data),
             host_disk_dir: self.data.join("hostdisks"),
             use_emulation: Some(true),
+            cluster: ClusterConfigWatch::fixed(vmi_sync::ClusterSettings::default()),
         }
     }
 

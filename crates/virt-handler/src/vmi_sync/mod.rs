@@ -32,6 +32,7 @@ use std::sync::Arc;
 use futures::StreamExt;
 use kube::api::Api;
 use kube::runtime::{WatchStreamExt, reflector, watcher};
+use kubevirt_api::cluster_config::ClusterConfigWatch;
 use kubevirt_api::constants::NODE_NAME_LABEL;
 use kubevirt_api::v1::{KubeVirt, VirtualMachineInstance};
 use tokio::sync::watch;
@@ -59,28 +60,34 @@ pub struct SyncConfig {
     /// Forces (`Some(true)`) or forbids (`Some(false)`) software emulation; `None` follows
     /// the KubeVirt CR's `developerConfiguration.useEmulation`, then host detection.
     pub use_emulation: Option<bool>,
+    /// The KubeVirt CR's settings, as the shared CR watch keeps them.
+    pub cluster: ClusterConfigWatch<ClusterSettings>,
+}
+
+/// What the handler needs from the `KubeVirt` CR, kept current by
+/// [`kubevirt_api::cluster_config::subscribe`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ClusterSettings {
+    /// `spec.configuration.developerConfiguration.useEmulation`.
+    pub use_emulation: bool,
+}
+
+impl ClusterSettings {
+    /// The settings a KubeVirt CR states (defaults when there is none).
+    pub fn from_kubevirt(kv: Option<&KubeVirt>) -> ClusterSettings {
+        let use_emulation = kv
+            .and_then(|kv| kv.spec.configuration.as_ref())
+            .and_then(|c| c.developer_configuration.as_ref())
+            .and_then(|d| d.use_emulation)
+            == Some(true);
+        ClusterSettings { use_emulation }
+    }
 }
 
 /// Chooses the accelerator: TCG when emulation is forced by the handler's configuration or
 /// by the KubeVirt CR, else host detection (KVM only where it really works).
-pub async fn choose_accel(client: &kube::Client, use_emulation: Option<bool>) -> AccelDecision {
-    let forced = match use_emulation {
-        Some(value) => value,
-        None => {
-            let api: Api<KubeVirt> = Api::all(client.clone());
-            api.list(&Default::default()).await.is_ok_and(|list| {
-                list.items.iter().any(|kv| {
-                    kv.spec
-                        .configuration
-                        .as_ref()
-                        .and_then(|c| c.developer_configuration.as_ref())
-                        .and_then(|d| d.use_emulation)
-                        == Some(true)
-                })
-            })
-        }
-    };
-    if forced {
+pub fn choose_accel(use_emulation: Option<bool>, cluster: &ClusterSettings) -> AccelDecision {
+    if use_emulation.unwrap_or(cluster.use_emulation) {
         let mut decision = detect_accel(AccelMode::Tcg);
         decision.reason =
             "software emulation requested by developerConfiguration.useEmulation".into();

@@ -276,7 +276,8 @@ impl Follow {
 
     /// Builds the spec and prepares its files (blocking work off the runtime threads).
     async fn build(&mut self, dir: &Path) -> Result<PreparedSpec, crate::launcher_spec::SpecError> {
-        let decision = super::choose_accel(&self.client, self.config.use_emulation).await;
+        let decision =
+            super::choose_accel(self.config.use_emulation, &self.config.cluster.current());
         self.facts.accel_reason.clone_from(&decision.reason);
         let vmi = Arc::clone(&self.current);
         let config = Arc::clone(&self.config);
@@ -436,6 +437,7 @@ fn final_state(dir: &std::path::Path) -> Option<virt_launcher::protocol::DomainS
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kubevirt_api::cluster_config::ClusterConfigWatch;
     use std::collections::BTreeMap;
 
     fn config() -> SyncConfig {
@@ -446,6 +448,7 @@ mod tests {
             images: crate::images::ImageStore::new(Path::new("/data")),
             host_disk_dir: PathBuf::from("/data/hostdisks"),
             use_emulation: None,
+            cluster: ClusterConfigWatch::fixed(super::super::ClusterSettings::default()),
         }
     }
 
