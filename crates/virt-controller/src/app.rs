@@ -18,10 +18,10 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::kubevirt_config::{ClusterSettings, effective_flag};
-use crate::labelsync::SyncPatterns;
+use crate::metadata_sync::{MetadataSyncPatterns, SyncPatterns};
 use crate::runtime::leader::{LeaderElectionConfig, LeaderElector};
 use crate::runtime::metrics::Metrics;
-use crate::vm::{SyncConfig, VmControllerConfig, run_vm_controller};
+use crate::vm::{VmControllerConfig, run_vm_controller};
 use crate::vmi::template::LauncherPodConfig;
 use crate::vmi::{VmiControllerConfig, run_vmi_controller};
 
@@ -57,7 +57,7 @@ pub enum ControllerAppError {
 pub fn effective_sync_config(
     config: &ControllerAppConfig,
     settings: &ClusterSettings,
-) -> SyncConfig {
+) -> MetadataSyncPatterns {
     let parse = |name: &str, cli: &str| {
         let (patterns, warnings) =
             SyncPatterns::parse_flag(effective_flag(&settings.controller_flags, name, cli));
@@ -66,7 +66,7 @@ pub fn effective_sync_config(
         }
         patterns
     };
-    SyncConfig {
+    MetadataSyncPatterns {
         labels: parse(LABELS_SYNC_FLAG, &config.labels_sync),
         annotations: parse(ANNOTATIONS_SYNC_FLAG, &config.annotations_sync),
     }

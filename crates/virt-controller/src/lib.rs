@@ -8,7 +8,8 @@
 
 pub mod runtime;
 
-pub mod labelsync;
+pub mod metadata_sync;
+pub mod sync_failure;
 
 pub mod vm;
 

@@ -13,16 +13,16 @@ use serde_json::json;
 use testkit::wait_until_async;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
-use virt_controller::labelsync::SyncPatterns;
+use virt_controller::metadata_sync::MetadataSyncPatterns;
+use virt_controller::metadata_sync::SyncPatterns;
 use virt_controller::runtime::metrics::Metrics;
-use virt_controller::vm::SyncConfig;
 use virt_controller::vmi::template::LauncherPodConfig;
 use virt_controller::vmi::{VmiControllerConfig, run_vmi_controller};
 
 const DEADLINE: Duration = Duration::from_secs(30);
 
-fn labels(pattern: &str) -> SyncConfig {
-    SyncConfig {
+fn labels(pattern: &str) -> MetadataSyncPatterns {
+    MetadataSyncPatterns {
         labels: SyncPatterns::parse_flag(pattern).0,
         annotations: SyncPatterns::default(),
     }

@@ -101,7 +101,7 @@ pub async fn run_handler(
     cancel: CancellationToken,
 ) -> Result<(), HandlerError> {
     create_state_dirs(&config)?;
-    let sync = vmi_sync::SyncConfig {
+    let sync = vmi_sync::VmiSyncConfig {
         node_name: config.node_name.clone(),
         kubelet_pods_dir: config.kubelet_pods_dir.clone(),
         launcher_dir_in_pod: Some(PathBuf::from(kubevirt_api::constants::LAUNCHER_DIR)),

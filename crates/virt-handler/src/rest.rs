@@ -74,7 +74,7 @@ async fn pod_dir(state: &RestState, namespace: &str, name: &str) -> Option<PathB
     let api: kube::Api<kubevirt_api::v1::VirtualMachineInstance> =
         kube::Api::namespaced(state.client.clone(), namespace);
     let vmi = api.get_opt(name).await.ok()??;
-    let config = crate::vmi_sync::SyncConfig {
+    let config = crate::vmi_sync::VmiSyncConfig {
         node_name: state.node_name.clone(),
         kubelet_pods_dir: state.kubelet_pods_dir.clone(),
         launcher_dir_in_pod: None,

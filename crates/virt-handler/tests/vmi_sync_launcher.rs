@@ -12,7 +12,7 @@ use kubevirt_api::v1::VirtualMachineInstance;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 use virt_handler::images::{ImageStore, ImportFile, import};
-use virt_handler::vmi_sync::{self, SyncConfig};
+use virt_handler::vmi_sync::{self, VmiSyncConfig};
 use virt_launcher::LauncherOptions;
 use virt_launcher::protocol::{Command, LauncherClient};
 
@@ -72,8 +72,8 @@ impl Cluster {
         })
     }
 
-    fn sync_config(&self) -> SyncConfig {
-        SyncConfig {
+    fn sync_config(&self) -> VmiSyncConfig {
+        VmiSyncConfig {
             node_name: NODE.into(),
             kubelet_pods_dir: self.pods.0.clone(),
             launcher_dir_in_pod: None,

@@ -19,6 +19,13 @@ pub mod metrics;
 pub mod queue;
 
 use kube::Resource;
+use kube::api::Patch;
+use serde_json::Value;
+
+/// A JSON Patch request from a list of operations (what every controller writes).
+pub fn json_patch(ops: Vec<Value>) -> Result<Patch<()>, serde_json::Error> {
+    serde_json::from_value::<json_patch::Patch>(Value::Array(ops)).map(Patch::Json)
+}
 
 /// The queue key of `obj`: `namespace/name`, or `name` when it has no namespace.
 pub fn key_of<K: Resource>(obj: &K) -> String {

@@ -4,7 +4,7 @@
 //! as events on the VM, with upstream's reasons and messages.
 
 use k8s_openapi::api::apps::v1::ControllerRevision;
-use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, PatchParams, PostParams};
 use kube::{Api, Client};
 use kubevirt_api::v1::{VirtualMachine, VirtualMachineInstance};
 use serde_json::Value;
@@ -16,11 +16,7 @@ use super::sync::{
 use super::{SyncFailure, VmError};
 use crate::runtime::events::{EventRecorder, EventType};
 use crate::runtime::expectations::Expectations;
-
-/// A JSON Patch request from a list of operations.
-pub(super) fn json_patch(ops: Vec<Value>) -> Result<Patch<()>, serde_json::Error> {
-    serde_json::from_value::<json_patch::Patch>(Value::Array(ops)).map(Patch::Json)
-}
+use crate::runtime::json_patch;
 
 /// Why the executor stopped.
 #[derive(Debug)]

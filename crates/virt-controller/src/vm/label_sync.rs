@@ -21,8 +21,7 @@ use kubevirt_api::constants::SKIP_BACKUP_HOOKS_ANNOTATION;
 use kubevirt_api::v1::{VirtualMachine, VirtualMachineInstance};
 use serde_json::Value;
 
-use super::SyncConfig;
-use crate::labelsync::{SyncPatterns, patch_ops, sync_map};
+use crate::metadata_sync::{MetadataSyncPatterns, SyncPatterns, patch_ops, sync_map};
 
 /// Template annotations upstream always syncs to the VMI.
 pub const DESCHEDULER_ANNOTATIONS: [&str; 2] = [
@@ -36,7 +35,7 @@ pub const DESCHEDULER_ANNOTATIONS: [&str; 2] = [
 pub fn vmi_metadata_ops(
     vm: &VirtualMachine,
     vmi: &VirtualMachineInstance,
-    config: &SyncConfig,
+    config: &MetadataSyncPatterns,
     generation: Option<&str>,
 ) -> Vec<Value> {
     let mut ops = Vec::new();
@@ -77,7 +76,7 @@ pub fn vmi_metadata_ops(
 fn sync_annotations(
     vm: &VirtualMachine,
     target: &BTreeMap<String, String>,
-    config: &SyncConfig,
+    config: &MetadataSyncPatterns,
 ) -> Option<BTreeMap<String, String>> {
     let empty = BTreeMap::new();
     let template = vm
@@ -128,8 +127,8 @@ mod tests {
         vmi
     }
 
-    fn config(labels: &str, annotations: &str) -> SyncConfig {
-        SyncConfig {
+    fn config(labels: &str, annotations: &str) -> MetadataSyncPatterns {
+        MetadataSyncPatterns {
             labels: SyncPatterns::parse_flag(labels).0,
             annotations: SyncPatterns::parse_flag(annotations).0,
         }

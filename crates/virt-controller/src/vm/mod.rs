@@ -10,7 +10,7 @@
 //! only what changed → a final VMI's controller finalizer is removed.
 //!
 //! The label/annotation sync patterns come through a `tokio::sync::watch` channel of
-//! [`SyncConfig`]: every reconcile reads the current value, and a change re-enqueues all VMs.
+//! [`MetadataSyncPatterns`]: every reconcile reads the current value, and a change re-enqueues all VMs.
 //! Whoever owns the flags (or watches the KubeVirt CR) keeps the sender and calls
 //! `send_replace` to reconfigure a running controller.
 //!
@@ -42,16 +42,17 @@ use serde_json::json;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::labelsync::SyncPatterns;
+use crate::metadata_sync::{MetadataSyncPatterns, SyncPatterns};
 use crate::runtime::controller::{Action, Controller, ControllerError, Reconciler};
 use crate::runtime::events::EventRecorder;
 use crate::runtime::expectations::Expectations;
 use crate::runtime::informer::{Informer, InformerHandle};
 use crate::runtime::metrics::Metrics;
 use crate::runtime::queue::{RateLimiterConfig, WorkQueue};
-use crate::runtime::{key_of, split_key};
+use crate::runtime::{json_patch, key_of, split_key};
+use crate::sync_failure::SyncFailure;
 
-use execute::{Executor, Halt, json_patch};
+use execute::{Executor, Halt};
 use status::{StatusInput, compute_status, status_patch};
 use sync::{SyncInput, SyncPlan};
 
@@ -61,20 +62,11 @@ pub const CONTROLLER_NAME: &str = "virt-controller-vm";
 /// The component the VM and VMI controllers' events are reported as (upstream's).
 pub const EVENT_COMPONENT: &str = "virtualmachine-controller";
 
-/// The label and annotation keys synced from the VM template to the VMI (and on to the pod).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct SyncConfig {
-    /// `--additional-launcher-labels-sync`.
-    pub labels: SyncPatterns,
-    /// `--additional-launcher-annotations-sync`.
-    pub annotations: SyncPatterns,
-}
-
 /// Configuration of [`run_vm_controller`].
 #[derive(Clone, Debug)]
 pub struct VmControllerConfig {
     /// The current sync patterns; a new value re-enqueues every VM.
-    pub sync: watch::Receiver<SyncConfig>,
+    pub sync: watch::Receiver<MetadataSyncPatterns>,
     /// Concurrent reconciles (upstream `--vm-controller-threads`, 3).
     pub workers: usize,
 }
@@ -86,7 +78,7 @@ impl VmControllerConfig {
         annotations_sync: SyncPatterns,
         workers: usize,
     ) -> Self {
-        let (_, sync) = watch::channel(SyncConfig {
+        let (_, sync) = watch::channel(MetadataSyncPatterns {
             labels: labels_sync,
             annotations: annotations_sync,
         });
@@ -125,24 +117,6 @@ impl ExpectView {
     }
 }
 
-/// A failed sync: upstream's reason (`FailedCreate`, `FailedDelete`, …) and message; it
-/// becomes the VM's `Failure` condition.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("{message}")]
-pub struct SyncFailure {
-    /// The condition reason.
-    pub reason: &'static str,
-    /// The condition message.
-    pub message: String,
-}
-
-impl SyncFailure {
-    /// A failure with `reason` and `message`.
-    pub fn new(reason: &'static str, message: String) -> Self {
-        Self { reason, message }
-    }
-}
-
 /// A failed VM reconcile.
 #[derive(Debug, thiserror::Error)]
 pub enum VmError {
@@ -175,7 +149,7 @@ pub enum VmError {
 impl ControllerError for VmError {
     fn reason(&self) -> &str {
         match self {
-            VmError::Sync(f) => f.reason,
+            VmError::Sync(f) => &f.reason,
             VmError::ApiVersionPatch(_) => "FailedUpdate",
             VmError::Adopt(_) => "FailedAdopt",
             VmError::StatusPatch(_) => "FailedUpdateStatus",
@@ -194,7 +168,7 @@ pub struct Context {
     vmis: InformerHandle<VirtualMachineInstance>,
     revisions: InformerHandle<ControllerRevision>,
     expectations: Arc<Expectations>,
-    sync: watch::Receiver<SyncConfig>,
+    sync: watch::Receiver<MetadataSyncPatterns>,
     recorder: Arc<EventRecorder>,
 }
 
@@ -317,7 +291,7 @@ fn observe_vmi(
 
 /// Re-enqueues every cached VM whenever the sync patterns change.
 async fn requeue_on_config_change(
-    mut sync: watch::Receiver<SyncConfig>,
+    mut sync: watch::Receiver<MetadataSyncPatterns>,
     vms: InformerHandle<VirtualMachine>,
     queue: WorkQueue<String>,
 ) {
@@ -389,7 +363,7 @@ async fn reconcile(ctx: &Context, key: &str) -> Result<Action, VmError> {
             sync_error: outcome
                 .as_ref()
                 .err()
-                .map(|f| (f.reason, f.message.clone())),
+                .map(|f| (f.reason.as_str(), f.message.clone())),
             vmi_generation: plan.vmi_generation,
             restart_required: plan.restart_required,
             now,

@@ -86,7 +86,7 @@ async fn context(
     fresh_vm: VirtualMachine,
 ) -> (Context, Requests) {
     let requests = Requests::default();
-    let (_, sync) = watch::channel(SyncConfig::default());
+    let (_, sync) = watch::channel(MetadataSyncPatterns::default());
     let ctx = Context {
         client: client(&requests, fresh_vm.clone()),
         vms: synced(vec![vm]).await,

@@ -32,7 +32,8 @@ use super::start::{
     START_REVISION_PREFIX, build_revision, build_vmi, revision_generation, revision_spec,
 };
 use super::status::RestartRequired;
-use super::{ExpectView, SyncConfig, SyncFailure};
+use super::{ExpectView, SyncFailure};
+use crate::metadata_sync::MetadataSyncPatterns;
 
 /// Reason of failed starts (and of run strategy errors).
 pub const FAILED_CREATE: &str = "FailedCreate";
@@ -110,7 +111,7 @@ pub struct SyncInput<'a> {
     /// Cached ControllerRevisions of the VM's namespace whose name starts with its prefix.
     pub revisions: &'a [Arc<ControllerRevision>],
     /// Label and annotation sync patterns.
-    pub config: &'a SyncConfig,
+    pub config: &'a MetadataSyncPatterns,
     /// The current time.
     pub now: Timestamp,
 }

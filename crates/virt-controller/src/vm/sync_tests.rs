@@ -12,7 +12,7 @@ fn input<'a>(
     vm: &'a VirtualMachine,
     vmi: Option<&'a VirtualMachineInstance>,
     revisions: &'a [Arc<ControllerRevision>],
-    config: &'a SyncConfig,
+    config: &'a MetadataSyncPatterns,
 ) -> SyncInput<'a> {
     SyncInput {
         vm,
@@ -25,7 +25,12 @@ fn input<'a>(
 }
 
 fn run(vm: &VirtualMachine, vmi: Option<&VirtualMachineInstance>) -> SyncPlan {
-    plan(&input(vm, vmi, NO_REVISIONS, &SyncConfig::default()))
+    plan(&input(
+        vm,
+        vmi,
+        NO_REVISIONS,
+        &MetadataSyncPatterns::default(),
+    ))
 }
 
 /// A short name per action, for tables.
@@ -224,7 +229,7 @@ fn an_unknown_or_receiver_mismatch_strategy_is_a_failed_create() {
 #[test]
 fn pending_expectations_stop_every_action() {
     let vm = vm(RunStrategy::Always);
-    let config = SyncConfig::default();
+    let config = MetadataSyncPatterns::default();
     let mut input = input(&vm, None, NO_REVISIONS, &config);
     input.expectations = ExpectView {
         satisfied: false,
@@ -316,7 +321,12 @@ fn the_created_vmi_records_the_generation_and_stale_revisions_are_deleted() {
     let mut foreign = old.clone();
     foreign.metadata.name = Some("revision-start-vm-other-uid-2".into());
     let revisions = [Arc::new(old), Arc::new(foreign)];
-    let plan = plan(&input(&vm, None, &revisions, &SyncConfig::default()));
+    let plan = plan(&input(
+        &vm,
+        None,
+        &revisions,
+        &MetadataSyncPatterns::default(),
+    ));
     let [
         VmAction::CreateVmi {
             vmi,
@@ -351,7 +361,7 @@ fn a_cached_start_revision_of_the_same_generation_is_kept_even_with_other_data()
         &vm,
         None,
         &[Arc::new(existing)],
-        &SyncConfig::default(),
+        &MetadataSyncPatterns::default(),
     ));
     let [
         VmAction::CreateVmi {
@@ -387,7 +397,7 @@ fn the_generation_annotation_is_bumped_only_when_the_templates_still_match() {
     let started = vm(RunStrategy::Always);
     let revisions = [started_revision(&started)];
     let running = with_revision(vmi(Phase::Running), "revision-start-vm-vm-uid-1");
-    let config = SyncConfig::default();
+    let config = MetadataSyncPatterns::default();
 
     let mut relabelled = started.clone();
     relabelled.metadata.generation = Some(2);
@@ -419,7 +429,7 @@ fn a_missing_generation_annotation_is_recovered_from_the_revision_name() {
         &started,
         Some(&running),
         &revisions,
-        &SyncConfig::default(),
+        &MetadataSyncPatterns::default(),
     ));
     assert_eq!(plan.vmi_generation, Some(1));
     assert_eq!(
@@ -457,7 +467,7 @@ fn adding_a_hotpluggable_volume_does_not_require_a_restart() {
         &hotplugged,
         Some(&running),
         &revisions,
-        &SyncConfig::default(),
+        &MetadataSyncPatterns::default(),
     ));
     assert_eq!(plan.restart_required, RestartRequired::Remove);
 }
@@ -475,9 +485,9 @@ fn template_labels_matching_the_patterns_are_synced_to_a_running_vmi() {
         .as_mut()
         .unwrap();
     labels.insert("ops.example.com/team".into(), "a".into());
-    let config = SyncConfig {
-        labels: crate::labelsync::SyncPatterns::parse_flag("ops.example.com/*").0,
-        ..SyncConfig::default()
+    let config = MetadataSyncPatterns {
+        labels: crate::metadata_sync::SyncPatterns::parse_flag("ops.example.com/*").0,
+        ..MetadataSyncPatterns::default()
     };
     let running = vmi(Phase::Running);
     let plan = plan(&input(&vm, Some(&running), NO_REVISIONS, &config));

@@ -242,14 +242,14 @@ fn only_a_vm_without_the_current_api_version_annotation_needs_it() {
 
 #[test]
 fn controller_errors_carry_upstream_reasons() {
-    let err = VmError::Sync(SyncFailure::new("FailedCreate", "boom".into()));
+    let err = VmError::Sync(SyncFailure::new("FailedCreate", "boom"));
     assert_eq!(err.reason(), "FailedCreate");
     assert_eq!(err.to_string(), "boom");
 }
 
 #[tokio::test]
 async fn changed_sync_patterns_reenqueue_every_cached_vm() {
-    let (tx, rx) = watch::channel(SyncConfig::default());
+    let (tx, rx) = watch::channel(MetadataSyncPatterns::default());
     let informer = Informer::<VirtualMachine>::new();
     let handle = informer.handle();
     let stream = futures::stream::iter(vec![
@@ -260,9 +260,9 @@ async fn changed_sync_patterns_reenqueue_every_cached_vm() {
     informer.run_stream(stream).await;
     let queue = WorkQueue::<String>::new("test");
     let task = tokio::spawn(requeue_on_config_change(rx, handle, queue.clone()));
-    tx.send_replace(SyncConfig {
+    tx.send_replace(MetadataSyncPatterns {
         labels: SyncPatterns::parse_flag("ops.example.com/*").0,
-        ..SyncConfig::default()
+        ..MetadataSyncPatterns::default()
     });
     assert_eq!(queue.get().await.as_deref(), Some("default/testvm"));
     drop(tx);

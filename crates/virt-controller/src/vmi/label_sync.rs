@@ -8,7 +8,7 @@
 //! (`test` of the pod's original map + `replace`, or `add` when the pod has none), or nothing
 //! when the pod already agrees; the pod is patched in place, so its UID never changes.
 //!
-//! Patterns per map (see [`crate::labelsync`] for their syntax):
+//! Patterns per map (see [`crate::metadata_sync`] for their syntax):
 //! - labels: `kubevirt.io/nodeName`, `kubevirt.io/outdatedLauncherImage`, then
 //!   `--additional-launcher-labels-sync`;
 //! - annotations: `descheduler.alpha.kubernetes.io/evict`,
@@ -25,9 +25,8 @@ use kubevirt_api::constants as c;
 use kubevirt_api::v1::VirtualMachineInstance;
 use serde_json::Value;
 
-use super::MetadataSyncPatterns;
 use super::template::{backup_hook_annotations, skip_backup_hooks};
-use crate::labelsync::{SyncPatterns, patch_ops, sync_map};
+use crate::metadata_sync::{MetadataSyncPatterns, SyncPatterns, patch_ops, sync_map};
 
 /// Label keys always synced to the pod.
 pub const BUILTIN_LABEL_KEYS: &[&str] = &[c::NODE_NAME_LABEL, c::OUTDATED_LAUNCHER_IMAGE_LABEL];

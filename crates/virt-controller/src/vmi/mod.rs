@@ -38,7 +38,7 @@
 //! [`tokio::sync::watch::Receiver`]: every reconcile reads the current value, and a change
 //! re-queues every cached VMI, so reconfiguring them (say, from the KubeVirt CR's
 //! `customizeComponents.flags.controller`, see [`crate::kubevirt_config`]) needs no restart.
-//! The type is the VM controller's [`crate::vm::SyncConfig`]: one channel serves both.
+//! The VM controller reads the same value: one channel serves both.
 
 pub mod label_sync;
 pub mod status;
@@ -65,11 +65,12 @@ use crate::runtime::controller::{Action, Controller, ControllerError, Reconciler
 use crate::runtime::events::EventRecorder;
 use crate::runtime::expectations::Expectations;
 use crate::runtime::informer::{Change, Informer, InformerHandle};
-use crate::runtime::key_of;
 use crate::runtime::metrics::Metrics;
 use crate::runtime::queue::{RateLimiterConfig, WorkQueue};
+use crate::runtime::{json_patch, key_of};
+use crate::sync_failure::SyncFailure;
 use crate::vm::EVENT_COMPONENT;
-use status::{Observed, SyncFailure};
+use status::Observed;
 use template::LauncherPodConfig;
 
 /// Name of the VMI controller's queue (as upstream).
@@ -80,7 +81,7 @@ pub const EXPECTATIONS_RECHECK: Duration = Duration::from_secs(5 * 60);
 /// The additional sync patterns of `--additional-launcher-labels-sync` and
 /// `--additional-launcher-annotations-sync` (each controller adds its built-in keys). The VM
 /// controller's type, so one `watch` channel feeds both controllers.
-pub use crate::vm::SyncConfig as MetadataSyncPatterns;
+use crate::metadata_sync::MetadataSyncPatterns;
 
 /// Configuration of [`run_vmi_controller`].
 #[derive(Clone, Debug)]
@@ -274,8 +275,8 @@ impl VmiReconciler {
         }
         self.write_vmi(key, &vmi, &desired).await?;
         match status_failure.or(sync_failure) {
-            Some(f) if f.requeue => Err(VmiError::Sync(f)),
-            _ => Ok(Action::Done),
+            Some(f) => Err(VmiError::Sync(f)),
+            None => Ok(Action::Done),
         }
     }
 
@@ -302,9 +303,9 @@ impl VmiReconciler {
         if ops.is_empty() {
             return Ok(());
         }
-        let patch = json_patch(ops).map_err(VmiError::PatchPod)?;
+        let patch = json_patch(ops).map_err(|e| VmiError::PatchPod(kube::Error::SerdeError(e)))?;
         pods_api
-            .patch(&name, &PatchParams::default(), &Patch::Json::<()>(patch))
+            .patch(&name, &PatchParams::default(), &patch)
             .await
             .map_err(VmiError::PatchPod)?;
         Ok(())
@@ -321,16 +322,12 @@ impl VmiReconciler {
         if ops.is_empty() {
             return Ok(());
         }
-        let patch = json_patch(ops).map_err(VmiError::PatchVmi)?;
+        let patch = json_patch(ops).map_err(|e| VmiError::PatchVmi(kube::Error::SerdeError(e)))?;
         let ns = old.metadata.namespace.as_deref().unwrap_or_default();
         let api: Api<VirtualMachineInstance> = Api::namespaced(self.client.clone(), ns);
         self.vmi_expectations.set_expectations(key, 1, 0);
         match api
-            .patch(
-                &old.name_any(),
-                &PatchParams::default(),
-                &Patch::Json::<()>(patch),
-            )
+            .patch(&old.name_any(), &PatchParams::default(), &patch)
             .await
         {
             Ok(_) => Ok(()),
@@ -340,10 +337,6 @@ impl VmiReconciler {
             }
         }
     }
-}
-
-fn json_patch(ops: Vec<Value>) -> Result<json_patch::Patch, kube::Error> {
-    serde_json::from_value(Value::Array(ops)).map_err(kube::Error::SerdeError)
 }
 
 /// The pod condition `kubevirt.io/virtual-machine-unpaused` to write, if it must change:

@@ -33,27 +33,7 @@ use kubevirt_api::v1::{
 };
 use serde_json::{Map, Value, json};
 
-/// A failure of sync or of the status pass, shown in the `Synchronized` condition.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct SyncFailure {
-    /// CamelCase reason (`FailedCreate`, `ErrImagePull`, …).
-    pub reason: String,
-    /// Human-readable message.
-    pub message: String,
-    /// Whether the key should be retried with backoff (informal failures are not).
-    pub requeue: bool,
-}
-
-impl SyncFailure {
-    /// A failure that is retried.
-    pub fn new(reason: &str, message: impl Into<String>) -> Self {
-        Self {
-            reason: reason.to_owned(),
-            message: message.into(),
-            requeue: true,
-        }
-    }
-}
+use crate::sync_failure::SyncFailure;
 
 /// The status pass cannot proceed.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]

@@ -26,11 +26,11 @@ use kube::api::{Api, DeleteParams, PostParams};
 use kubevirt_api::constants as c;
 use kubevirt_api::v1::{VirtualMachineInstance, VirtualMachineInstancePhase as Phase};
 
-use super::status::SyncFailure;
 use super::template::{LauncherPodConfig, render_launcher_pod};
 use crate::runtime::events::{EventRecorder, EventType};
 use crate::runtime::expectations::Expectations;
 use crate::runtime::key_of;
+use crate::sync_failure::SyncFailure;
 
 /// Event and sync-error reasons of launcher pod writes (upstream's).
 const SUCCESSFUL_CREATE: &str = "SuccessfulCreate";

@@ -142,7 +142,7 @@ async fn reconciler_with_pods(
         ]))
         .await;
     let (_, patterns) = watch::channel(MetadataSyncPatterns {
-        labels: crate::labelsync::SyncPatterns::parse_flag("ops.example.com/*").0,
+        labels: crate::metadata_sync::SyncPatterns::parse_flag("ops.example.com/*").0,
         annotations: Default::default(),
     });
     let reconciler = VmiReconciler {
@@ -396,7 +396,7 @@ async fn a_changed_sync_pattern_requeues_every_vmi() {
     tokio::task::yield_now().await;
     assert_eq!(queue.len(), 0);
     let _ = set.send(MetadataSyncPatterns {
-        labels: crate::labelsync::SyncPatterns::parse_flag("ops.example.com/*").0,
+        labels: crate::metadata_sync::SyncPatterns::parse_flag("ops.example.com/*").0,
         annotations: Default::default(),
     });
     let key = tokio::time::timeout(Duration::from_secs(1), queue.get()).await;

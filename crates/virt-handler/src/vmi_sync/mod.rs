@@ -43,7 +43,7 @@ use crate::images::ImageStore;
 
 /// Settings of the VMI sync loop.
 #[derive(Debug, Clone)]
-pub struct SyncConfig {
+pub struct VmiSyncConfig {
     /// This node's name.
     pub node_name: String,
     /// The kubelet's pod directory; a launcher's directory is its pod's `public` emptyDir
@@ -98,7 +98,7 @@ pub fn choose_accel(use_emulation: Option<bool>, cluster: &ClusterSettings) -> A
 }
 
 /// Runs the VMI sync loop until `cancel` fires.
-pub async fn run(client: kube::Client, config: SyncConfig, cancel: CancellationToken) {
+pub async fn run(client: kube::Client, config: VmiSyncConfig, cancel: CancellationToken) {
     let config = Arc::new(config);
     let api: Api<VirtualMachineInstance> = Api::all(client.clone());
     let selector = format!("{NODE_NAME_LABEL}={}", config.node_name);

@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 use virt_launcher::protocol::{Command, DomainState, DomainStatus, UpMessage};
 
-use super::SyncConfig;
+use super::VmiSyncConfig;
 use super::link::LauncherLink;
 use super::status::{DomainFacts, Observation, desired_status, status_patch};
 use crate::launcher_spec::{
@@ -49,7 +49,7 @@ fn name(vmi: &VirtualMachineInstance) -> String {
 /// path component here: only keys that are pod UIDs in their canonical form (lower-case,
 /// hyphenated) are used, so a key can never leave `pods_dir` (`../…`, `/…`, `a/b`). Other keys
 /// for this node are ignored with a warning.
-pub fn pod_dir(vmi: &VirtualMachineInstance, config: &SyncConfig) -> Option<PathBuf> {
+pub fn pod_dir(vmi: &VirtualMachineInstance, config: &VmiSyncConfig) -> Option<PathBuf> {
     let status = vmi.status.as_ref()?;
     let uid = status
         .active_pods
@@ -99,7 +99,7 @@ fn grace_seconds(vmi: &VirtualMachineInstance) -> u64 {
 /// One VMI's state in the worker.
 struct Follow {
     client: kube::Client,
-    config: Arc<SyncConfig>,
+    config: Arc<VmiSyncConfig>,
     vmi: watch::Receiver<Arc<VirtualMachineInstance>>,
     current: Arc<VirtualMachineInstance>,
     facts: DomainFacts,
@@ -119,7 +119,7 @@ enum SessionEnd {
 /// Follows one VMI until it is final, leaves this node, or `cancel` fires.
 pub async fn run(
     client: kube::Client,
-    config: Arc<SyncConfig>,
+    config: Arc<VmiSyncConfig>,
     vmi: watch::Receiver<Arc<VirtualMachineInstance>>,
     cancel: CancellationToken,
 ) {
@@ -440,8 +440,8 @@ mod tests {
     use kubevirt_api::cluster_config::ClusterConfigWatch;
     use std::collections::BTreeMap;
 
-    fn config() -> SyncConfig {
-        SyncConfig {
+    fn config() -> VmiSyncConfig {
+        VmiSyncConfig {
             node_name: "node01".into(),
             kubelet_pods_dir: PathBuf::from("/data/pods"),
             launcher_dir_in_pod: None,

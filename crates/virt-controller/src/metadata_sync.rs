@@ -15,6 +15,16 @@ use std::collections::BTreeMap;
 
 use serde_json::{Value, json};
 
+/// The label and annotation keys synced from the VM template to the VMI and on to the
+/// launcher pod (one value serves both controllers).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MetadataSyncPatterns {
+    /// `--additional-launcher-labels-sync`.
+    pub labels: SyncPatterns,
+    /// `--additional-launcher-annotations-sync`.
+    pub annotations: SyncPatterns,
+}
+
 /// A parsed list of sync patterns.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct SyncPatterns {
