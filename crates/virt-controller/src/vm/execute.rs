@@ -18,6 +18,17 @@ use crate::runtime::events::{EventRecorder, EventType};
 use crate::runtime::expectations::Expectations;
 use crate::runtime::json_patch;
 
+/// A patch of the VM or its VMI failed; the message goes into the `Failure` condition as is.
+#[derive(Debug, thiserror::Error)]
+enum PatchError {
+    /// The operations did not form a JSON Patch.
+    #[error(transparent)]
+    Encode(#[from] serde_json::Error),
+    /// The API server refused or failed the patch.
+    #[error(transparent)]
+    Api(#[from] kube::Error),
+}
+
 /// Why the executor stopped.
 #[derive(Debug)]
 pub(super) enum Halt {
@@ -63,16 +74,17 @@ impl Executor<'_> {
             .map_err(VmError::FinalizerPatch)
     }
 
-    async fn patch_vm(&self, ops: Vec<Value>, status: bool) -> Result<(), String> {
+    async fn patch_vm(&self, ops: Vec<Value>, status: bool) -> Result<(), PatchError> {
         let api: Api<VirtualMachine> = Api::namespaced(self.client.clone(), self.namespace);
-        let patch = json_patch(ops).map_err(|e| e.to_string())?;
+        let patch = json_patch(ops)?;
         let params = PatchParams::default();
         let result = if status {
             api.patch_status(self.vm_name, &params, &patch).await
         } else {
             api.patch(self.vm_name, &params, &patch).await
         };
-        result.map(|_| ()).map_err(|e| e.to_string())
+        result.map(|_| ())?;
+        Ok(())
     }
 
     async fn perform(&self, action: VmAction) -> Result<(), SyncFailure> {
@@ -87,7 +99,7 @@ impl Executor<'_> {
             VmAction::StartHaltedVm(ops) => {
                 // Upstream reports a failure even when the update succeeded ("<nil>").
                 let outcome = self.patch_vm(ops, false).await.err();
-                let detail = outcome.unwrap_or_else(|| "<nil>".to_owned());
+                let detail = outcome.map_or_else(|| "<nil>".to_owned(), |e| e.to_string());
                 Err(SyncFailure::new(
                     FAILED_CREATE,
                     format!("Failure while starting VMI: {detail}"),
@@ -105,8 +117,8 @@ impl Executor<'_> {
                         .patch(self.vm_name, &PatchParams::default(), &patch)
                         .await
                         .map(|_| ())
-                        .map_err(|e| e.to_string()),
-                    Err(e) => Err(e.to_string()),
+                        .map_err(PatchError::from),
+                    Err(e) => Err(PatchError::from(e)),
                 };
                 result.map_err(|e| {
                     SyncFailure::new(
