@@ -113,11 +113,13 @@ pub async fn run_handler(
             vmi_sync::ClusterSettings::from_kubevirt,
         ),
     };
+    let (vmi_store, vmi_writer) = kube::runtime::reflector::store();
     let _rest = match &config.rest {
         Some(rest) => Some(
             rest::serve(
                 client.clone(),
                 rest,
+                vmi_store,
                 &config.node_name,
                 &config.kubelet_pods_dir,
             )
@@ -127,7 +129,7 @@ pub async fn run_handler(
         None => None,
     };
     let node = node::run_node_agent(client.clone(), config.node_name.clone(), cancel.clone());
-    let vmis = vmi_sync::run(client.clone(), sync, cancel.clone());
+    let vmis = vmi_sync::run(client.clone(), sync, vmi_writer, cancel.clone());
     tokio::join!(node, vmis);
     Ok(())
 }

@@ -216,14 +216,6 @@ pub struct HostFacts {
     pub kvm_usable: bool,
     /// `/dev/net/tun` exists.
     pub tun: bool,
-    /// `uname -r`.
-    pub kernel_version: String,
-    /// `PRETTY_NAME` of `/etc/os-release`.
-    pub os_image: String,
-    /// `/etc/machine-id`.
-    pub machine_id: String,
-    /// `/proc/sys/kernel/random/boot_id`.
-    pub boot_id: String,
 }
 
 fn read_trimmed(path: &str) -> String {
@@ -238,11 +230,6 @@ impl HostFacts {
         let cpu = parse_cpuinfo(&read_trimmed("/proc/cpuinfo"));
         let tsc_khz = std::fs::read_to_string("/sys/devices/system/cpu/cpu0/tsc_freq_khz").ok();
         let tsc_hz = tsc_frequency_hz(tsc_khz.as_deref(), &cpu.model_name);
-        let os_image = read_trimmed("/etc/os-release")
-            .lines()
-            .find_map(|l| l.strip_prefix("PRETTY_NAME="))
-            .map(|v| v.trim_matches('"').to_owned())
-            .unwrap_or_else(|| "Linux".to_owned());
         Self {
             memory_bytes: parse_mem_total(&read_trimmed("/proc/meminfo")).unwrap_or(0),
             tsc_hz,
@@ -250,10 +237,6 @@ impl HostFacts {
                 .accel
                 == virt_launcher::spec::Accel::Kvm,
             tun: std::path::Path::new("/dev/net/tun").exists(),
-            kernel_version: read_trimmed("/proc/sys/kernel/osrelease"),
-            os_image,
-            machine_id: read_trimmed("/etc/machine-id"),
-            boot_id: read_trimmed("/proc/sys/kernel/random/boot_id"),
             cpu,
         }
     }

@@ -7,7 +7,8 @@
 //! `pause`, `unpause` (PUT, sent as commands over `launcher.sock`) and `softreboot` (PUT;
 //! refused: the launcher has neither a guest agent nor an ACPI reboot command). The VMI's
 //! active pod on this node names the launcher directory
-//! ([`crate::vmi_sync::worker::launcher_dir_on_host`]).
+//! ([`crate::vmi_sync::worker::active_pod_dir`]); the VMI comes from the VMI sync loop's cache of
+//! this node's VMIs, so a request makes no API call.
 //!
 //! virt-api finds the server through the Node annotation [`ENDPOINT_ANNOTATION`]
 //! (`host:port`), which the handler writes when it starts. Upstream virt-api looks up the
@@ -20,7 +21,7 @@
 //! text.
 
 use std::net::SocketAddr;
-use std::path::{Path as FsPath, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use axum::Router;
@@ -32,7 +33,11 @@ use axum::routing::{get, put};
 use futures::{SinkExt, StreamExt};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+use kube::runtime::reflector::{ObjectRef, Store};
+use kubevirt_api::v1::VirtualMachineInstance;
 use virt_launcher::protocol::{Command, LauncherClient};
+
+use crate::vmi_sync::worker::active_pod_dir;
 
 /// The Node annotation that tells virt-api where this node's handler serves (`host:port`).
 pub const ENDPOINT_ANNOTATION: &str = "kubevirt-rs.io/virt-handler-endpoint";
@@ -61,7 +66,8 @@ pub enum RestError {
 
 #[derive(Clone)]
 struct RestState {
-    client: kube::Client,
+    /// This node's VMIs, as the VMI sync loop's reflector keeps them.
+    vmis: Store<VirtualMachineInstance>,
     node_name: String,
     kubelet_pods_dir: PathBuf,
 }
@@ -69,21 +75,18 @@ struct RestState {
 /// The websocket subprotocol of console and vnc streams: raw bytes in binary frames.
 const PLAIN_STREAM_PROTOCOL: &str = "plain.kubevirt.io";
 
-/// The launcher directory of the VMI's active pod on this node.
+/// How long a request waits for the first list of this node's VMIs (right after start).
+const CACHE_READY: Duration = Duration::from_secs(10);
+
+/// The launcher directory of the VMI's active pod on this node, from the cache of this
+/// node's VMIs (no API call).
 async fn pod_dir(state: &RestState, namespace: &str, name: &str) -> Option<PathBuf> {
-    let api: kube::Api<kubevirt_api::v1::VirtualMachineInstance> =
-        kube::Api::namespaced(state.client.clone(), namespace);
-    let vmi = api.get_opt(name).await.ok()??;
-    let config = crate::vmi_sync::VmiSyncConfig {
-        node_name: state.node_name.clone(),
-        kubelet_pods_dir: state.kubelet_pods_dir.clone(),
-        launcher_dir_in_pod: None,
-        images: crate::images::ImageStore::new(FsPath::new("")),
-        host_disk_dir: PathBuf::new(),
-        use_emulation: None,
-        cluster: kubevirt_api::cluster_config::ClusterConfigWatch::fixed(Default::default()),
-    };
-    crate::vmi_sync::worker::pod_dir(&vmi, &config)
+    tokio::time::timeout(CACHE_READY, state.vmis.wait_until_ready())
+        .await
+        .ok()?
+        .ok()?;
+    let vmi = state.vmis.get(&ObjectRef::new(name).within(namespace))?;
+    active_pod_dir(&vmi, &state.node_name, &state.kubelet_pods_dir)
 }
 
 fn not_on_node(namespace: &str, name: &str) -> Response {
@@ -269,11 +272,12 @@ impl Drop for RestServer {
 pub async fn serve(
     client: kube::Client,
     config: &RestConfig,
+    vmis: Store<VirtualMachineInstance>,
     node_name: &str,
     kubelet_pods_dir: &std::path::Path,
 ) -> Result<RestServer, RestError> {
     let state = RestState {
-        client: client.clone(),
+        vmis,
         node_name: node_name.to_owned(),
         kubelet_pods_dir: kubelet_pods_dir.to_owned(),
     };
@@ -332,4 +336,95 @@ async fn serve_router(
     )
     .await
     .map_err(RestError::Serve)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::body::Body;
+    use axum::http::Request;
+    use http_body_util::BodyExt;
+    use kube::runtime::watcher;
+    use tower::ServiceExt;
+
+    const POD_UID: &str = "6f1c3b1e-2d4a-4b7e-9c1d-0a1b2c3d4e5f";
+
+    fn vmi(name: &str, active_pod_node: &str) -> VirtualMachineInstance {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": {"domain": {"devices": {}}},
+            "status": {"activePods": {POD_UID: active_pod_node}}
+        }))
+        .expect("VMI")
+    }
+
+    /// A router over a listed cache holding `vmis`, as node01's handler with pods under
+    /// `pods_dir`.
+    fn router_with(vmis: Vec<VirtualMachineInstance>, pods_dir: &std::path::Path) -> Router {
+        let (store, mut writer) = kube::runtime::reflector::store();
+        writer.apply_watcher_event(&watcher::Event::Init);
+        for vmi in vmis {
+            writer.apply_watcher_event(&watcher::Event::InitApply(vmi));
+        }
+        writer.apply_watcher_event(&watcher::Event::InitDone);
+        router(RestState {
+            vmis: store,
+            node_name: "node01".into(),
+            kubelet_pods_dir: pods_dir.to_owned(),
+        })
+    }
+
+    async fn put(app: Router, name: &str, command: &str) -> (StatusCode, String) {
+        let request = Request::put(format!(
+            "/v1/namespaces/default/virtualmachineinstances/{name}/{command}"
+        ))
+        .body(Body::empty())
+        .expect("request");
+        let response = app.oneshot(request).await.expect("response");
+        let status = response.status();
+        let body = response
+            .into_body()
+            .collect()
+            .await
+            .expect("body")
+            .to_bytes();
+        (status, String::from_utf8_lossy(&body).into_owned())
+    }
+
+    #[tokio::test]
+    async fn softreboot_is_refused_with_upstreams_message_without_a_guest_agent() {
+        let pods = tempfile::tempdir().expect("tempdir");
+        let app = router_with(vec![vmi("a", "node01")], pods.path());
+        let (status, body) = put(app, "a", "softreboot").await;
+        assert_eq!(status, StatusCode::BAD_REQUEST);
+        assert_eq!(
+            body,
+            "VMI neither have the agent connected nor the ACPI feature enabled"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_vmi_not_on_this_node_is_not_found() {
+        let pods = tempfile::tempdir().expect("tempdir");
+        let app = router_with(vec![vmi("elsewhere", "node02")], pods.path());
+        for name in ["elsewhere", "absent"] {
+            let (status, body) = put(app.clone(), name, "pause").await;
+            assert_eq!(status, StatusCode::NOT_FOUND, "{name}");
+            assert_eq!(
+                body,
+                format!("VMI default/{name} does not run on this node")
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn a_vmi_on_this_node_is_found_in_the_cache_and_its_launcher_is_asked() {
+        let pods = tempfile::tempdir().expect("tempdir");
+        let app = router_with(vec![vmi("a", "node01")], pods.path());
+        // No launcher listens in the pod's directory: the lookup succeeded, the call failed.
+        let (status, body) = put(app, "a", "pause").await;
+        assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
+        assert!(body.starts_with("talking to the launcher"), "{body}");
+    }
 }

@@ -234,6 +234,7 @@ async fn fake_launchers_drive_vmis_to_running_succeeded_and_failed_and_survive_a
     let handler = tokio::spawn(vmi_sync::run(
         cluster.client.clone(),
         cluster.sync_config(),
+        kube::runtime::reflector::store().1,
         cancel.clone(),
     ));
     let running = cluster
@@ -271,6 +272,7 @@ async fn fake_launchers_drive_vmis_to_running_succeeded_and_failed_and_survive_a
     let handler = tokio::spawn(vmi_sync::run(
         cluster.client.clone(),
         cluster.sync_config(),
+        kube::runtime::reflector::store().1,
         cancel.clone(),
     ));
 
@@ -332,6 +334,7 @@ async fn a_missing_image_is_reported_as_a_sync_condition_and_the_vmi_stays_sched
     let handler = tokio::spawn(vmi_sync::run(
         cluster.client.clone(),
         cluster.sync_config(),
+        kube::runtime::reflector::store().1,
         cancel.clone(),
     ));
     let vmi = cluster
@@ -392,6 +395,7 @@ async fn a_real_tcg_guest_boots_to_running_and_powers_off_on_delete() -> anyhow:
     let handler = tokio::spawn(vmi_sync::run(
         cluster.client.clone(),
         cluster.sync_config(),
+        kube::runtime::reflector::store().1,
         cancel.clone(),
     ));
     cluster

@@ -1,7 +1,8 @@
 //! Drives the VMIs on this node through their launchers: Scheduled → Running →
 //! Succeeded/Failed.
 //!
-//! Data flow: a reflector watches VMIs labelled `kubevirt.io/nodeName=<node>`. Each VMI gets
+//! Data flow: a reflector watches VMIs labelled `kubevirt.io/nodeName=<node>` (its store is
+//! shared with the REST server). Each VMI gets
 //! one worker task ([`worker`]) fed the latest object through a `watch` channel. The worker
 //! finds the launcher pod in `status.activePods`, connects to
 //! `<pods dir>/<pod uid>/launcher.sock` ([`link`]), learns the domain state from the
@@ -97,12 +98,18 @@ pub fn choose_accel(use_emulation: Option<bool>, cluster: &ClusterSettings) -> A
     }
 }
 
-/// Runs the VMI sync loop until `cancel` fires.
-pub async fn run(client: kube::Client, config: VmiSyncConfig, cancel: CancellationToken) {
+/// Runs the VMI sync loop until `cancel` fires. `vmis` receives this node's VMIs (those
+/// labelled `kubevirt.io/nodeName=<node>`); its readers (the REST server) share the cache.
+pub async fn run(
+    client: kube::Client,
+    config: VmiSyncConfig,
+    vmis: reflector::store::Writer<VirtualMachineInstance>,
+    cancel: CancellationToken,
+) {
     let config = Arc::new(config);
     let api: Api<VirtualMachineInstance> = Api::all(client.clone());
     let selector = format!("{NODE_NAME_LABEL}={}", config.node_name);
-    let (store, writer) = reflector::store::<VirtualMachineInstance>();
+    let (store, writer) = (vmis.as_reader(), vmis);
     let mut events = watcher(api, watcher::Config::default().labels(&selector))
         .default_backoff()
         .reflect(writer)

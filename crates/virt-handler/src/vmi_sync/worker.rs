@@ -49,12 +49,16 @@ fn name(vmi: &VirtualMachineInstance) -> String {
 /// path component here: only keys that are pod UIDs in their canonical form (lower-case,
 /// hyphenated) are used, so a key can never leave `pods_dir` (`../…`, `/…`, `a/b`). Other keys
 /// for this node are ignored with a warning.
-pub fn pod_dir(vmi: &VirtualMachineInstance, config: &VmiSyncConfig) -> Option<PathBuf> {
+pub fn active_pod_dir(
+    vmi: &VirtualMachineInstance,
+    node_name: &str,
+    kubelet_pods_dir: &Path,
+) -> Option<PathBuf> {
     let status = vmi.status.as_ref()?;
     let uid = status
         .active_pods
         .iter()
-        .filter(|(_, node)| **node == config.node_name)
+        .filter(|(_, node)| node.as_str() == node_name)
         .map(|(uid, _)| uid)
         .find(|uid| {
             let valid = is_canonical_uuid(uid);
@@ -63,7 +67,7 @@ pub fn pod_dir(vmi: &VirtualMachineInstance, config: &VmiSyncConfig) -> Option<P
             }
             valid
         })?;
-    Some(launcher_dir_on_host(&config.kubelet_pods_dir, uid))
+    Some(launcher_dir_on_host(kubelet_pods_dir, uid))
 }
 
 /// Where the launcher pod's [`LAUNCHER_VOLUME`] emptyDir is on the node: kubelet's layout
@@ -148,7 +152,11 @@ impl Follow {
             if is_final(&self.current) {
                 return;
             }
-            let Some(dir) = pod_dir(&self.current, &self.config) else {
+            let Some(dir) = active_pod_dir(
+                &self.current,
+                &self.config.node_name,
+                &self.config.kubelet_pods_dir,
+            ) else {
                 if !self.wait_change(None).await {
                     return;
                 }
@@ -437,20 +445,10 @@ fn final_state(dir: &std::path::Path) -> Option<virt_launcher::protocol::DomainS
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kubevirt_api::cluster_config::ClusterConfigWatch;
     use std::collections::BTreeMap;
 
-    fn config() -> VmiSyncConfig {
-        VmiSyncConfig {
-            node_name: "node01".into(),
-            kubelet_pods_dir: PathBuf::from("/data/pods"),
-            launcher_dir_in_pod: None,
-            images: crate::images::ImageStore::new(Path::new("/data")),
-            host_disk_dir: PathBuf::from("/data/hostdisks"),
-            use_emulation: None,
-            cluster: ClusterConfigWatch::fixed(super::super::ClusterSettings::default()),
-        }
-    }
+    const NODE: &str = "node01";
+    const PODS: &str = "/data/pods";
 
     fn vmi_with_active_pods(pods: &[(&str, &str)]) -> VirtualMachineInstance {
         let active: BTreeMap<String, String> = pods
@@ -472,7 +470,7 @@ mod tests {
         let uid = "6f1b2a34-5c6d-4e7f-8a9b-0c1d2e3f4a5b";
         let vmi = vmi_with_active_pods(&[(uid, "node01")]);
         assert_eq!(
-            pod_dir(&vmi, &config()),
+            active_pod_dir(&vmi, NODE, Path::new(PODS)),
             Some(launcher_dir_on_host(Path::new("/data/pods"), uid))
         );
     }
@@ -491,7 +489,11 @@ mod tests {
             "6f1b2a345c6d4e7f8a9b0c1d2e3f4a5b",
         ] {
             let vmi = vmi_with_active_pods(&[(key, "node01")]);
-            assert_eq!(pod_dir(&vmi, &config()), None, "key {key:?}");
+            assert_eq!(
+                active_pod_dir(&vmi, NODE, Path::new(PODS)),
+                None,
+                "key {key:?}"
+            );
         }
     }
 
@@ -500,7 +502,7 @@ mod tests {
         let uid = "6f1b2a34-5c6d-4e7f-8a9b-0c1d2e3f4a5b";
         let vmi = vmi_with_active_pods(&[("../../x", "node01"), (uid, "node01")]);
         assert_eq!(
-            pod_dir(&vmi, &config()),
+            active_pod_dir(&vmi, NODE, Path::new(PODS)),
             Some(launcher_dir_on_host(Path::new("/data/pods"), uid))
         );
     }
@@ -535,6 +537,6 @@ mod tests {
     #[test]
     fn pods_on_other_nodes_are_not_followed() {
         let vmi = vmi_with_active_pods(&[("6f1b2a34-5c6d-4e7f-8a9b-0c1d2e3f4a5b", "node02")]);
-        assert_eq!(pod_dir(&vmi, &config()), None);
+        assert_eq!(active_pod_dir(&vmi, NODE, Path::new(PODS)), None);
     }
 }
