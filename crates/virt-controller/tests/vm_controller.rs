@@ -1,4 +1,4 @@
-//! The VM controller against our embedded API server, started in-process on a temporary
+//! The VM controller against our API server, started in-process by testkit on a temporary
 //! data directory with the KubeVirt CRDs installed. The test plays virt-handler by writing
 //! VMI phases itself.
 
@@ -7,7 +7,6 @@ use std::time::Duration;
 use anyhow::Context;
 use k8s_openapi::api::core::v1::Event;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
-use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client};
 use kubevirt_api::constants::{VM_CONTROLLER_FINALIZER, VM_GENERATION_ANNOTATION};
 use kubevirt_api::v1::{PrintableStatus, VirtualMachine, VirtualMachineInstance};
@@ -40,32 +39,18 @@ async fn set_vmi_phase(vmis: &Api<VirtualMachineInstance>, phase: &str) -> anyho
     Ok(())
 }
 
-/// The embedded API server with the CRDs, and the VM controller running against it.
+/// The in-process API server with the CRDs (testkit), and the VM controller running against it.
 struct Harness {
     client: Client,
-    server: kubevirt_apiserver::RunningServer,
+    cluster: testkit::InProcessCluster,
     cancel: CancellationToken,
     controller: tokio::task::JoinHandle<()>,
-    _data: tempfile::TempDir,
 }
 
 impl Harness {
     async fn start() -> anyhow::Result<Harness> {
-        let data = tempfile::tempdir()?;
-        let crds = kubevirt_api::crd::all_crds()?
-            .iter()
-            .map(serde_json::to_value)
-            .collect::<Result<Vec<_>, _>>()?;
-        let server = kubevirt_apiserver::start(kubevirt_apiserver::Config {
-            data_dir: data.path().to_owned(),
-            listen: "127.0.0.1:0".parse()?,
-            initial_objects: crds,
-        })
-        .await?;
-        let kubeconfig = Kubeconfig::read_from(&server.kubeconfig)?;
-        let config =
-            kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?;
-        let client = Client::try_from(config)?;
+        let cluster = testkit::InProcessCluster::start().await?;
+        let client = cluster.client.clone();
         let cancel = CancellationToken::new();
         let controller = {
             let client = client.clone();
@@ -78,17 +63,16 @@ impl Harness {
         };
         Ok(Harness {
             client,
-            server,
+            cluster,
             cancel,
             controller,
-            _data: data,
         })
     }
 
-    async fn stop(self) -> anyhow::Result<()> {
+    async fn stop(mut self) -> anyhow::Result<()> {
         self.cancel.cancel();
         self.controller.await?;
-        self.server.stop().await;
+        self.cluster.stop().await;
         Ok(())
     }
 }
