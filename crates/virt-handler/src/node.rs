@@ -1,7 +1,7 @@
 //! The Node object of this machine: registration, CPU labels and the heartbeat.
 //!
 //! Data flow: [`HostFacts::read`] gathers `/proc/cpuinfo`, `/proc/meminfo` and a few other
-//! files once; the pure [`node_labels`] and [`node_status`] turn them into what the Node
+//! files once; the pure [`node_labels`] and [`device_capacity`] turn them into what the Node
 //! shows; [`run_node_agent`] waits for the Node (its kubelet registers it), patches the labels
 //! onto it and advertises the device resources guests need (`devices.kubevirt.io/kvm`,
 //! `…/tun`) in its capacity, then refreshes the `kubevirt.io/heartbeat` annotation

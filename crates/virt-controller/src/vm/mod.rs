@@ -3,9 +3,9 @@
 //!
 //! Data flow: informers on VMs, VMIs and ControllerRevisions fill caches and enqueue the VM
 //! key (`namespace/name`; a VMI wakes its controlling VM, an orphan VMI the VM of the same
-//! name) → [`reconcile`]: fetch the VM from the cache, record the observed API version,
+//! name) → `reconcile`: fetch the VM from the cache, record the observed API version,
 //! claim (or adopt) the VMI → [`sync::plan`] computes the intended writes purely from the
-//! observed state → [`execute`] performs them → [`status::compute_status`] derives the new
+//! observed state → `execute` performs them → [`status::compute_status`] derives the new
 //! status from the same observation and the sync outcome → [`status::status_patch`] writes
 //! only what changed → a final VMI's controller finalizer is removed.
 //!

@@ -1,6 +1,6 @@
 //! The pure decision of one VM reconcile (upstream `sync`, reference §2.2–§2.3, §2.7): from
 //! the VM, its claimed VMI, the expectations and the cached start revisions, a [`SyncPlan`]
-//! of API actions that [`super::execute`] performs in order.
+//! of API actions that `execute` performs in order.
 //!
 //! Order: expectations pending → nothing; VM deleting → delete the VMI (unless orphaning)
 //! then drop the VM finalizer; otherwise ensure the finalizer; the VMI generation annotation;
