@@ -44,9 +44,10 @@ ensure_toolchain() {
 # ensure_runtime_packages: what tests and the server need on the host.
 ensure_runtime_packages() {
   # qemu: the guests; dosfstools+mtools: cloud-init NoCloud disks; ovmf: EFI firmware;
-  # containernetworking-plugins+iproute2: pod network namespaces through the CNI plugins.
+  # containernetworking-plugins+iproute2: pod network namespaces through the CNI plugins;
+  # nftables: the service proxy (cluster IPs to endpoints).
   apt_install qemu-system-x86 busybox-static cpio xz-utils zstd curl ca-certificates dosfstools mtools ovmf \
-    containernetworking-plugins iproute2
+    containernetworking-plugins iproute2 nftables
   command -v kubectl >/dev/null || install_kubectl
 }
 

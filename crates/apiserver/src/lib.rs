@@ -78,6 +78,7 @@ pub mod schema;
 pub mod selectors;
 pub mod server;
 pub mod serviceaccount;
+pub mod services;
 pub mod state;
 pub mod status;
 pub mod table;

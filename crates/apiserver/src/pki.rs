@@ -300,7 +300,17 @@ pub fn load_or_create(data_dir: &Path) -> Result<Pki, PkiError> {
     let (ca_pem, ca_key_pair) = load_or_create_ca(&dir)?;
     let issuer = Issuer::new(ca_params()?, ca_key_pair);
     let (server_cert_pem, server_key_pem) = leaf(
-        vec!["localhost".into(), "127.0.0.1".into(), "::1".into()],
+        vec![
+            "localhost".into(),
+            "127.0.0.1".into(),
+            "::1".into(),
+            // In-cluster clients: the `kubernetes` Service's address and names.
+            crate::services::kubernetes_service_ip().to_string(),
+            "kubernetes".into(),
+            "kubernetes.default".into(),
+            "kubernetes.default.svc".into(),
+            "kubernetes.default.svc.cluster.local".into(),
+        ],
         "kubevirt-rs-apiserver",
         None,
         ExtendedKeyUsagePurpose::ServerAuth,

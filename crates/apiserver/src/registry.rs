@@ -203,6 +203,14 @@ const BUILTINS: &[Builtin] = &[
         NameRule::Label,
     ),
     b("", "v1", "Endpoints", "endpoints", &["ep"], true),
+    b(
+        "discovery.k8s.io",
+        "v1",
+        "EndpointSlice",
+        "endpointslices",
+        &[],
+        true,
+    ),
     sub(
         b("", "v1", "ServiceAccount", "serviceaccounts", &["sa"], true),
         &["token"],

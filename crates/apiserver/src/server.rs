@@ -61,6 +61,9 @@ pub enum ServerError {
     /// Binding the listener failed.
     #[error("binding {0}")]
     Bind(SocketAddr, #[source] std::io::Error),
+    /// The `kubernetes` Service or its endpoints could not be written.
+    #[error("publishing the kubernetes Service")]
+    KubernetesService(#[source] crate::status::ApiError),
     /// An initial object could not be created.
     #[error("creating initial object {0}: {1}")]
     InitialObject(String, String),
@@ -303,6 +306,11 @@ pub async fn start(config: Config) -> Result<RunningServer, ServerError> {
             state.store.clone(),
             pki.ca_pem.clone().into_bytes(),
         )));
+    state
+        .admission
+        .push(Arc::new(crate::services::ClusterIpAllocation::new(
+            state.store.clone(),
+        )));
     let state = Arc::new(state);
     crate::crd::load_all(&state);
     ensure_initial(&state, &config.initial_objects).await?;
@@ -315,6 +323,9 @@ pub async fn start(config: Config) -> Result<RunningServer, ServerError> {
         .map_err(|e| ServerError::Bind(config.listen, e))?;
     pki::write_kubeconfigs(&config.data_dir, &pki, &format!("https://{addr}"))
         .map_err(ServerError::Pki)?;
+    crate::services::ensure_kubernetes_service(&state, addr)
+        .await
+        .map_err(ServerError::KubernetesService)?;
     let background = vec![
         crate::gc::spawn(state.clone()),
         crate::builtin_controllers::spawn(state.clone()),

@@ -138,6 +138,9 @@ fn a_vm_boots_shows_its_console_and_powers_off_through_acpi() -> anyhow::Result<
         (jsonpath(&server, "vm/demo", "{.status.printableStatus}") == "Running").then_some(())
     })?;
     let qemu = qemu_pid(&server, "demo").ok_or_else(|| anyhow::anyhow!("no QEMU for demo"))?;
+    // Followed from before the stop: the pod and its logs go with the VM.
+    let serial = server.watch(&["logs", "-f", &pod, "-c", "guest-console-log"])?;
+    let launcher = server.watch(&["logs", "-f", &pod, "-c", "compute"])?;
 
     server.ok(&[
         "patch",
@@ -156,6 +159,16 @@ fn a_vm_boots_shows_its_console_and_powers_off_through_acpi() -> anyhow::Result<
         (jsonpath(&server, "vm/demo", "{.status.printableStatus}") == "Stopped").then_some(())
     })?;
     assert!(!is_running(qemu), "QEMU still runs after the VM stopped");
+    // The guest saw the power button (its acpid prints this before it powers off), and
+    // QEMU ended because the guest shut down, not on a signal.
+    serial.wait_for("ACPI-POWER-BUTTON", DEADLINE)?;
+    let ended = launcher.wait_for("QEMU ended", DEADLINE)?;
+    assert!(
+        ended.contains("GuestShutdown")
+            && ended.contains("exit status: 0")
+            && !ended.contains("signal"),
+        "QEMU did not end by the guest's power-off: {ended}"
+    );
     Ok(())
 }
 

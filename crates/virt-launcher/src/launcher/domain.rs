@@ -411,6 +411,12 @@ async fn supervise(
         panicked,
         shared.intent(),
     );
+    // QEMU's own log says "terminating on signal" when it was killed; this line says how
+    // it ended in the launcher's log, which is the compute container's log.
+    match &exit {
+        Ok(exit) => tracing::info!(?state, ?reason, exit = %exit, "QEMU ended"),
+        Err(e) => tracing::warn!(?state, ?reason, error = %e, "QEMU ended"),
+    }
     status.state = state;
     status.reason = reason;
     status.exit_code = exit.as_ref().ok().and_then(ExitStatus::code);
