@@ -172,6 +172,10 @@ impl Admission for ClusterIpAllocation {
         {
             return Ok(vec![]);
         }
+        // A malformed object (a spec that is not an object) is schema validation's to refuse.
+        if !object.is_object() || object.get("spec").is_some_and(|s| !s.is_object()) {
+            return Ok(vec![]);
+        }
         let invalid = |field: &str, message: String| {
             ApiError::invalid(
                 "",
@@ -451,6 +455,30 @@ mod tests {
             .expect("the EndpointSlice");
         assert_eq!(slice["ports"][0]["port"], 7443);
         assert_eq!(slice["endpoints"][0]["addresses"], json!(["127.0.0.1"]));
+    }
+
+    #[tokio::test]
+    async fn a_malformed_service_is_left_to_validation() {
+        let alloc = ClusterIpAllocation::new(Store::in_memory());
+        let state = ApiState::new(Store::in_memory());
+        let info = state.registry.find("", "v1", "services").unwrap();
+        for operation in [Operation::Create, Operation::Update] {
+            let old = json!({"spec": {"clusterIP": "10.96.0.9"}});
+            let request = AdmissionRequest {
+                operation,
+                resource: &info,
+                subresource: None,
+                namespace: Some("default"),
+                name: "bad",
+                old_object: Some(&old),
+                dry_run: false,
+                user: "test",
+            };
+            let mut bad = json!({"spec": [1, 2]});
+            let admitted = alloc.admit(Phase::Mutating, &request, &mut bad).await;
+            assert!(admitted.is_ok(), "{operation:?}");
+            assert_eq!(bad, json!({"spec": [1, 2]}), "nothing changed");
+        }
     }
 
     #[test]
