@@ -196,14 +196,12 @@ impl PodRunner {
             uid: uid.to_owned(),
         };
         if !pod_dir.join(orphans::POD_REF_FILE).exists() {
-            orphans::write_pod_ref(&pod_dir, &pod_ref).map_err(|source| {
-                volumes::VolumeError {
-                    volume: String::new(),
-                    cause: volumes::SetUpError::Io {
-                        path: pod_dir.join(orphans::POD_REF_FILE),
-                        source,
-                    },
-                }
+            orphans::write_pod_ref(&pod_dir, &pod_ref).map_err(|source| volumes::VolumeError {
+                volume: String::new(),
+                cause: volumes::SetUpError::Io {
+                    path: pod_dir.join(orphans::POD_REF_FILE),
+                    source,
+                },
             })?;
         }
         self.volumes.prepare(pod, &pod_dir).await

@@ -331,14 +331,28 @@ impl VolumeManager {
         if let Some(cm) = &volume.config_map {
             let default_mode = mode_bits(cm.default_mode, DEFAULT_MODE);
             return self
-                .key_to_path(pod, SourceKind::ConfigMap, &cm.name, cm.items.as_deref(), default_mode, cm.optional)
+                .key_to_path(
+                    pod,
+                    SourceKind::ConfigMap,
+                    &cm.name,
+                    cm.items.as_deref(),
+                    default_mode,
+                    cm.optional,
+                )
                 .await;
         }
         if let Some(secret) = &volume.secret {
             let default_mode = mode_bits(secret.default_mode, DEFAULT_MODE);
             let name = secret.secret_name.clone().unwrap_or_default();
             return self
-                .key_to_path(pod, SourceKind::Secret, &name, secret.items.as_deref(), default_mode, secret.optional)
+                .key_to_path(
+                    pod,
+                    SourceKind::Secret,
+                    &name,
+                    secret.items.as_deref(),
+                    default_mode,
+                    secret.optional,
+                )
                 .await;
         }
         if let Some(downward) = &volume.downward_api {
@@ -358,11 +372,25 @@ impl VolumeManager {
         let mut payload = atomic::Payload::new();
         for source in projected.sources.iter().flatten() {
             let part = if let Some(cm) = &source.config_map {
-                self.key_to_path(pod, SourceKind::ConfigMap, &cm.name, cm.items.as_deref(), default_mode, cm.optional)
-                    .await?
+                self.key_to_path(
+                    pod,
+                    SourceKind::ConfigMap,
+                    &cm.name,
+                    cm.items.as_deref(),
+                    default_mode,
+                    cm.optional,
+                )
+                .await?
             } else if let Some(secret) = &source.secret {
-                self.key_to_path(pod, SourceKind::Secret, &secret.name, secret.items.as_deref(), default_mode, secret.optional)
-                    .await?
+                self.key_to_path(
+                    pod,
+                    SourceKind::Secret,
+                    &secret.name,
+                    secret.items.as_deref(),
+                    default_mode,
+                    secret.optional,
+                )
+                .await?
             } else if let Some(downward) = &source.downward_api {
                 projection::downward_api(
                     pod,
@@ -407,7 +435,13 @@ impl VolumeManager {
         let optional = optional.unwrap_or(false);
         let namespace = pod.metadata.namespace.as_deref().unwrap_or_default();
         match fetch_data(&self.client, kind, namespace, name).await {
-            Ok(Some(data)) => Ok(projection::key_to_path(kind, &data, items, default_mode, optional)?),
+            Ok(Some(data)) => Ok(projection::key_to_path(
+                kind,
+                &data,
+                items,
+                default_mode,
+                optional,
+            )?),
             Ok(None) if optional => Ok(atomic::Payload::new()),
             Ok(None) => Err(SetUpError::NotFound {
                 kind: kind_name(kind),
@@ -539,7 +573,9 @@ mod tests {
     fn empty_dirs_live_under_the_pod_directory_as_kubelets_do() {
         let tmp = tempfile::tempdir().expect("tempdir");
         let v = volume(json!({"name": "public", "emptyDir": {}}));
-        let path = local_volume(&v, tmp.path()).expect("local").expect("set up");
+        let path = local_volume(&v, tmp.path())
+            .expect("local")
+            .expect("set up");
         let dir = tmp.path().join("volumes/kubernetes.io~empty-dir/public");
         assert_eq!(path, dir);
         assert!(dir.is_dir());
@@ -590,10 +626,22 @@ mod tests {
     #[test]
     fn api_volumes_use_kubelets_plugin_directories() {
         let kinds = [
-            (json!({"name": "a", "configMap": {"name": "x"}}), "kubernetes.io~configmap"),
-            (json!({"name": "a", "secret": {"secretName": "x"}}), "kubernetes.io~secret"),
-            (json!({"name": "a", "downwardAPI": {}}), "kubernetes.io~downward-api"),
-            (json!({"name": "a", "projected": {"sources": []}}), "kubernetes.io~projected"),
+            (
+                json!({"name": "a", "configMap": {"name": "x"}}),
+                "kubernetes.io~configmap",
+            ),
+            (
+                json!({"name": "a", "secret": {"secretName": "x"}}),
+                "kubernetes.io~secret",
+            ),
+            (
+                json!({"name": "a", "downwardAPI": {}}),
+                "kubernetes.io~downward-api",
+            ),
+            (
+                json!({"name": "a", "projected": {"sources": []}}),
+                "kubernetes.io~projected",
+            ),
         ];
         for (v, plugin) in kinds {
             assert_eq!(api_plugin(&volume(v)), Some(plugin));

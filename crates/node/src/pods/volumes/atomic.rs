@@ -279,7 +279,10 @@ mod tests {
             std::fs::read_link(dir.join("a")).expect("link"),
             Path::new("..data/a")
         );
-        let mode = std::fs::metadata(dir.join("d/b")).expect("meta").permissions().mode();
+        let mode = std::fs::metadata(dir.join("d/b"))
+            .expect("meta")
+            .permissions()
+            .mode();
         assert_eq!(mode & 0o777, 0o400);
         assert!(!write(&dir, &payload(&[("a", "1", 0o644), ("d/b", "2", 0o400)])).expect("same"));
     }
@@ -302,7 +305,10 @@ mod tests {
     fn an_invalid_path_writes_nothing() {
         let tmp = tempfile::tempdir().expect("tempdir");
         let dir = tmp.path().join("vol");
-        let err = write(&dir, &payload(&[("ok", "1", 0o644), ("../escape", "x", 0o644)]));
+        let err = write(
+            &dir,
+            &payload(&[("ok", "1", 0o644), ("../escape", "x", 0o644)]),
+        );
         assert!(matches!(err, Err(AtomicError::InvalidPath { .. })));
         assert!(!dir.exists());
         assert!(!tmp.path().join("escape").exists());

@@ -91,11 +91,15 @@ fn kind_lower(kind: SourceKind) -> &'static str {
     }
 }
 
+/// The keys of a configMap or secret, `None` when it does not exist.
+type SourceData = Option<BTreeMap<String, Vec<u8>>>;
+
 /// Fetches sources once per name for one container.
 struct Sources<'a> {
     client: &'a kube::Client,
     namespace: &'a str,
-    seen: BTreeMap<(bool, String), Option<BTreeMap<String, Vec<u8>>>>,
+    /// By (is a secret, name).
+    seen: BTreeMap<(bool, String), SourceData>,
 }
 
 impl Sources<'_> {
@@ -306,7 +310,11 @@ mod tests {
         assert_eq!(get("L"), Some("b"));
         assert_eq!(get("MEM"), Some("64"));
         assert_eq!(get("KUBERNETES_SERVICE_HOST"), Some("127.0.0.1"));
-        assert_eq!(get("KUBERNETES_SERVICE_PORT"), Some("1"), "the container's own wins");
+        assert_eq!(
+            get("KUBERNETES_SERVICE_PORT"),
+            Some("1"),
+            "the container's own wins"
+        );
         assert_eq!(env.iter().filter(|(n, _)| n == "A").count(), 1);
     }
 

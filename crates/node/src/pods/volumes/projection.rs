@@ -185,14 +185,20 @@ pub fn resource_value(
     let container = pod
         .spec
         .iter()
-        .flat_map(|s| s.containers.iter().chain(s.init_containers.iter().flatten()))
+        .flat_map(|s| {
+            s.containers
+                .iter()
+                .chain(s.init_containers.iter().flatten())
+        })
         .find(|c| c.name == name)
         .ok_or_else(|| err(format!("container {name} not found")))?;
     let resources = container.resources.as_ref();
-    let (which, resource) = selector
-        .resource
-        .split_once('.')
-        .ok_or_else(|| err(format!("unsupported container resource : {}", selector.resource)))?;
+    let (which, resource) = selector.resource.split_once('.').ok_or_else(|| {
+        err(format!(
+            "unsupported container resource : {}",
+            selector.resource
+        ))
+    })?;
     let set = match which {
         "limits" => resources.and_then(|r| r.limits.as_ref()),
         "requests" => resources.and_then(|r| r.requests.as_ref()),
@@ -215,7 +221,11 @@ pub fn resource_value(
     let value = match resource {
         "cpu" => {
             let millis = value.map_or(
-                if which == "limits" { node.cpu_millis } else { 0 },
+                if which == "limits" {
+                    node.cpu_millis
+                } else {
+                    0
+                },
                 |q| q.milli_value(),
             );
             ceil_div(millis, divisor.milli_value())
@@ -356,7 +366,8 @@ mod tests {
         let sel = |resource: &str, divisor: Option<&str>| ResourceFieldSelector {
             container_name: Some("c".into()),
             resource: resource.into(),
-            divisor: divisor.map(|d| k8s_openapi::apimachinery::pkg::api::resource::Quantity(d.into())),
+            divisor: divisor
+                .map(|d| k8s_openapi::apimachinery::pkg::api::resource::Quantity(d.into())),
         };
         let p = pod();
         let value = |s| resource_value(&p, None, &s, NODE).expect("value");

@@ -133,12 +133,13 @@ impl TokenCache {
                 name: name.clone(),
                 source,
             })?;
-        let status = answer.status.filter(|s| !s.token.is_empty()).ok_or_else(|| {
-            TokenError::Empty {
+        let status = answer
+            .status
+            .filter(|s| !s.token.is_empty())
+            .ok_or_else(|| TokenError::Empty {
                 namespace: namespace.clone(),
                 name: name.clone(),
-            }
-        })?;
+            })?;
         // The lifetime the server granted, when it says; else the one asked for.
         let requested = Duration::from_secs(u64::try_from(expiration_seconds).unwrap_or(0));
         let left = status
@@ -180,8 +181,8 @@ mod tests {
 
     #[test]
     fn the_default_account_is_used_when_the_spec_names_none() {
-        let pod: Pod = serde_json::from_value(serde_json::json!({"spec": {"containers": []}}))
-            .expect("pod");
+        let pod: Pod =
+            serde_json::from_value(serde_json::json!({"spec": {"containers": []}})).expect("pod");
         assert_eq!(service_account_name(&pod), "default");
         let named: Pod = serde_json::from_value(
             serde_json::json!({"spec": {"containers": [], "serviceAccountName": "robot"}}),
