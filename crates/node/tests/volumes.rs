@@ -225,6 +225,82 @@ async fn config_map_and_secret_items_land_with_their_modes() {
 }
 
 #[tokio::test]
+async fn a_container_sees_its_secret_read_only_and_takes_env_from_config_maps_and_secrets() {
+    if root().is_none() {
+        return;
+    }
+    let node = start(None).await;
+    let _: ConfigMap = node
+        .create(json!({"metadata": {"name": "app"}, "data": {"a": "1", "bad key": "x"}}))
+        .await;
+    let _: k8s_openapi::api::core::v1::Secret = node
+        .create(json!({"metadata": {"name": "creds"}, "data": {"user": "YWRtaW4=", "pass": "czNjcjN0"}}))
+        .await;
+    // Mount paths of this test only: the container sees the volumes there, the host does not.
+    let base = PathBuf::from(format!("/tmp/kvrs-node-vol-{}", std::process::id()));
+    let script = r#"cat "$0/sec/user" > "$0/out/user"
+if touch "$0/sec/x" 2>/dev/null; then echo rw; else echo ro; fi > "$0/out/mode"
+echo "$APP_a $PASS ${APP_bad-unset} $KUBERNETES_SERVICE_HOST" > "$0/out/env""#;
+    let pod: Pod = node
+        .create(json!({"metadata": {"name": "reader"}, "spec": {"nodeName": NODE,
+            "restartPolicy": "Never", "automountServiceAccountToken": false,
+            "volumes": [{"name": "sec", "secret": {"secretName": "creds"}}, {"name": "out", "emptyDir": {}}],
+            "containers": [{"name": "c", "image": TOOLS, "command": ["sh", "-c"], "args": [script, base],
+                "envFrom": [{"configMapRef": {"name": "app"}, "prefix": "APP_"}],
+                "env": [{"name": "PASS", "valueFrom": {"secretKeyRef": {"name": "creds", "key": "pass"}}}],
+                "volumeMounts": [{"name": "sec", "mountPath": base.join("sec")},
+                                 {"name": "out", "mountPath": base.join("out")}]}]}}))
+        .await;
+    let done = node
+        .wait_for("reader", "the container to end", |p| {
+            matches!(phase(p), Some("Succeeded" | "Failed"))
+        })
+        .await;
+    let out = node
+        .pod_dir(&pod)
+        .join("volumes/kubernetes.io~empty-dir/out");
+    assert_eq!(phase(&done), Some("Succeeded"));
+    assert_eq!(read(&out.join("user")), "admin");
+    assert_eq!(
+        read(&out.join("mode")),
+        "ro\n",
+        "secret volumes are read-only"
+    );
+    assert_eq!(read(&out.join("env")), "1 s3cr3t unset 127.0.0.1\n");
+    let _ = std::fs::remove_dir(base.join("sec"));
+    let _ = std::fs::remove_dir(base.join("out"));
+    let _ = std::fs::remove_dir(&base);
+}
+
+#[tokio::test]
+async fn env_from_a_missing_config_map_is_a_create_container_config_error() {
+    let node = start(None).await;
+    let pod: Pod = node
+        .create(json!({"metadata": {"name": "noenv"}, "spec": {"nodeName": NODE,
+            "restartPolicy": "Never", "automountServiceAccountToken": false,
+            "containers": [{"name": "c", "image": TOOLS, "command": ["sh", "-c", "exit 0"],
+                "env": [{"name": "X", "valueFrom": {"configMapKeyRef": {"name": "nope", "key": "k"}}},
+                        {"name": "Y", "valueFrom": {"secretKeyRef": {"name": "nope", "key": "k", "optional": true}}}]}]}}))
+        .await;
+    let seen = node
+        .wait_for("noenv", "CreateContainerConfigError", |p| {
+            waiting(p).is_some()
+        })
+        .await;
+    assert_eq!(
+        waiting(&seen),
+        Some((
+            "CreateContainerConfigError".to_owned(),
+            "configmap \"nope\" not found".to_owned()
+        ))
+    );
+    assert!(
+        !node.pod_dir(&pod).join("c.json").exists(),
+        "nothing started"
+    );
+}
+
+#[tokio::test]
 async fn a_missing_source_keeps_the_pod_creating_until_it_exists_and_optional_ones_are_empty() {
     if root().is_none() {
         return;

@@ -85,6 +85,9 @@ pub enum SetUpError {
     /// A `hostPath` is not of its declared `type`.
     #[error("hostPath type check failed: {path} is not a {expected}")]
     HostPathType { path: String, expected: String },
+    /// The volume's name is no single path element.
+    #[error("invalid volume name")]
+    InvalidName,
     /// The volume kind is not supported by this node.
     #[error("{kind} volumes are not supported by this node yet")]
     Unsupported { kind: &'static str },
@@ -209,19 +212,33 @@ pub struct VolumeManager {
     synced: BTreeMap<String, Instant>,
 }
 
+/// The plugin directories of the API-backed kinds: configMap, secret, downwardAPI, projected.
+const API_PLUGINS: [&str; 4] = [
+    "kubernetes.io~configmap",
+    "kubernetes.io~secret",
+    "kubernetes.io~downward-api",
+    "kubernetes.io~projected",
+];
+
 /// A volume the API feeds, and where kubelet keeps it.
 fn api_plugin(volume: &Volume) -> Option<&'static str> {
-    if volume.config_map.is_some() {
-        Some("kubernetes.io~configmap")
-    } else if volume.secret.is_some() {
-        Some("kubernetes.io~secret")
-    } else if volume.downward_api.is_some() {
-        Some("kubernetes.io~downward-api")
-    } else if volume.projected.is_some() {
-        Some("kubernetes.io~projected")
-    } else {
-        None
-    }
+    [
+        volume.config_map.is_some(),
+        volume.secret.is_some(),
+        volume.downward_api.is_some(),
+        volume.projected.is_some(),
+    ]
+    .iter()
+    .position(|&is| is)
+    .map(|i| API_PLUGINS[i])
+}
+
+/// Whether `path` is the directory of an API-backed volume: those are always mounted
+/// read-only, as kubelet mounts them whatever the `volumeMount` says.
+fn is_api_volume(path: &Path) -> bool {
+    path.parent()
+        .and_then(Path::file_name)
+        .is_some_and(|plugin| API_PLUGINS.iter().any(|p| plugin == *p))
 }
 
 fn unsupported_kind(volume: &Volume) -> &'static str {
@@ -273,6 +290,11 @@ impl VolumeManager {
                 volume: name.clone(),
                 cause,
             };
+            // The API server checks volume names (DNS labels); a name that is no single path
+            // element would place the volume outside its plugin directory.
+            if !is_plain_name(&name) {
+                return Err(failed(SetUpError::InvalidName));
+            }
             let path = if let Some(plugin) = api_plugin(volume) {
                 let dir = plugin_dir(pod_dir, plugin, &name);
                 let set_up = std::fs::symlink_metadata(dir.join(atomic::DATA_DIR_NAME)).is_ok();
@@ -506,6 +528,14 @@ pub(crate) async fn fetch_data(
     Ok(Some(data))
 }
 
+/// One normal path element (no `/`, not `.` or `..`).
+fn is_plain_name(name: &str) -> bool {
+    let mut components = Path::new(name).components();
+    matches!(components.next(), Some(Component::Normal(_)))
+        && components.next().is_none()
+        && !name.contains('/')
+}
+
 /// A `subPath` stays inside its volume: relative, without `..`.
 fn safe_sub_path(sub: &str) -> Option<&Path> {
     let path = Path::new(sub);
@@ -523,13 +553,14 @@ pub fn bind_mounts(container: &Container, volumes: &BTreeMap<String, PathBuf>) -
         .flatten()
         .filter_map(|m| {
             let mut source = volumes.get(&m.name)?.clone();
+            let read_only = m.read_only.unwrap_or(false) || is_api_volume(&source);
             if let Some(sub) = m.sub_path.as_deref().filter(|s| !s.is_empty()) {
                 source = source.join(safe_sub_path(sub)?);
             }
             Some(BindMount {
                 source,
                 target: PathBuf::from(&m.mount_path),
-                read_only: m.read_only.unwrap_or(false),
+                read_only,
             })
         })
         .collect()
@@ -649,6 +680,21 @@ mod tests {
     }
 
     #[test]
+    fn api_backed_volumes_are_mounted_read_only_and_names_stay_single_elements() {
+        let c: Container = serde_json::from_value(
+            json!({"name": "c", "volumeMounts": [{"name": "cfg", "mountPath": "/etc/app"}]}),
+        )
+        .expect("container");
+        let dir = PathBuf::from("/pods/u/volumes/kubernetes.io~configmap/cfg");
+        let mounts = bind_mounts(&c, &BTreeMap::from([("cfg".to_owned(), dir)]));
+        assert!(mounts[0].read_only);
+        assert!(is_plain_name("kube-api-access-x2b4z"));
+        for bad in ["..", ".", "a/b", "", "/abs"] {
+            assert!(!is_plain_name(bad), "{bad}");
+        }
+    }
+
+    #[test]
     fn mounts_follow_volume_mounts_and_sub_paths_cannot_escape() {
         let c: Container = serde_json::from_value(json!({"name": "c", "volumeMounts": [
             {"name": "v", "mountPath": "/var/run/kubevirt"},
@@ -660,6 +706,7 @@ mod tests {
         let volumes = BTreeMap::from([("v".to_owned(), PathBuf::from("/data/v"))]);
         let mounts = bind_mounts(&c, &volumes);
         assert_eq!(mounts.len(), 2);
+        assert!(!mounts[0].read_only);
         assert_eq!(mounts[0].target, PathBuf::from("/var/run/kubevirt"));
         assert_eq!(mounts[1].source, PathBuf::from("/data/v/a/b"));
         assert!(mounts[1].read_only);
