@@ -4,8 +4,9 @@
 //! its admission chain: in the [`Phase::Mutating`] phase before schema validation (a hook
 //! may change the object) and in the [`Phase::Validating`] phase after it, just before the
 //! store write (changes are ignored). A hook may add warnings or refuse the request with an
-//! [`ApiError`]. Webhook admission ([`crate::webhook`]: Mutating/Validating webhook
-//! configurations) is one such hook.
+//! [`ApiError`]. Two hooks are registered, in kube-apiserver's order: the built-in
+//! [`ServiceAccountAdmission`] (a pod's service account and its projected API credentials)
+//! and webhook admission ([`crate::webhook`]: Mutating/Validating webhook configurations).
 
 use serde_json::Value;
 
