@@ -4,8 +4,9 @@
 //! its admission chain: in the [`Phase::Mutating`] phase before schema validation (a hook
 //! may change the object) and in the [`Phase::Validating`] phase after it, just before the
 //! store write (changes are ignored). A hook may add warnings or refuse the request with an
-//! [`ApiError`]. Webhook admission ([`crate::webhook`]: Mutating/Validating webhook
-//! configurations) is one such hook.
+//! [`ApiError`]. Two hooks are registered, in kube-apiserver's order: the built-in
+//! [`ServiceAccountAdmission`] (a pod's service account and its projected API credentials)
+//! and webhook admission ([`crate::webhook`]: Mutating/Validating webhook configurations).
 
 use serde_json::Value;
 
@@ -67,4 +68,255 @@ pub trait Admission: Send + Sync {
         request: &AdmissionRequest<'_>,
         object: &mut Value,
     ) -> Result<Vec<String>, ApiError>;
+}
+
+/// kube-apiserver's `ServiceAccount` admission plugin, for pods being created: defaults
+/// `spec.serviceAccountName` to `default` and, unless `automountServiceAccountToken` is
+/// `false` on the pod (or, when the pod does not say, on its ServiceAccount), adds the
+/// projected volume `kube-api-access-<5 random characters>` (a bound token of
+/// [`API_ACCESS_TOKEN_SECONDS`], the `kube-root-ca.crt` ConfigMap's `ca.crt` and the
+/// namespace) and mounts it read-only at [`API_ACCESS_MOUNT_PATH`] in every container that
+/// mounts nothing there itself.
+///
+/// # Caveats
+/// A ServiceAccount that does not exist (yet) does not refuse the pod, as upstream's plugin
+/// does: the node retries the token until the account exists.
+pub struct ServiceAccountAdmission {
+    store: kubevirt_store::Store,
+}
+
+/// Where containers find their service-account credentials.
+pub const API_ACCESS_MOUNT_PATH: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+
+/// The name prefix of the projected service-account volume.
+pub const API_ACCESS_VOLUME_PREFIX: &str = "kube-api-access-";
+
+/// The token lifetime of the projected service-account volume (an hour and 7 s, as upstream
+/// asks, so the token is told apart from one of a user's projections).
+pub const API_ACCESS_TOKEN_SECONDS: i64 = 3607;
+
+/// The characters of upstream's random name suffixes (no vowels, no look-alikes).
+const SUFFIX_ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
+
+impl ServiceAccountAdmission {
+    /// The plugin, reading ServiceAccounts from `store`.
+    pub fn new(store: kubevirt_store::Store) -> ServiceAccountAdmission {
+        ServiceAccountAdmission { store }
+    }
+}
+
+/// A random 5-character name suffix, as upstream's `utilrand.String(5)`.
+pub fn random_suffix() -> String {
+    use rand::Rng;
+    let mut rng = rand::rng();
+    (0..5)
+        .map(|_| char::from(SUFFIX_ALPHABET[rng.random_range(0..SUFFIX_ALPHABET.len())]))
+        .collect()
+}
+
+/// The projected service-account volume named `name`.
+pub fn api_access_volume(name: &str) -> Value {
+    serde_json::json!({
+        "name": name,
+        "projected": {
+            "defaultMode": 0o644,
+            "sources": [
+                {"serviceAccountToken": {"expirationSeconds": API_ACCESS_TOKEN_SECONDS, "path": "token"}},
+                {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+                {"downwardAPI": {"items": [{"path": "namespace",
+                    "fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.namespace"}}]}},
+            ],
+        },
+    })
+}
+
+/// Applies the plugin to a pod (pure): `service_account` is the pod's account if it exists,
+/// `suffix` the random suffix of a new volume's name.
+pub fn mount_service_account(pod: &mut Value, service_account: Option<&Value>, suffix: &str) {
+    let Some(spec) = pod.get_mut("spec").and_then(Value::as_object_mut) else {
+        return;
+    };
+    if spec
+        .get("serviceAccountName")
+        .and_then(Value::as_str)
+        .is_none_or(str::is_empty)
+    {
+        spec.insert("serviceAccountName".into(), "default".into());
+    }
+    let automount = spec
+        .get("automountServiceAccountToken")
+        .and_then(Value::as_bool)
+        .or_else(|| {
+            service_account?
+                .get("automountServiceAccountToken")?
+                .as_bool()
+        })
+        .unwrap_or(true);
+    if !automount {
+        return;
+    }
+    let existing = spec
+        .get("volumes")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|v| v["name"].as_str())
+        .find(|n| n.starts_with(API_ACCESS_VOLUME_PREFIX))
+        .map(str::to_owned);
+    let name = existing
+        .clone()
+        .unwrap_or_else(|| format!("{API_ACCESS_VOLUME_PREFIX}{suffix}"));
+    let mount =
+        serde_json::json!({"name": name, "readOnly": true, "mountPath": API_ACCESS_MOUNT_PATH});
+    let mut needed = false;
+    for list in ["initContainers", "containers"] {
+        let Some(containers) = spec.get_mut(list).and_then(Value::as_array_mut) else {
+            continue;
+        };
+        for container in containers.iter_mut().filter_map(Value::as_object_mut) {
+            let mounts = container
+                .entry("volumeMounts")
+                .or_insert_with(|| Value::Array(Vec::new()));
+            let Some(mounts) = mounts.as_array_mut() else {
+                continue;
+            };
+            if mounts
+                .iter()
+                .any(|m| m["mountPath"].as_str() == Some(API_ACCESS_MOUNT_PATH))
+            {
+                continue;
+            }
+            mounts.push(mount.clone());
+            needed = true;
+        }
+    }
+    if needed && existing.is_none() {
+        let volumes = spec
+            .entry("volumes")
+            .or_insert_with(|| Value::Array(Vec::new()));
+        if let Some(volumes) = volumes.as_array_mut() {
+            volumes.push(api_access_volume(&name));
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl Admission for ServiceAccountAdmission {
+    async fn admit(
+        &self,
+        phase: Phase,
+        request: &AdmissionRequest<'_>,
+        object: &mut Value,
+    ) -> Result<Vec<String>, ApiError> {
+        let info = request.resource;
+        let is_pod = info.group.is_empty() && info.plural == "pods";
+        if phase != Phase::Mutating
+            || request.operation != Operation::Create
+            || request.subresource.is_some()
+            || !is_pod
+        {
+            return Ok(Vec::new());
+        }
+        // Mirror pods (static pods of a kubelet) get no API credentials, as upstream.
+        if object["metadata"]["annotations"]
+            .get("kubernetes.io/config.mirror")
+            .is_some()
+        {
+            return Ok(Vec::new());
+        }
+        let namespace = request
+            .namespace
+            .or_else(|| object["metadata"]["namespace"].as_str())
+            .unwrap_or("default")
+            .to_owned();
+        let account = object["spec"]["serviceAccountName"]
+            .as_str()
+            .filter(|n| !n.is_empty())
+            .unwrap_or("default")
+            .to_owned();
+        let service_account = self
+            .store
+            .get(&format!(
+                "/registry/core/serviceaccounts/{namespace}/{account}"
+            ))
+            .and_then(|r| serde_json::from_slice::<Value>(&r.value).ok());
+        mount_service_account(object, service_account.as_ref(), &random_suffix());
+        Ok(Vec::new())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn every_container_mounts_one_api_access_volume_read_only() {
+        let mut pod = json!({"spec": {
+            "initContainers": [{"name": "init"}],
+            "containers": [{"name": "a"}, {"name": "b", "volumeMounts": [{"name": "x", "mountPath": "/x"}]}],
+        }});
+        mount_service_account(&mut pod, None, "abcde");
+        assert_eq!(pod["spec"]["serviceAccountName"], "default");
+        let volumes = pod["spec"]["volumes"].as_array().expect("volumes");
+        assert_eq!(volumes.len(), 1);
+        assert_eq!(volumes[0], api_access_volume("kube-api-access-abcde"));
+        for c in ["initContainers", "containers"] {
+            for container in pod["spec"][c].as_array().expect("containers") {
+                let mounts = container["volumeMounts"].as_array().expect("mounts");
+                let m = mounts.last().expect("mount");
+                assert_eq!(m["name"], "kube-api-access-abcde");
+                assert_eq!(m["mountPath"], API_ACCESS_MOUNT_PATH);
+                assert_eq!(m["readOnly"], true);
+            }
+        }
+    }
+
+    #[test]
+    fn automount_false_on_the_pod_or_its_account_mounts_nothing() {
+        let mut pod =
+            json!({"spec": {"automountServiceAccountToken": false, "containers": [{"name": "a"}]}});
+        mount_service_account(&mut pod, None, "abcde");
+        assert!(pod["spec"]["volumes"].is_null());
+        assert_eq!(pod["spec"]["serviceAccountName"], "default");
+        let mut pod =
+            json!({"spec": {"serviceAccountName": "robot", "containers": [{"name": "a"}]}});
+        mount_service_account(
+            &mut pod,
+            Some(&json!({"automountServiceAccountToken": false})),
+            "abcde",
+        );
+        assert!(pod["spec"]["volumes"].is_null());
+        assert_eq!(pod["spec"]["serviceAccountName"], "robot");
+        // The pod's own choice wins over its account's.
+        let mut pod =
+            json!({"spec": {"automountServiceAccountToken": true, "containers": [{"name": "a"}]}});
+        mount_service_account(
+            &mut pod,
+            Some(&json!({"automountServiceAccountToken": false})),
+            "abcde",
+        );
+        assert_eq!(pod["spec"]["volumes"].as_array().map(Vec::len), Some(1));
+    }
+
+    #[test]
+    fn an_existing_mount_at_the_path_is_kept() {
+        let mut pod = json!({"spec": {"containers": [{"name": "a", "volumeMounts": [
+            {"name": "mine", "mountPath": API_ACCESS_MOUNT_PATH}]}]}});
+        mount_service_account(&mut pod, None, "abcde");
+        assert!(pod["spec"]["volumes"].is_null());
+        assert_eq!(
+            pod["spec"]["containers"][0]["volumeMounts"]
+                .as_array()
+                .map(Vec::len),
+            Some(1)
+        );
+    }
+
+    #[test]
+    fn suffixes_use_upstreams_alphabet() {
+        let s = random_suffix();
+        assert_eq!(s.len(), 5);
+        assert!(s.bytes().all(|b| SUFFIX_ALPHABET.contains(&b)));
+    }
 }

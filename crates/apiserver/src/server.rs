@@ -300,6 +300,12 @@ pub async fn start(config: Config) -> Result<RunningServer, ServerError> {
         proxy_client: Some(pki.proxy_client.clone()),
         kubelet_client: Some(pki.kubelet_client.clone()),
     };
+    // Built-in plugins run before the webhooks, as in kube-apiserver.
+    state
+        .admission
+        .push(Arc::new(crate::admission::ServiceAccountAdmission::new(
+            state.store.clone(),
+        )));
     state
         .admission
         .push(Arc::new(crate::webhook::WebhookAdmission::new(

@@ -391,3 +391,58 @@ async fn kubectl_create_token_and_auth_whoami_agree() {
         "{out}"
     );
 }
+
+#[tokio::test]
+async fn pods_get_their_service_account_and_its_projected_credentials_on_create() {
+    let s = TestServer::start().await;
+    create_namespace(&s, "apps").await;
+    wait_for_object(&s, "/api/v1/namespaces/apps/serviceaccounts/default").await;
+    let pod = |name: &str, automount: Option<bool>| {
+        let mut pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+            "spec": {"containers": [{"name": "c", "image": "x"}]}});
+        if let Some(a) = automount {
+            pod["spec"]["automountServiceAccountToken"] = json!(a);
+        }
+        pod
+    };
+    let created = s
+        .request(
+            "POST",
+            "/api/v1/namespaces/apps/pods",
+            Some(&pod("p", None)),
+        )
+        .await;
+    assert_eq!(created.status, 201);
+    let spec = &created.json()["spec"];
+    assert_eq!(spec["serviceAccountName"], "default");
+    let volume = &spec["volumes"][0];
+    let name = volume["name"].as_str().unwrap();
+    assert!(
+        name.starts_with("kube-api-access-") && name.len() == 21,
+        "{name}"
+    );
+    let sources = &volume["projected"]["sources"];
+    assert_eq!(sources[0]["serviceAccountToken"]["expirationSeconds"], 3607);
+    assert_eq!(sources[1]["configMap"]["name"], "kube-root-ca.crt");
+    assert_eq!(
+        sources[2]["downwardAPI"]["items"][0]["fieldRef"]["fieldPath"],
+        "metadata.namespace"
+    );
+    let mount = &spec["containers"][0]["volumeMounts"][0];
+    assert_eq!(mount["name"], name);
+    assert_eq!(
+        mount["mountPath"],
+        "/var/run/secrets/kubernetes.io/serviceaccount"
+    );
+    assert_eq!(mount["readOnly"], true);
+
+    let opted_out = s
+        .request(
+            "POST",
+            "/api/v1/namespaces/apps/pods",
+            Some(&pod("q", Some(false))),
+        )
+        .await;
+    assert_eq!(opted_out.status, 201);
+    assert!(opted_out.json()["spec"]["volumes"].is_null());
+}

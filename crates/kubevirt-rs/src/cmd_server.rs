@@ -83,6 +83,22 @@ pub(crate) async fn client_from(kubeconfig: &Path) -> anyhow::Result<kube::Clien
     kube::Client::try_from(config).context("client")
 }
 
+/// Host and port of the API server a kubeconfig names (what pods get as the `kubernetes`
+/// Service address).
+async fn api_server_address(kubeconfig: &Path) -> anyhow::Result<Option<(String, u16)>> {
+    let kc = kube::config::Kubeconfig::read_from(kubeconfig)
+        .with_context(|| format!("reading {}", kubeconfig.display()))?;
+    let config =
+        kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+            .await
+            .context("client configuration")?;
+    let url = &config.cluster_url;
+    Ok(url
+        .host()
+        .map(|h| h.trim_start_matches('[').trim_end_matches(']').to_owned())
+        .zip(url.port_u16().or(Some(443))))
+}
+
 /// Creates `object`, or replaces it when it exists (keeping nothing of the old one).
 async fn create_or_replace<K>(api: &Api<K>, object: serde_json::Value) -> anyhow::Result<()>
 where
@@ -280,6 +296,7 @@ async fn start_embedded_node(
         }
     });
     let node_client = client_from(&data_dir.join("kubeconfig")).await?;
+    let kubernetes_service = api_server_address(&data_dir.join("kubeconfig")).await?;
     let node_config = kubevirt_node::NodeConfig {
         node_name: node_name.to_owned(),
         data_dir: data_dir.join("node"),
@@ -293,6 +310,8 @@ async fn start_embedded_node(
             )
             .context("issuing the node's serving certificate")?,
         ),
+        // Pods share the host's network: they reach the API server where the server listens.
+        kubernetes_service,
     };
     let kubelet_pods_dir = node_config.pods_dir();
     let node = supervise("node", cancel.clone(), move |token| {

@@ -8,7 +8,7 @@
 //! does all of this and this crate is not run.
 //!
 //! Directory layout below `data_dir`: `pods/<pod uid>/` as kubelet's
-//! `/var/lib/kubelet/pods/<uid>/` (`volumes/kubernetes.io~empty-dir/<name>/`, container
+//! `/var/lib/kubelet/pods/<uid>/` (`volumes/kubernetes.io~<plugin>/<name>/`, container
 //! records and logs). Directories there are `0700` and files `0600` whatever the umask.
 
 pub mod images;
@@ -35,6 +35,10 @@ pub struct NodeConfig {
     pub cluster_ca_pem: Option<Vec<u8>>,
     /// Certificate and key (PEM) the log endpoint presents (self-signed when `None`).
     pub serving_cert: Option<(String, String)>,
+    /// Where pods reach the API server: host and port of the `kubernetes` Service, given to
+    /// every container as `KUBERNETES_SERVICE_HOST`/`KUBERNETES_SERVICE_PORT` (and the
+    /// `KUBERNETES_PORT…` variables) so in-cluster clients work. `None`: no such variables.
+    pub kubernetes_service: Option<(String, u16)>,
 }
 
 impl NodeConfig {
@@ -129,6 +133,7 @@ pub async fn run_node(
         state_dir: config.pods_dir(),
         images: config.images.clone(),
         host_ip: config.host_ip.clone(),
+        kubernetes_service: config.kubernetes_service.clone(),
     };
     let pods = async {
         tokio::select! {

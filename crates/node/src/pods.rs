@@ -55,6 +55,8 @@ pub struct PodRunnerConfig {
     /// The address reported as the pods' host IP (and pod IP while pods share the host's
     /// network).
     pub host_ip: String,
+    /// Where pods reach the API server (`KUBERNETES_SERVICE_HOST`/`_PORT` in every container).
+    pub kubernetes_service: Option<(String, u16)>,
 }
 
 /// Errors of one reconcile of one pod.
@@ -98,6 +100,8 @@ pub struct PodRunner {
     /// Containers whose image could not be resolved once already (the next report says
     /// `ImagePullBackOff`, as kubelet alternates).
     pull_failed: BTreeSet<(String, String)>,
+    /// The pods' volumes: set-up, resync, service-account tokens.
+    volumes: volumes::VolumeManager,
     exits: mpsc::UnboundedSender<()>,
 }
 
@@ -150,7 +154,7 @@ impl PodRunner {
         let mounts = if terminal {
             Ok(BTreeMap::new())
         } else {
-            self.prepare_pod(pod, &uid).map_err(|e| e.to_string())
+            self.prepare_pod(pod, &uid).await.map_err(|e| e.message())
         };
         let mut reports = Vec::with_capacity(spec.containers.len());
         for container in &spec.containers {
@@ -180,8 +184,8 @@ impl PodRunner {
 
     /// Writes the pod's reference and prepares its volumes; returns the host path of each
     /// volume by name.
-    fn prepare_pod(
-        &self,
+    async fn prepare_pod(
+        &mut self,
         pod: &Pod,
         uid: &str,
     ) -> Result<BTreeMap<String, PathBuf>, volumes::VolumeError> {
@@ -192,15 +196,15 @@ impl PodRunner {
             uid: uid.to_owned(),
         };
         if !pod_dir.join(orphans::POD_REF_FILE).exists() {
-            orphans::write_pod_ref(&pod_dir, &pod_ref).map_err(|source| {
-                volumes::VolumeError::Io {
-                    volume: String::new(),
+            orphans::write_pod_ref(&pod_dir, &pod_ref).map_err(|source| volumes::VolumeError {
+                volume: String::new(),
+                cause: volumes::SetUpError::Io {
                     path: pod_dir.join(orphans::POD_REF_FILE),
                     source,
-                }
+                },
             })?;
         }
-        volumes::prepare(pod, &pod_dir)
+        self.volumes.prepare(pod, &pod_dir).await
     }
 
     /// The state of one container, starting or restarting it when it should run.
@@ -315,8 +319,21 @@ impl PodRunner {
             }
         };
         self.pull_failed.remove(&key);
+        let service = self
+            .config
+            .kubernetes_service
+            .as_ref()
+            .map(|(host, port)| (host.as_str(), *port));
         let mut env = resolved.env.clone();
-        env.extend(volumes::container_env(pod, container, &self.config.host_ip));
+        match self.volumes.container_env(pod, container, service).await {
+            Ok(vars) => env.extend(vars),
+            Err(e) => {
+                return Ok(ContainerState::Waiting {
+                    reason: "CreateContainerConfigError".into(),
+                    message: Some(e.to_string()),
+                });
+            }
+        }
         let sandbox = process::Sandbox {
             argv0: Some(resolved.argv0.clone()),
             mounts: volumes::bind_mounts(container, mounts),
@@ -535,6 +552,7 @@ fn terminated(record: Option<&ProcessRecord>, exit: ExitRecord) -> ContainerStat
 /// Runs the pod runner until the future is dropped.
 pub async fn run(client: kube::Client, config: PodRunnerConfig) {
     let (exits_tx, mut exits_rx) = mpsc::unbounded_channel();
+    let volumes = volumes::VolumeManager::new(client.clone(), config.host_ip.clone());
     let mut runner = PodRunner {
         config,
         client: client.clone(),
@@ -542,6 +560,7 @@ pub async fn run(client: kube::Client, config: PodRunnerConfig) {
         reported: BTreeMap::new(),
         restart_at: BTreeMap::new(),
         pull_failed: BTreeSet::new(),
+        volumes,
         exits: exits_tx,
     };
     let mut orphans = orphans::Orphans::new(runner.config.state_dir.clone());
@@ -577,6 +596,7 @@ pub async fn run(client: kube::Client, config: PodRunnerConfig) {
         runner.reported.retain(|uid, _| known.contains(uid));
         runner.restart_at.retain(|(uid, _), _| known.contains(uid));
         runner.pull_failed.retain(|(uid, _)| known.contains(uid));
+        runner.volumes.forget(&known);
         // Only here, after the initial list: before it every pod would look missing.
         orphans
             .collect(&client, orphans::Cache::Synced(&known))

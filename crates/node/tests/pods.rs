@@ -60,6 +60,7 @@ async fn start() -> Node {
         host_ip: "127.0.0.1".into(),
         cluster_ca_pem: None,
         serving_cert: None,
+        kubernetes_service: None,
     };
     tokio::spawn(kubevirt_node::run_node(
         client.clone(),

@@ -1,72 +1,138 @@
 //! A pod's volumes on this node, with kubelet's layout and checks, and what each container
-//! sees of them.
+//! sees of them (mounts and environment).
 //!
-//! Layout: an `emptyDir` volume is the directory
-//! `<pod dir>/volumes/kubernetes.io~empty-dir/<name>/`, as kubelet's
-//! `/var/lib/kubelet/pods/<uid>/volumes/kubernetes.io~empty-dir/<name>`; it lives as long as
-//! the pod. A `hostPath` volume is its path after kubelet's `type` check (`DirectoryOrCreate`
-//! and `FileOrCreate` create it). Each container gets its `volumeMounts` bind-mounted at their
-//! `mountPath` (with `subPath` and `readOnly`) in its own mount namespace ([`super::process`]).
+//! Layout, as kubelet's `/var/lib/kubelet/pods/<uid>/volumes/<plugin>/<name>`:
+//! - `emptyDir`: `<pod dir>/volumes/kubernetes.io~empty-dir/<name>/`, living as long as the pod.
+//! - `configMap`, `secret`, `downwardAPI`, `projected`: `kubernetes.io~configmap`,
+//!   `kubernetes.io~secret`, `kubernetes.io~downward-api`, `kubernetes.io~projected`, written
+//!   by [`atomic`] (kubelet's AtomicWriter: a `..data` link to a timestamped directory and one
+//!   link per top-level name) from what [`projection`] computes of the source objects. Service
+//!   account tokens of projected volumes come from the TokenRequest API, bound to the pod, and
+//!   are renewed once 80% of their lifetime has passed ([`token`]).
+//! - `hostPath`: its path after kubelet's `type` check (`DirectoryOrCreate` and
+//!   `FileOrCreate` create it).
+//!
+//! Each container gets its `volumeMounts` bind-mounted at their `mountPath` (with `subPath` and
+//! `readOnly`) in its own mount namespace ([`super::process`]). Its environment ([`env`]) has
+//! the `KUBERNETES_SERVICE_*` variables, `envFrom` and `env` (values, downward-API fields and
+//! resources, configMap and secret keys).
+//!
+//! # Guarantees
+//! - A missing source (configMap, secret, ServiceAccount token) that is not `optional` keeps
+//!   the pod in `ContainerCreating` with kubelet's message
+//!   (`MountVolume.SetUp failed for volume "x" : configmap "y" not found`), retried every pass.
+//! - Sources are re-read at most every [`RESYNC_PERIOD`] per pod; a change is written
+//!   atomically. A source that disappears after the volume was set up leaves the last content
+//!   in place, as kubelet does.
+//! - Item paths that are absolute or contain `..` are refused before anything is written.
 //!
 //! # Caveats
-//! Other volume kinds (configMap, secret, downwardAPI, projected, persistentVolumeClaim) are
-//! not prepared yet: a pod that uses one waits in `ContainerCreating` with the reason in its
-//! container status, as kubelet's pod does while a mount fails.
+//! `persistentVolumeClaim` and other kinds are not prepared yet: a pod that uses one waits in
+//! `ContainerCreating` with the reason in its container status.
 
-use std::collections::BTreeMap;
+pub mod atomic;
+pub mod env;
+pub mod projection;
+pub mod token;
+
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Component, Path, PathBuf};
+use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{Container, HostPathVolumeSource, Pod};
+use k8s_openapi::api::core::v1::{ConfigMap, Container, HostPathVolumeSource, Pod, Secret, Volume};
+use kube::api::Api;
+use tracing::warn;
 
 use super::process::BindMount;
+use projection::{DEFAULT_MODE, NodeResources, SourceKind, mode_bits};
 
-/// Why a pod's volumes cannot be set up (the pod waits in `ContainerCreating`).
+/// How often the sources of a pod's volumes are read again while it runs.
+pub const RESYNC_PERIOD: Duration = Duration::from_secs(10);
+
+/// A volume that cannot be set up (the pod waits in `ContainerCreating`).
 #[derive(Debug, thiserror::Error)]
-pub enum VolumeError {
+#[error("MountVolume.SetUp failed for volume \"{volume}\"")]
+pub struct VolumeError {
+    /// The volume's name.
+    pub volume: String,
+    #[source]
+    pub cause: SetUpError,
+}
+
+impl VolumeError {
+    /// kubelet's event and status message: `MountVolume.SetUp failed for volume "x" : <cause>`.
+    pub fn message(&self) -> String {
+        let mut message = format!("{self} : {}", self.cause);
+        let mut source = std::error::Error::source(&self.cause);
+        while let Some(s) = source {
+            message = format!("{message}: {s}");
+            source = s.source();
+        }
+        message
+    }
+}
+
+/// Why a volume cannot be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum SetUpError {
     /// Creating or inspecting a path failed.
-    #[error("MountVolume.SetUp failed for volume \"{volume}\": {path}: {source}")]
+    #[error("{}", path.display())]
     Io {
-        volume: String,
         path: PathBuf,
         #[source]
         source: std::io::Error,
     },
     /// A `hostPath` is not of its declared `type`.
-    #[error(
-        "MountVolume.SetUp failed for volume \"{volume}\": hostPath type check failed: {path} is not a {expected}"
-    )]
-    HostPathType {
-        volume: String,
-        path: String,
-        expected: String,
-    },
+    #[error("hostPath type check failed: {path} is not a {expected}")]
+    HostPathType { path: String, expected: String },
+    /// The volume's name is no single path element.
+    #[error("invalid volume name")]
+    InvalidName,
     /// The volume kind is not supported by this node.
-    #[error(
-        "MountVolume.SetUp failed for volume \"{volume}\": {kind} volumes are not supported by this node yet"
-    )]
-    Unsupported { volume: String, kind: &'static str },
+    #[error("{kind} volumes are not supported by this node yet")]
+    Unsupported { kind: &'static str },
+    /// A configMap or secret the volume needs does not exist (and is not optional).
+    #[error("{kind} \"{name}\" not found")]
+    NotFound { kind: &'static str, name: String },
+    /// Reading a configMap or secret failed.
+    #[error("couldn't get {kind} {name}")]
+    Get {
+        kind: &'static str,
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+    /// The service-account token could not be requested.
+    #[error("failed to fetch token")]
+    Token(#[source] token::TokenError),
+    /// A source cannot be projected (a missing key, an unknown field).
+    #[error(transparent)]
+    Projection(#[from] projection::ProjectionError),
+    /// Writing the volume's files failed, or an item path is not allowed.
+    #[error(transparent)]
+    Write(#[from] atomic::AtomicError),
 }
 
 /// `<pod dir>/volumes/kubernetes.io~empty-dir/<name>`.
 pub fn empty_dir_path(pod_dir: &Path, name: &str) -> PathBuf {
-    pod_dir
-        .join("volumes")
-        .join("kubernetes.io~empty-dir")
-        .join(name)
+    plugin_dir(pod_dir, "kubernetes.io~empty-dir", name)
 }
 
-fn check_host_path(volume: &str, source: &HostPathVolumeSource) -> Result<PathBuf, VolumeError> {
+/// `<pod dir>/volumes/<plugin>/<name>`.
+fn plugin_dir(pod_dir: &Path, plugin: &str, name: &str) -> PathBuf {
+    pod_dir.join("volumes").join(plugin).join(name)
+}
+
+fn check_host_path(source: &HostPathVolumeSource) -> Result<PathBuf, SetUpError> {
     use std::os::unix::fs::FileTypeExt;
     let path = PathBuf::from(&source.path);
-    let io = |source| VolumeError::Io {
-        volume: volume.to_owned(),
+    let io = |source| SetUpError::Io {
         path: path.clone(),
         source,
     };
     let kind = source.type_.as_deref().unwrap_or("");
     let meta = std::fs::metadata(&path);
-    let wrong = |expected: &str| VolumeError::HostPathType {
-        volume: volume.to_owned(),
+    let wrong = |expected: &str| SetUpError::HostPathType {
         path: source.path.clone(),
         expected: expected.to_owned(),
     };
@@ -122,43 +188,352 @@ fn check_host_path(volume: &str, source: &HostPathVolumeSource) -> Result<PathBu
     Ok(path)
 }
 
-/// Prepares every volume of `pod` below `pod_dir`; returns each volume's host path by name.
-///
-/// # Errors
-/// [`VolumeError`] for the first volume that cannot be set up.
-pub fn prepare(pod: &Pod, pod_dir: &Path) -> Result<BTreeMap<String, PathBuf>, VolumeError> {
-    let mut paths = BTreeMap::new();
-    for volume in pod.spec.iter().flat_map(|s| s.volumes.iter().flatten()) {
-        let name = volume.name.clone();
-        let path = if volume.empty_dir.is_some() {
-            let dir = empty_dir_path(pod_dir, &name);
-            private_fs::create_dir_all(&dir).map_err(|source| VolumeError::Io {
-                volume: name.clone(),
-                path: dir.clone(),
-                source,
-            })?;
-            dir
-        } else if let Some(host) = &volume.host_path {
-            check_host_path(&name, host)?
-        } else {
-            let kind = if volume.config_map.is_some() {
-                "configMap"
-            } else if volume.secret.is_some() {
-                "secret"
-            } else if volume.downward_api.is_some() {
-                "downwardAPI"
-            } else if volume.projected.is_some() {
-                "projected"
-            } else if volume.persistent_volume_claim.is_some() {
-                "persistentVolumeClaim"
-            } else {
-                "this kind of"
-            };
-            return Err(VolumeError::Unsupported { volume: name, kind });
-        };
-        paths.insert(name, path);
+/// Sets up a volume of the node's own (`emptyDir`, `hostPath`); `None` for other kinds.
+fn local_volume(volume: &Volume, pod_dir: &Path) -> Option<Result<PathBuf, SetUpError>> {
+    if volume.empty_dir.is_some() {
+        let dir = empty_dir_path(pod_dir, &volume.name);
+        return Some(
+            private_fs::create_dir_all(&dir)
+                .map(|()| dir.clone())
+                .map_err(|source| SetUpError::Io { path: dir, source }),
+        );
     }
-    Ok(paths)
+    volume.host_path.as_ref().map(check_host_path)
+}
+
+/// The volumes of the pods of this node: sets them up, keeps the API-backed ones current,
+/// and remembers service-account tokens until they are due for renewal.
+pub struct VolumeManager {
+    client: kube::Client,
+    host_ip: String,
+    node: NodeResources,
+    tokens: token::TokenCache,
+    /// When each pod's sources were last read: pod uid → instant.
+    synced: BTreeMap<String, Instant>,
+}
+
+/// The plugin directories of the API-backed kinds: configMap, secret, downwardAPI, projected.
+const API_PLUGINS: [&str; 4] = [
+    "kubernetes.io~configmap",
+    "kubernetes.io~secret",
+    "kubernetes.io~downward-api",
+    "kubernetes.io~projected",
+];
+
+/// A volume the API feeds, and where kubelet keeps it.
+fn api_plugin(volume: &Volume) -> Option<&'static str> {
+    [
+        volume.config_map.is_some(),
+        volume.secret.is_some(),
+        volume.downward_api.is_some(),
+        volume.projected.is_some(),
+    ]
+    .iter()
+    .position(|&is| is)
+    .map(|i| API_PLUGINS[i])
+}
+
+/// Whether `path` is the directory of an API-backed volume: those are always mounted
+/// read-only, as kubelet mounts them whatever the `volumeMount` says.
+fn is_api_volume(path: &Path) -> bool {
+    path.parent()
+        .and_then(Path::file_name)
+        .is_some_and(|plugin| API_PLUGINS.iter().any(|p| plugin == *p))
+}
+
+fn unsupported_kind(volume: &Volume) -> &'static str {
+    if volume.persistent_volume_claim.is_some() {
+        "persistentVolumeClaim"
+    } else {
+        "this kind of"
+    }
+}
+
+impl VolumeManager {
+    /// A manager reading sources through `client`; `host_ip` is what `status.hostIP` and
+    /// `status.podIP` read.
+    pub fn new(client: kube::Client, host_ip: String) -> VolumeManager {
+        VolumeManager {
+            client,
+            host_ip,
+            node: NodeResources::of_this_host(),
+            tokens: token::TokenCache::default(),
+            synced: BTreeMap::new(),
+        }
+    }
+
+    /// Drops what is remembered of pods no longer known (by uid).
+    pub fn forget(&mut self, known: &BTreeSet<String>) {
+        self.synced.retain(|uid, _| known.contains(uid));
+        self.tokens.forget(known);
+    }
+
+    /// Prepares every volume of `pod` below `pod_dir` (and brings API-backed ones up to date
+    /// once per [`RESYNC_PERIOD`]); returns each volume's host path by name.
+    ///
+    /// # Errors
+    /// [`VolumeError`] for the first volume that cannot be set up.
+    pub async fn prepare(
+        &mut self,
+        pod: &Pod,
+        pod_dir: &Path,
+    ) -> Result<BTreeMap<String, PathBuf>, VolumeError> {
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        let resync = self
+            .synced
+            .get(&uid)
+            .is_none_or(|at| at.elapsed() >= RESYNC_PERIOD);
+        let mut paths = BTreeMap::new();
+        for volume in pod.spec.iter().flat_map(|s| s.volumes.iter().flatten()) {
+            let name = volume.name.clone();
+            let failed = |cause| VolumeError {
+                volume: name.clone(),
+                cause,
+            };
+            // The API server checks volume names (DNS labels); a name that is no single path
+            // element would place the volume outside its plugin directory.
+            if !is_plain_name(&name) {
+                return Err(failed(SetUpError::InvalidName));
+            }
+            let path = if let Some(plugin) = api_plugin(volume) {
+                let dir = plugin_dir(pod_dir, plugin, &name);
+                let set_up = std::fs::symlink_metadata(dir.join(atomic::DATA_DIR_NAME)).is_ok();
+                if !set_up || resync {
+                    let written = match self.payload(pod, volume).await {
+                        Ok(payload) => atomic::write(&dir, &payload).map_err(SetUpError::from),
+                        Err(e) => Err(e),
+                    };
+                    match written {
+                        Ok(_) => {}
+                        Err(cause) if set_up => {
+                            let e = failed(cause);
+                            warn!(pod = %super::pod_key(pod), error = %e.message(), "volume not updated; keeping its last content");
+                        }
+                        Err(cause) => return Err(failed(cause)),
+                    }
+                }
+                dir
+            } else if let Some(local) = local_volume(volume, pod_dir) {
+                local.map_err(failed)?
+            } else {
+                return Err(failed(SetUpError::Unsupported {
+                    kind: unsupported_kind(volume),
+                }));
+            };
+            paths.insert(name, path);
+        }
+        if resync {
+            self.synced.insert(uid, Instant::now());
+        }
+        Ok(paths)
+    }
+
+    /// The environment of `container` ([`env`]); `kubernetes_service` is where pods reach the
+    /// API server.
+    ///
+    /// # Errors
+    /// [`env::EnvError`] for a missing non-optional source or key.
+    pub async fn container_env(
+        &self,
+        pod: &Pod,
+        container: &Container,
+        kubernetes_service: Option<(&str, u16)>,
+    ) -> Result<Vec<(String, String)>, env::EnvError> {
+        let ctx = env::EnvContext {
+            client: &self.client,
+            host_ip: &self.host_ip,
+            node: self.node,
+            kubernetes_service,
+        };
+        env::container_env(&ctx, pod, container).await
+    }
+
+    /// The files of an API-backed volume.
+    async fn payload(&mut self, pod: &Pod, volume: &Volume) -> Result<atomic::Payload, SetUpError> {
+        if let Some(cm) = &volume.config_map {
+            let default_mode = mode_bits(cm.default_mode, DEFAULT_MODE);
+            return self
+                .key_to_path(
+                    pod,
+                    SourceKind::ConfigMap,
+                    &cm.name,
+                    cm.items.as_deref(),
+                    default_mode,
+                    cm.optional,
+                )
+                .await;
+        }
+        if let Some(secret) = &volume.secret {
+            let default_mode = mode_bits(secret.default_mode, DEFAULT_MODE);
+            let name = secret.secret_name.clone().unwrap_or_default();
+            return self
+                .key_to_path(
+                    pod,
+                    SourceKind::Secret,
+                    &name,
+                    secret.items.as_deref(),
+                    default_mode,
+                    secret.optional,
+                )
+                .await;
+        }
+        if let Some(downward) = &volume.downward_api {
+            let default_mode = mode_bits(downward.default_mode, DEFAULT_MODE);
+            return Ok(projection::downward_api(
+                pod,
+                downward.items.as_deref().unwrap_or_default(),
+                default_mode,
+                &self.host_ip,
+                self.node,
+            )?);
+        }
+        let Some(projected) = &volume.projected else {
+            return Ok(atomic::Payload::new());
+        };
+        let default_mode = mode_bits(projected.default_mode, DEFAULT_MODE);
+        let mut payload = atomic::Payload::new();
+        for source in projected.sources.iter().flatten() {
+            let part = if let Some(cm) = &source.config_map {
+                self.key_to_path(
+                    pod,
+                    SourceKind::ConfigMap,
+                    &cm.name,
+                    cm.items.as_deref(),
+                    default_mode,
+                    cm.optional,
+                )
+                .await?
+            } else if let Some(secret) = &source.secret {
+                self.key_to_path(
+                    pod,
+                    SourceKind::Secret,
+                    &secret.name,
+                    secret.items.as_deref(),
+                    default_mode,
+                    secret.optional,
+                )
+                .await?
+            } else if let Some(downward) = &source.downward_api {
+                projection::downward_api(
+                    pod,
+                    downward.items.as_deref().unwrap_or_default(),
+                    default_mode,
+                    &self.host_ip,
+                    self.node,
+                )?
+            } else if let Some(sa) = &source.service_account_token {
+                let token = self
+                    .tokens
+                    .token(&self.client, pod, sa)
+                    .await
+                    .map_err(SetUpError::Token)?;
+                atomic::Payload::from([(
+                    sa.path.clone(),
+                    atomic::FileProjection {
+                        data: token.into_bytes(),
+                        mode: default_mode,
+                    },
+                )])
+            } else {
+                return Err(SetUpError::Unsupported {
+                    kind: "this projected source of",
+                });
+            };
+            payload.extend(part);
+        }
+        Ok(payload)
+    }
+
+    /// The files of a configMap or secret source (empty when an optional source is missing).
+    async fn key_to_path(
+        &self,
+        pod: &Pod,
+        kind: SourceKind,
+        name: &str,
+        items: Option<&[k8s_openapi::api::core::v1::KeyToPath]>,
+        default_mode: u32,
+        optional: Option<bool>,
+    ) -> Result<atomic::Payload, SetUpError> {
+        let optional = optional.unwrap_or(false);
+        let namespace = pod.metadata.namespace.as_deref().unwrap_or_default();
+        match fetch_data(&self.client, kind, namespace, name).await {
+            Ok(Some(data)) => Ok(projection::key_to_path(
+                kind,
+                &data,
+                items,
+                default_mode,
+                optional,
+            )?),
+            Ok(None) if optional => Ok(atomic::Payload::new()),
+            Ok(None) => Err(SetUpError::NotFound {
+                kind: kind_name(kind),
+                name: name.to_owned(),
+            }),
+            Err(source) => Err(SetUpError::Get {
+                kind: kind_name(kind),
+                name: format!("{namespace}/{name}"),
+                source,
+            }),
+        }
+    }
+}
+
+/// `configmap` or `secret`, as kubelet's messages name them.
+fn kind_name(kind: SourceKind) -> &'static str {
+    match kind {
+        SourceKind::ConfigMap => "configmap",
+        SourceKind::Secret => "secret",
+    }
+}
+
+/// The keys of a configMap (`data` and `binaryData`) or a secret (`data`, and `stringData`
+/// should a server keep it); `None` when the object does not exist.
+pub(crate) async fn fetch_data(
+    client: &kube::Client,
+    kind: SourceKind,
+    namespace: &str,
+    name: &str,
+) -> Result<Option<BTreeMap<String, Vec<u8>>>, kube::Error> {
+    let mut data = BTreeMap::new();
+    match kind {
+        SourceKind::ConfigMap => {
+            let Some(cm) = Api::<ConfigMap>::namespaced(client.clone(), namespace)
+                .get_opt(name)
+                .await?
+            else {
+                return Ok(None);
+            };
+            for (k, v) in cm.binary_data.into_iter().flatten() {
+                data.insert(k, v.0);
+            }
+            for (k, v) in cm.data.into_iter().flatten() {
+                data.insert(k, v.into_bytes());
+            }
+        }
+        SourceKind::Secret => {
+            let Some(secret) = Api::<Secret>::namespaced(client.clone(), namespace)
+                .get_opt(name)
+                .await?
+            else {
+                return Ok(None);
+            };
+            for (k, v) in secret.string_data.into_iter().flatten() {
+                data.insert(k, v.into_bytes());
+            }
+            for (k, v) in secret.data.into_iter().flatten() {
+                data.insert(k, v.0);
+            }
+        }
+    }
+    Ok(Some(data))
+}
+
+/// One normal path element (no `/`, not `.` or `..`).
+fn is_plain_name(name: &str) -> bool {
+    let mut components = Path::new(name).components();
+    matches!(components.next(), Some(Component::Normal(_)))
+        && components.next().is_none()
+        && !name.contains('/')
 }
 
 /// A `subPath` stays inside its volume: relative, without `..`.
@@ -178,13 +553,14 @@ pub fn bind_mounts(container: &Container, volumes: &BTreeMap<String, PathBuf>) -
         .flatten()
         .filter_map(|m| {
             let mut source = volumes.get(&m.name)?.clone();
+            let read_only = m.read_only.unwrap_or(false) || is_api_volume(&source);
             if let Some(sub) = m.sub_path.as_deref().filter(|s| !s.is_empty()) {
                 source = source.join(safe_sub_path(sub)?);
             }
             Some(BindMount {
                 source,
                 target: PathBuf::from(&m.mount_path),
-                read_only: m.read_only.unwrap_or(false),
+                read_only,
             })
         })
         .collect()
@@ -215,46 +591,24 @@ fn field_value(pod: &Pod, field: &str, host_ip: &str) -> Option<String> {
     }
 }
 
-/// The environment of `container`: its `env` entries with values and downward-API
-/// `fieldRef`s, in order.
-pub fn container_env(pod: &Pod, container: &Container, host_ip: &str) -> Vec<(String, String)> {
-    container
-        .env
-        .iter()
-        .flatten()
-        .filter_map(|e| {
-            let value = match (&e.value, &e.value_from) {
-                (Some(v), _) => v.clone(),
-                (None, Some(from)) => {
-                    field_value(pod, &from.field_ref.as_ref()?.field_path, host_ip)?
-                }
-                (None, None) => String::new(),
-            };
-            Some((e.name.clone(), value))
-        })
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::json;
 
-    fn pod(spec: serde_json::Value) -> Pod {
-        let mut pod = json!({
-            "metadata": {"name": "p", "namespace": "ns", "uid": "u1", "labels": {"a": "b"}},
-        });
-        pod["spec"] = spec;
-        serde_json::from_value(pod).expect("pod")
+    fn volume(v: serde_json::Value) -> Volume {
+        serde_json::from_value(v).expect("volume")
     }
 
     #[test]
     fn empty_dirs_live_under_the_pod_directory_as_kubelets_do() {
         let tmp = tempfile::tempdir().expect("tempdir");
-        let p = pod(json!({"containers": [], "volumes": [{"name": "public", "emptyDir": {}}]}));
-        let paths = prepare(&p, tmp.path()).expect("prepare");
+        let v = volume(json!({"name": "public", "emptyDir": {}}));
+        let path = local_volume(&v, tmp.path())
+            .expect("local")
+            .expect("set up");
         let dir = tmp.path().join("volumes/kubernetes.io~empty-dir/public");
-        assert_eq!(paths["public"], dir);
+        assert_eq!(path, dir);
         assert!(dir.is_dir());
     }
 
@@ -263,34 +617,81 @@ mod tests {
         let tmp = tempfile::tempdir().expect("tempdir");
         let file = tmp.path().join("f");
         std::fs::write(&file, b"x").expect("write");
-        let vol = |path: &Path, kind: &str| {
-            pod(
-                json!({"containers": [], "volumes": [{"name": "h", "hostPath": {"path": path, "type": kind}}]}),
-            )
+        let set_up = |path: &Path, kind: &str| {
+            let v = volume(json!({"name": "h", "hostPath": {"path": path, "type": kind}}));
+            local_volume(&v, tmp.path()).expect("local")
         };
         assert!(matches!(
-            prepare(&vol(&file, "Directory"), tmp.path()),
-            Err(VolumeError::HostPathType { .. })
+            set_up(&file, "Directory"),
+            Err(SetUpError::HostPathType { .. })
         ));
-        assert!(prepare(&vol(&file, "File"), tmp.path()).is_ok());
+        assert!(set_up(&file, "File").is_ok());
         let made = tmp.path().join("made/here");
-        prepare(&vol(&made, "DirectoryOrCreate"), tmp.path()).expect("create");
+        set_up(&made, "DirectoryOrCreate").expect("create");
         assert!(made.is_dir());
         assert!(matches!(
-            prepare(&vol(&tmp.path().join("none"), "Socket"), tmp.path()),
-            Err(VolumeError::HostPathType { .. })
+            set_up(&tmp.path().join("none"), "Socket"),
+            Err(SetUpError::HostPathType { .. })
         ));
     }
 
     #[test]
-    fn unsupported_kinds_name_the_volume_and_the_kind() {
-        let tmp = tempfile::tempdir().expect("tempdir");
-        let p =
-            pod(json!({"containers": [], "volumes": [{"name": "cm", "configMap": {"name": "x"}}]}));
-        let err = prepare(&p, tmp.path())
-            .expect_err("unsupported")
-            .to_string();
-        assert!(err.contains("\"cm\"") && err.contains("configMap"), "{err}");
+    fn messages_are_kubelets() {
+        let e = VolumeError {
+            volume: "cfg".into(),
+            cause: SetUpError::NotFound {
+                kind: "configmap",
+                name: "app".into(),
+            },
+        };
+        assert_eq!(
+            e.message(),
+            "MountVolume.SetUp failed for volume \"cfg\" : configmap \"app\" not found"
+        );
+        let pvc = volume(json!({"name": "d", "persistentVolumeClaim": {"claimName": "c"}}));
+        assert!(local_volume(&pvc, Path::new("/nonexistent")).is_none());
+        assert_eq!(api_plugin(&pvc), None);
+        assert_eq!(unsupported_kind(&pvc), "persistentVolumeClaim");
+    }
+
+    #[test]
+    fn api_volumes_use_kubelets_plugin_directories() {
+        let kinds = [
+            (
+                json!({"name": "a", "configMap": {"name": "x"}}),
+                "kubernetes.io~configmap",
+            ),
+            (
+                json!({"name": "a", "secret": {"secretName": "x"}}),
+                "kubernetes.io~secret",
+            ),
+            (
+                json!({"name": "a", "downwardAPI": {}}),
+                "kubernetes.io~downward-api",
+            ),
+            (
+                json!({"name": "a", "projected": {"sources": []}}),
+                "kubernetes.io~projected",
+            ),
+        ];
+        for (v, plugin) in kinds {
+            assert_eq!(api_plugin(&volume(v)), Some(plugin));
+        }
+    }
+
+    #[test]
+    fn api_backed_volumes_are_mounted_read_only_and_names_stay_single_elements() {
+        let c: Container = serde_json::from_value(
+            json!({"name": "c", "volumeMounts": [{"name": "cfg", "mountPath": "/etc/app"}]}),
+        )
+        .expect("container");
+        let dir = PathBuf::from("/pods/u/volumes/kubernetes.io~configmap/cfg");
+        let mounts = bind_mounts(&c, &BTreeMap::from([("cfg".to_owned(), dir)]));
+        assert!(mounts[0].read_only);
+        assert!(is_plain_name("kube-api-access-x2b4z"));
+        for bad in ["..", ".", "a/b", "", "/abs"] {
+            assert!(!is_plain_name(bad), "{bad}");
+        }
     }
 
     #[test]
@@ -305,30 +706,9 @@ mod tests {
         let volumes = BTreeMap::from([("v".to_owned(), PathBuf::from("/data/v"))]);
         let mounts = bind_mounts(&c, &volumes);
         assert_eq!(mounts.len(), 2);
+        assert!(!mounts[0].read_only);
         assert_eq!(mounts[0].target, PathBuf::from("/var/run/kubevirt"));
         assert_eq!(mounts[1].source, PathBuf::from("/data/v/a/b"));
         assert!(mounts[1].read_only);
-    }
-
-    #[test]
-    fn env_takes_values_and_downward_api_fields() {
-        let p = pod(json!({"nodeName": "node01", "containers": []}));
-        let c: Container = serde_json::from_value(json!({"name": "c", "env": [
-            {"name": "A", "value": "1"},
-            {"name": "NODE", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
-            {"name": "UID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}},
-            {"name": "L", "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['a']"}}},
-        ]}))
-        .expect("container");
-        let env = container_env(&p, &c, "10.0.0.1");
-        assert_eq!(
-            env,
-            vec![
-                ("A".to_owned(), "1".to_owned()),
-                ("NODE".to_owned(), "node01".to_owned()),
-                ("UID".to_owned(), "u1".to_owned()),
-                ("L".to_owned(), "b".to_owned()),
-            ]
-        );
     }
 }
