@@ -72,6 +72,7 @@ pub mod openapi;
 pub mod patch;
 pub mod pki;
 pub mod protobuf;
+pub mod rbac;
 pub mod registry;
 pub mod request;
 pub mod schema;

@@ -7,6 +7,7 @@ use kubevirt_store::Store;
 
 use crate::admission::Admission;
 use crate::metrics::Metrics;
+use crate::rbac::Authorizer;
 use crate::registry::Registry;
 use crate::serviceaccount::TokenIssuer;
 
@@ -24,6 +25,8 @@ pub struct ApiState {
     /// Signs and verifies service-account tokens; `None` only if no key could be made
     /// (then token requests fail and only certificates and the tokens file authenticate).
     pub token_issuer: Option<Arc<TokenIssuer>>,
+    /// RBAC over the store's Roles, ClusterRoles and bindings.
+    pub authorizer: Arc<Authorizer>,
 }
 
 /// The CA and client identities the server uses when it calls out (aggregated APIs, node
@@ -43,6 +46,7 @@ impl ApiState {
     /// and a service-account token issuer whose key is kept nowhere.
     pub fn new(store: Store) -> ApiState {
         ApiState {
+            authorizer: Arc::new(Authorizer::new(store.clone())),
             store,
             registry: Registry::new(),
             metrics: Metrics::default(),

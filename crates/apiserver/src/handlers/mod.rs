@@ -234,7 +234,7 @@ async fn execute(
         let body = read_body(req).await?;
         let obj = decode_body(&content_type, &body)?;
         require_object(&obj)?;
-        let reply = reviews::create(&state, &info.plural, &caller, &obj)?;
+        let reply = reviews::create(&state, &info.plural, ns, &caller, &obj)?;
         return Ok(render(reply, ri));
     }
     if sub == Some("scale") {
