@@ -44,14 +44,14 @@ fn urls(paths: &[&str], verbs: &[&str]) -> Value {
 
 fn meta(name: &str, labels: Value) -> Value {
     let mut l = json!({"kubernetes.io/bootstrapping": "rbac-defaults"});
-    if let (Some(l), Some(extra)) = (l.as_object_mut(), labels.as_object()) {
-        l.extend(extra.clone());
+    if let (Some(l), Value::Object(extra)) = (l.as_object_mut(), labels) {
+        l.extend(extra);
     }
     json!({"name": name, "labels": l, "annotations": {AUTOUPDATE: "true"}})
 }
 
 fn cluster_role(name: &str, labels: Value, rules: Vec<Value>) -> Value {
-    json!({"apiVersion": RBAC, "kind": "ClusterRole", "metadata": meta(name, labels), "rules": rules})
+    json!({"apiVersion": RBAC, "kind": "ClusterRole", "metadata": meta(name, labels), "rules": Value::Array(rules)})
 }
 
 fn aggregated(name: &str, labels: Value, to: &str) -> Value {
@@ -68,7 +68,7 @@ fn binding(name: &str, role: &str, subjects: Vec<Value>) -> Value {
     json!({
         "apiVersion": RBAC, "kind": "ClusterRoleBinding", "metadata": meta(name, json!({})),
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
-        "subjects": subjects,
+        "subjects": Value::Array(subjects),
     })
 }
 

@@ -141,7 +141,7 @@ impl Subject {
     pub fn applies_to(&self, user: &User, binding_ns: &str) -> bool {
         match self.kind.as_str() {
             "User" => self.name == user.name,
-            "Group" => user.groups.iter().any(|g| *g == self.name),
+            "Group" => user.groups.contains(&self.name),
             "ServiceAccount" => {
                 let ns = if self.namespace.is_empty() {
                     binding_ns
@@ -302,6 +302,7 @@ mod tests {
     use super::*;
     use crate::rbac::attributes::from_request;
 
+    #[allow(clippy::needless_pass_by_value)] // called with json!(…) temporaries
     fn rule(v: Value) -> PolicyRule {
         PolicyRule::from_json(&v)
     }
