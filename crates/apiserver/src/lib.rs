@@ -31,7 +31,8 @@
 //! - [`rbac`]: authorization as kube's RBAC authorizer decides (Roles, ClusterRoles with
 //!   aggregation, bindings; `system:masters` always allowed) from an in-memory index fed by
 //!   a store watch, impersonation (`Impersonate-*`, the `impersonate` verb), kube's bootstrap
-//!   policy, 403 `Forbidden` in kube's words, and the `authorization.k8s.io` reviews;
+//!   policy, escalation prevention (`escalate`/`bind`), 403 `Forbidden` in kube's words,
+//!   and the `authorization.k8s.io` reviews;
 //! - [`builtin_controllers`]: kube-controller-manager's serviceaccount and
 //!   root-ca-cert-publisher roles (a `default` ServiceAccount and a `kube-root-ca.crt`
 //!   ConfigMap in every namespace).
@@ -55,9 +56,8 @@
 //!   as with kube's x509 authenticator; legacy Secret-based service-account tokens are
 //!   not issued or accepted; anonymous requests are refused except the health and version
 //!   paths;
-//! - RBAC escalation prevention (a user who may write Roles or bindings can grant what it
-//!   does not hold; kube requires `escalate`/`bind`); aggregated ClusterRoles keep empty
-//!   stored `rules` (aggregation is evaluated when deciding).
+//! - aggregated ClusterRoles keep empty stored `rules` (aggregation is evaluated when
+//!   deciding); the RBAC index is not shared with the list/watch of RBAC objects.
 
 pub mod admission;
 pub mod aggregation;

@@ -42,15 +42,19 @@ pub struct Outgoing {
 }
 
 impl ApiState {
-    /// State over `store` with the built-in resources, no admission hooks, no tokens file
+    /// State over `store` with the built-in resources, RBAC's escalation check as the only
+    /// admission hook, no tokens file
     /// and a service-account token issuer whose key is kept nowhere.
     pub fn new(store: Store) -> ApiState {
+        let authorizer = Arc::new(Authorizer::new(store.clone()));
         ApiState {
-            authorizer: Arc::new(Authorizer::new(store.clone())),
+            admission: vec![Arc::new(crate::rbac::escalation::EscalationCheck::new(
+                authorizer.clone(),
+            ))],
+            authorizer,
             store,
             registry: Registry::new(),
             metrics: Metrics::default(),
-            admission: Vec::new(),
             tokens: HashMap::new(),
             outgoing: Outgoing::default(),
             token_issuer: TokenIssuer::ephemeral().ok().map(Arc::new),

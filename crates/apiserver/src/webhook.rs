@@ -436,6 +436,7 @@ mod tests {
             old_object: None,
             dry_run: false,
             user: "u",
+            groups: None,
         };
         let rule = |res: &str| json!({"apiGroups": [""], "apiVersions": ["*"], "operations": ["UPDATE"], "resources": [res]});
         assert!(rule_matches(&rule("pods"), &req(None)));

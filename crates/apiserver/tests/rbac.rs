@@ -787,3 +787,109 @@ async fn kubectl_auth_can_i_answers_yes_and_no() {
     assert_eq!(code, 0, "{err}");
     assert!(out.is_empty() || out.contains("No resources"), "{out}");
 }
+
+#[tokio::test]
+async fn roles_and_bindings_grant_only_what_their_author_holds_unless_it_may_escalate_or_bind() {
+    let s = TestServer::start().await;
+    create_namespace(&s, "own").await;
+    create(
+        &s,
+        &format!("{RBAC}/namespaces/own/rolebindings"),
+        binding(
+            "RoleBinding",
+            "alice-admin",
+            "ClusterRole",
+            "admin",
+            json!([{"kind": "User", "name": "alice"}]),
+        ),
+    )
+    .await;
+    let alice = tls(&s, Some(issue_client_cert(&s, "alice", &[])));
+    let roles = format!("{RBAC}/namespaces/own/roles");
+    let held = role(
+        "cm-reader",
+        json!([{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list"]}]),
+    );
+    let r = send(&s, &alice, "POST", &roles, &[], Some(&held)).await;
+    assert_eq!(r.status, 201, "{}", String::from_utf8_lossy(&r.body));
+    let more = role(
+        "node-lister",
+        json!([{"apiGroups": [""], "resources": ["nodes"], "verbs": ["list"]}]),
+    );
+    let r = send(&s, &alice, "POST", &roles, &[], Some(&more)).await;
+    assert_eq!(r.status, 403);
+    assert_eq!(
+        r.json()["message"],
+        "roles.rbac.authorization.k8s.io \"node-lister\" is forbidden: user \"alice\" (groups=[\"system:authenticated\"]) is attempting to grant RBAC permissions not currently held:\n{APIGroups:[\"\"], Resources:[\"nodes\"], Verbs:[\"list\"]}"
+    );
+    assert_eq!(
+        s.request("GET", &format!("{roles}/node-lister"), None)
+            .await
+            .status,
+        404,
+        "nothing stored"
+    );
+    // Binding what she holds is fine; binding cluster-admin is not …
+    let bindings = format!("{RBAC}/namespaces/own/rolebindings");
+    let to = |name: &str, role: &str| {
+        binding(
+            "RoleBinding",
+            name,
+            "ClusterRole",
+            role,
+            json!([{"kind": "User", "name": "bob"}]),
+        )
+    };
+    let r = send(
+        &s,
+        &alice,
+        "POST",
+        &bindings,
+        &[],
+        Some(&to("bob-views", "view")),
+    )
+    .await;
+    assert_eq!(r.status, 201, "{}", String::from_utf8_lossy(&r.body));
+    let r = send(
+        &s,
+        &alice,
+        "POST",
+        &bindings,
+        &[],
+        Some(&to("bob-rules", "cluster-admin")),
+    )
+    .await;
+    assert_eq!(r.status, 403);
+    // … until she may `bind` it.
+    create(
+        &s,
+        &format!("{RBAC}/clusterroles"),
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+               "metadata": {"name": "bind-cluster-admin"},
+               "rules": [{"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["clusterroles"],
+                          "resourceNames": ["cluster-admin"], "verbs": ["bind"]}]}),
+    )
+    .await;
+    create(
+        &s,
+        &bindings,
+        binding(
+            "RoleBinding",
+            "alice-binds",
+            "ClusterRole",
+            "bind-cluster-admin",
+            json!([{"kind": "User", "name": "alice"}]),
+        ),
+    )
+    .await;
+    let r = send(
+        &s,
+        &alice,
+        "POST",
+        &bindings,
+        &[],
+        Some(&to("bob-rules", "cluster-admin")),
+    )
+    .await;
+    assert_eq!(r.status, 201, "{}", String::from_utf8_lossy(&r.body));
+}

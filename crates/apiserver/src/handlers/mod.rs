@@ -218,6 +218,7 @@ async fn execute(
         dry_run: query.dry_run,
         field_validation: query.field_validation,
         user: caller.name.clone(),
+        groups: Some(caller.groups.clone()),
     };
     let ri = RequestInfo {
         verb: verb.as_str(),

@@ -335,6 +335,20 @@ impl Authorizer {
         })
     }
 
+    /// The effective rules of a `Role` (in `namespace`) or a `ClusterRole` (aggregation
+    /// included); empty when it does not exist.
+    pub fn role_rules(&self, kind: &str, namespace: &str, name: &str) -> Vec<PolicyRule> {
+        self.with_index(|index| match kind {
+            "ClusterRole" => index.cluster_role_rules(name),
+            "Role" => index
+                .roles
+                .get(&(namespace.to_owned(), name.to_owned()))
+                .cloned()
+                .unwrap_or_default(),
+            _ => Vec::new(),
+        })
+    }
+
     /// Every rule that applies to `user` in `namespace` (cluster-wide ones included):
     /// what a SelfSubjectRulesReview lists. `system:masters` gets kube's superuser rules.
     pub fn rules_for(&self, user: &User, namespace: &str) -> Vec<PolicyRule> {

@@ -12,14 +12,16 @@
 //! `authorization.k8s.io` reviews (`kubectl auth can-i`) are answered in
 //! [`crate::handlers::reviews`] by the same authorizer.
 //!
-//! Not implemented: escalation prevention (a user who may create Roles or bindings can
-//! grant permissions it does not hold; kube requires `escalate`/`bind` for that), and
-//! aggregated ClusterRoles keep their stored `rules` empty (aggregation is evaluated when
-//! deciding, so `kubectl get clusterrole view -o yaml` shows no rules).
+//! [`escalation`] keeps a user from granting, through a Role or a binding, permissions it
+//! does not hold (unless it has `escalate` or `bind`).
+//!
+//! Not implemented: aggregated ClusterRoles keep their stored `rules` empty (aggregation
+//! is evaluated when deciding, so `kubectl get clusterrole view -o yaml` shows no rules).
 
 pub mod attributes;
 pub mod authorizer;
 pub mod bootstrap;
+pub mod escalation;
 pub mod impersonation;
 pub mod rules;
 
