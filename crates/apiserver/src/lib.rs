@@ -56,8 +56,8 @@
 //!   as with kube's x509 authenticator; legacy Secret-based service-account tokens are
 //!   not issued or accepted; anonymous requests are refused except the health and version
 //!   paths;
-//! - aggregated ClusterRoles keep empty stored `rules` (aggregation is evaluated when
-//!   deciding); the RBAC index is not shared with the list/watch of RBAC objects.
+//! - the RBAC index is not shared with the list/watch of RBAC objects (two readers of the
+//!   same store prefix).
 
 pub mod admission;
 pub mod aggregation;

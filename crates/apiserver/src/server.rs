@@ -2,9 +2,9 @@
 //! graceful shutdown.
 //!
 //! Start-up order: open the store → create/load the PKI and the service-account signing
-//! key → load CRDs → ensure namespaces and initial objects → the bootstrap RBAC policy → bind → write the kubeconfigs
-//! (with the bound address) → start the garbage collector and the built-in controllers →
-//! serve.
+//! key → load CRDs → ensure namespaces and initial objects → the bootstrap RBAC policy →
+//! bind → write the kubeconfigs (with the bound address) → start the garbage collector,
+//! the built-in controllers and ClusterRole aggregation → serve.
 //! The kubeconfig therefore exists only once the server accepts connections, so tests and
 //! users can wait for the file.
 
@@ -325,6 +325,7 @@ pub async fn start(config: Config) -> Result<RunningServer, ServerError> {
     let background = vec![
         crate::gc::spawn(state.clone()),
         crate::builtin_controllers::spawn(state.clone()),
+        crate::rbac::aggregation::spawn(state.clone()),
     ];
     let app = router(state.clone());
     let shutdown = CancellationToken::new();

@@ -322,6 +322,32 @@ async fn a_cluster_role_aggregated_into_view_takes_effect_for_views_holders() {
         "rules": [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "list"]}],
     })).await;
     assert_eq!(code(&s, &anon, "GET", leases, &h).await, 200);
+    // The aggregation controller shows it in view's stored rules, and in admin's.
+    for role in ["view", "admin"] {
+        let start = Instant::now();
+        loop {
+            let stored = s
+                .request("GET", &format!("{RBAC}/clusterroles/{role}"), None)
+                .await
+                .json();
+            let rules = stored["rules"].as_array().cloned().unwrap_or_default();
+            if rules.iter().any(|r| {
+                r["resources"] == json!(["leases"]) && r["verbs"] == json!(["get", "list"])
+            }) {
+                assert!(
+                    rules
+                        .iter()
+                        .any(|r| r["resources"].as_array().unwrap().contains(&json!("pods")))
+                );
+                break;
+            }
+            assert!(
+                start.elapsed() < DEADLINE,
+                "{role} never showed the lease rule: {stored}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
     // edit and admin aggregate view, so they have it too.
     let sar = |role: &str| {
         json!({"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",

@@ -15,9 +15,10 @@
 //! [`escalation`] keeps a user from granting, through a Role or a binding, permissions it
 //! does not hold (unless it has `escalate` or `bind`).
 //!
-//! Not implemented: aggregated ClusterRoles keep their stored `rules` empty (aggregation
-//! is evaluated when deciding, so `kubectl get clusterrole view -o yaml` shows no rules).
+//! [`aggregation`] writes the aggregated rules into the stored ClusterRoles (the
+//! authorizer does not wait for it: it evaluates aggregation itself).
 
+pub mod aggregation;
 pub mod attributes;
 pub mod authorizer;
 pub mod bootstrap;

@@ -239,8 +239,8 @@ impl Selector {
         }
     }
 
-    /// Whether `labels` match; an empty selector matches nothing here, as kube's
-    /// aggregation controller treats it.
+    /// Whether `labels` match. An empty selector matches nothing here (kube's would
+    /// select every ClusterRole, letting one role absorb all others).
     pub fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
         if self.match_labels.is_empty() && self.expressions.is_empty() {
             return false;
