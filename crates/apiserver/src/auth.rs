@@ -169,3 +169,33 @@ pub async fn require_auth(
         None => ApiError::unauthorized().into_response(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cert(dn: &[(rcgen::DnType, &str)]) -> Vec<u8> {
+        let mut p = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        p.distinguished_name = rcgen::DistinguishedName::new();
+        for (t, v) in dn {
+            p.distinguished_name.push(t.clone(), *v);
+        }
+        let key = rcgen::KeyPair::generate().unwrap();
+        p.self_signed(&key).unwrap().der().to_vec()
+    }
+
+    #[test]
+    fn a_certificate_is_its_common_name_in_its_organizations() {
+        use rcgen::DnType::{CommonName, OrganizationName};
+        let u = User::from_certificate(&cert(&[
+            (CommonName, "system:node:n1"),
+            (OrganizationName, "system:nodes"),
+        ]))
+        .unwrap();
+        assert_eq!(u.name, "system:node:n1");
+        // (rcgen writes one O per certificate; several O values each become a group.)
+        assert_eq!(u.groups, ["system:nodes", "system:authenticated"]);
+        assert!(User::from_certificate(&cert(&[(OrganizationName, "x")])).is_none());
+        assert!(User::from_certificate(b"not der").is_none());
+    }
+}
