@@ -54,6 +54,8 @@ pub struct AdmissionRequest<'a> {
     pub dry_run: bool,
     /// The authenticated user name.
     pub user: &'a str,
+    /// The caller's groups; `None` for the server's own writes.
+    pub groups: Option<&'a [String]>,
 }
 
 /// A hook called before every write.

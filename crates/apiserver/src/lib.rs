@@ -1,7 +1,7 @@
 //! Kubernetes-compatible REST API server over `kubevirt-store`.
 //!
 //! No `k8s-openapi` here: objects are `serde_json::Value`s. Request flow:
-//! [`server`] (TLS, router) → [`auth`] → [`handlers`] (pure [`request`] parsing, then one
+//! [`server`] (TLS, router) → [`auth`] → [`rbac`] → [`handlers`] (pure [`request`] parsing, then one
 //! file per verb) → the store. [`registry`] knows the served resources (built-in and from
 //! [`crd`]s); [`discovery`], [`openapi`] and [`table`] render what kubectl asks for;
 //! [`status`] turns every failure into a `Status`; [`catch_panic`] turns a panicking
@@ -28,6 +28,11 @@
 //! - [`client`]: the outgoing HTTPS client they share;
 //! - [`serviceaccount`]: service-account tokens (issued through `serviceaccounts/token`,
 //!   checked by [`auth`]);
+//! - [`rbac`]: authorization as kube's RBAC authorizer decides (Roles, ClusterRoles with
+//!   aggregation, bindings; `system:masters` always allowed) from an in-memory index fed by
+//!   a store watch, impersonation (`Impersonate-*`, the `impersonate` verb), kube's bootstrap
+//!   policy, escalation prevention (`escalate`/`bind`), 403 `Forbidden` in kube's words,
+//!   and the `authorization.k8s.io` reviews;
 //! - [`builtin_controllers`]: kube-controller-manager's serviceaccount and
 //!   root-ca-cert-publisher roles (a `default` ServiceAccount and a `kube-root-ca.crt`
 //!   ConfigMap in every namespace).
@@ -47,10 +52,12 @@
 //! - aggregated discovery lists an aggregated group's versions without resources (the
 //!   legacy `/apis/<group>/<version>` document comes from the backend);
 //! - certificate rotation (the CA and leaf certificates are long-lived);
-//! - authentication maps every client certificate of our CA to `kubernetes-admin`
-//!   (including the server's own front-proxy and kubelet client certificates); legacy
-//!   Secret-based service-account tokens are not issued or accepted;
-//! - RBAC authorization (every authenticated user may do everything).
+//! - authentication: a client certificate of our CA is its subject (CN user, O groups),
+//!   as with kube's x509 authenticator; legacy Secret-based service-account tokens are
+//!   not issued or accepted; anonymous requests are refused except the health and version
+//!   paths;
+//! - the RBAC index is not shared with the list/watch of RBAC objects (two readers of the
+//!   same store prefix).
 
 pub mod admission;
 pub mod aggregation;
@@ -72,6 +79,7 @@ pub mod openapi;
 pub mod patch;
 pub mod pki;
 pub mod protobuf;
+pub mod rbac;
 pub mod registry;
 pub mod request;
 pub mod schema;

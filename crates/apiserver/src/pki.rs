@@ -12,6 +12,15 @@
 //! `kubeconfig-{controller,handler,api}` (bearer tokens). Every file is written atomically
 //! (temporary file + rename); keys and tokens are mode 0600.
 //!
+//! # Identities
+//! A client certificate of this CA authenticates to the API server as its subject (CN user,
+//! O groups; see [`crate::auth`]): the admin certificate as `kubernetes-admin` in
+//! `system:masters` (all rights), the kubelet client certificate likewise in
+//! `system:masters` (it is only presented to node log servers and, by virt-api, to
+//! virt-handler), the front-proxy certificate as `front-proxy-client` with no groups and so
+//! no rights. The tokens-file users of [`COMPONENTS`] are bound to `cluster-admin` by the
+//! bootstrap policy ([`crate::rbac::bootstrap`]).
+//!
 //! # Lifetimes
 //! The CA is valid for [`CA_LIFETIME`] (10 years, kubeadm's default), every leaf for
 //! [`LEAF_LIFETIME`] (1 year), each from five minutes before issue (clock skew). At start,

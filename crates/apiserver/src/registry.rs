@@ -161,6 +161,11 @@ const fn review(group: &'static str, kind: &'static str, plural: &'static str) -
     x
 }
 
+const fn namespaced(mut x: Builtin) -> Builtin {
+    x.namespaced = true;
+    x
+}
+
 const fn all(mut x: Builtin) -> Builtin {
     x.all = true;
     x
@@ -377,6 +382,26 @@ const BUILTINS: &[Builtin] = &[
         "SelfSubjectReview",
         "selfsubjectreviews",
     ),
+    review(
+        "authorization.k8s.io",
+        "SubjectAccessReview",
+        "subjectaccessreviews",
+    ),
+    review(
+        "authorization.k8s.io",
+        "SelfSubjectAccessReview",
+        "selfsubjectaccessreviews",
+    ),
+    review(
+        "authorization.k8s.io",
+        "SelfSubjectRulesReview",
+        "selfsubjectrulesreviews",
+    ),
+    namespaced(review(
+        "authorization.k8s.io",
+        "LocalSubjectAccessReview",
+        "localsubjectaccessreviews",
+    )),
 ];
 
 fn builtin_infos() -> Vec<Arc<ResourceInfo>> {

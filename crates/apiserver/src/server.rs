@@ -2,9 +2,9 @@
 //! graceful shutdown.
 //!
 //! Start-up order: open the store → create/load the PKI and the service-account signing
-//! key → load CRDs → ensure namespaces and initial objects → bind → write the kubeconfigs
-//! (with the bound address) → start the garbage collector and the built-in controllers →
-//! serve.
+//! key → load CRDs → ensure namespaces and initial objects → the bootstrap RBAC policy →
+//! bind → write the kubeconfigs (with the bound address) → start the garbage collector,
+//! the built-in controllers and ClusterRole aggregation → serve.
 //! The kubeconfig therefore exists only once the server accepts connections, so tests and
 //! users can wait for the file.
 
@@ -229,10 +229,14 @@ fn routes() -> Router<Arc<ApiState>> {
         .fallback(crate::handlers::api_request)
 }
 
-/// Authentication, then panic recovery, then metrics (outermost), so a request that
-/// panicked is still counted, as a 500.
+/// Authentication, then authorization (impersonation and RBAC), then panic recovery, then
+/// metrics (outermost), so a request that panicked is still counted, as a 500.
 fn with_layers(routes: Router<Arc<ApiState>>, state: Arc<ApiState>) -> Router {
     routes
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            crate::rbac::authorize,
+        ))
         .layer(middleware::from_fn_with_state(
             state.clone(),
             auth::require_auth,
@@ -320,6 +324,9 @@ pub async fn start(config: Config) -> Result<RunningServer, ServerError> {
     let state = Arc::new(state);
     crate::crd::load_all(&state);
     ensure_initial(&state, &config.initial_objects).await?;
+    crate::rbac::bootstrap::ensure(&state).await.map_err(|e| {
+        ServerError::InitialObject("the bootstrap RBAC policy".into(), e.message.clone())
+    })?;
     let tls = Arc::new(tls_config(&pki)?);
     let listener = TcpListener::bind(config.listen)
         .await
@@ -335,6 +342,7 @@ pub async fn start(config: Config) -> Result<RunningServer, ServerError> {
     let background = vec![
         crate::gc::spawn(state.clone()),
         crate::builtin_controllers::spawn(state.clone()),
+        crate::rbac::aggregation::spawn(state.clone()),
     ];
     let app = router(state.clone());
     let shutdown = CancellationToken::new();
@@ -381,10 +389,23 @@ mod tests {
         panic!("a handler bug")
     }
 
+    /// A request as if it came with the admin certificate (TLS verification is the
+    /// listener's job; the router only reads the subject).
     fn authenticated(path: &str) -> Request {
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, "kubernetes-admin");
+        params
+            .distinguished_name
+            .push(rcgen::DnType::OrganizationName, "system:masters");
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = params.self_signed(&key).unwrap();
         let mut req = Request::get(path).body(Body::empty()).unwrap();
         req.extensions_mut()
-            .insert(kubevirt_tls::PeerCertificates(Arc::from(Vec::new())));
+            .insert(kubevirt_tls::PeerCertificates(Arc::from(vec![
+                cert.der().clone(),
+            ])));
         req
     }
 

@@ -7,6 +7,7 @@ use kubevirt_store::Store;
 
 use crate::admission::Admission;
 use crate::metrics::Metrics;
+use crate::rbac::Authorizer;
 use crate::registry::Registry;
 use crate::serviceaccount::TokenIssuer;
 
@@ -24,6 +25,8 @@ pub struct ApiState {
     /// Signs and verifies service-account tokens; `None` only if no key could be made
     /// (then token requests fail and only certificates and the tokens file authenticate).
     pub token_issuer: Option<Arc<TokenIssuer>>,
+    /// RBAC over the store's Roles, ClusterRoles and bindings.
+    pub authorizer: Arc<Authorizer>,
 }
 
 /// The CA and client identities the server uses when it calls out (aggregated APIs, node
@@ -39,14 +42,19 @@ pub struct Outgoing {
 }
 
 impl ApiState {
-    /// State over `store` with the built-in resources, no admission hooks, no tokens file
+    /// State over `store` with the built-in resources, RBAC's escalation check as the only
+    /// admission hook, no tokens file
     /// and a service-account token issuer whose key is kept nowhere.
     pub fn new(store: Store) -> ApiState {
+        let authorizer = Arc::new(Authorizer::new(store.clone()));
         ApiState {
+            admission: vec![Arc::new(crate::rbac::escalation::EscalationCheck::new(
+                authorizer.clone(),
+            ))],
+            authorizer,
             store,
             registry: Registry::new(),
             metrics: Metrics::default(),
-            admission: Vec::new(),
             tokens: HashMap::new(),
             outgoing: Outgoing::default(),
             token_issuer: TokenIssuer::ephemeral().ok().map(Arc::new),

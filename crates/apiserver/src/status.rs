@@ -166,6 +166,29 @@ impl ApiError {
         ApiError::new(410, "Expired", message)
     }
 
+    /// 403 Forbidden as kube's `NewForbidden` words it: `<resource.group> "<name>" is
+    /// forbidden: <why>` (without the name when there is none, and `forbidden: <why>`
+    /// for a non-resource request, whose `resource` is empty).
+    pub fn forbidden_resource(group: &str, resource: &str, name: &str, why: &str) -> ApiError {
+        let message = match (resource, name) {
+            ("", _) => format!("forbidden: {why}"),
+            (r, "") => format!("{} is forbidden: {why}", qualified(r, group)),
+            (r, n) => format!("{} \"{n}\" is forbidden: {why}", qualified(r, group)),
+        };
+        let e = ApiError::new(403, "Forbidden", message);
+        if resource.is_empty() {
+            return e;
+        }
+        let mut e = e.with_details(group, resource, name);
+        if name.is_empty() {
+            e.name = None;
+        }
+        if group.is_empty() {
+            e.group = None;
+        }
+        e
+    }
+
     /// 401 Unauthorized.
     pub fn unauthorized() -> ApiError {
         ApiError::new(401, "Unauthorized", "Unauthorized")

@@ -188,10 +188,11 @@ fn review(uid: &str, req: &AdmissionRequest<'_>, object: &Value) -> Value {
         Operation::Update => (object.clone(), "UpdateOptions"),
         Operation::Delete => (Value::Null, "DeleteOptions"),
     };
-    let mut groups = vec!["system:authenticated"];
-    if req.user == "kubernetes-admin" {
-        groups.insert(0, "system:masters");
-    }
+    // The caller's groups; the server's own writes (no groups) are `system:authenticated`.
+    let groups: Vec<&str> = match req.groups {
+        Some(g) => g.iter().map(String::as_str).collect(),
+        None => vec!["system:authenticated"],
+    };
     let mut r = json!({
         "uid": uid,
         "kind": kind,
@@ -436,6 +437,7 @@ mod tests {
             old_object: None,
             dry_run: false,
             user: "u",
+            groups: None,
         };
         let rule = |res: &str| json!({"apiGroups": [""], "apiVersions": ["*"], "operations": ["UPDATE"], "resources": [res]});
         assert!(rule_matches(&rule("pods"), &req(None)));

@@ -22,6 +22,9 @@ pub struct WriteOptions {
     pub field_validation: FieldValidation,
     /// Authenticated user.
     pub user: String,
+    /// The caller's groups, for checks that depend on who asks (RBAC escalation); `None`
+    /// for the server's own writes, which are trusted.
+    pub groups: Option<Vec<String>>,
 }
 
 /// The answer of a handler before HTTP rendering.
@@ -231,6 +234,7 @@ pub fn admission_request<'a>(
         old_object,
         dry_run: opts.dry_run,
         user: &opts.user,
+        groups: opts.groups.as_deref(),
     }
 }
 

@@ -218,6 +218,7 @@ async fn execute(
         dry_run: query.dry_run,
         field_validation: query.field_validation,
         user: caller.name.clone(),
+        groups: Some(caller.groups.clone()),
     };
     let ri = RequestInfo {
         verb: verb.as_str(),
@@ -234,7 +235,7 @@ async fn execute(
         let body = read_body(req).await?;
         let obj = decode_body(&content_type, &body)?;
         require_object(&obj)?;
-        let reply = reviews::create(&state, &info.plural, &caller, &obj)?;
+        let reply = reviews::create(&state, &info.plural, ns, &caller, &obj)?;
         return Ok(render(reply, ri));
     }
     if sub == Some("scale") {

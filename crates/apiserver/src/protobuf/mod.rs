@@ -52,6 +52,10 @@ const KINDS: &[(&str, &str)] = &[
     ("authentication.k8s.io/v1", "TokenRequest"),
     ("authentication.k8s.io/v1", "TokenReview"),
     ("authentication.k8s.io/v1", "SelfSubjectReview"),
+    ("authorization.k8s.io/v1", "SubjectAccessReview"),
+    ("authorization.k8s.io/v1", "LocalSubjectAccessReview"),
+    ("authorization.k8s.io/v1", "SelfSubjectAccessReview"),
+    ("authorization.k8s.io/v1", "SelfSubjectRulesReview"),
 ];
 
 /// Why a protobuf body could not be decoded.

@@ -1,0 +1,448 @@
+//! The bootstrap policy: kube's default ClusterRoles and ClusterRoleBindings (same names,
+//! labels and `rbac.authorization.kubernetes.io/autoupdate: "true"`), reduced to the
+//! resources this server serves, plus one binding for the components of the tokens file.
+//!
+//! At start every object that is missing is created; one that exists with autoupdate
+//! `"true"` gets this policy's rules (roles) or gains this policy's subjects (bindings),
+//! as kube's reconciliation does; autoupdate `"false"` keeps the user's version.
+
+use serde_json::{Value, json};
+
+use crate::handlers::common::{WriteOptions, decode_record};
+use crate::handlers::{create, update};
+use crate::state::ApiState;
+use crate::status::ApiError;
+
+const RBAC: &str = "rbac.authorization.k8s.io/v1";
+const AUTOUPDATE: &str = "rbac.authorization.kubernetes.io/autoupdate";
+
+/// The group of every authenticated request.
+pub const AUTHENTICATED: &str = "system:authenticated";
+/// The group of anonymous requests.
+pub const UNAUTHENTICATED: &str = "system:unauthenticated";
+
+const READ: &[&str] = &["get", "list", "watch"];
+const WRITE: &[&str] = &["create", "delete", "deletecollection", "patch", "update"];
+const ALL: &[&str] = &[
+    "create",
+    "delete",
+    "deletecollection",
+    "get",
+    "list",
+    "patch",
+    "update",
+    "watch",
+];
+
+fn rule(groups: &[&str], resources: &[&str], verbs: &[&str]) -> Value {
+    json!({"apiGroups": groups, "resources": resources, "verbs": verbs})
+}
+
+fn urls(paths: &[&str], verbs: &[&str]) -> Value {
+    json!({"nonResourceURLs": paths, "verbs": verbs})
+}
+
+fn meta(name: &str, labels: Value) -> Value {
+    let mut l = json!({"kubernetes.io/bootstrapping": "rbac-defaults"});
+    if let (Some(l), Value::Object(extra)) = (l.as_object_mut(), labels) {
+        l.extend(extra);
+    }
+    json!({"name": name, "labels": l, "annotations": {AUTOUPDATE: "true"}})
+}
+
+fn cluster_role(name: &str, labels: Value, rules: Vec<Value>) -> Value {
+    json!({"apiVersion": RBAC, "kind": "ClusterRole", "metadata": meta(name, labels), "rules": Value::Array(rules)})
+}
+
+fn aggregated(name: &str, labels: Value, to: &str) -> Value {
+    json!({
+        "apiVersion": RBAC, "kind": "ClusterRole", "metadata": meta(name, labels),
+        "aggregationRule": {"clusterRoleSelectors": [
+            {"matchLabels": {format!("rbac.authorization.k8s.io/aggregate-to-{to}"): "true"}}
+        ]},
+        "rules": [],
+    })
+}
+
+fn binding(name: &str, role: &str, subjects: Vec<Value>) -> Value {
+    json!({
+        "apiVersion": RBAC, "kind": "ClusterRoleBinding", "metadata": meta(name, json!({})),
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+        "subjects": Value::Array(subjects),
+    })
+}
+
+fn group(name: &str) -> Value {
+    json!({"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": name})
+}
+
+fn to_label(to: &str) -> Value {
+    json!({format!("rbac.authorization.k8s.io/aggregate-to-{to}"): "true"})
+}
+
+fn view_rules() -> Vec<Value> {
+    vec![
+        rule(
+            &[""],
+            &[
+                "configmaps",
+                "endpoints",
+                "persistentvolumeclaims",
+                "persistentvolumeclaims/status",
+                "pods",
+                "replicationcontrollers",
+                "replicationcontrollers/scale",
+                "serviceaccounts",
+                "services",
+                "services/status",
+            ],
+            READ,
+        ),
+        rule(
+            &[""],
+            &[
+                "bindings",
+                "events",
+                "limitranges",
+                "namespaces/status",
+                "pods/log",
+                "pods/status",
+                "replicationcontrollers/status",
+                "resourcequotas",
+                "resourcequotas/status",
+            ],
+            READ,
+        ),
+        rule(&[""], &["namespaces"], READ),
+        rule(&["discovery.k8s.io"], &["endpointslices"], READ),
+        rule(
+            &["apps"],
+            &[
+                "controllerrevisions",
+                "daemonsets",
+                "daemonsets/status",
+                "deployments",
+                "deployments/scale",
+                "deployments/status",
+                "replicasets",
+                "replicasets/scale",
+                "replicasets/status",
+                "statefulsets",
+                "statefulsets/scale",
+                "statefulsets/status",
+            ],
+            READ,
+        ),
+        rule(
+            &["autoscaling"],
+            &[
+                "horizontalpodautoscalers",
+                "horizontalpodautoscalers/status",
+            ],
+            READ,
+        ),
+        rule(
+            &["batch"],
+            &["cronjobs", "cronjobs/status", "jobs", "jobs/status"],
+            READ,
+        ),
+        rule(
+            &["policy"],
+            &["poddisruptionbudgets", "poddisruptionbudgets/status"],
+            READ,
+        ),
+        rule(
+            &["networking.k8s.io"],
+            &["ingresses", "ingresses/status", "networkpolicies"],
+            READ,
+        ),
+    ]
+}
+
+fn edit_rules() -> Vec<Value> {
+    vec![
+        rule(
+            &[""],
+            &[
+                "pods/attach",
+                "pods/exec",
+                "pods/portforward",
+                "pods/proxy",
+                "secrets",
+                "services/proxy",
+            ],
+            READ,
+        ),
+        rule(&[""], &["serviceaccounts"], &["impersonate"]),
+        rule(
+            &[""],
+            &[
+                "pods",
+                "pods/attach",
+                "pods/exec",
+                "pods/portforward",
+                "pods/proxy",
+            ],
+            WRITE,
+        ),
+        rule(&[""], &["pods/eviction"], &["create"]),
+        rule(
+            &[""],
+            &[
+                "configmaps",
+                "events",
+                "persistentvolumeclaims",
+                "replicationcontrollers",
+                "replicationcontrollers/scale",
+                "secrets",
+                "serviceaccounts",
+                "services",
+                "services/proxy",
+            ],
+            WRITE,
+        ),
+        rule(&[""], &["serviceaccounts/token"], &["create"]),
+        rule(
+            &["apps"],
+            &[
+                "daemonsets",
+                "deployments",
+                "deployments/rollback",
+                "deployments/scale",
+                "replicasets",
+                "replicasets/scale",
+                "statefulsets",
+                "statefulsets/scale",
+            ],
+            WRITE,
+        ),
+        rule(&["autoscaling"], &["horizontalpodautoscalers"], WRITE),
+        rule(&["batch"], &["cronjobs", "jobs"], WRITE),
+        rule(&["policy"], &["poddisruptionbudgets"], WRITE),
+        rule(
+            &["networking.k8s.io"],
+            &["ingresses", "networkpolicies"],
+            WRITE,
+        ),
+        rule(&["coordination.k8s.io"], &["leases"], ALL),
+    ]
+}
+
+fn admin_rules() -> Vec<Value> {
+    vec![
+        rule(
+            &["authorization.k8s.io"],
+            &["localsubjectaccessreviews"],
+            &["create"],
+        ),
+        rule(
+            &["rbac.authorization.k8s.io"],
+            &["rolebindings", "roles"],
+            ALL,
+        ),
+    ]
+}
+
+/// The bootstrap ClusterRoles and ClusterRoleBindings.
+pub fn policy() -> Vec<Value> {
+    let public_info = &["/healthz", "/livez", "/readyz", "/version", "/version/"];
+    let mut out = vec![
+        cluster_role(
+            "cluster-admin",
+            json!({}),
+            vec![rule(&["*"], &["*"], &["*"]), urls(&["*"], &["*"])],
+        ),
+        aggregated("admin", json!({}), "admin"),
+        aggregated("edit", to_label("admin"), "edit"),
+        aggregated("view", to_label("edit"), "view"),
+        cluster_role(
+            "system:aggregate-to-admin",
+            to_label("admin"),
+            admin_rules(),
+        ),
+        cluster_role("system:aggregate-to-edit", to_label("edit"), edit_rules()),
+        cluster_role("system:aggregate-to-view", to_label("view"), view_rules()),
+        cluster_role(
+            "system:basic-user",
+            json!({}),
+            vec![
+                rule(
+                    &["authentication.k8s.io"],
+                    &["selfsubjectreviews"],
+                    &["create"],
+                ),
+                rule(
+                    &["authorization.k8s.io"],
+                    &["selfsubjectaccessreviews", "selfsubjectrulesreviews"],
+                    &["create"],
+                ),
+            ],
+        ),
+        cluster_role(
+            "system:discovery",
+            json!({}),
+            vec![urls(
+                &[
+                    "/api",
+                    "/api/*",
+                    "/apis",
+                    "/apis/*",
+                    "/healthz",
+                    "/livez",
+                    "/openapi",
+                    "/openapi/*",
+                    "/readyz",
+                    "/version",
+                    "/version/",
+                ],
+                &["get"],
+            )],
+        ),
+        cluster_role(
+            "system:public-info-viewer",
+            json!({}),
+            vec![urls(public_info, &["get"])],
+        ),
+        cluster_role(
+            "system:monitoring",
+            json!({}),
+            vec![urls(
+                &[
+                    "/healthz",
+                    "/healthz/*",
+                    "/livez",
+                    "/livez/*",
+                    "/metrics",
+                    "/readyz",
+                    "/readyz/*",
+                ],
+                &["get"],
+            )],
+        ),
+        cluster_role(
+            "system:service-account-issuer-discovery",
+            json!({}),
+            vec![urls(
+                &[
+                    "/.well-known/openid-configuration",
+                    "/.well-known/openid-configuration/",
+                    "/openid/v1/jwks",
+                    "/openid/v1/jwks/",
+                ],
+                &["get"],
+            )],
+        ),
+        binding(
+            "cluster-admin",
+            "cluster-admin",
+            vec![group(crate::rbac::MASTERS_GROUP)],
+        ),
+        binding(
+            "system:basic-user",
+            "system:basic-user",
+            vec![group(AUTHENTICATED)],
+        ),
+        binding(
+            "system:discovery",
+            "system:discovery",
+            vec![group(AUTHENTICATED)],
+        ),
+        binding(
+            "system:public-info-viewer",
+            "system:public-info-viewer",
+            vec![group(AUTHENTICATED), group(UNAUTHENTICATED)],
+        ),
+        binding(
+            "system:monitoring",
+            "system:monitoring",
+            vec![group("system:monitoring")],
+        ),
+        binding(
+            "system:service-account-issuer-discovery",
+            "system:service-account-issuer-discovery",
+            vec![group("system:serviceaccounts")],
+        ),
+    ];
+    out.push(components_binding());
+    out
+}
+
+/// The components that authenticate with the tokens file (see [`crate::pki::COMPONENTS`])
+/// run as cluster-admin until least-privilege roles are installed for them.
+fn components_binding() -> Value {
+    let subjects = crate::pki::COMPONENTS
+        .iter()
+        .filter_map(|(_, user)| {
+            let rest = user.strip_prefix("system:serviceaccount:")?;
+            let (ns, name) = rest.split_once(':')?;
+            Some(json!({"kind": "ServiceAccount", "name": name, "namespace": ns}))
+        })
+        .collect();
+    binding("kubevirt-rs:components", "cluster-admin", subjects)
+}
+
+/// Creates what is missing of [`policy`] and reconciles what autoupdate allows.
+pub async fn ensure(state: &ApiState) -> Result<(), ApiError> {
+    let opts = WriteOptions {
+        user: "system:apiserver".into(),
+        ..WriteOptions::default()
+    };
+    for obj in policy() {
+        let kind = obj["kind"].as_str().unwrap_or("");
+        let plural = if kind == "ClusterRole" {
+            "clusterroles"
+        } else {
+            "clusterrolebindings"
+        };
+        let Some(info) = state
+            .registry
+            .find("rbac.authorization.k8s.io", "v1", plural)
+        else {
+            continue;
+        };
+        let name = obj["metadata"]["name"].as_str().unwrap_or("").to_owned();
+        let Some(record) = state.store.get(&info.key(None, &name)) else {
+            match create::create(state, &info, None, obj, &opts).await {
+                Ok(_) => {}
+                Err(e) if e.code == 409 => {}
+                Err(e) => return Err(e),
+            }
+            continue;
+        };
+        let mut existing = decode_record(&record)?;
+        if existing["metadata"]["annotations"][AUTOUPDATE] != "true" {
+            continue;
+        }
+        let changed = if kind == "ClusterRole" {
+            let mut changed = false;
+            // An aggregated role's rules are the aggregation's business.
+            let fields: &[&str] = if obj["aggregationRule"].is_object() {
+                &["aggregationRule"]
+            } else {
+                &["rules"]
+            };
+            for field in fields {
+                let field = *field;
+                if existing[field] != obj[field] {
+                    existing[field] = obj[field].clone();
+                    changed = true;
+                }
+            }
+            changed
+        } else {
+            let mut subjects = existing["subjects"].as_array().cloned().unwrap_or_default();
+            let before = subjects.len();
+            for s in obj["subjects"].as_array().into_iter().flatten() {
+                if !subjects.contains(s) {
+                    subjects.push(s.clone());
+                }
+            }
+            existing["subjects"] = json!(subjects);
+            subjects.len() != before
+        };
+        if changed {
+            update::update(state, &info, None, &name, None, existing, &opts).await?;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,921 @@
+//! RBAC end to end over HTTPS: identities from client certificates and service-account
+//! tokens are refused in kube's words until a binding grants them something, then allowed
+//! exactly that; aggregation into `view` takes effect; impersonation needs the
+//! `impersonate` verb; the authorization reviews answer as the authorizer decides; and the
+//! real `kubectl auth can-i` agrees.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use common::{Reply, TestServer, read};
+use http_body_util::BodyExt;
+use kubevirt_apiserver::client::{self, TlsOptions};
+use kubevirt_apiserver::pki::{KubeAuth, kubeconfig_yaml};
+use rcgen::{CertificateParams, DnType, ExtendedKeyUsagePurpose, Issuer, KeyPair};
+use serde_json::{Value, json};
+
+const DEADLINE: Duration = Duration::from_secs(20);
+const RBAC: &str = "/apis/rbac.authorization.k8s.io/v1";
+
+/// A client certificate from the cluster CA with subject CN `cn` and O `orgs`.
+fn issue_client_cert(s: &TestServer, cn: &str, orgs: &[&str]) -> (String, String) {
+    let pki = s.dir.path().join("pki");
+    let ca_key = KeyPair::from_pem(&read(&pki.join("ca.key"))).unwrap();
+    let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca.distinguished_name
+        .push(DnType::CommonName, "kubevirt-rs-ca");
+    let issuer = Issuer::new(ca, ca_key);
+    let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
+    p.distinguished_name.push(DnType::CommonName, cn);
+    for o in orgs {
+        p.distinguished_name.push(DnType::OrganizationName, *o);
+    }
+    p.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+    let key = KeyPair::generate().unwrap();
+    let cert = p.signed_by(&key, &issuer).unwrap();
+    (cert.pem(), key.serialize_pem())
+}
+
+/// A TLS client trusting the cluster CA, presenting `identity` if any.
+fn tls(s: &TestServer, identity: Option<(String, String)>) -> Arc<rustls::ClientConfig> {
+    Arc::new(
+        client::tls_config(&TlsOptions {
+            ca_pem: read(&s.dir.path().join("pki/ca.crt")).into_bytes(),
+            insecure: false,
+            identity,
+        })
+        .unwrap(),
+    )
+}
+
+/// Sends a request with `tls`, extra `headers` and a JSON `body`.
+async fn send(
+    s: &TestServer,
+    tls: &Arc<rustls::ClientConfig>,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: Option<&Value>,
+) -> Reply {
+    let mut b = http::Request::builder()
+        .method(method)
+        .uri(s.url(path))
+        .header("content-type", "application/json");
+    for (k, v) in headers {
+        b = b.header(*k, *v);
+    }
+    let req = b
+        .body(body.map_or_else(Body::empty, |v| Body::from(serde_json::to_vec(v).unwrap())))
+        .unwrap();
+    let resp = client::send(tls.clone(), req).await.unwrap();
+    let status = resp.status().as_u16();
+    let headers = resp.headers().clone();
+    let body = resp
+        .into_body()
+        .collect()
+        .await
+        .unwrap()
+        .to_bytes()
+        .to_vec();
+    Reply {
+        status,
+        headers,
+        body,
+    }
+}
+
+/// The status code of a body-less request.
+async fn code(
+    s: &TestServer,
+    tls: &Arc<rustls::ClientConfig>,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> u16 {
+    send(s, tls, method, path, headers, None).await.status
+}
+
+async fn create(s: &TestServer, path: &str, obj: Value) {
+    let r = s.request("POST", path, Some(&obj)).await;
+    assert_eq!(
+        r.status,
+        201,
+        "{path}: {}",
+        String::from_utf8_lossy(&r.body)
+    );
+}
+
+async fn create_namespace(s: &TestServer, name: &str) {
+    create(
+        s,
+        "/api/v1/namespaces",
+        json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}),
+    )
+    .await;
+}
+
+fn role(name: &str, rules: Value) -> Value {
+    let mut r = json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+           "metadata": {"name": name}});
+    r["rules"] = rules;
+    r
+}
+
+fn binding(kind: &str, name: &str, role_kind: &str, role: &str, subjects: Value) -> Value {
+    let mut b = json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": kind,
+           "metadata": {"name": name},
+           "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": role_kind, "name": role}});
+    b["subjects"] = subjects;
+    b
+}
+
+/// A token for `ns/name` (as admin), once the account exists.
+async fn token_for(s: &TestServer, ns: &str, name: &str) -> String {
+    let path = format!("/api/v1/namespaces/{ns}/serviceaccounts/{name}/token");
+    let start = Instant::now();
+    loop {
+        let r = s.request("POST", &path, Some(&json!({"spec": {}}))).await;
+        if r.status == 201 {
+            return r.json()["status"]["token"].as_str().unwrap().to_owned();
+        }
+        assert!(
+            start.elapsed() < DEADLINE,
+            "no token for {ns}/{name}: {}",
+            r.status
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Watches, subresources and cluster-scoped resources are refused as kube refuses them;
+/// discovery is every authenticated user's.
+async fn refused_everywhere_but_discovery(
+    s: &TestServer,
+    anon: &Arc<rustls::ClientConfig>,
+    h: &[(&str, &str)],
+) {
+    // Watches, subresources and cluster-scoped resources are refused the same way.
+    let r = send(
+        s,
+        anon,
+        "GET",
+        "/api/v1/namespaces/team/pods?watch=true",
+        h,
+        None,
+    )
+    .await;
+    assert_eq!(r.status, 403);
+    assert!(
+        r.json()["message"]
+            .as_str()
+            .unwrap()
+            .contains("cannot watch resource \"pods\"")
+    );
+    let r = send(
+        s,
+        anon,
+        "GET",
+        "/api/v1/namespaces/team/pods/p/log",
+        h,
+        None,
+    )
+    .await;
+    assert_eq!(
+        r.json()["message"],
+        "pods \"p\" is forbidden: User \"system:serviceaccount:team:default\" cannot get resource \"pods/log\" in API group \"\" in the namespace \"team\""
+    );
+    let r = send(s, anon, "GET", "/apis/apps/v1/namespaces", h, None).await;
+    assert_eq!(r.status, 403);
+    let r = send(s, anon, "GET", "/api/v1/nodes", h, None).await;
+    assert_eq!(
+        r.json()["message"],
+        "nodes is forbidden: User \"system:serviceaccount:team:default\" cannot list resource \"nodes\" in API group \"\" at the cluster scope"
+    );
+    // Discovery and the self reviews are every authenticated user's.
+    assert_eq!(code(s, anon, "GET", "/api", h).await, 200);
+    assert_eq!(code(s, anon, "GET", "/apis/apps/v1", h).await, 200);
+}
+
+#[tokio::test]
+async fn a_service_account_is_refused_until_a_role_binding_grants_it_and_only_there() {
+    let s = TestServer::start().await;
+    create_namespace(&s, "team").await;
+    let token = token_for(&s, "team", "default").await;
+    let auth = format!("Bearer {token}");
+    let anon = tls(&s, None);
+    let h = [("authorization", auth.as_str())];
+
+    let r = send(&s, &anon, "GET", "/api/v1/namespaces/team/pods", &h, None).await;
+    assert_eq!(r.status, 403);
+    let status = r.json();
+    assert_eq!(status["kind"], "Status");
+    assert_eq!(status["reason"], "Forbidden");
+    assert_eq!(
+        status["message"],
+        "pods is forbidden: User \"system:serviceaccount:team:default\" cannot list resource \"pods\" in API group \"\" in the namespace \"team\""
+    );
+    assert_eq!(status["details"], json!({"kind": "pods"}));
+    refused_everywhere_but_discovery(&s, &anon, &h).await;
+
+    create(&s, &format!("{RBAC}/namespaces/team/roles"), role("pod-reader", json!([
+        {"apiGroups": [""], "resources": ["pods", "pods/log"], "verbs": ["get", "list", "watch"]}
+    ]))).await;
+    create(
+        &s,
+        &format!("{RBAC}/namespaces/team/rolebindings"),
+        binding(
+            "RoleBinding",
+            "default-reads-pods",
+            "Role",
+            "pod-reader",
+            json!([{"kind": "ServiceAccount", "name": "default", "namespace": "team"}]),
+        ),
+    )
+    .await;
+    // The very next request sees the binding.
+    let r = send(&s, &anon, "GET", "/api/v1/namespaces/team/pods", &h, None).await;
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(r.json()["kind"], "PodList");
+    // Only reads, and only in its namespace.
+    let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"},
+                     "spec": {"containers": [{"name": "c", "image": "i"}]}});
+    let r = send(
+        &s,
+        &anon,
+        "POST",
+        "/api/v1/namespaces/team/pods",
+        &h,
+        Some(&pod),
+    )
+    .await;
+    assert_eq!(r.status, 403);
+    assert_eq!(
+        s.request("GET", "/api/v1/namespaces/team/pods/p", None)
+            .await
+            .status,
+        404,
+        "nothing stored"
+    );
+    let r = send(
+        &s,
+        &anon,
+        "GET",
+        "/api/v1/namespaces/default/pods",
+        &h,
+        None,
+    )
+    .await;
+    assert_eq!(r.status, 403);
+    let r = send(&s, &anon, "GET", "/api/v1/pods", &h, None).await;
+    assert_eq!(r.status, 403, "all namespaces needs a cluster-wide grant");
+
+    // Deleting the binding takes the grant away again.
+    let r = s
+        .request(
+            "DELETE",
+            &format!("{RBAC}/namespaces/team/rolebindings/default-reads-pods"),
+            None,
+        )
+        .await;
+    assert_eq!(r.status, 200);
+    let r = send(&s, &anon, "GET", "/api/v1/namespaces/team/pods", &h, None).await;
+    assert_eq!(r.status, 403);
+}
+
+#[tokio::test]
+async fn a_cluster_role_aggregated_into_view_takes_effect_for_views_holders() {
+    let s = TestServer::start().await;
+    create_namespace(&s, "team").await;
+    let token = token_for(&s, "team", "default").await;
+    let auth = format!("Bearer {token}");
+    let anon = tls(&s, None);
+    let h = [("authorization", auth.as_str())];
+    create(
+        &s,
+        &format!("{RBAC}/namespaces/team/rolebindings"),
+        binding(
+            "RoleBinding",
+            "default-views",
+            "ClusterRole",
+            "view",
+            json!([{"kind": "ServiceAccount", "name": "default", "namespace": "team"}]),
+        ),
+    )
+    .await;
+    // view: pods yes, leases and secrets no.
+    assert_eq!(
+        code(&s, &anon, "GET", "/api/v1/namespaces/team/pods", &h).await,
+        200
+    );
+    assert_eq!(
+        code(&s, &anon, "GET", "/api/v1/namespaces/team/secrets", &h).await,
+        403
+    );
+    let leases = "/apis/coordination.k8s.io/v1/namespaces/team/leases";
+    assert_eq!(code(&s, &anon, "GET", leases, &h).await, 403);
+    create(&s, &format!("{RBAC}/clusterroles"), json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+        "metadata": {"name": "lease-viewer", "labels": {"rbac.authorization.k8s.io/aggregate-to-view": "true"}},
+        "rules": [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "list"]}],
+    })).await;
+    assert_eq!(code(&s, &anon, "GET", leases, &h).await, 200);
+    // The aggregation controller shows it in view's stored rules, and in admin's.
+    for role in ["view", "admin"] {
+        let start = Instant::now();
+        loop {
+            let stored = s
+                .request("GET", &format!("{RBAC}/clusterroles/{role}"), None)
+                .await
+                .json();
+            let rules = stored["rules"].as_array().cloned().unwrap_or_default();
+            if rules.iter().any(|r| {
+                r["resources"] == json!(["leases"]) && r["verbs"] == json!(["get", "list"])
+            }) {
+                assert!(
+                    rules
+                        .iter()
+                        .any(|r| r["resources"].as_array().unwrap().contains(&json!("pods")))
+                );
+                break;
+            }
+            assert!(
+                start.elapsed() < DEADLINE,
+                "{role} never showed the lease rule: {stored}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    // edit and admin aggregate view, so they have it too.
+    let sar = |role: &str| {
+        json!({"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
+        "spec": {"user": format!("holder-of-{role}"), "resourceAttributes": {"verb": "list", "group": "coordination.k8s.io", "resource": "leases", "namespace": "team"}}})
+    };
+    for role in ["edit", "admin"] {
+        create(
+            &s,
+            &format!("{RBAC}/namespaces/team/rolebindings"),
+            binding(
+                "RoleBinding",
+                &format!("{role}-holder"),
+                "ClusterRole",
+                role,
+                json!([{"kind": "User", "name": format!("holder-of-{role}")}]),
+            ),
+        )
+        .await;
+        let r = s
+            .request(
+                "POST",
+                "/apis/authorization.k8s.io/v1/subjectaccessreviews",
+                Some(&sar(role)),
+            )
+            .await;
+        assert_eq!(r.status, 201);
+        assert_eq!(r.json()["status"]["allowed"], true, "{role}: {}", r.json());
+    }
+}
+
+#[tokio::test]
+async fn a_certificate_is_its_subject_and_is_refused_in_kubes_words() {
+    let s = TestServer::start().await;
+    create_namespace(&s, "devs-ns").await;
+    let alice = tls(&s, Some(issue_client_cert(&s, "alice", &["devs"])));
+    let who = send(
+        &s,
+        &alice,
+        "POST",
+        "/apis/authentication.k8s.io/v1/selfsubjectreviews",
+        &[],
+        Some(&json!({"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"})),
+    )
+    .await;
+    assert_eq!(who.status, 201);
+    assert_eq!(
+        who.json()["status"]["userInfo"],
+        json!({"username": "alice", "groups": ["devs", "system:authenticated"]})
+    );
+
+    let r = send(
+        &s,
+        &alice,
+        "GET",
+        "/api/v1/namespaces/devs-ns/configmaps",
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(r.status, 403);
+    assert_eq!(
+        r.json()["message"],
+        "configmaps is forbidden: User \"alice\" cannot list resource \"configmaps\" in API group \"\" in the namespace \"devs-ns\""
+    );
+    let r = send(&s, &alice, "GET", "/metrics", &[], None).await;
+    assert_eq!(r.status, 403);
+    assert_eq!(
+        r.json()["message"],
+        "forbidden: User \"alice\" cannot get path \"/metrics\""
+    );
+}
+
+#[tokio::test]
+async fn a_certificates_user_and_groups_get_their_grants_only() {
+    let s = TestServer::start().await;
+    create_namespace(&s, "devs-ns").await;
+    let alice = tls(&s, Some(issue_client_cert(&s, "alice", &["devs"])));
+    // A group grant in one namespace, a user grant on one named object cluster-wide.
+    create(
+        &s,
+        &format!("{RBAC}/namespaces/devs-ns/rolebindings"),
+        binding(
+            "RoleBinding",
+            "devs-edit",
+            "ClusterRole",
+            "edit",
+            json!([{"kind": "Group", "name": "devs"}]),
+        ),
+    )
+    .await;
+    create(&s, &format!("{RBAC}/clusterroles"), json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+        "metadata": {"name": "see-default-ns"},
+        "rules": [{"apiGroups": [""], "resources": ["namespaces"], "resourceNames": ["default"], "verbs": ["get"]}],
+    })).await;
+    create(
+        &s,
+        &format!("{RBAC}/clusterrolebindings"),
+        binding(
+            "ClusterRoleBinding",
+            "alice-sees-default",
+            "ClusterRole",
+            "see-default-ns",
+            json!([{"kind": "User", "name": "alice"}]),
+        ),
+    )
+    .await;
+    let cm = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c"}, "data": {"a": "1"}});
+    let r = send(
+        &s,
+        &alice,
+        "POST",
+        "/api/v1/namespaces/devs-ns/configmaps",
+        &[],
+        Some(&cm),
+    )
+    .await;
+    assert_eq!(r.status, 201, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(
+        code(
+            &s,
+            &alice,
+            "GET",
+            "/api/v1/namespaces/default/configmaps",
+            &[]
+        )
+        .await,
+        403
+    );
+    assert_eq!(
+        code(&s, &alice, "GET", "/api/v1/namespaces/default", &[]).await,
+        200
+    );
+    assert_eq!(
+        code(&s, &alice, "GET", "/api/v1/namespaces/kube-system", &[]).await,
+        403
+    );
+    // Another user of the same group has the group's grant but not alice's.
+    let bob = tls(&s, Some(issue_client_cert(&s, "bob", &["devs"])));
+    assert_eq!(
+        code(
+            &s,
+            &bob,
+            "GET",
+            "/api/v1/namespaces/devs-ns/configmaps/c",
+            &[]
+        )
+        .await,
+        200
+    );
+    assert_eq!(
+        code(&s, &bob, "GET", "/api/v1/namespaces/default", &[]).await,
+        403
+    );
+    // The admin certificate is unaffected; anonymous health checks still answer.
+    assert_eq!(s.request("GET", "/api/v1/nodes", None).await.status, 200);
+    assert_eq!(code(&s, &tls(&s, None), "GET", "/healthz", &[]).await, 200);
+    assert_eq!(
+        code(&s, &tls(&s, None), "GET", "/api/v1/pods", &[]).await,
+        401
+    );
+}
+
+#[tokio::test]
+async fn impersonation_needs_the_impersonate_verb() {
+    let s = TestServer::start().await;
+    let alice = tls(&s, Some(issue_client_cert(&s, "alice", &[])));
+    let as_bob = [("impersonate-user", "bob")];
+    let r = send(
+        &s,
+        &alice,
+        "GET",
+        "/api/v1/namespaces/default/pods",
+        &as_bob,
+        None,
+    )
+    .await;
+    assert_eq!(r.status, 403);
+    assert_eq!(
+        r.json()["message"],
+        "users \"bob\" is forbidden: User \"alice\" cannot impersonate resource \"users\" in API group \"\" at the cluster scope"
+    );
+    create(&s, &format!("{RBAC}/clusterroles"), json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+        "metadata": {"name": "impersonate-bob"},
+        "rules": [{"apiGroups": [""], "resources": ["users"], "resourceNames": ["bob"], "verbs": ["impersonate"]}],
+    })).await;
+    create(
+        &s,
+        &format!("{RBAC}/clusterrolebindings"),
+        binding(
+            "ClusterRoleBinding",
+            "alice-as-bob",
+            "ClusterRole",
+            "impersonate-bob",
+            json!([{"kind": "User", "name": "alice"}]),
+        ),
+    )
+    .await;
+    // Now alice acts as bob, with bob's permissions (none on pods) …
+    let r = send(
+        &s,
+        &alice,
+        "GET",
+        "/api/v1/namespaces/default/pods",
+        &as_bob,
+        None,
+    )
+    .await;
+    assert_eq!(r.status, 403);
+    assert!(
+        r.json()["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("pods is forbidden: User \"bob\" cannot list")
+    );
+    let who = send(
+        &s,
+        &alice,
+        "POST",
+        "/apis/authentication.k8s.io/v1/selfsubjectreviews",
+        &as_bob,
+        Some(&json!({"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"})),
+    )
+    .await;
+    assert_eq!(who.json()["status"]["userInfo"]["username"], "bob");
+    // … but not as anyone else, nor with a group she may not impersonate.
+    let r = send(
+        &s,
+        &alice,
+        "GET",
+        "/api",
+        &[("impersonate-user", "carol")],
+        None,
+    )
+    .await;
+    assert_eq!(r.status, 403);
+    let r = send(
+        &s,
+        &alice,
+        "GET",
+        "/api",
+        &[
+            ("impersonate-user", "bob"),
+            ("impersonate-group", "system:masters"),
+        ],
+        None,
+    )
+    .await;
+    assert_eq!(r.status, 403);
+    assert!(
+        r.json()["message"]
+            .as_str()
+            .unwrap()
+            .contains("cannot impersonate resource \"groups\"")
+    );
+    // The admin may impersonate anyone.
+    let r = s
+        .request_with(
+            "GET",
+            "/api/v1/namespaces/default/pods",
+            None,
+            "application/json",
+            &[("impersonate-user", "carol")],
+        )
+        .await;
+    assert_eq!(r.status, 403);
+}
+
+#[tokio::test]
+async fn access_reviews_answer_as_the_authorizer_decides_and_bad_ones_name_the_field() {
+    let s = TestServer::start().await;
+    let sar = |spec: Value| json!({"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview", "spec": spec});
+    let path = "/apis/authorization.k8s.io/v1/subjectaccessreviews";
+    let r = s
+        .request(
+            "POST",
+            path,
+            Some(&sar(json!({"user": "x", "groups": ["system:masters"],
+        "resourceAttributes": {"verb": "delete", "resource": "nodes"}}))),
+        )
+        .await;
+    assert_eq!(r.status, 201);
+    assert_eq!(r.json()["status"]["allowed"], true);
+    let r = s
+        .request(
+            "POST",
+            path,
+            Some(&sar(json!({"user": "x",
+        "nonResourceAttributes": {"verb": "get", "path": "/healthz"}}))),
+        )
+        .await;
+    assert_eq!(
+        r.json()["status"]["allowed"],
+        false,
+        "x has no groups, so not system:authenticated"
+    );
+    let r = s
+        .request(
+            "POST",
+            path,
+            Some(&sar(
+                json!({"user": "x", "groups": ["system:authenticated"],
+        "nonResourceAttributes": {"verb": "get", "path": "/healthz"}}),
+            )),
+        )
+        .await;
+    assert_eq!(r.json()["status"]["allowed"], true);
+    assert!(
+        r.json()["status"]["reason"]
+            .as_str()
+            .unwrap()
+            .starts_with("RBAC: allowed by ClusterRoleBinding \"system:")
+    );
+
+    let r = s
+        .request("POST", path, Some(&sar(json!({"user": "x"}))))
+        .await;
+    assert_eq!(r.status, 422);
+    assert_eq!(r.json()["reason"], "Invalid");
+    assert_eq!(
+        r.json()["details"]["causes"][0]["field"],
+        "spec.resourceAttributes"
+    );
+    let r = s
+        .request(
+            "POST",
+            path,
+            Some(&sar(json!({"resourceAttributes": {"verb": "get"}}))),
+        )
+        .await;
+    assert_eq!(r.status, 422);
+    assert_eq!(r.json()["details"]["causes"][0]["field"], "spec.user");
+    let local = json!({"apiVersion": "authorization.k8s.io/v1", "kind": "LocalSubjectAccessReview",
+        "spec": {"user": "x", "resourceAttributes": {"verb": "get", "resource": "pods", "namespace": "other"}}});
+    let r = s
+        .request(
+            "POST",
+            "/apis/authorization.k8s.io/v1/namespaces/default/localsubjectaccessreviews",
+            Some(&local),
+        )
+        .await;
+    assert_eq!(r.status, 422);
+    assert_eq!(
+        r.json()["details"]["causes"][0]["field"],
+        "spec.resourceAttributes.namespace"
+    );
+    // Reviews are never stored.
+    assert_eq!(s.request("GET", path, None).await.status, 405);
+}
+
+/// Runs kubectl with `kubeconfig`; (exit code, stdout, stderr).
+async fn kubectl(kubeconfig: std::path::PathBuf, args: &[&str]) -> (i32, String, String) {
+    let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
+    tokio::task::spawn_blocking(move || {
+        let out = std::process::Command::new("kubectl")
+            .args(&args)
+            .env("KUBECONFIG", &kubeconfig)
+            .env("KUBECACHEDIR", kubeconfig.with_extension("cache"))
+            .output()
+            .unwrap();
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    })
+    .await
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_auth_can_i_answers_yes_and_no() {
+    if test_prerequisites::available(test_prerequisites::command("kubectl", "kubernetes-client"))
+        .is_none()
+    {
+        return;
+    }
+    let s = TestServer::start().await;
+    create_namespace(&s, "team").await;
+    let admin = s.server.kubeconfig.clone();
+    let (code, out, err) = kubectl(admin.clone(), &["auth", "can-i", "delete", "nodes"]).await;
+    assert_eq!((code, out.trim()), (0, "yes"), "{err}");
+    let sa = "--as=system:serviceaccount:team:default";
+    let (code, out, _) = kubectl(
+        admin.clone(),
+        &["auth", "can-i", "list", "pods", "-n", "team", sa],
+    )
+    .await;
+    assert_eq!((code, out.trim()), (1, "no"));
+    let (code, _, err) = kubectl(
+        admin.clone(),
+        &[
+            "create",
+            "rolebinding",
+            "team-view",
+            "--clusterrole=view",
+            "--serviceaccount=team:default",
+            "-n",
+            "team",
+        ],
+    )
+    .await;
+    assert_eq!(code, 0, "{err}");
+    let (code, out, _) = kubectl(
+        admin.clone(),
+        &["auth", "can-i", "list", "pods", "-n", "team", sa],
+    )
+    .await;
+    assert_eq!((code, out.trim()), (0, "yes"));
+    let (code, out, _) = kubectl(
+        admin.clone(),
+        &["auth", "can-i", "list", "pods", "-n", "default", sa],
+    )
+    .await;
+    assert_eq!((code, out.trim()), (1, "no"));
+    let (code, out, _) = kubectl(
+        admin.clone(),
+        &["auth", "can-i", "get", "pods/log", "-n", "team", sa],
+    )
+    .await;
+    assert_eq!((code, out.trim()), (0, "yes"));
+    let (code, out, _) = kubectl(
+        admin.clone(),
+        &["auth", "can-i", "create", "pods", "-n", "team", sa],
+    )
+    .await;
+    assert_eq!((code, out.trim()), (1, "no"));
+
+    // The account's own kubeconfig: can-i about itself, and --list.
+    let token = token_for(&s, "team", "default").await;
+    let path = s.dir.path().join("kubeconfig-sa");
+    let server = format!("https://{}", s.server.addr);
+    let ca = read(&s.dir.path().join("pki/ca.crt"));
+    std::fs::write(
+        &path,
+        kubeconfig_yaml(&server, &ca, "sa", KubeAuth::Token(&token)),
+    )
+    .unwrap();
+    let (code, out, _) = kubectl(
+        path.clone(),
+        &["auth", "can-i", "watch", "deployments.apps", "-n", "team"],
+    )
+    .await;
+    assert_eq!((code, out.trim()), (0, "yes"));
+    let (code, out, err) = kubectl(path.clone(), &["auth", "can-i", "--list", "-n", "team"]).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("selfsubjectaccessreviews.authorization.k8s.io"),
+        "{out}"
+    );
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with("pods ") && l.contains("[get list watch]")),
+        "{out}"
+    );
+    let (code, _, err) = kubectl(path.clone(), &["get", "pods", "-n", "default"]).await;
+    assert_eq!(code, 1);
+    assert!(err.contains(
+        "Error from server (Forbidden): pods is forbidden: User \"system:serviceaccount:team:default\" cannot list resource \"pods\" in API group \"\" in the namespace \"default\""
+    ), "{err}");
+    let (code, out, err) = kubectl(path, &["get", "pods", "-n", "team"]).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(out.is_empty() || out.contains("No resources"), "{out}");
+}
+
+#[tokio::test]
+async fn roles_and_bindings_grant_only_what_their_author_holds_unless_it_may_escalate_or_bind() {
+    let s = TestServer::start().await;
+    create_namespace(&s, "own").await;
+    create(
+        &s,
+        &format!("{RBAC}/namespaces/own/rolebindings"),
+        binding(
+            "RoleBinding",
+            "alice-admin",
+            "ClusterRole",
+            "admin",
+            json!([{"kind": "User", "name": "alice"}]),
+        ),
+    )
+    .await;
+    let alice = tls(&s, Some(issue_client_cert(&s, "alice", &[])));
+    let roles = format!("{RBAC}/namespaces/own/roles");
+    let held = role(
+        "cm-reader",
+        json!([{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list"]}]),
+    );
+    let r = send(&s, &alice, "POST", &roles, &[], Some(&held)).await;
+    assert_eq!(r.status, 201, "{}", String::from_utf8_lossy(&r.body));
+    let more = role(
+        "node-lister",
+        json!([{"apiGroups": [""], "resources": ["nodes"], "verbs": ["list"]}]),
+    );
+    let r = send(&s, &alice, "POST", &roles, &[], Some(&more)).await;
+    assert_eq!(r.status, 403);
+    assert_eq!(
+        r.json()["message"],
+        "roles.rbac.authorization.k8s.io \"node-lister\" is forbidden: user \"alice\" (groups=[\"system:authenticated\"]) is attempting to grant RBAC permissions not currently held:\n{APIGroups:[\"\"], Resources:[\"nodes\"], Verbs:[\"list\"]}"
+    );
+    assert_eq!(
+        s.request("GET", &format!("{roles}/node-lister"), None)
+            .await
+            .status,
+        404,
+        "nothing stored"
+    );
+    // Binding what she holds is fine; binding cluster-admin is not …
+    let bindings = format!("{RBAC}/namespaces/own/rolebindings");
+    let to = |name: &str, role: &str| {
+        binding(
+            "RoleBinding",
+            name,
+            "ClusterRole",
+            role,
+            json!([{"kind": "User", "name": "bob"}]),
+        )
+    };
+    let r = send(
+        &s,
+        &alice,
+        "POST",
+        &bindings,
+        &[],
+        Some(&to("bob-views", "view")),
+    )
+    .await;
+    assert_eq!(r.status, 201, "{}", String::from_utf8_lossy(&r.body));
+    let r = send(
+        &s,
+        &alice,
+        "POST",
+        &bindings,
+        &[],
+        Some(&to("bob-rules", "cluster-admin")),
+    )
+    .await;
+    assert_eq!(r.status, 403);
+    // … until she may `bind` it.
+    create(
+        &s,
+        &format!("{RBAC}/clusterroles"),
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+               "metadata": {"name": "bind-cluster-admin"},
+               "rules": [{"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["clusterroles"],
+                          "resourceNames": ["cluster-admin"], "verbs": ["bind"]}]}),
+    )
+    .await;
+    create(
+        &s,
+        &bindings,
+        binding(
+            "RoleBinding",
+            "alice-binds",
+            "ClusterRole",
+            "bind-cluster-admin",
+            json!([{"kind": "User", "name": "alice"}]),
+        ),
+    )
+    .await;
+    let r = send(
+        &s,
+        &alice,
+        "POST",
+        &bindings,
+        &[],
+        Some(&to("bob-rules", "cluster-admin")),
+    )
+    .await;
+    assert_eq!(r.status, 201, "{}", String::from_utf8_lossy(&r.body));
+}
