@@ -473,6 +473,7 @@ mod tests {
                 old_object: Some(&old),
                 dry_run: false,
                 user: "test",
+                groups: None,
             };
             let mut bad = json!({"spec": [1, 2]});
             let admitted = alloc.admit(Phase::Mutating, &request, &mut bad).await;
