@@ -7,15 +7,25 @@
 //! ([`images`]), and no other crate reads the node agent's files. On a real cluster kubelet
 //! does all of this and this crate is not run.
 //!
+//! Networking: with a [`PodNetworkConfig`] every pod but `hostNetwork` ones gets its own network
+//! namespace on the node's bridge through the CNI plugins ([`pods::network`]), and the Node's
+//! `spec.podCIDR` says which addresses its pods get; without one (unit tests, non-root) pods
+//! share the host's network and their `podIP` is the node's address.
+//!
 //! Directory layout below `data_dir`: `pods/<pod uid>/` as kubelet's
 //! `/var/lib/kubelet/pods/<uid>/` (`volumes/kubernetes.io~empty-dir/<name>/`, container
-//! records and logs). Directories there are `0700` and files `0600` whatever the umask.
+//! records and logs, `network.json`); `netns/<pod uid>` the pods' network namespaces (not
+//! `/run/netns`, so node agents sharing a machine cannot collide and a killed one leaves no
+//! global names); `cni/networks/` (`host-local`'s reservations) and `cni/results/` (ADD
+//! results). Directories there are `0700` and files `0600` whatever the umask.
 
 pub mod images;
 pub mod pods;
 pub mod registration;
 
 use std::path::PathBuf;
+
+pub use pod_network::Ipv4Cidr;
 
 use tokio_util::sync::CancellationToken;
 
@@ -35,6 +45,38 @@ pub struct NodeConfig {
     pub cluster_ca_pem: Option<Vec<u8>>,
     /// Certificate and key (PEM) the log endpoint presents (self-signed when `None`).
     pub serving_cert: Option<(String, String)>,
+    /// The node's pod network; `None`: pods share the host's network namespace.
+    pub pod_network: Option<PodNetworkConfig>,
+}
+
+/// A node's pod network: pods get addresses of `pod_cidr` on the Linux bridge `bridge`
+/// (created by the CNI `bridge` plugin on the first pod, its gateway the CIDR's first
+/// address). Node agents sharing a machine need distinct bridges and CIDRs:
+/// [`pod_network::PodNetworkSlot`] hands them out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodNetworkConfig {
+    /// The Node's `spec.podCIDR`.
+    pub pod_cidr: Ipv4Cidr,
+    /// The bridge (at most 15 bytes).
+    pub bridge: String,
+    /// Where the CNI plugins are.
+    pub plugin_dir: PathBuf,
+}
+
+impl PodNetworkConfig {
+    /// `pod_cidr` on `bridge`, the plugins in [`pod_network::DEFAULT_PLUGIN_DIR`].
+    pub fn new(pod_cidr: Ipv4Cidr, bridge: impl Into<String>) -> Self {
+        Self {
+            pod_cidr,
+            bridge: bridge.into(),
+            plugin_dir: pod_network::DEFAULT_PLUGIN_DIR.into(),
+        }
+    }
+
+    /// The network of a held slot.
+    pub fn from_slot(slot: &pod_network::PodNetworkSlot) -> Self {
+        Self::new(slot.subnet(), slot.bridge())
+    }
 }
 
 impl NodeConfig {
@@ -113,6 +155,11 @@ pub async fn run_node(
     for dir in [config.data_dir.clone(), config.pods_dir()] {
         private_fs::create_dir_all(&dir).map_err(|e| NodeError::StateDir(dir.clone(), e))?;
     }
+    if config.pod_network.is_some()
+        && let Err(e) = pod_network::enable_ip_forwarding()
+    {
+        tracing::warn!(error = %e, "pods will not reach beyond this machine");
+    }
     let kubelet_port = match &config.cluster_ca_pem {
         Some(ca) => Some(start_log_endpoint(&client, &config, ca).await?),
         None => None,
@@ -121,6 +168,7 @@ pub async fn run_node(
         client.clone(),
         config.node_name.clone(),
         config.host_ip.clone(),
+        config.pod_network.as_ref().map(|n| n.pod_cidr.to_string()),
         kubelet_port,
         cancel.clone(),
     );
@@ -129,6 +177,10 @@ pub async fn run_node(
         state_dir: config.pods_dir(),
         images: config.images.clone(),
         host_ip: config.host_ip.clone(),
+        network: config
+            .pod_network
+            .as_ref()
+            .map(|n| pods::network::PodNetworks::new(n, &config.data_dir)),
     };
     let pods = async {
         tokio::select! {

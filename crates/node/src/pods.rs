@@ -21,6 +21,7 @@
 //! - A pod status is written only when phase, pod IP, container states or readiness change.
 
 pub mod logs;
+pub mod network;
 pub mod orphans;
 pub mod process;
 pub mod status;
@@ -52,9 +53,11 @@ pub struct PodRunnerConfig {
     pub state_dir: PathBuf,
     /// What images this node runs.
     pub images: crate::images::ImageStore,
-    /// The address reported as the pods' host IP (and pod IP while pods share the host's
+    /// The address reported as the pods' host IP (and pod IP of pods that share the host's
     /// network).
     pub host_ip: String,
+    /// The node's pod network; `None`: every pod shares the host's network.
+    pub network: Option<network::PodNetworks>,
 }
 
 /// Errors of one reconcile of one pod.
@@ -73,6 +76,13 @@ pub enum PodRunnerError {
         pod: String,
         #[source]
         source: kube::Error,
+    },
+    /// Releasing the pod's network (CNI DEL, namespace) failed; its removal is retried.
+    #[error("releasing the network of pod {pod}")]
+    Network {
+        pod: String,
+        #[source]
+        source: network::NetworkError,
     },
     /// Removing the pod after its containers stopped failed.
     #[error("removing pod {pod}")]
@@ -147,16 +157,16 @@ impl PodRunner {
         let pod_dir = self.pod_dir(&uid);
         let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
         let terminal = matches!(phase, Some("Succeeded" | "Failed"));
-        let mounts = if terminal {
-            Ok(BTreeMap::new())
+        let prepared = if terminal {
+            Ok(Prepared::default())
         } else {
-            self.prepare_pod(pod, &uid).map_err(|e| e.to_string())
+            self.prepare(pod, &uid).await
         };
         let mut reports = Vec::with_capacity(spec.containers.len());
         for container in &spec.containers {
-            let state = match &mounts {
-                Ok(mounts) => {
-                    self.container_state(pod, &uid, container, mounts, terminal)
+            let state = match &prepared {
+                Ok(prepared) => {
+                    self.container_state(pod, &uid, container, prepared, terminal)
                         .await?
                 }
                 Err(message) => ContainerState::Waiting {
@@ -175,7 +185,79 @@ impl PodRunner {
                 restart_count,
             });
         }
-        self.report(pod, &reports).await
+        if terminal
+            && !reports
+                .iter()
+                .any(|r| matches!(r.state, ContainerState::Running { .. }))
+        {
+            // As kubelet stops a finished pod's sandbox: its address goes back to the pool.
+            self.release_network(pod, &uid).await?;
+        }
+        let pod_ip = self.pod_ip(pod, &uid);
+        self.report(pod, &reports, &pod_ip).await
+    }
+
+    /// The pod's volumes and network, ready for its containers; the message of what failed
+    /// (the containers then wait in `ContainerCreating`).
+    async fn prepare(&self, pod: &Pod, uid: &str) -> Result<Prepared, String> {
+        let mounts = self.prepare_pod(pod, uid).map_err(|e| error_chain(&e))?;
+        let netns = match self.network_of(pod) {
+            None => None,
+            Some(networks) => {
+                let (networks, uid, pod_dir) =
+                    (networks.clone(), uid.to_owned(), self.pod_dir(uid));
+                let ports = network::port_mappings(pod);
+                let record =
+                    tokio::task::spawn_blocking(move || networks.set_up(&uid, &pod_dir, &ports))
+                        .await
+                        .map_err(|e| format!("setting up the pod network: {e}"))?
+                        .map_err(|e| {
+                            format!("Failed to create pod sandbox: {}", error_chain(&e))
+                        })?;
+                Some(record.netns)
+            }
+        };
+        Ok(Prepared { mounts, netns })
+    }
+
+    /// The pod network this pod joins: `None` for `hostNetwork` pods and on a node without one.
+    fn network_of(&self, pod: &Pod) -> Option<&network::PodNetworks> {
+        self.config
+            .network
+            .as_ref()
+            .filter(|_| !network::host_network(pod))
+    }
+
+    /// `status.podIP`: the node's address for pods in its network, the CNI result's otherwise
+    /// (empty until the network is set up).
+    fn pod_ip(&self, pod: &Pod, uid: &str) -> String {
+        match self.network_of(pod) {
+            None => self.config.host_ip.clone(),
+            Some(_) => network::read_record(&self.pod_dir(uid))
+                .and_then(|r| r.pod_ip())
+                .unwrap_or_default(),
+        }
+    }
+
+    /// CNI DEL and namespace deletion for the pod (nothing to do for a pod that has no network
+    /// or had it released already).
+    async fn release_network(&self, pod: &Pod, uid: &str) -> Result<(), PodRunnerError> {
+        let Some(networks) = self.config.network.clone() else {
+            return Ok(());
+        };
+        let (uid, pod_dir) = (uid.to_owned(), self.pod_dir(uid));
+        let released =
+            tokio::task::spawn_blocking(move || networks.tear_down(&uid, &pod_dir)).await;
+        match released {
+            Ok(result) => result.map_err(|source| PodRunnerError::Network {
+                pod: pod_key(pod),
+                source,
+            }),
+            Err(e) => {
+                warn!(pod = %pod_key(pod), error = %e, "the pod network release task failed");
+                Ok(())
+            }
+        }
     }
 
     /// Writes the pod's reference and prepares its volumes; returns the host path of each
@@ -209,7 +291,7 @@ impl PodRunner {
         pod: &Pod,
         uid: &str,
         container: &k8s_openapi::api::core::v1::Container,
-        mounts: &BTreeMap<String, PathBuf>,
+        prepared: &Prepared,
         terminal: bool,
     ) -> Result<ContainerState, PodRunnerError> {
         let paths = ContainerPaths::new(&self.pod_dir(uid), &container.name);
@@ -258,7 +340,7 @@ impl PodRunner {
             }
             self.restart_at.remove(&key);
             return self
-                .start(pod, uid, container, mounts, &paths, restart_count + 1)
+                .start(pod, uid, container, prepared, &paths, restart_count + 1)
                 .await;
         }
         if terminal {
@@ -267,7 +349,7 @@ impl PodRunner {
                 message: None,
             });
         }
-        self.start(pod, uid, container, mounts, &paths, 0).await
+        self.start(pod, uid, container, prepared, &paths, 0).await
     }
 
     async fn start(
@@ -275,7 +357,7 @@ impl PodRunner {
         pod: &Pod,
         uid: &str,
         container: &k8s_openapi::api::core::v1::Container,
-        mounts: &BTreeMap<String, PathBuf>,
+        prepared: &Prepared,
         paths: &ContainerPaths,
         restart_count: u32,
     ) -> Result<ContainerState, PodRunnerError> {
@@ -316,11 +398,17 @@ impl PodRunner {
         };
         self.pull_failed.remove(&key);
         let mut env = resolved.env.clone();
-        env.extend(volumes::container_env(pod, container, &self.config.host_ip));
+        let pod_ip = self.pod_ip(pod, uid);
+        env.extend(volumes::container_env(
+            pod,
+            container,
+            &self.config.host_ip,
+            &pod_ip,
+        ));
         let sandbox = process::Sandbox {
             argv0: Some(resolved.argv0.clone()),
-            mounts: volumes::bind_mounts(container, mounts),
-            netns: None,
+            mounts: volumes::bind_mounts(container, &prepared.mounts),
+            netns: prepared.netns.clone(),
         };
         let (mut child, record) = process::spawn(
             &resolved.program,
@@ -358,6 +446,7 @@ impl PodRunner {
         &mut self,
         pod: &Pod,
         containers: &[status::ContainerReport],
+        pod_ip: &str,
     ) -> Result<(), PodRunnerError> {
         let now = crate::now_rfc3339();
         let start_time = pod
@@ -372,7 +461,7 @@ impl PodRunner {
             restart_policy(pod),
             readiness_gates_true(pod),
             &self.config.host_ip,
-            &self.config.host_ip,
+            pod_ip,
             &start_time,
             &now,
         );
@@ -455,6 +544,9 @@ impl PodRunner {
             return Ok(());
         }
         self.kill_deadlines.remove(uid);
+        // As kubelet: the sandbox (here the network namespace and its address) goes once the
+        // containers have stopped, before the pod object does.
+        self.release_network(pod, uid).await?;
         let api: Api<Pod> = Api::namespaced(
             self.client.clone(),
             pod.metadata.namespace.as_deref().unwrap_or_default(),
@@ -521,6 +613,26 @@ fn readiness_gates_true(pod: &Pod) -> bool {
         })
 }
 
+/// What a pod's containers start with: the volumes by name and the pod's network namespace.
+#[derive(Debug, Default)]
+struct Prepared {
+    mounts: BTreeMap<String, PathBuf>,
+    /// `None`: the host's network.
+    netns: Option<PathBuf>,
+}
+
+/// `error` and its sources, `: `-separated, for a status message.
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
 fn terminated(record: Option<&ProcessRecord>, exit: ExitRecord) -> ContainerState {
     ContainerState::Terminated {
         exit_code: exit.exit_code,
@@ -544,7 +656,8 @@ pub async fn run(client: kube::Client, config: PodRunnerConfig) {
         pull_failed: BTreeSet::new(),
         exits: exits_tx,
     };
-    let mut orphans = orphans::Orphans::new(runner.config.state_dir.clone());
+    let mut orphans = orphans::Orphans::new(runner.config.state_dir.clone())
+        .with_network(runner.config.network.clone());
     let api: Api<Pod> = Api::all(client.clone());
     let selector = format!("spec.nodeName={}", runner.config.node_name);
     let (store, writer) = reflector::store::<Pod>();

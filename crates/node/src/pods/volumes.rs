@@ -191,7 +191,7 @@ pub fn bind_mounts(container: &Container, volumes: &BTreeMap<String, PathBuf>) -
 }
 
 /// The value of a downward-API `fieldRef` for this pod.
-fn field_value(pod: &Pod, field: &str, host_ip: &str) -> Option<String> {
+fn field_value(pod: &Pod, field: &str, host_ip: &str, pod_ip: &str) -> Option<String> {
     let meta = &pod.metadata;
     let spec = pod.spec.as_ref();
     match field {
@@ -200,7 +200,8 @@ fn field_value(pod: &Pod, field: &str, host_ip: &str) -> Option<String> {
         "metadata.uid" => meta.uid.clone(),
         "spec.nodeName" => spec.and_then(|s| s.node_name.clone()),
         "spec.serviceAccountName" => spec.and_then(|s| s.service_account_name.clone()),
-        "status.hostIP" | "status.podIP" => Some(host_ip.to_owned()),
+        "status.hostIP" => Some(host_ip.to_owned()),
+        "status.podIP" => Some(pod_ip.to_owned()),
         _ => {
             let key = field
                 .strip_prefix("metadata.labels['")
@@ -216,8 +217,13 @@ fn field_value(pod: &Pod, field: &str, host_ip: &str) -> Option<String> {
 }
 
 /// The environment of `container`: its `env` entries with values and downward-API
-/// `fieldRef`s, in order.
-pub fn container_env(pod: &Pod, container: &Container, host_ip: &str) -> Vec<(String, String)> {
+/// `fieldRef`s (`status.podIP` is `pod_ip`), in order.
+pub fn container_env(
+    pod: &Pod,
+    container: &Container,
+    host_ip: &str,
+    pod_ip: &str,
+) -> Vec<(String, String)> {
     container
         .env
         .iter()
@@ -226,7 +232,7 @@ pub fn container_env(pod: &Pod, container: &Container, host_ip: &str) -> Vec<(St
             let value = match (&e.value, &e.value_from) {
                 (Some(v), _) => v.clone(),
                 (None, Some(from)) => {
-                    field_value(pod, &from.field_ref.as_ref()?.field_path, host_ip)?
+                    field_value(pod, &from.field_ref.as_ref()?.field_path, host_ip, pod_ip)?
                 }
                 (None, None) => String::new(),
             };
@@ -318,9 +324,11 @@ mod tests {
             {"name": "NODE", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
             {"name": "UID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}},
             {"name": "L", "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['a']"}}},
+            {"name": "IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+            {"name": "HOST", "valueFrom": {"fieldRef": {"fieldPath": "status.hostIP"}}},
         ]}))
         .expect("container");
-        let env = container_env(&p, &c, "10.0.0.1");
+        let env = container_env(&p, &c, "10.0.0.1", "10.245.0.2");
         assert_eq!(
             env,
             vec![
@@ -328,6 +336,8 @@ mod tests {
                 ("NODE".to_owned(), "node01".to_owned()),
                 ("UID".to_owned(), "u1".to_owned()),
                 ("L".to_owned(), "b".to_owned()),
+                ("IP".to_owned(), "10.245.0.2".to_owned()),
+                ("HOST".to_owned(), "10.0.0.1".to_owned()),
             ]
         );
     }
