@@ -5,7 +5,13 @@
 //! image and `command[0]` to a program, and the container's `command[1..] + args` follow,
 //! as a container runtime runs them. Before the containers start the pod's volumes are
 //! prepared ([`volumes`]) and every container gets a private mount namespace with its
-//! `volumeMounts` bind-mounted at their `mountPath`s. The runner reports the pod status
+//! `volumeMounts` bind-mounted at their `mountPath`s. On a node with a pod network the pod's
+//! network namespace is made next ([`network`]: netns + CNI ADD, the result recorded in the
+//! pod directory) and every container of the pod joins it; `hostNetwork` pods, and every pod
+//! of a node without a pod network, stay in the host's network with the node's address as
+//! `podIP`. The network is released (CNI DEL, namespace deleted) when the pod reaches a
+//! terminal phase or, at the latest, after its containers stopped and before the pod object
+//! is removed. The runner reports the pod status
 //! kubelet would ([`status`]), restarts containers as `restartPolicy` says (with kubelet's
 //! back-off), and stops a deleted pod as kubelet does: `SIGTERM` to each container's main
 //! process, then `SIGKILL` of whatever is left of its process group after the grace period;
@@ -19,6 +25,8 @@
 //! - A container whose image the store does not know never starts a process: it waits with
 //!   `ErrImagePull`, then `ImagePullBackOff`.
 //! - A pod status is written only when phase, pod IP, container states or readiness change.
+//! - No container of a pod with its own network starts before the pod's network is set up
+//!   and recorded; until then the containers wait in `ContainerCreating` with the reason.
 
 pub mod logs;
 pub mod network;
