@@ -22,6 +22,10 @@
 //! - A slot is handed over clean: a bridge left behind by a holder that was killed is deleted
 //!   on acquisition (detaching the dead holder's veths, whose addresses the new holder's
 //!   `host-local` would hand out again); the `bridge` plugin creates it anew on the next ADD.
+//! - Except for its own owner: [`PodNetworkSlot::acquire_for`] names the holder in the lock
+//!   file, and a holder that comes back (a server restarted on the same data directory, whose
+//!   pods kept running) takes its slot again with the bridge as it was, when no one else took
+//!   the slot in between.
 //!
 //! # Caveats
 //! Masquerade and hostPort rules a killed holder's pods left in iptables stay until the host
@@ -84,8 +88,8 @@ pub enum SlotError {
 #[derive(Debug)]
 pub struct PodNetworkSlot {
     index: u8,
-    /// Holds the `flock`.
-    _lock: File,
+    /// Holds the `flock`; its content is the owner's name.
+    lock: File,
 }
 
 impl PodNetworkSlot {
@@ -95,49 +99,87 @@ impl PodNetworkSlot {
     /// Every node agent of a machine must use the same `lock_dir` ([`DEFAULT_LOCK_DIR`] unless
     /// all of them agree on another): holders under different directories do not see each other.
     pub fn acquire(lock_dir: &Path) -> Result<Self, SlotError> {
-        Self::acquire_with(lock_dir, crate::delete_bridge)
+        Self::acquire_with(lock_dir, None, crate::delete_bridge)
     }
 
-    /// [`Self::acquire`] with the reset of a left-behind bridge given (unit tests leave real
+    /// As [`Self::acquire`], for a node agent that outlives its process (a server restarted on
+    /// the same data directory, its pods still running): the slot this `owner` held last is
+    /// taken again when free, and its bridge is then kept as it is, with the running pods'
+    /// veths on it. Otherwise the first free slot is taken, reset, and marked as `owner`'s (the
+    /// lock file holds the owner's name).
+    pub fn acquire_for(lock_dir: &Path, owner: &str) -> Result<Self, SlotError> {
+        Self::acquire_with(lock_dir, Some(owner), crate::delete_bridge)
+    }
+
+    /// The acquisition, with the reset of a left-behind bridge given (unit tests leave real
     /// bridges alone).
     fn acquire_with(
         lock_dir: &Path,
+        owner: Option<&str>,
         reset: impl Fn(&str) -> Result<bool, HostError>,
     ) -> Result<Self, SlotError> {
         std::fs::create_dir_all(lock_dir).map_err(|source| SlotError::LockDir {
             dir: lock_dir.to_path_buf(),
             source,
         })?;
-        for index in 0..=MAX_SLOT {
-            let path = lock_dir.join(format!("slot-{index}.lock"));
-            let lock_error = |source| SlotError::Lock {
-                path: path.clone(),
-                source,
-            };
-            let file = OpenOptions::new()
-                .create(true)
-                .truncate(false)
-                .write(true)
-                .open(&path)
-                .map_err(lock_error)?;
-            match file.try_lock() {
-                Ok(()) => {}
-                Err(TryLockError::WouldBlock) => continue,
-                Err(TryLockError::Error(source)) => return Err(lock_error(source)),
+        if let Some(owner) = owner {
+            for index in 0..=MAX_SLOT {
+                let path = slot_path(lock_dir, index);
+                if std::fs::read(&path).is_ok_and(|named| named == owner.as_bytes())
+                    && let Some(slot) = Self::try_take(&path, index)?
+                {
+                    tracing::debug!(slot = index, bridge = %slot.bridge(), "took this owner's pod network slot again");
+                    return Ok(slot);
+                }
             }
-            let slot = Self { index, _lock: file };
+        }
+        for index in 0..=MAX_SLOT {
+            let path = slot_path(lock_dir, index);
+            let Some(mut slot) = Self::try_take(&path, index)? else {
+                continue;
+            };
             if reset(&slot.bridge()).map_err(|source| SlotError::Reset {
                 slot: index,
                 source,
             })? {
                 tracing::info!(slot = index, bridge = %slot.bridge(), "reset the bridge a previous holder left");
             }
+            // Anonymous holders clear the name, so no owner takes a slot it did not reset.
+            slot.mark(owner.unwrap_or_default())
+                .map_err(|source| SlotError::Lock { path, source })?;
             tracing::debug!(slot = index, bridge = %slot.bridge(), subnet = %slot.subnet(), "acquired a pod network slot");
             return Ok(slot);
         }
         Err(SlotError::Exhausted {
             dir: lock_dir.to_path_buf(),
         })
+    }
+
+    /// Locks slot `index` unless someone holds it.
+    fn try_take(path: &Path, index: u8) -> Result<Option<Self>, SlotError> {
+        let lock_error = |source| SlotError::Lock {
+            path: path.to_path_buf(),
+            source,
+        };
+        let file = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(path)
+            .map_err(lock_error)?;
+        match file.try_lock() {
+            Ok(()) => Ok(Some(Self { index, lock: file })),
+            Err(TryLockError::WouldBlock) => Ok(None),
+            Err(TryLockError::Error(source)) => Err(lock_error(source)),
+        }
+    }
+
+    /// Writes the holder's name into the (locked) lock file.
+    fn mark(&mut self, owner: &str) -> io::Result<()> {
+        use std::io::{Seek, Write};
+        self.lock.set_len(0)?;
+        self.lock.rewind()?;
+        self.lock.write_all(owner.as_bytes())
     }
 
     /// The slot number.
@@ -159,6 +201,10 @@ impl PodNetworkSlot {
     pub fn network(&self, name: impl Into<String>) -> CniNetwork {
         CniNetwork::new(name, self.bridge(), self.subnet())
     }
+}
+
+fn slot_path(lock_dir: &Path, index: u8) -> PathBuf {
+    lock_dir.join(format!("slot-{index}.lock"))
 }
 
 fn bridge_name(index: u8) -> String {
@@ -185,7 +231,7 @@ mod tests {
     /// Acquires in a private directory: slot numbers are then predictable, and the bridges of
     /// real holders (`kvrs0` …) must not be reset.
     fn acquire(dir: &Path) -> Result<PodNetworkSlot, SlotError> {
-        PodNetworkSlot::acquire_with(dir, |_| Ok(false))
+        PodNetworkSlot::acquire_with(dir, None, |_| Ok(false))
     }
 
     #[test]
@@ -205,12 +251,43 @@ mod tests {
     fn the_bridge_a_previous_holder_left_is_reset_on_acquisition() {
         let dir = tempfile::tempdir().unwrap();
         let reset = std::cell::RefCell::new(Vec::new());
-        let slot = PodNetworkSlot::acquire_with(dir.path(), |bridge| {
+        let slot = PodNetworkSlot::acquire_with(dir.path(), None, |bridge| {
             reset.borrow_mut().push(bridge.to_owned());
             Ok(true)
         })
         .unwrap();
         assert_eq!(*reset.borrow(), vec![slot.bridge()]);
+    }
+
+    #[test]
+    fn an_owner_takes_its_slot_again_without_a_reset_and_others_get_theirs_reset() {
+        let dir = tempfile::tempdir().unwrap();
+        let resets = std::cell::RefCell::new(Vec::new());
+        let take = |owner| {
+            PodNetworkSlot::acquire_with(dir.path(), owner, |bridge: &str| {
+                resets.borrow_mut().push(bridge.to_owned());
+                Ok(false)
+            })
+            .unwrap()
+        };
+        let first = take(None);
+        let server = take(Some("/srv/a"));
+        assert_eq!((first.index(), server.index()), (0, 1));
+        drop(first);
+        drop(server);
+        resets.borrow_mut().clear();
+        // The server restarts: slot 1 again, its bridge (and pods) left alone.
+        let again = take(Some("/srv/a"));
+        assert_eq!(again.index(), 1);
+        assert!(resets.borrow().is_empty(), "{:?}", resets.borrow());
+        // Another server gets a free slot, reset, and the anonymous holder's name is not an owner.
+        let other = take(Some("/srv/b"));
+        assert_eq!(other.index(), 0);
+        assert_eq!(*resets.borrow(), vec!["kvrs0".to_owned()]);
+        assert_eq!(
+            std::fs::read_to_string(dir.path().join("slot-0.lock")).unwrap(),
+            "/srv/b"
+        );
     }
 
     #[test]
