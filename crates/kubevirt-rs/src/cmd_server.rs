@@ -297,6 +297,21 @@ async fn start_embedded_node(
         }
     });
     let node_client = client_from(&data_dir.join("kubeconfig")).await?;
+    // Pods in their own network namespaces when this process can make them, on a bridge and
+    // CIDR no other server on this machine uses (the same slot again after a restart, so the
+    // running pods keep their bridge); otherwise in the host's network.
+    let owner = std::fs::canonicalize(data_dir).unwrap_or_else(|_| data_dir.to_path_buf());
+    let (pod_network, slot) =
+        match kubevirt_node::PodNetworkConfig::acquire_for(&owner.display().to_string()) {
+            Ok((network, slot)) => {
+                info!(bridge = %network.bridge, pod_cidr = %network.pod_cidr, "pod network");
+                (Some(network), Some(slot))
+            }
+            Err(reason) => {
+                info!(reason = %reason, "pods share the host's network");
+                (None, None)
+            }
+        };
     let node_config = kubevirt_node::NodeConfig {
         node_name: node_name.to_owned(),
         data_dir: data_dir.join("node"),
@@ -310,11 +325,24 @@ async fn start_embedded_node(
             )
             .context("issuing the node's serving certificate")?,
         ),
+        pod_network,
     };
     let kubelet_pods_dir = node_config.pods_dir();
     let node = supervise("node", cancel.clone(), move |token| {
+        // The slot is held for as long as the node task lives.
+        let _held = &slot;
         let (client, config) = (node_client.clone(), node_config.clone());
-        async move { Ok(kubevirt_node::run_node(client, config, token).await?) }
+        async move {
+            let result = kubevirt_node::run_node(client, config.clone(), token.clone()).await;
+            // A clean shutdown removes the bridge, unless pods (running VMs) still use it.
+            if token.is_cancelled()
+                && let Some(network) = &config.pod_network
+                && let Err(e) = network.delete_bridge_if_unused(&config.data_dir)
+            {
+                warn!(error = %e, "cannot delete the pod bridge");
+            }
+            Ok(result?)
+        }
     });
     Ok((scheduler, node, kubelet_pods_dir))
 }

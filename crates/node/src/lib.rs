@@ -77,6 +77,124 @@ impl PodNetworkConfig {
     pub fn from_slot(slot: &pod_network::PodNetworkSlot) -> Self {
         Self::new(slot.subnet(), slot.bridge())
     }
+
+    /// A pod network for a node agent on a machine it may share with others: a slot of the
+    /// machine-wide allocator ([`pod_network::DEFAULT_LOCK_DIR`]), the one `owner` (e.g. its
+    /// data directory) held last when it is free. Keep the slot for as long as the node runs.
+    ///
+    /// # Errors
+    /// [`PodNetworkUnavailable`] when this process cannot run pod networks (not root, no
+    /// plugins) or no slot is free; the node then runs pods in the host's network.
+    pub fn acquire_for(
+        owner: &str,
+    ) -> Result<(Self, pod_network::PodNetworkSlot), PodNetworkUnavailable> {
+        if !nix::unistd::geteuid().is_root() {
+            return Err(PodNetworkUnavailable::NotRoot);
+        }
+        let plugins = std::path::Path::new(pod_network::DEFAULT_PLUGIN_DIR);
+        for plugin in ["bridge", "host-local", "portmap"] {
+            if !plugins.join(plugin).is_file() {
+                return Err(PodNetworkUnavailable::NoPlugin(plugins.join(plugin)));
+            }
+        }
+        let slot = pod_network::PodNetworkSlot::acquire_for(
+            std::path::Path::new(pod_network::DEFAULT_LOCK_DIR),
+            owner,
+        )
+        .map_err(PodNetworkUnavailable::Slot)?;
+        Ok((Self::from_slot(&slot), slot))
+    }
+
+    /// Deletes the bridge when no pod of the node under `data_dir` has a network namespace any
+    /// more (pods outlive the node agent: their bridge stays while they run). Returns whether
+    /// it was deleted.
+    ///
+    /// # Errors
+    /// The bridge could not be deleted.
+    pub fn delete_bridge_if_unused(
+        &self,
+        data_dir: &std::path::Path,
+    ) -> Result<bool, pod_network::HostError> {
+        let in_use = std::fs::read_dir(data_dir.join("netns"))
+            .map(|mut entries| entries.next().is_some())
+            .unwrap_or(false);
+        if in_use {
+            return Ok(false);
+        }
+        pod_network::delete_bridge(&self.bridge)
+    }
+}
+
+/// The file under the node's data directory that keeps its pod network, so that its pods'
+/// networks can be released without the node ([`release_pod_networks`]).
+pub const POD_NETWORK_FILE: &str = "pod-network.json";
+
+/// [`PodNetworkConfig`] as [`POD_NETWORK_FILE`] keeps it.
+#[derive(serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct SavedPodNetwork {
+    pod_cidr: String,
+    bridge: String,
+    plugin_dir: PathBuf,
+}
+
+impl PodNetworkConfig {
+    fn to_saved(&self) -> SavedPodNetwork {
+        SavedPodNetwork {
+            pod_cidr: self.pod_cidr.to_string(),
+            bridge: self.bridge.clone(),
+            plugin_dir: self.plugin_dir.clone(),
+        }
+    }
+}
+
+/// Releases the network of every pod of the node whose data directory is `data_dir` (CNI DEL,
+/// namespace deleted; a namespace DEL fails for is deleted anyway), e.g. after its node agent
+/// and containers were killed in a test. Best effort; the bridge is left to the next holder of
+/// its slot, which resets it. Returns how many pod networks were released.
+pub fn release_pod_networks(data_dir: &std::path::Path) -> usize {
+    let Some(saved) = pods::process::read_json::<SavedPodNetwork>(&data_dir.join(POD_NETWORK_FILE))
+    else {
+        return 0;
+    };
+    let Ok(pod_cidr) = saved.pod_cidr.parse() else {
+        return 0;
+    };
+    let config = PodNetworkConfig {
+        pod_cidr,
+        bridge: saved.bridge,
+        plugin_dir: saved.plugin_dir,
+    };
+    let networks = pods::network::PodNetworks::new(&config, data_dir);
+    let mut released = 0;
+    for entry in std::fs::read_dir(data_dir.join("netns"))
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let uid = entry.file_name().to_string_lossy().into_owned();
+        let pod_dir = data_dir.join("pods").join(&uid);
+        if let Err(e) = networks.tear_down(&uid, &pod_dir) {
+            tracing::warn!(uid, error = %e, "cannot release a pod network; deleting its namespace");
+            let _ = pod_network::delete_path(&entry.path());
+        }
+        released += 1;
+    }
+    released
+}
+
+/// Why a node runs without a pod network.
+#[derive(Debug, thiserror::Error)]
+pub enum PodNetworkUnavailable {
+    /// Network namespaces and bridges need root.
+    #[error("pod networks need root")]
+    NotRoot,
+    /// A CNI plugin is not installed.
+    #[error("the CNI plugin {} is not installed", .0.display())]
+    NoPlugin(PathBuf),
+    /// No pod network slot could be taken.
+    #[error("no pod network slot")]
+    Slot(#[source] pod_network::SlotError),
 }
 
 impl NodeConfig {
@@ -155,10 +273,13 @@ pub async fn run_node(
     for dir in [config.data_dir.clone(), config.pods_dir()] {
         private_fs::create_dir_all(&dir).map_err(|e| NodeError::StateDir(dir.clone(), e))?;
     }
-    if config.pod_network.is_some()
-        && let Err(e) = pod_network::enable_ip_forwarding()
-    {
-        tracing::warn!(error = %e, "pods will not reach beyond this machine");
+    if let Some(network) = &config.pod_network {
+        if let Err(e) = pod_network::enable_ip_forwarding() {
+            tracing::warn!(error = %e, "pods will not reach beyond this machine");
+        }
+        let path = config.data_dir.join(POD_NETWORK_FILE);
+        pods::process::write_json(&path, &network.to_saved())
+            .map_err(|e| NodeError::StateDir(path, e))?;
     }
     let kubelet_port = match &config.cluster_ca_pem {
         Some(ca) => Some(start_log_endpoint(&client, &config, ca).await?),

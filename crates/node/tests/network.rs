@@ -70,17 +70,24 @@ fn greet(listener: TcpListener, connections: usize, greeting: &'static str) -> u
 }
 
 /// A pod whose container writes its eth0 addresses to its `out` volume and then sleeps.
-fn sleeper(name: &str, extra: &serde_json::Value) -> serde_json::Value {
+fn sleeper(node: &Node, name: &str, extra: &serde_json::Value) -> serde_json::Value {
+    let mount = mount_path(node, name);
     let mut pod = json!({"metadata": {"name": name}, "spec": {"nodeName": NODE,
         "volumes": [{"name": "out", "emptyDir": {}}],
         "containers": [{"name": "c", "image": TOOLS, "command": ["sh", "-c"],
             "args": ["ip -4 -o addr show eth0 > \"$0/addr.tmp\"; mv \"$0/addr.tmp\" \"$0/addr\"; exec sleep 600",
-                     format!("/tmp/kvrs-node-net-{}-{name}", std::process::id())],
-            "volumeMounts": [{"name": "out", "mountPath": format!("/tmp/kvrs-node-net-{}-{name}", std::process::id())}]}]}});
+                     &mount],
+            "volumeMounts": [{"name": "out", "mountPath": &mount}]}]}});
     if let (Some(spec), Some(extra)) = (pod["spec"].as_object_mut(), extra.as_object()) {
         spec.extend(extra.clone());
     }
     pod
+}
+
+/// Where pod `name`'s container sees its volume: a directory of the test's own (the container
+/// sees the host's files, so the mount point is made there).
+fn mount_path(node: &Node, name: &str) -> String {
+    node.tmp.path().join("mnt").join(name).display().to_string()
 }
 
 async fn wait_file(path: &Path) -> String {
@@ -126,16 +133,17 @@ async fn assert_node_pod_cidr(node: &Node) {
 /// Pod `b`, which reads what pod a's listener (`port_a`) and the host's (`port_host`, at the
 /// bridge's gateway address) send, into its `out` volume; returns it finished.
 async fn run_client_pod(node: &Node, ip_a: IpAddr, port_a: u16, port_host: u16) -> Pod {
+    let mount = mount_path(node, "b");
     create(
         node,
         json!({"metadata": {"name": "b"}, "spec": {"nodeName": NODE, "restartPolicy": "Never",
             "volumes": [{"name": "out", "emptyDir": {}}],
             "containers": [{"name": "c", "image": TOOLS, "command": ["bash", "-c"],
                 "args": ["cat < /dev/tcp/$A/$PORT_A > \"$0/from-a\" && cat < /dev/tcp/$GW/$PORT_HOST > \"$0/from-host\"",
-                         format!("/tmp/kvrs-node-net-{}-b", std::process::id())],
+                         &mount],
                 "env": [{"name": "A", "value": ip_a.to_string()}, {"name": "PORT_A", "value": port_a.to_string()},
                         {"name": "GW", "value": gateway(node).to_string()}, {"name": "PORT_HOST", "value": port_host.to_string()}],
-                "volumeMounts": [{"name": "out", "mountPath": format!("/tmp/kvrs-node-net-{}-b", std::process::id())}]}]}}),
+                "volumeMounts": [{"name": "out", "mountPath": &mount}]}]}}),
     )
     .await;
     wait_for(node, "b", "pod b finished", |p| {
@@ -154,7 +162,7 @@ async fn pods_get_addresses_of_the_pod_cidr_see_their_eth0_and_reach_each_other_
 
     assert_node_pod_cidr(&node).await;
     let created = Instant::now();
-    create(&node, sleeper("a", &json!({}))).await;
+    create(&node, sleeper(&node, "a", &json!({}))).await;
     let a = wait_for(&node, "a", "pod a running with an IP", |p| {
         phase(p) == Some("Running") && pod_ip(p).is_some()
     })
@@ -297,7 +305,11 @@ async fn a_restarted_agent_re_adopts_the_pod_with_its_namespace_and_address() {
         return;
     };
     let mut node = common::start_networked().await;
-    create(&node, sleeper("kept", &json!({"restartPolicy": "Never"}))).await;
+    create(
+        &node,
+        sleeper(&node, "kept", &json!({"restartPolicy": "Never"})),
+    )
+    .await;
     let before = wait_for(&node, "kept", "running", |p| {
         phase(p) == Some("Running") && pod_ip(p).is_some()
     })
@@ -328,7 +340,7 @@ async fn a_restarted_agent_re_adopts_the_pod_with_its_namespace_and_address() {
     assert_eq!(reservations(), 1);
     node.restart_agent();
     // A second pod shows the new agent is at work; the first keeps everything it had.
-    create(&node, sleeper("new", &json!({}))).await;
+    create(&node, sleeper(&node, "new", &json!({}))).await;
     let new = wait_for(&node, "new", "running", |p| {
         phase(p) == Some("Running") && pod_ip(p).is_some()
     })

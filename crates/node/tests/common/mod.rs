@@ -11,7 +11,6 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, PostParams};
 use kubevirt_node::PodNetworkConfig;
 use kubevirt_node::images::{Image, ImageStore};
-use kubevirt_node::pods::network::PodNetworks;
 use pod_network::PodNetworkSlot;
 use tokio_util::sync::CancellationToken;
 
@@ -35,15 +34,7 @@ impl Drop for Node {
         // pods' networks (CNI DEL, namespaces) and delete the slot's bridge.
         testkit::kill_launchers(self.tmp.path());
         if let Some(network) = &self.config.pod_network {
-            let networks = PodNetworks::new(network, &self.config.data_dir);
-            let netns_dir = self.config.data_dir.join("netns");
-            for entry in std::fs::read_dir(netns_dir).into_iter().flatten().flatten() {
-                let uid = entry.file_name().to_string_lossy().into_owned();
-                let pod_dir = self.config.pods_dir().join(&uid);
-                if networks.tear_down(&uid, &pod_dir).is_err() {
-                    let _ = pod_network::delete_path(&entry.path());
-                }
-            }
+            kubevirt_node::release_pod_networks(&self.config.data_dir);
             let _ = pod_network::delete_bridge(&network.bridge);
         }
         self.slot.take();
