@@ -25,6 +25,9 @@
 //! - A container whose image the store does not know never starts a process: it waits with
 //!   `ErrImagePull`, then `ImagePullBackOff`.
 //! - A pod status is written only when phase, pod IP, container states or readiness change.
+//! - A container that ends while this runner is its parent is reported with its real exit
+//!   code: between its end and the waiter's exit record it still shows as running, never as
+//!   `ContainerStatusUnknown` (which is for processes re-adopted after a restart).
 //! - No container of a pod with its own network starts before the pod's network is set up
 //!   and recorded; until then the containers wait in `ContainerCreating` with the reason.
 
@@ -117,6 +120,9 @@ pub struct PodRunner {
     /// `ImagePullBackOff`, as kubelet alternates).
     pull_failed: BTreeSet<(String, String)>,
     exits: mpsc::UnboundedSender<()>,
+    /// Pids of containers this runner started and whose waiter has not recorded the exit yet:
+    /// such a process that is gone has an exit code on its way, not an unknown one.
+    waited: Arc<std::sync::Mutex<BTreeSet<i32>>>,
 }
 
 fn pod_key(pod: &Pod) -> String {
@@ -306,7 +312,12 @@ impl PodRunner {
         let record: Option<ProcessRecord> = process::read_json(&paths.record);
         let alive = record.as_ref().is_some_and(process::is_alive);
         let key = (uid.to_owned(), container.name.clone());
-        if let (Some(record), true) = (&record, alive) {
+        let exit_on_its_way = record.as_ref().is_some_and(|r| {
+            self.waited
+                .lock()
+                .is_ok_and(|waited| waited.contains(&r.pid))
+        });
+        if let (Some(record), true) = (&record, alive || exit_on_its_way) {
             cap_log(&paths.log).await;
             return Ok(ContainerState::Running {
                 started_at: record.started_at.clone(),
@@ -435,12 +446,19 @@ impl PodRunner {
         let exits = self.exits.clone();
         let waiter_paths = paths.clone();
         let waiter_record = record.clone();
+        let waited = self.waited.clone();
+        if let Ok(mut pids) = waited.lock() {
+            pids.insert(record.pid);
+        }
         tokio::spawn(async move {
             if let Ok(status) = child.wait().await {
                 // As a container runtime: when the main process ends, nothing of the
                 // container outlives it.
                 process::signal_group(&waiter_record, Signal::SIGKILL);
                 process::record_exit(&waiter_paths, &process::exit_from_status(status));
+            }
+            if let Ok(mut pids) = waited.lock() {
+                pids.remove(&waiter_record.pid);
             }
             let _ = exits.send(());
         });
@@ -663,6 +681,7 @@ pub async fn run(client: kube::Client, config: PodRunnerConfig) {
         restart_at: BTreeMap::new(),
         pull_failed: BTreeSet::new(),
         exits: exits_tx,
+        waited: Arc::default(),
     };
     let mut orphans = orphans::Orphans::new(runner.config.state_dir.clone())
         .with_network(runner.config.network.clone());

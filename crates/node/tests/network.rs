@@ -208,7 +208,12 @@ async fn pods_get_addresses_of_the_pod_cidr_see_their_eth0_and_reach_each_other_
 
     let b = run_client_pod(&node, ip_a, port_a, port_host).await;
     let out_b = volume(&node, &uid(&b), "out");
-    assert_eq!(phase(&b), Some("Succeeded"), "pod b failed to connect");
+    let log = std::fs::read_to_string(node.config.pods_dir().join(uid(&b)).join("c.log"));
+    assert_eq!(
+        phase(&b),
+        Some("Succeeded"),
+        "pod b failed to connect: {log:?}"
+    );
     assert_eq!(
         std::fs::read_to_string(out_b.join("from-a")).expect("from a"),
         "hello from a"
@@ -354,4 +359,44 @@ async fn a_restarted_agent_re_adopts_the_pod_with_its_namespace_and_address() {
     assert_ne!(pod_ip(&new), pod_ip(&before));
     assert!(NetworkNamespace::open_path(&netns).is_ok());
     assert_eq!(reservations(), 2, "no address was taken twice");
+}
+
+#[tokio::test]
+async fn the_network_of_a_pod_deleted_while_the_agent_was_down_is_released_with_the_orphan() {
+    let Some(()) = common::network_prerequisites() else {
+        return;
+    };
+    let mut node = common::start_networked().await;
+    create(&node, sleeper(&node, "gone", &json!({}))).await;
+    let pod = wait_for(&node, "gone", "running", |p| {
+        phase(p) == Some("Running") && pod_ip(p).is_some()
+    })
+    .await;
+    let (netns, ip) = (netns_file(&node, &uid(&pod)), pod_ip(&pod).expect("ip"));
+    assert!(netns.exists() && reservation(&node, ip).exists());
+    // Removed from the API while no agent watches (as a force-deletion during a restart).
+    node.stop_agent();
+    let api = Api::<Pod>::namespaced(node.client.clone(), "default");
+    api.delete("gone", &DeleteParams::default().grace_period(0))
+        .await
+        .expect("delete");
+    wait_gone(&node, "gone").await;
+    node.restart_agent();
+    // The orphan's container is stopped, then its network released before its directory is
+    // quarantined.
+    testkit::wait_until_async(
+        Duration::from_secs(90),
+        "the orphan's network released",
+        || async { (!netns.exists() && !reservation(&node, ip).exists()).then_some(()) },
+    )
+    .await
+    .expect("released");
+    assert!(
+        node.config
+            .pods_dir()
+            .join("quarantine")
+            .join(uid(&pod))
+            .join("network.json")
+            .is_file()
+    );
 }

@@ -133,11 +133,16 @@ async fn start_with(slot: Option<PodNetworkSlot>) -> Node {
 }
 
 impl Node {
+    /// Stops the node agent; its pods keep running.
+    pub fn stop_agent(&mut self) {
+        self.cancel.cancel();
+        self.cancel = CancellationToken::new();
+    }
+
     /// Stops the node agent and starts a new one on the same state, as a restart of the server
     /// does; the pods keep running.
     pub fn restart_agent(&mut self) {
-        self.cancel.cancel();
-        self.cancel = CancellationToken::new();
+        self.stop_agent();
         tokio::spawn(kubevirt_node::run_node(
             self.client.clone(),
             self.config.clone(),
