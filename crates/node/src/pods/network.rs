@@ -65,6 +65,13 @@ pub enum NetworkError {
         #[source]
         source: pod_network::CniError,
     },
+    /// The directory of the namespaces could not be created.
+    #[error("creating {}", path.display())]
+    StateDir {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
     /// The pod's network record could not be written.
     #[error("recording the network of pod {uid} in {}", path.display())]
     Record {
@@ -186,8 +193,7 @@ impl PodNetworks {
             source,
         };
         let started = Instant::now();
-        private_fs::create_dir_all(&self.netns_dir).map_err(|source| NetworkError::Record {
-            uid: uid.to_owned(),
+        private_fs::create_dir_all(&self.netns_dir).map_err(|source| NetworkError::StateDir {
             path: self.netns_dir.clone(),
             source,
         })?;
