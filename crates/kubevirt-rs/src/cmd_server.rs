@@ -40,6 +40,10 @@ pub struct ServerArgs {
     /// This machine's node name (default: the hostname).
     #[arg(long)]
     pub node_name: Option<String>,
+    /// How many nodes the embedded Kubernetes runs on this machine, each with its own node
+    /// agent, pod network and virt-handler (named NODE_NAME, NODE_NAME-2, …).
+    #[arg(long, default_value_t = 1)]
+    pub nodes: usize,
     /// Run guests under software emulation (TCG) even where KVM works.
     #[arg(long)]
     pub use_emulation: bool,
@@ -271,19 +275,12 @@ where
     })
 }
 
-/// Starts the embedded Kubernetes' scheduler and this machine's node agent; returns their
-/// tasks and the node's pod directory.
-async fn start_embedded_node(
+/// Starts the embedded Kubernetes' cluster-wide parts: the scheduler (kube-scheduler's
+/// role) and the workload controllers (kube-controller-manager's).
+async fn start_embedded_control_plane(
     data_dir: &Path,
-    node_name: &str,
-    fake_qemu: bool,
-    ca_pem: &[u8],
     cancel: &CancellationToken,
-) -> anyhow::Result<(
-    tokio::task::JoinHandle<()>,
-    tokio::task::JoinHandle<()>,
-    PathBuf,
-)> {
+) -> anyhow::Result<Vec<tokio::task::JoinHandle<()>>> {
     let scheduler_client = client_from(&data_dir.join("kubeconfig")).await?;
     let scheduler = supervise("scheduler", cancel.clone(), move |token| {
         let client = scheduler_client.clone();
@@ -295,11 +292,91 @@ async fn start_embedded_node(
             Ok(())
         }
     });
+    let manager_client = client_from(&data_dir.join("kubeconfig")).await?;
+    let controller_manager = supervise("controller-manager", cancel.clone(), move |token| {
+        let client = manager_client.clone();
+        async move {
+            kubevirt_controller_manager::run(
+                client,
+                kubevirt_controller_manager::Config::default(),
+                token,
+            )
+            .await;
+            Ok(())
+        }
+    });
+    Ok(vec![scheduler, controller_manager])
+}
+
+/// The name and state directory of node `index` (0-based) of `count`: one node is
+/// `base` in `DATA/node`; of several, the first is `base` and the others `base-2`, `base-3`, …
+/// in `DATA/nodes/<name>`.
+fn embedded_node(data_dir: &Path, base: &str, index: usize) -> (String, PathBuf) {
+    if index == 0 {
+        (base.to_owned(), data_dir.join("node"))
+    } else {
+        let name = format!("{base}-{}", index + 1);
+        let dir = data_dir.join("nodes").join(&name);
+        (name, dir)
+    }
+}
+
+/// Starts one node of the embedded Kubernetes: its node agent (kubelet's role) and, when its
+/// pods have their own network, its service proxy (kube-proxy's). Returns the tasks and the
+/// node's pod directory.
+async fn start_embedded_node(
+    data_dir: &Path,
+    (node_name, node_dir): (&str, &Path),
+    fake_qemu: bool,
+    ca_pem: &[u8],
+    cancel: &CancellationToken,
+) -> anyhow::Result<(Vec<tokio::task::JoinHandle<()>>, PathBuf)> {
     let node_client = client_from(&data_dir.join("kubeconfig")).await?;
-    let kubernetes_service = api_server_address(&data_dir.join("kubeconfig")).await?;
+    // Pods in their own network namespaces when this process can make them, on a bridge and
+    // CIDR no other node on this machine uses (the same slot again after a restart, so the
+    // running pods keep their bridge); otherwise in the host's network.
+    let owner = std::fs::canonicalize(node_dir)
+        .or_else(|_| std::fs::canonicalize(data_dir).map(|d| d.join(node_name)))
+        .unwrap_or_else(|_| node_dir.to_path_buf());
+    let (pod_network, slot) =
+        match kubevirt_node::PodNetworkConfig::acquire_for(&owner.display().to_string()) {
+            Ok((network, slot)) => {
+                info!(node = node_name, bridge = %network.bridge, pod_cidr = %network.pod_cidr, "pod network");
+                (Some(network), Some(slot))
+            }
+            Err(reason) => {
+                info!(node = node_name, reason = %reason, "pods share the host's network");
+                (None, None)
+            }
+        };
+    let mut tasks = vec![];
+    // Pods with their own network reach the API server as in-cluster clients do, through
+    // the `kubernetes` Service, which this node's service proxy routes; pods in the host's
+    // network reach it where it listens.
+    let kubernetes_service = match &pod_network {
+        Some(network) => {
+            let proxy_client = client_from(&data_dir.join("kubeconfig")).await?;
+            let config = kubevirt_service_proxy::ProxyConfig {
+                table: format!("kubevirt-rs-{}", network.bridge),
+                interfaces: vec![network.bridge.clone()],
+            };
+            tasks.push(supervise("service-proxy", cancel.clone(), move |token| {
+                let (client, config) = (proxy_client.clone(), config.clone());
+                async move {
+                    kubevirt_service_proxy::run(client, config, token).await;
+                    Ok(())
+                }
+            }));
+            Some((
+                kubevirt_apiserver::services::kubernetes_service_ip().to_string(),
+                443,
+            ))
+        }
+        None => api_server_address(&data_dir.join("kubeconfig")).await?,
+    };
     let node_config = kubevirt_node::NodeConfig {
         node_name: node_name.to_owned(),
-        data_dir: data_dir.join("node"),
+        data_dir: node_dir.to_path_buf(),
         images: project_images(fake_qemu)?,
         host_ip: "127.0.0.1".into(),
         cluster_ca_pem: Some(ca_pem.to_vec()),
@@ -310,15 +387,27 @@ async fn start_embedded_node(
             )
             .context("issuing the node's serving certificate")?,
         ),
-        // Pods share the host's network: they reach the API server where the server listens.
         kubernetes_service,
+        pod_network,
     };
     let kubelet_pods_dir = node_config.pods_dir();
-    let node = supervise("node", cancel.clone(), move |token| {
+    tasks.push(supervise("node", cancel.clone(), move |token| {
+        // The slot is held for as long as the node task lives.
+        let _held = &slot;
         let (client, config) = (node_client.clone(), node_config.clone());
-        async move { Ok(kubevirt_node::run_node(client, config, token).await?) }
-    });
-    Ok((scheduler, node, kubelet_pods_dir))
+        async move {
+            let result = kubevirt_node::run_node(client, config.clone(), token.clone()).await;
+            // A clean shutdown removes the bridge, unless pods (running VMs) still use it.
+            if token.is_cancelled()
+                && let Some(network) = &config.pod_network
+                && let Err(e) = network.delete_bridge_if_unused(&config.data_dir)
+            {
+                warn!(error = %e, "cannot delete the pod bridge");
+            }
+            Ok(result?)
+        }
+    }));
+    Ok((tasks, kubelet_pods_dir))
 }
 
 /// The node's image store: this binary under the project's images (the launcher image of
@@ -409,28 +498,34 @@ async fn serve(args: ServerArgs) -> anyhow::Result<()> {
         )
     };
 
-    let (scheduler, node, kubelet_pods_dir) =
-        start_embedded_node(&data_dir, &node_name, args.fake_qemu, &ca_pem, &cancel).await?;
+    let mut tasks = start_embedded_control_plane(&data_dir, &cancel).await?;
+    for index in 0..args.nodes.max(1) {
+        let (name, dir) = embedded_node(&data_dir, &node_name, index);
+        let (node_tasks, kubelet_pods_dir) =
+            start_embedded_node(&data_dir, (&name, &dir), args.fake_qemu, &ca_pem, &cancel)
+                .await?;
+        tasks.extend(node_tasks);
 
-    // KubeVirt's node agent.
-    let handler_client = client_from(&data_dir.join("kubeconfig-handler")).await?;
-    let handler_config = virt_handler::HandlerConfig {
-        node_name: node_name.clone(),
-        data_dir: data_dir.clone(),
-        kubelet_pods_dir,
-        use_emulation: args.use_emulation.then_some(true),
-        rest: Some(virt_handler::rest::RestConfig {
-            listen: "127.0.0.1:0".parse().context("address")?,
-            client_ca_pem: ca_pem.clone(),
-            serving_cert: Some(
-                serving_cert().context("issuing virt-handler's serving certificate")?,
-            ),
-        }),
-    };
-    let handler = supervise("virt-handler", cancel.clone(), move |token| {
-        let (client, config) = (handler_client.clone(), handler_config.clone());
-        async move { Ok(virt_handler::run_handler(client, config, token).await?) }
-    });
+        // KubeVirt's node agent on this node.
+        let handler_client = client_from(&data_dir.join("kubeconfig-handler")).await?;
+        let handler_config = virt_handler::HandlerConfig {
+            node_name: name,
+            data_dir: data_dir.clone(),
+            kubelet_pods_dir,
+            use_emulation: args.use_emulation.then_some(true),
+            rest: Some(virt_handler::rest::RestConfig {
+                listen: "127.0.0.1:0".parse().context("address")?,
+                client_ca_pem: ca_pem.clone(),
+                serving_cert: Some(
+                    serving_cert().context("issuing virt-handler's serving certificate")?,
+                ),
+            }),
+        };
+        tasks.push(supervise("virt-handler", cancel.clone(), move |token| {
+            let (client, config) = (handler_client.clone(), handler_config.clone());
+            async move { Ok(virt_handler::run_handler(client, config, token).await?) }
+        }));
+    }
 
     info!(kubeconfig = %server.kubeconfig.display(), "kubevirt-rs server ready");
     crate::shutdown_signal().await;
@@ -439,7 +534,8 @@ async fn serve(args: ServerArgs) -> anyhow::Result<()> {
     // Let the components finish their last API calls (the controller releases its Lease)
     // before the API server goes away.
     let _ = tokio::time::timeout(Duration::from_secs(5), async {
-        let _ = tokio::join!(controller, handler, node, scheduler);
+        let _ = controller.await;
+        futures::future::join_all(tasks).await;
     })
     .await;
     server.stop().await;

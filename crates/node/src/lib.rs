@@ -7,15 +7,25 @@
 //! ([`images`]), and no other crate reads the node agent's files. On a real cluster kubelet
 //! does all of this and this crate is not run.
 //!
+//! Networking: with a [`PodNetworkConfig`] every pod but `hostNetwork` ones gets its own network
+//! namespace on the node's bridge through the CNI plugins ([`pods::network`]), and the Node's
+//! `spec.podCIDR` says which addresses its pods get; without one (unit tests, non-root) pods
+//! share the host's network and their `podIP` is the node's address.
+//!
 //! Directory layout below `data_dir`: `pods/<pod uid>/` as kubelet's
 //! `/var/lib/kubelet/pods/<uid>/` (`volumes/kubernetes.io~<plugin>/<name>/`, container
-//! records and logs). Directories there are `0700` and files `0600` whatever the umask.
+//! records and logs, `network.json`); `netns/<pod uid>` the pods' network namespaces (not
+//! `/run/netns`, so node agents sharing a machine cannot collide and a killed one leaves no
+//! global names); `cni/networks/` (`host-local`'s reservations) and `cni/results/` (ADD
+//! results). Directories there are `0700` and files `0600` whatever the umask.
 
 pub mod images;
 pub mod pods;
 pub mod registration;
 
 use std::path::PathBuf;
+
+pub use pod_network::Ipv4Cidr;
 
 use tokio_util::sync::CancellationToken;
 
@@ -39,6 +49,156 @@ pub struct NodeConfig {
     /// every container as `KUBERNETES_SERVICE_HOST`/`KUBERNETES_SERVICE_PORT` (and the
     /// `KUBERNETES_PORT…` variables) so in-cluster clients work. `None`: no such variables.
     pub kubernetes_service: Option<(String, u16)>,
+    /// The node's pod network; `None`: pods share the host's network namespace.
+    pub pod_network: Option<PodNetworkConfig>,
+}
+
+/// A node's pod network: pods get addresses of `pod_cidr` on the Linux bridge `bridge`
+/// (created by the CNI `bridge` plugin on the first pod, its gateway the CIDR's first
+/// address). Node agents sharing a machine need distinct bridges and CIDRs:
+/// [`pod_network::PodNetworkSlot`] hands them out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodNetworkConfig {
+    /// The Node's `spec.podCIDR`.
+    pub pod_cidr: Ipv4Cidr,
+    /// The bridge (at most 15 bytes).
+    pub bridge: String,
+    /// Where the CNI plugins are.
+    pub plugin_dir: PathBuf,
+}
+
+impl PodNetworkConfig {
+    /// `pod_cidr` on `bridge`, the plugins in [`pod_network::DEFAULT_PLUGIN_DIR`].
+    pub fn new(pod_cidr: Ipv4Cidr, bridge: impl Into<String>) -> Self {
+        Self {
+            pod_cidr,
+            bridge: bridge.into(),
+            plugin_dir: pod_network::DEFAULT_PLUGIN_DIR.into(),
+        }
+    }
+
+    /// The network of a held slot.
+    pub fn from_slot(slot: &pod_network::PodNetworkSlot) -> Self {
+        Self::new(slot.subnet(), slot.bridge())
+    }
+
+    /// A pod network for a node agent on a machine it may share with others: a slot of the
+    /// machine-wide allocator ([`pod_network::DEFAULT_LOCK_DIR`]), the one `owner` (e.g. its
+    /// data directory) held last when it is free. Keep the slot for as long as the node runs.
+    ///
+    /// # Errors
+    /// [`PodNetworkUnavailable`] when this process cannot run pod networks (not root, no
+    /// plugins) or no slot is free; the node then runs pods in the host's network.
+    pub fn acquire_for(
+        owner: &str,
+    ) -> Result<(Self, pod_network::PodNetworkSlot), PodNetworkUnavailable> {
+        if !nix::unistd::geteuid().is_root() {
+            return Err(PodNetworkUnavailable::NotRoot);
+        }
+        let plugins = std::path::Path::new(pod_network::DEFAULT_PLUGIN_DIR);
+        for plugin in ["bridge", "host-local", "portmap"] {
+            if !plugins.join(plugin).is_file() {
+                return Err(PodNetworkUnavailable::NoPlugin(plugins.join(plugin)));
+            }
+        }
+        let slot = pod_network::PodNetworkSlot::acquire_for(
+            std::path::Path::new(pod_network::DEFAULT_LOCK_DIR),
+            owner,
+        )
+        .map_err(PodNetworkUnavailable::Slot)?;
+        Ok((Self::from_slot(&slot), slot))
+    }
+
+    /// Deletes the bridge when no pod of the node under `data_dir` has a network namespace any
+    /// more (pods outlive the node agent: their bridge stays while they run). Returns whether
+    /// it was deleted.
+    ///
+    /// # Errors
+    /// The bridge could not be deleted.
+    pub fn delete_bridge_if_unused(
+        &self,
+        data_dir: &std::path::Path,
+    ) -> Result<bool, pod_network::HostError> {
+        let in_use = std::fs::read_dir(data_dir.join("netns"))
+            .map(|mut entries| entries.next().is_some())
+            .unwrap_or(false);
+        if in_use {
+            return Ok(false);
+        }
+        pod_network::delete_bridge(&self.bridge)
+    }
+}
+
+/// The file under the node's data directory that keeps its pod network, so that its pods'
+/// networks can be released without the node ([`release_pod_networks`]).
+pub const POD_NETWORK_FILE: &str = "pod-network.json";
+
+/// [`PodNetworkConfig`] as [`POD_NETWORK_FILE`] keeps it.
+#[derive(serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct SavedPodNetwork {
+    pod_cidr: String,
+    bridge: String,
+    plugin_dir: PathBuf,
+}
+
+impl PodNetworkConfig {
+    fn to_saved(&self) -> SavedPodNetwork {
+        SavedPodNetwork {
+            pod_cidr: self.pod_cidr.to_string(),
+            bridge: self.bridge.clone(),
+            plugin_dir: self.plugin_dir.clone(),
+        }
+    }
+}
+
+/// Releases the network of every pod of the node whose data directory is `data_dir` (CNI DEL,
+/// namespace deleted; a namespace DEL fails for is deleted anyway), e.g. after its node agent
+/// and containers were killed in a test. Best effort; the bridge is left to the next holder of
+/// its slot, which resets it. Returns how many pod networks were released.
+pub fn release_pod_networks(data_dir: &std::path::Path) -> usize {
+    let Some(saved) = pods::process::read_json::<SavedPodNetwork>(&data_dir.join(POD_NETWORK_FILE))
+    else {
+        return 0;
+    };
+    let Ok(pod_cidr) = saved.pod_cidr.parse() else {
+        return 0;
+    };
+    let config = PodNetworkConfig {
+        pod_cidr,
+        bridge: saved.bridge,
+        plugin_dir: saved.plugin_dir,
+    };
+    let networks = pods::network::PodNetworks::new(&config, data_dir);
+    let mut released = 0;
+    for entry in std::fs::read_dir(data_dir.join("netns"))
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let uid = entry.file_name().to_string_lossy().into_owned();
+        let pod_dir = data_dir.join("pods").join(&uid);
+        if let Err(e) = networks.tear_down(&uid, &pod_dir) {
+            tracing::warn!(uid, error = %e, "cannot release a pod network; deleting its namespace");
+            let _ = pod_network::delete_path(&entry.path());
+        }
+        released += 1;
+    }
+    released
+}
+
+/// Why a node runs without a pod network.
+#[derive(Debug, thiserror::Error)]
+pub enum PodNetworkUnavailable {
+    /// Network namespaces and bridges need root.
+    #[error("pod networks need root")]
+    NotRoot,
+    /// A CNI plugin is not installed.
+    #[error("the CNI plugin {} is not installed", .0.display())]
+    NoPlugin(PathBuf),
+    /// No pod network slot could be taken.
+    #[error("no pod network slot")]
+    Slot(#[source] pod_network::SlotError),
 }
 
 impl NodeConfig {
@@ -117,6 +277,14 @@ pub async fn run_node(
     for dir in [config.data_dir.clone(), config.pods_dir()] {
         private_fs::create_dir_all(&dir).map_err(|e| NodeError::StateDir(dir.clone(), e))?;
     }
+    if let Some(network) = &config.pod_network {
+        if let Err(e) = pod_network::enable_ip_forwarding() {
+            tracing::warn!(error = %e, "pods will not reach beyond this machine");
+        }
+        let path = config.data_dir.join(POD_NETWORK_FILE);
+        pods::process::write_json(&path, &network.to_saved())
+            .map_err(|e| NodeError::StateDir(path, e))?;
+    }
     let kubelet_port = match &config.cluster_ca_pem {
         Some(ca) => Some(start_log_endpoint(&client, &config, ca).await?),
         None => None,
@@ -125,6 +293,7 @@ pub async fn run_node(
         client.clone(),
         config.node_name.clone(),
         config.host_ip.clone(),
+        config.pod_network.as_ref().map(|n| n.pod_cidr.to_string()),
         kubelet_port,
         cancel.clone(),
     );
@@ -134,6 +303,10 @@ pub async fn run_node(
         images: config.images.clone(),
         host_ip: config.host_ip.clone(),
         kubernetes_service: config.kubernetes_service.clone(),
+        network: config
+            .pod_network
+            .as_ref()
+            .map(|n| pods::network::PodNetworks::new(n, &config.data_dir)),
     };
     let pods = async {
         tokio::select! {

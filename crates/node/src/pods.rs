@@ -5,7 +5,13 @@
 //! image and `command[0]` to a program, and the container's `command[1..] + args` follow,
 //! as a container runtime runs them. Before the containers start the pod's volumes are
 //! prepared ([`volumes`]) and every container gets a private mount namespace with its
-//! `volumeMounts` bind-mounted at their `mountPath`s. The runner reports the pod status
+//! `volumeMounts` bind-mounted at their `mountPath`s. On a node with a pod network the pod's
+//! network namespace is made next ([`network`]: netns + CNI ADD, the result recorded in the
+//! pod directory) and every container of the pod joins it; `hostNetwork` pods, and every pod
+//! of a node without a pod network, stay in the host's network with the node's address as
+//! `podIP`. The network is released (CNI DEL, namespace deleted) when the pod reaches a
+//! terminal phase or, at the latest, after its containers stopped and before the pod object
+//! is removed. The runner reports the pod status
 //! kubelet would ([`status`]), restarts containers as `restartPolicy` says (with kubelet's
 //! back-off), and stops a deleted pod as kubelet does: `SIGTERM` to each container's main
 //! process, then `SIGKILL` of whatever is left of its process group after the grace period;
@@ -19,8 +25,14 @@
 //! - A container whose image the store does not know never starts a process: it waits with
 //!   `ErrImagePull`, then `ImagePullBackOff`.
 //! - A pod status is written only when phase, pod IP, container states or readiness change.
+//! - A container that ends while this runner is its parent is reported with its real exit
+//!   code: between its end and the waiter's exit record it still shows as running, never as
+//!   `ContainerStatusUnknown` (which is for processes re-adopted after a restart).
+//! - No container of a pod with its own network starts before the pod's network is set up
+//!   and recorded; until then the containers wait in `ContainerCreating` with the reason.
 
 pub mod logs;
+pub mod network;
 pub mod orphans;
 pub mod process;
 pub mod status;
@@ -52,11 +64,13 @@ pub struct PodRunnerConfig {
     pub state_dir: PathBuf,
     /// What images this node runs.
     pub images: crate::images::ImageStore,
-    /// The address reported as the pods' host IP (and pod IP while pods share the host's
+    /// The address reported as the pods' host IP (and pod IP of pods that share the host's
     /// network).
     pub host_ip: String,
     /// Where pods reach the API server (`KUBERNETES_SERVICE_HOST`/`_PORT` in every container).
     pub kubernetes_service: Option<(String, u16)>,
+    /// The node's pod network; `None`: every pod shares the host's network.
+    pub network: Option<network::PodNetworks>,
 }
 
 /// Errors of one reconcile of one pod.
@@ -75,6 +89,13 @@ pub enum PodRunnerError {
         pod: String,
         #[source]
         source: kube::Error,
+    },
+    /// Releasing the pod's network (CNI DEL, namespace) failed; its removal is retried.
+    #[error("releasing the network of pod {pod}")]
+    Network {
+        pod: String,
+        #[source]
+        source: network::NetworkError,
     },
     /// Removing the pod after its containers stopped failed.
     #[error("removing pod {pod}")]
@@ -103,6 +124,9 @@ pub struct PodRunner {
     /// The pods' volumes: set-up, resync, service-account tokens.
     volumes: volumes::VolumeManager,
     exits: mpsc::UnboundedSender<()>,
+    /// Pids of containers this runner started and whose waiter has not recorded the exit yet:
+    /// such a process that is gone has an exit code on its way, not an unknown one.
+    waited: Arc<std::sync::Mutex<BTreeSet<i32>>>,
 }
 
 fn pod_key(pod: &Pod) -> String {
@@ -151,16 +175,16 @@ impl PodRunner {
         let pod_dir = self.pod_dir(&uid);
         let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
         let terminal = matches!(phase, Some("Succeeded" | "Failed"));
-        let mounts = if terminal {
-            Ok(BTreeMap::new())
+        let prepared = if terminal {
+            Ok(Prepared::default())
         } else {
-            self.prepare_pod(pod, &uid).await.map_err(|e| e.message())
+            self.prepare(pod, &uid).await
         };
         let mut reports = Vec::with_capacity(spec.containers.len());
         for container in &spec.containers {
-            let state = match &mounts {
-                Ok(mounts) => {
-                    self.container_state(pod, &uid, container, mounts, terminal)
+            let state = match &prepared {
+                Ok(prepared) => {
+                    self.container_state(pod, &uid, container, prepared, terminal)
                         .await?
                 }
                 Err(message) => ContainerState::Waiting {
@@ -179,7 +203,79 @@ impl PodRunner {
                 restart_count,
             });
         }
-        self.report(pod, &reports).await
+        if terminal
+            && !reports
+                .iter()
+                .any(|r| matches!(r.state, ContainerState::Running { .. }))
+        {
+            // As kubelet stops a finished pod's sandbox: its address goes back to the pool.
+            self.release_network(pod, &uid).await?;
+        }
+        let pod_ip = self.pod_ip(pod, &uid);
+        self.report(pod, &reports, &pod_ip).await
+    }
+
+    /// The pod's volumes and network, ready for its containers; the message of what failed
+    /// (the containers then wait in `ContainerCreating`).
+    async fn prepare(&mut self, pod: &Pod, uid: &str) -> Result<Prepared, String> {
+        let mounts = self.prepare_pod(pod, uid).await.map_err(|e| e.message())?;
+        let netns = match self.network_of(pod) {
+            None => None,
+            Some(networks) => {
+                let (networks, uid, pod_dir) =
+                    (networks.clone(), uid.to_owned(), self.pod_dir(uid));
+                let ports = network::port_mappings(pod);
+                let record =
+                    tokio::task::spawn_blocking(move || networks.set_up(&uid, &pod_dir, &ports))
+                        .await
+                        .map_err(|e| format!("setting up the pod network: {e}"))?
+                        .map_err(|e| {
+                            format!("Failed to create pod sandbox: {}", error_chain(&e))
+                        })?;
+                Some(record.netns)
+            }
+        };
+        Ok(Prepared { mounts, netns })
+    }
+
+    /// The pod network this pod joins: `None` for `hostNetwork` pods and on a node without one.
+    fn network_of(&self, pod: &Pod) -> Option<&network::PodNetworks> {
+        self.config
+            .network
+            .as_ref()
+            .filter(|_| !network::host_network(pod))
+    }
+
+    /// `status.podIP`: the node's address for pods in its network, the CNI result's otherwise
+    /// (empty until the network is set up).
+    fn pod_ip(&self, pod: &Pod, uid: &str) -> String {
+        match self.network_of(pod) {
+            None => self.config.host_ip.clone(),
+            Some(_) => network::read_record(&self.pod_dir(uid))
+                .and_then(|r| r.pod_ip())
+                .unwrap_or_default(),
+        }
+    }
+
+    /// CNI DEL and namespace deletion for the pod (nothing to do for a pod that has no network
+    /// or had it released already).
+    async fn release_network(&self, pod: &Pod, uid: &str) -> Result<(), PodRunnerError> {
+        let Some(networks) = self.config.network.clone() else {
+            return Ok(());
+        };
+        let (uid, pod_dir) = (uid.to_owned(), self.pod_dir(uid));
+        let released =
+            tokio::task::spawn_blocking(move || networks.tear_down(&uid, &pod_dir)).await;
+        match released {
+            Ok(result) => result.map_err(|source| PodRunnerError::Network {
+                pod: pod_key(pod),
+                source,
+            }),
+            Err(e) => {
+                warn!(pod = %pod_key(pod), error = %e, "the pod network release task failed");
+                Ok(())
+            }
+        }
     }
 
     /// Writes the pod's reference and prepares its volumes; returns the host path of each
@@ -213,14 +309,19 @@ impl PodRunner {
         pod: &Pod,
         uid: &str,
         container: &k8s_openapi::api::core::v1::Container,
-        mounts: &BTreeMap<String, PathBuf>,
+        prepared: &Prepared,
         terminal: bool,
     ) -> Result<ContainerState, PodRunnerError> {
         let paths = ContainerPaths::new(&self.pod_dir(uid), &container.name);
         let record: Option<ProcessRecord> = process::read_json(&paths.record);
         let alive = record.as_ref().is_some_and(process::is_alive);
         let key = (uid.to_owned(), container.name.clone());
-        if let (Some(record), true) = (&record, alive) {
+        let exit_on_its_way = record.as_ref().is_some_and(|r| {
+            self.waited
+                .lock()
+                .is_ok_and(|waited| waited.contains(&r.pid))
+        });
+        if let (Some(record), true) = (&record, alive || exit_on_its_way) {
             cap_log(&paths.log).await;
             return Ok(ContainerState::Running {
                 started_at: record.started_at.clone(),
@@ -262,7 +363,7 @@ impl PodRunner {
             }
             self.restart_at.remove(&key);
             return self
-                .start(pod, uid, container, mounts, &paths, restart_count + 1)
+                .start(pod, uid, container, prepared, &paths, restart_count + 1)
                 .await;
         }
         if terminal {
@@ -271,7 +372,7 @@ impl PodRunner {
                 message: None,
             });
         }
-        self.start(pod, uid, container, mounts, &paths, 0).await
+        self.start(pod, uid, container, prepared, &paths, 0).await
     }
 
     async fn start(
@@ -279,7 +380,7 @@ impl PodRunner {
         pod: &Pod,
         uid: &str,
         container: &k8s_openapi::api::core::v1::Container,
-        mounts: &BTreeMap<String, PathBuf>,
+        prepared: &Prepared,
         paths: &ContainerPaths,
         restart_count: u32,
     ) -> Result<ContainerState, PodRunnerError> {
@@ -325,7 +426,12 @@ impl PodRunner {
             .as_ref()
             .map(|(host, port)| (host.as_str(), *port));
         let mut env = resolved.env.clone();
-        match self.volumes.container_env(pod, container, service).await {
+        let pod_ip = self.pod_ip(pod, uid);
+        match self
+            .volumes
+            .container_env(pod, container, service, &pod_ip)
+            .await
+        {
             Ok(vars) => env.extend(vars),
             Err(e) => {
                 return Ok(ContainerState::Waiting {
@@ -336,8 +442,8 @@ impl PodRunner {
         }
         let sandbox = process::Sandbox {
             argv0: Some(resolved.argv0.clone()),
-            mounts: volumes::bind_mounts(container, mounts),
-            netns: None,
+            mounts: volumes::bind_mounts(container, &prepared.mounts),
+            netns: prepared.netns.clone(),
         };
         let (mut child, record) = process::spawn(
             &resolved.program,
@@ -356,12 +462,19 @@ impl PodRunner {
         let exits = self.exits.clone();
         let waiter_paths = paths.clone();
         let waiter_record = record.clone();
+        let waited = self.waited.clone();
+        if let Ok(mut pids) = waited.lock() {
+            pids.insert(record.pid);
+        }
         tokio::spawn(async move {
             if let Ok(status) = child.wait().await {
                 // As a container runtime: when the main process ends, nothing of the
                 // container outlives it.
                 process::signal_group(&waiter_record, Signal::SIGKILL);
                 process::record_exit(&waiter_paths, &process::exit_from_status(status));
+            }
+            if let Ok(mut pids) = waited.lock() {
+                pids.remove(&waiter_record.pid);
             }
             let _ = exits.send(());
         });
@@ -375,6 +488,7 @@ impl PodRunner {
         &mut self,
         pod: &Pod,
         containers: &[status::ContainerReport],
+        pod_ip: &str,
     ) -> Result<(), PodRunnerError> {
         let now = crate::now_rfc3339();
         let start_time = pod
@@ -389,7 +503,7 @@ impl PodRunner {
             restart_policy(pod),
             readiness_gates_true(pod),
             &self.config.host_ip,
-            &self.config.host_ip,
+            pod_ip,
             &start_time,
             &now,
         );
@@ -472,6 +586,9 @@ impl PodRunner {
             return Ok(());
         }
         self.kill_deadlines.remove(uid);
+        // As kubelet: the sandbox (here the network namespace and its address) goes once the
+        // containers have stopped, before the pod object does.
+        self.release_network(pod, uid).await?;
         let api: Api<Pod> = Api::namespaced(
             self.client.clone(),
             pod.metadata.namespace.as_deref().unwrap_or_default(),
@@ -538,6 +655,26 @@ fn readiness_gates_true(pod: &Pod) -> bool {
         })
 }
 
+/// What a pod's containers start with: the volumes by name and the pod's network namespace.
+#[derive(Debug, Default)]
+struct Prepared {
+    mounts: BTreeMap<String, PathBuf>,
+    /// `None`: the host's network.
+    netns: Option<PathBuf>,
+}
+
+/// `error` and its sources, `: `-separated, for a status message.
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
 fn terminated(record: Option<&ProcessRecord>, exit: ExitRecord) -> ContainerState {
     ContainerState::Terminated {
         exit_code: exit.exit_code,
@@ -562,8 +699,10 @@ pub async fn run(client: kube::Client, config: PodRunnerConfig) {
         pull_failed: BTreeSet::new(),
         volumes,
         exits: exits_tx,
+        waited: Arc::default(),
     };
-    let mut orphans = orphans::Orphans::new(runner.config.state_dir.clone());
+    let mut orphans = orphans::Orphans::new(runner.config.state_dir.clone())
+        .with_network(runner.config.network.clone());
     let api: Api<Pod> = Api::all(client.clone());
     let selector = format!("spec.nodeName={}", runner.config.node_name);
     let (store, writer) = reflector::store::<Pod>();

@@ -98,6 +98,15 @@ pub fn node_labels(node_name: &str) -> BTreeMap<String, String> {
     ])
 }
 
+/// The Node spec the node agent owns: its pod CIDR (`spec.podCIDR`, `spec.podCIDRs`), when it
+/// has a pod network.
+pub fn node_spec(pod_cidr: Option<&str>) -> Value {
+    match pod_cidr {
+        Some(cidr) => json!({"podCIDR": cidr, "podCIDRs": [cidr]}),
+        None => json!({}),
+    }
+}
+
 /// The Node status kubelet posts.
 pub fn node_status(
     host_ip: &str,
@@ -163,6 +172,7 @@ pub async fn register(
     api: &Api<Node>,
     node_name: &str,
     host_ip: &str,
+    pod_cidr: Option<&str>,
     kubelet_port: Option<u16>,
     facts: &HostFacts,
 ) -> Result<(), RegistrationError> {
@@ -176,6 +186,7 @@ pub async fn register(
             "apiVersion": "v1",
             "kind": "Node",
             "metadata": {"name": node_name, "labels": node_labels(node_name)},
+            "spec": node_spec(pod_cidr),
         }))
         .map_err(|e| RegistrationError::Create(name.clone(), kube::Error::SerdeError(e)))?;
         match api.create(&PostParams::default(), &node).await {
@@ -183,6 +194,21 @@ pub async fn register(
             Err(kube::Error::Api(e)) if e.code == 409 => {}
             Err(e) => return Err(RegistrationError::Create(name, e)),
         }
+    } else if let Some(cidr) = pod_cidr
+        && existing
+            .and_then(|n| n.spec)
+            .and_then(|s| s.pod_cidr)
+            .as_deref()
+            != Some(cidr)
+    {
+        api.patch(
+            node_name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": node_spec(pod_cidr)})),
+        )
+        .await
+        .map_err(|e| RegistrationError::Patch(name.clone(), e))?;
+        info!(node = node_name, pod_cidr = cidr, "set the node's pod CIDR");
     }
     let status = node_status(
         host_ip,
@@ -235,13 +261,23 @@ pub async fn run(
     client: kube::Client,
     node_name: String,
     host_ip: String,
+    pod_cidr: Option<String>,
     kubelet_port: Option<u16>,
     cancel: CancellationToken,
 ) {
     let api: Api<Node> = Api::all(client);
     let facts = HostFacts::read();
     loop {
-        match register(&api, &node_name, &host_ip, kubelet_port, &facts).await {
+        match register(
+            &api,
+            &node_name,
+            &host_ip,
+            pod_cidr.as_deref(),
+            kubelet_port,
+            &facts,
+        )
+        .await
+        {
             Ok(()) => break,
             Err(e) => warn!(error = %e, "node registration failed; retrying"),
         }
@@ -285,6 +321,15 @@ mod tests {
         assert_eq!(status["capacity"]["cpu"], "2");
         assert_eq!(status["capacity"]["memory"], format!("{}Ki", 24 << 20));
         assert_eq!(status["daemonEndpoints"]["kubeletEndpoint"]["Port"], 10250);
+    }
+
+    #[test]
+    fn the_spec_carries_the_pod_cidr_only_with_a_pod_network() {
+        assert_eq!(
+            node_spec(Some("10.244.0.0/24")),
+            json!({"podCIDR": "10.244.0.0/24", "podCIDRs": ["10.244.0.0/24"]})
+        );
+        assert_eq!(node_spec(None), json!({}));
     }
 
     #[test]

@@ -1,112 +1,12 @@
 //! The node agent against a real API server: which images run, and what a container sees of
 //! its volumes.
 
-use std::collections::BTreeMap;
+mod common;
+
 use std::path::PathBuf;
-use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, PostParams};
-use kubevirt_node::images::{Image, ImageStore};
+use common::{NODE, TOOLS, create, start, wait_for, waiting_reason};
 use serde_json::json;
-use tokio_util::sync::CancellationToken;
-
-const NODE: &str = "n1";
-const TOOLS: &str = "example.com/tools:v1";
-
-struct Node {
-    tmp: tempfile::TempDir,
-    _server: kubevirt_apiserver::RunningServer,
-    client: kube::Client,
-    cancel: CancellationToken,
-}
-
-impl Drop for Node {
-    fn drop(&mut self) {
-        self.cancel.cancel();
-        // Nothing a test starts outlives it: kill every recorded container group.
-        testkit::kill_launchers(self.tmp.path());
-    }
-}
-
-async fn start() -> Node {
-    let tmp = tempfile::tempdir().expect("tempdir");
-    let server = kubevirt_apiserver::start(kubevirt_apiserver::Config {
-        data_dir: tmp.path().join("apiserver"),
-        listen: "127.0.0.1:0".parse().expect("addr"),
-        initial_objects: vec![],
-    })
-    .await
-    .expect("API server");
-    let kubeconfig = kube::config::Kubeconfig::read_from(&server.kubeconfig).expect("kubeconfig");
-    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
-        .await
-        .expect("config");
-    let client = kube::Client::try_from(config).expect("client");
-    let mut images = ImageStore::new();
-    images.insert(
-        TOOLS,
-        Image {
-            programs: BTreeMap::from([("sh".to_owned(), PathBuf::from("/bin/sh"))]),
-            entrypoint: vec!["sh".to_owned()],
-            env: vec![("PATH".to_owned(), "/usr/bin:/bin".to_owned())],
-        },
-    );
-    let cancel = CancellationToken::new();
-    let config = kubevirt_node::NodeConfig {
-        node_name: NODE.into(),
-        data_dir: tmp.path().join("node"),
-        images,
-        host_ip: "127.0.0.1".into(),
-        cluster_ca_pem: None,
-        serving_cert: None,
-        kubernetes_service: None,
-    };
-    tokio::spawn(kubevirt_node::run_node(
-        client.clone(),
-        config,
-        cancel.clone(),
-    ));
-    Node {
-        tmp,
-        _server: server,
-        client,
-        cancel,
-    }
-}
-
-async fn create(node: &Node, pod: serde_json::Value) -> Pod {
-    let pod: Pod = serde_json::from_value(pod).expect("pod");
-    Api::<Pod>::namespaced(node.client.clone(), "default")
-        .create(&PostParams::default(), &pod)
-        .await
-        .expect("create pod")
-}
-
-/// Polls the pod until `done` holds (or fails after a minute).
-async fn wait_for(node: &Node, name: &str, what: &str, done: impl Fn(&Pod) -> bool) -> Pod {
-    let api = Api::<Pod>::namespaced(node.client.clone(), "default");
-    testkit::wait_until_async(Duration::from_secs(60), what, || {
-        let (api, done) = (&api, &done);
-        async move { api.get(name).await.ok().filter(|p| done(p)) }
-    })
-    .await
-    .expect("the pod state")
-}
-
-fn waiting_reason(pod: &Pod) -> Option<String> {
-    pod.status
-        .as_ref()?
-        .container_statuses
-        .as_ref()?
-        .first()?
-        .state
-        .as_ref()?
-        .waiting
-        .as_ref()?
-        .reason
-        .clone()
-}
 
 #[tokio::test]
 async fn an_image_the_store_does_not_know_never_starts_a_process() {

@@ -86,6 +86,8 @@ async fn start(kubectl: Option<PathBuf>) -> Node {
         cluster_ca_pem: None,
         serving_cert: None,
         kubernetes_service: Some(("127.0.0.1".into(), server.addr.port())),
+        // The host network: pods reach the API server where it listens.
+        pod_network: None,
     };
     tokio::spawn(kubevirt_node::run_node(
         client.clone(),

@@ -49,6 +49,14 @@ impl Ipv4Cidr {
         })
     }
 
+    /// The /24 network of `address`.
+    pub(crate) fn slash_24(address: Ipv4Addr) -> Self {
+        Self {
+            network: Ipv4Addr::from_bits(address.to_bits() & 0xffff_ff00),
+            prefix_len: 24,
+        }
+    }
+
     /// The network address.
     pub fn network(&self) -> Ipv4Addr {
         self.network

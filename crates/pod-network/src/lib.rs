@@ -14,14 +14,19 @@
 //! After a restart the agent re-adopts a pod's namespace with [`NetworkNamespace::open`]; the
 //! ADD results cached under [`CniNetwork::result_cache_dir`] let DEL and CHECK work then too.
 //!
+//! Node agents that share a machine take a [`PodNetworkSlot`] each: a bridge name and pod CIDR
+//! of their own for as long as they live. When a node's network goes for good, [`delete_bridge`]
+//! removes its bridge (the `bridge` plugin never does).
+//!
 //! Modules: [`netns`] the namespaces, [`config`] the network and its configuration list,
-//! [`exec`] running the plugins, [`host`] the node's one global setting; `sys` the few
-//! `unsafe` system calls.
+//! [`exec`] running the plugins, [`host`] the node's one global setting and its bridge,
+//! [`slot`] the allocator of bridges and CIDRs; `sys` the few `unsafe` system calls.
 
 pub mod config;
 pub mod exec;
 pub mod host;
 pub mod netns;
+pub mod slot;
 mod sys;
 
 pub use config::{
@@ -29,6 +34,7 @@ pub use config::{
     InvalidCidr, Ipv4Cidr, PortMapping, Protocol,
 };
 pub use exec::{CniError, CniInterface, PodAddresses, PodIp};
-pub use host::{HostError, enable_ip_forwarding};
+pub use host::{HostError, delete_bridge, enable_ip_forwarding};
 pub use netns::{DEFAULT_RUN_DIR, NetnsError, NetworkNamespace, delete_path};
+pub use slot::{DEFAULT_LOCK_DIR, MAX_SLOT, PodNetworkSlot, SlotError};
 pub use sys::{enter, join_in_child};

@@ -296,7 +296,7 @@ fn named(run_dir: &Path, name: &str) -> Result<PathBuf, NetnsError> {
 /// bind-mounted on `path`. The thread must end afterwards (it is in the new namespace).
 fn mount_new_namespace(path: &Path) -> Result<(), NetnsError> {
     unshare(CloneFlags::CLONE_NEWNET).map_err(NetnsError::Unshare)?;
-    crate::sys::set_loopback_up().map_err(NetnsError::LoopbackUp)?;
+    crate::sys::set_link_up("lo", true).map_err(NetnsError::LoopbackUp)?;
     mount(
         Some("/proc/thread-self/ns/net"),
         path,

@@ -238,3 +238,36 @@ fn free_port() -> u16 {
         .expect("free port")
         .port()
 }
+
+#[test]
+fn a_bridge_is_deleted_with_its_veths_detached_and_deleting_again_or_a_non_bridge_is_safe() {
+    let Some(()) = common::prerequisites() else {
+        return;
+    };
+    let fixture = Fixture::new('f', 24);
+    let ns = fixture.netns("pod");
+    let mut pod = fixture.add(&format!("{}-pod", common::unique('f')), &ns, &[]);
+    let bridge = fixture.net.bridge.clone();
+    let sysfs = Path::new("/sys/class/net").join(&bridge);
+    assert!(sysfs.join("bridge").is_dir(), "ADD made the bridge");
+    assert!(pod_network::delete_bridge(&bridge).expect("delete bridge"));
+    assert!(!sysfs.exists());
+    for veth in pod.host_veths() {
+        let master = Path::new("/sys/class/net").join(&veth).join("master");
+        assert!(!master.exists(), "{veth} is still attached");
+    }
+    assert!(!pod_network::delete_bridge(&bridge).expect("delete again"));
+    // The pod is still detached cleanly, and ADD makes the bridge anew.
+    pod.del();
+    let again = fixture.add(&format!("{}-again", common::unique('f')), &ns, &[]);
+    assert!(sysfs.join("bridge").is_dir());
+    drop(again);
+    assert!(matches!(
+        pod_network::delete_bridge("lo"),
+        Err(pod_network::HostError::NotABridge { .. })
+    ));
+    assert!(
+        ip(&["-o", "link", "show", "lo"]).contains("UP"),
+        "lo was left up"
+    );
+}

@@ -278,7 +278,9 @@ impl ServerProcess {
 }
 
 /// Kills every launcher process group a server's pod runner recorded under `data_dir`
-/// (`DATA/node/pods/<uid>/<container>.json`), for tests that start servers by other means.
+/// (`DATA/node/pods/<uid>/<container>.json`), for tests that start servers by other means;
+/// then releases the pods' networks (CNI DEL, their namespaces under `DATA/node/netns`), so no
+/// namespace mount keeps the test's directory from being removed.
 pub fn kill_launchers(data_dir: &Path) {
     {
         let pods = data_dir.join("node").join("pods");
@@ -309,6 +311,7 @@ pub fn kill_launchers(data_dir: &Path) {
             }
         }
     }
+    kubevirt_node::release_pod_networks(&data_dir.join("node"));
 }
 
 impl Drop for ServerProcess {

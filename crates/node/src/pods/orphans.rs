@@ -18,6 +18,9 @@
 //!   directory made by an older runner), it is left running too. A confirmed orphan gets
 //!   `SIGTERM` (the launcher powers the guest off), `SIGKILL` after [`ORPHAN_GRACE`], and is
 //!   quarantined once its processes have ended.
+//! - Before a directory without a live process is quarantined, its pod network is released
+//!   (CNI DEL and its namespace deleted, [`super::network`]), so an orphan's address returns to
+//!   the pool; when that fails the directory stays and the release is retried on the next pass.
 //!
 //! # Caveats
 //! - A lost store still ends in the launchers being stopped (their pods are confirmed gone),
@@ -88,6 +91,9 @@ pub struct Orphans {
     kill_deadlines: BTreeMap<String, Instant>,
     /// Uids already warned about (each warning is logged once).
     warned: BTreeSet<String>,
+    /// The node's pod network: an orphan's is released (CNI DEL, namespace) before its
+    /// directory is quarantined.
+    network: Option<super::network::PodNetworks>,
 }
 
 impl Orphans {
@@ -97,6 +103,42 @@ impl Orphans {
             state_dir,
             kill_deadlines: BTreeMap::new(),
             warned: BTreeSet::new(),
+            network: None,
+        }
+    }
+
+    /// Releases the network of each orphan whose processes have all ended, before its directory
+    /// is quarantined.
+    #[must_use]
+    pub fn with_network(mut self, network: Option<super::network::PodNetworks>) -> Self {
+        self.network = network;
+        self
+    }
+
+    /// CNI DEL and namespace deletion for an orphan; whether it succeeded (or there was
+    /// nothing to release).
+    async fn release_network(&mut self, uid: &str, dir: &Path) -> bool {
+        let Some(network) = self.network.clone() else {
+            return true;
+        };
+        let (owned_uid, owned_dir) = (uid.to_owned(), dir.to_path_buf());
+        let released =
+            tokio::task::spawn_blocking(move || network.tear_down(&owned_uid, &owned_dir)).await;
+        match released {
+            Ok(Ok(())) => true,
+            Ok(Err(e)) => {
+                let detail = super::error_chain(&e);
+                self.warn_once(
+                    uid,
+                    "cannot release the network of a stopped orphan; retrying before quarantining it",
+                    &detail,
+                );
+                false
+            }
+            Err(e) => {
+                self.warn_once(uid, "the network release task failed", &e.to_string());
+                false
+            }
         }
     }
 
@@ -156,7 +198,9 @@ impl Orphans {
         for (uid, dir) in candidates {
             let alive = live_processes(&dir);
             if alive.is_empty() {
-                self.quarantine(&uid, &dir);
+                if self.release_network(&uid, &dir).await {
+                    self.quarantine(&uid, &dir);
+                }
                 continue;
             }
             match lookup(client, &dir, &uid).await {

@@ -338,10 +338,12 @@ impl VolumeManager {
         pod: &Pod,
         container: &Container,
         kubernetes_service: Option<(&str, u16)>,
+        pod_ip: &str,
     ) -> Result<Vec<(String, String)>, env::EnvError> {
         let ctx = env::EnvContext {
             client: &self.client,
             host_ip: &self.host_ip,
+            pod_ip,
             node: self.node,
             kubernetes_service,
         };
@@ -567,7 +569,7 @@ pub fn bind_mounts(container: &Container, volumes: &BTreeMap<String, PathBuf>) -
 }
 
 /// The value of a downward-API `fieldRef` for this pod.
-fn field_value(pod: &Pod, field: &str, host_ip: &str) -> Option<String> {
+fn field_value(pod: &Pod, field: &str, host_ip: &str, pod_ip: &str) -> Option<String> {
     let meta = &pod.metadata;
     let spec = pod.spec.as_ref();
     match field {
@@ -576,7 +578,8 @@ fn field_value(pod: &Pod, field: &str, host_ip: &str) -> Option<String> {
         "metadata.uid" => meta.uid.clone(),
         "spec.nodeName" => spec.and_then(|s| s.node_name.clone()),
         "spec.serviceAccountName" => spec.and_then(|s| s.service_account_name.clone()),
-        "status.hostIP" | "status.podIP" => Some(host_ip.to_owned()),
+        "status.hostIP" => Some(host_ip.to_owned()),
+        "status.podIP" => Some(pod_ip.to_owned()),
         _ => {
             let key = field
                 .strip_prefix("metadata.labels['")

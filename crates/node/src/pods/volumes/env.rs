@@ -158,8 +158,10 @@ impl Sources<'_> {
 /// What a container's environment is built from besides the pod.
 pub struct EnvContext<'a> {
     pub client: &'a kube::Client,
-    /// `status.hostIP` and `status.podIP`.
+    /// `status.hostIP`.
     pub host_ip: &'a str,
+    /// `status.podIP`: the pod's own address, or the node's for pods in its network.
+    pub pod_ip: &'a str,
     pub node: NodeResources,
     /// Where pods reach the API server (the `kubernetes` Service).
     pub kubernetes_service: Option<(&'a str, u16)>,
@@ -219,7 +221,7 @@ pub async fn container_env(
             (Some(v), _) => Some(v.clone()),
             (None, Some(from)) => {
                 if let Some(field) = &from.field_ref {
-                    super::field_value(pod, &field.field_path, ctx.host_ip)
+                    super::field_value(pod, &field.field_path, ctx.host_ip, ctx.pod_ip)
                 } else if let Some(resource) = &from.resource_field_ref {
                     Some(projection::resource_value(
                         pod,
@@ -282,6 +284,7 @@ mod tests {
         let ctx = EnvContext {
             client: &client,
             host_ip: "10.0.0.1",
+            pod_ip: "10.245.0.2",
             node: NodeResources {
                 cpu_millis: 2000,
                 memory_bytes: 1 << 30,

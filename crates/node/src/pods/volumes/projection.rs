@@ -260,7 +260,8 @@ fn volume_field_value(pod: &Pod, field: &str, host_ip: &str) -> Option<String> {
     match field {
         "metadata.labels" => Some(format_map(pod.metadata.labels.as_ref())),
         "metadata.annotations" => Some(format_map(pod.metadata.annotations.as_ref())),
-        _ => super::field_value(pod, field, host_ip),
+        // kube refuses `status.*` fields in downward-API volumes.
+        _ => super::field_value(pod, field, host_ip, ""),
     }
 }
 
