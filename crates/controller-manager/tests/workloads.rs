@@ -406,9 +406,13 @@ async fn a_deployment_rolls_out_restarts_cleans_up_history_and_is_garbage_collec
     assert_first_rollout(&client).await;
     let d_api: Api<Deployment> = Api::namespaced(client.clone(), NS);
 
-    // Two restarts: each rolls to a new ReplicaSet; history keeps one old ReplicaSet.
-    for revision in ["2", "3"] {
-        h.kubectl_ok(&["rollout", "restart", "deploy/api"]).await;
+    // A restart and a new image: each rolls to a new ReplicaSet; history keeps one old one.
+    let changes: [&[&str]; 2] = [
+        &["rollout", "restart", "deploy/api"],
+        &["set", "image", "deploy/api", "c=example.com/app:v2"],
+    ];
+    for (change, revision) in changes.into_iter().zip(["2", "3"]) {
+        h.kubectl_ok(change).await;
         let out = h
             .kubectl_ok(&["rollout", "status", "deploy/api", "--timeout=60s"])
             .await;
