@@ -300,11 +300,16 @@ async fn a_replica_set_keeps_its_replicas_adopts_orphans_and_reports_status() {
     .await;
 }
 
+/// A Deployment of 2 replicas; a null `strategy` is left out (kube's default applies).
 fn deployment(name: &str, strategy: &serde_json::Value) -> serde_json::Value {
-    json!({"apiVersion": "apps/v1", "kind": "Deployment",
+    let mut d = json!({"apiVersion": "apps/v1", "kind": "Deployment",
         "metadata": {"name": name, "namespace": NS},
-        "spec": {"replicas": 2, "revisionHistoryLimit": 1, "strategy": strategy,
-            "selector": {"matchLabels": {"app": name}}, "template": template(name)}})
+        "spec": {"replicas": 2, "revisionHistoryLimit": 1,
+            "selector": {"matchLabels": {"app": name}}, "template": template(name)}});
+    if !strategy.is_null() {
+        d["spec"]["strategy"] = strategy.clone();
+    }
+    d
 }
 
 async fn replica_sets(client: &kube::Client, app: &str) -> Vec<ReplicaSet> {
@@ -483,6 +488,71 @@ async fn a_recreate_deployment_replaces_all_pods_at_once() {
     assert_eq!(rss.len(), 2);
     assert_eq!(rss[0].spec.as_ref().and_then(|s| s.replicas), Some(0));
     assert_eq!(rss[1].spec.as_ref().and_then(|s| s.replicas), Some(2));
+}
+
+fn condition_reason(d: &Deployment, type_: &str) -> Option<String> {
+    d.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == type_)?
+        .reason
+        .clone()
+}
+
+#[tokio::test]
+async fn a_paused_deployment_only_scales_until_it_is_resumed() {
+    let h = Harness::start(&[("n1", "worker")]).await;
+    let client = h.client();
+    h.apply(deployment("web", &serde_json::Value::Null)).await;
+    h.kubectl_ok(&["rollout", "status", "deploy/web", "--timeout=60s"])
+        .await;
+    h.kubectl_ok(&["rollout", "pause", "deploy/web"]).await;
+    h.kubectl_ok(&["set", "image", "deploy/web", "c=example.com/app:v2"])
+        .await;
+    h.kubectl_ok(&["scale", "deploy/web", "--replicas=3"]).await;
+    let d_api: Api<Deployment> = Api::namespaced(client.clone(), NS);
+    let d = eventually("the paused deployment scaled, not rolled", || async {
+        let d = d_api.get("web").await.ok()?;
+        let s = d.status.clone()?;
+        (s.observed_generation == d.metadata.generation && s.available_replicas == Some(3))
+            .then_some(d)
+    })
+    .await;
+    assert_eq!(
+        condition_reason(&d, "Progressing").as_deref(),
+        Some("DeploymentPaused")
+    );
+    let rss = replica_sets(&client, "web").await;
+    assert_eq!(rss.len(), 1, "no new ReplicaSet while paused");
+    assert_eq!(
+        rss[0]
+            .annotations()
+            .get("deployment.kubernetes.io/desired-replicas")
+            .map(String::as_str),
+        Some("3")
+    );
+
+    h.kubectl_ok(&["rollout", "resume", "deploy/web"]).await;
+    let out = h
+        .kubectl_ok(&["rollout", "status", "deploy/web", "--timeout=60s"])
+        .await;
+    assert!(out.contains("successfully rolled out"), "{out}");
+    let d = d_api.get("web").await.expect("deployment");
+    assert_eq!(
+        condition_reason(&d, "Progressing").as_deref(),
+        Some("NewReplicaSetAvailable")
+    );
+    let pods = active_pods(&client, "app=web").await;
+    assert_eq!(pods.len(), 3);
+    assert!(pods.iter().all(|p| {
+        p.spec
+            .as_ref()
+            .and_then(|s| s.containers.first()?.image.clone())
+            .as_deref()
+            == Some("example.com/app:v2")
+    }));
 }
 
 #[tokio::test]
