@@ -501,6 +501,87 @@ fn condition_reason(d: &Deployment, type_: &str) -> Option<String> {
         .clone()
 }
 
+/// Counts the active pods with `selector` after every watch event; returns (once the watch
+/// has its initial list) a task giving the largest count seen when `stop` fires.
+async fn track_max_active_pods(
+    client: &kube::Client,
+    selector: &str,
+    stop: CancellationToken,
+) -> tokio::task::JoinHandle<usize> {
+    let api: Api<Pod> = Api::namespaced(client.clone(), NS);
+    let config = watcher::Config::default().labels(selector);
+    let (synced_tx, synced) = tokio::sync::oneshot::channel();
+    let mut synced_tx = Some(synced_tx);
+    let task = tokio::spawn(async move {
+        let mut active = std::collections::BTreeSet::new();
+        let mut max = 0;
+        let stream = watcher(api, config).default_backoff();
+        let mut stream = std::pin::pin!(stream);
+        loop {
+            let event = tokio::select! {
+                () = stop.cancelled() => return max,
+                e = stream.next() => e,
+            };
+            match event {
+                Some(Ok(watcher::Event::Apply(p) | watcher::Event::InitApply(p))) => {
+                    if p.metadata.deletion_timestamp.is_none() {
+                        active.insert(p.name_any());
+                    } else {
+                        active.remove(&p.name_any());
+                    }
+                }
+                Some(Ok(watcher::Event::Delete(p))) => {
+                    active.remove(&p.name_any());
+                }
+                Some(Ok(watcher::Event::InitDone)) => {
+                    if let Some(tx) = synced_tx.take() {
+                        let _ = tx.send(());
+                    }
+                }
+                Some(_) => {}
+                None => return max,
+            }
+            max = max.max(active.len());
+        }
+    });
+    synced.await.expect("the watch synced");
+    task
+}
+
+#[tokio::test]
+async fn a_rolling_update_never_runs_more_pods_than_max_surge_allows() {
+    let h = Harness::start(&[("n1", "worker")]).await;
+    let client = h.client();
+    let mut d = deployment(
+        "big",
+        &json!({"rollingUpdate": {"maxSurge": "25%", "maxUnavailable": "25%"}}),
+    );
+    d["spec"]["replicas"] = json!(4);
+    h.apply(d).await;
+    h.kubectl_ok(&["rollout", "status", "deploy/big", "--timeout=60s"])
+        .await;
+    let stop = CancellationToken::new();
+    let max = track_max_active_pods(&client, "app=big", stop.clone()).await;
+    h.kubectl_ok(&["set", "image", "deploy/big", "c=example.com/app:v2"])
+        .await;
+    h.kubectl_ok(&["rollout", "status", "deploy/big", "--timeout=60s"])
+        .await;
+    stop.cancel();
+    let max = max.await.expect("tracker");
+    // 4 replicas: 25% surge rounds up to 1.
+    assert!(max <= 5, "{max} active pods during the rollout");
+    let rss = replica_sets(&client, "big").await;
+    assert_eq!(rss.len(), 2);
+    assert_eq!(rss[1].spec.as_ref().and_then(|s| s.replicas), Some(4));
+    assert_eq!(
+        rss[1]
+            .annotations()
+            .get("deployment.kubernetes.io/max-replicas")
+            .map(String::as_str),
+        Some("5")
+    );
+}
+
 #[tokio::test]
 async fn a_paused_deployment_only_scales_until_it_is_resumed() {
     let h = Harness::start(&[("n1", "worker")]).await;
