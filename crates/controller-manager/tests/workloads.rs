@@ -455,6 +455,30 @@ async fn a_deployment_rolls_out_restarts_cleans_up_history_and_is_garbage_collec
             .all(|p| p.labels().get("pod-template-hash") == Some(&new_hash))
     );
 
+    // Undo goes back to revision 2's template: its ReplicaSet becomes revision 4.
+    let previous = old.name_any();
+    h.kubectl_ok(&["rollout", "undo", "deploy/api"]).await;
+    let out = h
+        .kubectl_ok(&["rollout", "status", "deploy/api", "--timeout=60s"])
+        .await;
+    assert!(out.contains("successfully rolled out"), "{out}");
+    let back = Api::<ReplicaSet>::namespaced(client.clone(), NS)
+        .get(&previous)
+        .await
+        .expect("the revision 2 replica set");
+    let a = back.annotations();
+    assert_eq!(
+        a.get("deployment.kubernetes.io/revision")
+            .map(String::as_str),
+        Some("4")
+    );
+    assert_eq!(
+        a.get("deployment.kubernetes.io/revision-history")
+            .map(String::as_str),
+        Some("2")
+    );
+    assert_eq!(back.spec.as_ref().and_then(|s| s.replicas), Some(2));
+
     // Deleting the Deployment removes its ReplicaSets and their pods (garbage collector).
     d_api
         .delete("api", &DeleteParams::background())
@@ -693,6 +717,21 @@ async fn a_daemon_set_runs_one_pod_per_matching_node_and_rolls_out_updates() {
             .all(|p| p.labels().get("controller-revision-hash") == Some(&hash))
     );
 
+    // A node that comes to match gets its pod.
+    Api::<Node>::all(client.clone())
+        .patch(
+            "n3",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"role": "worker"}}})),
+        )
+        .await
+        .expect("label n3");
+    eventually("a daemon pod on n3 as well", || async {
+        let s = ds_api.get("handler").await.ok()?.status?;
+        (s.desired_number_scheduled == 3 && s.number_available == Some(3)).then_some(())
+    })
+    .await;
+
     h.kubectl_ok(&["rollout", "restart", "ds/handler"]).await;
     let out = h
         .kubectl_ok(&["rollout", "status", "ds/handler", "--timeout=60s"])
@@ -711,9 +750,9 @@ async fn a_daemon_set_runs_one_pod_per_matching_node_and_rolls_out_updates() {
         .get("controller-revision-hash")
         .expect("hash")
         .clone();
-    let pods = eventually("two updated daemon pods", || async {
+    let pods = eventually("three updated daemon pods", || async {
         let pods = active_pods(&client, "app=handler").await;
-        (pods.len() == 2).then_some(pods)
+        (pods.len() == 3).then_some(pods)
     })
     .await;
     assert!(
