@@ -21,6 +21,8 @@ const DEADLINE: Duration = Duration::from_secs(60);
 struct Harness {
     cluster: testkit::InProcessCluster,
     cancel: CancellationToken,
+    /// Stops the controller-manager only (see [`Harness::restart_controller_manager`]).
+    manager: CancellationToken,
 }
 
 impl Drop for Harness {
@@ -39,10 +41,11 @@ impl Harness {
         for (name, role) in nodes {
             create_node(&client, name, role).await;
         }
+        let manager = cancel.child_token();
         tokio::spawn(kubevirt_controller_manager::run(
             client.clone(),
             kubevirt_controller_manager::Config::default(),
-            cancel.clone(),
+            manager.clone(),
         ));
         let scheduler = kubevirt_scheduler::run(client.clone());
         let stop = cancel.clone();
@@ -53,7 +56,22 @@ impl Harness {
             }
         });
         tokio::spawn(fake_kubelet(client, cancel.clone()));
-        Harness { cluster, cancel }
+        Harness {
+            cluster,
+            cancel,
+            manager,
+        }
+    }
+
+    /// Stops the controller-manager and starts a new one (empty caches and expectations).
+    fn restart_controller_manager(&mut self) {
+        self.manager.cancel();
+        self.manager = self.cancel.child_token();
+        tokio::spawn(kubevirt_controller_manager::run(
+            self.client(),
+            kubevirt_controller_manager::Config::default(),
+            self.manager.clone(),
+        ));
     }
 
     fn client(&self) -> kube::Client {
@@ -301,6 +319,39 @@ async fn a_replica_set_keeps_its_replicas_adopts_orphans_and_reports_status() {
 }
 
 /// A Deployment of 2 replicas; a null `strategy` is left out (kube's default applies).
+#[tokio::test]
+async fn a_restarted_controller_manager_resumes_from_what_exists() {
+    let mut h = Harness::start(&[("n1", "worker")]).await;
+    let client = h.client();
+    h.apply(deployment("svc", &serde_json::Value::Null)).await;
+    h.kubectl_ok(&["rollout", "status", "deploy/svc", "--timeout=60s"])
+        .await;
+    let before: Vec<String> = active_pods(&client, "app=svc")
+        .await
+        .iter()
+        .map(ResourceExt::name_any)
+        .collect();
+    assert_eq!(before.len(), 2);
+
+    h.restart_controller_manager();
+    h.kubectl_ok(&["scale", "deploy/svc", "--replicas=3"]).await;
+    let out = h
+        .kubectl_ok(&["rollout", "status", "deploy/svc", "--timeout=60s"])
+        .await;
+    assert!(out.contains("successfully rolled out"), "{out}");
+    let after: Vec<String> = active_pods(&client, "app=svc")
+        .await
+        .iter()
+        .map(ResourceExt::name_any)
+        .collect();
+    assert_eq!(after.len(), 3, "{after:?}");
+    assert!(
+        before.iter().all(|p| after.contains(p)),
+        "the running pods were kept: {before:?} → {after:?}"
+    );
+    assert_eq!(replica_sets(&client, "svc").await.len(), 1);
+}
+
 fn deployment(name: &str, strategy: &serde_json::Value) -> serde_json::Value {
     let mut d = json!({"apiVersion": "apps/v1", "kind": "Deployment",
         "metadata": {"name": name, "namespace": NS},
