@@ -752,11 +752,7 @@ async fn a_daemon_set_runs_one_pod_per_matching_node_and_rolls_out_updates() {
         ["n1", "n2"],
         "bound by the scheduler through the node affinity"
     );
-    let revisions = Api::<ControllerRevision>::namespaced(client.clone(), NS)
-        .list(&ListParams::default().labels("app=handler"))
-        .await
-        .expect("revisions")
-        .items;
+    let revisions = revisions_of(&client, "app=handler").await;
     assert_eq!(revisions.len(), 1);
     let hash = revisions[0]
         .labels()
@@ -788,11 +784,7 @@ async fn a_daemon_set_runs_one_pod_per_matching_node_and_rolls_out_updates() {
         .kubectl_ok(&["rollout", "status", "ds/handler", "--timeout=60s"])
         .await;
     assert!(out.contains("successfully rolled out"), "{out}");
-    let revisions = Api::<ControllerRevision>::namespaced(client.clone(), NS)
-        .list(&ListParams::default().labels("app=handler"))
-        .await
-        .expect("revisions")
-        .items;
+    let revisions = revisions_of(&client, "app=handler").await;
     assert_eq!(revisions.len(), 2);
     let newest = revisions.iter().max_by_key(|r| r.revision).expect("newest");
     assert_eq!(newest.revision, 2);
@@ -810,4 +802,27 @@ async fn a_daemon_set_runs_one_pod_per_matching_node_and_rolls_out_updates() {
         pods.iter()
             .all(|p| p.labels().get("controller-revision-hash") == Some(&new_hash))
     );
+    // Deleting the DaemonSet removes its pods and revisions (garbage collector).
+    ds_api
+        .delete("handler", &DeleteParams::foreground())
+        .await
+        .expect("delete daemon set");
+    eventually("daemon pods, revisions and the DaemonSet gone", || async {
+        let pods = Api::<Pod>::namespaced(client.clone(), NS)
+            .list(&ListParams::default().labels("app=handler"))
+            .await
+            .ok()?;
+        let gone = ds_api.get_opt("handler").await.ok()?.is_none();
+        let revisions = revisions_of(&client, "app=handler").await;
+        (pods.items.is_empty() && revisions.is_empty() && gone).then_some(())
+    })
+    .await;
+}
+
+async fn revisions_of(client: &kube::Client, selector: &str) -> Vec<ControllerRevision> {
+    Api::<ControllerRevision>::namespaced(client.clone(), NS)
+        .list(&ListParams::default().labels(selector))
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default()
 }
