@@ -2,7 +2,7 @@
 //! pods from `spec.template`.
 //!
 //! Data flow: ReplicaSet and pod changes → keys (a pod wakes its controller, an orphan wakes
-//! every ReplicaSet of its namespace whose selector matches it) → [`reconcile`]: claim the
+//! every ReplicaSet of its namespace whose selector matches it) → `reconcile`: claim the
 //! active pods of the namespace (adopt matching orphans, release owned pods that stopped
 //! matching), then, when the expectations are satisfied, create the missing pods (slow start:
 //! batches of 1, 2, 4, … as kube does, at most 500 per pass) or delete the surplus in kube's

@@ -2,7 +2,7 @@
 //!
 //! Data flow: DaemonSet, pod, Node and ControllerRevision changes → keys (a pod or revision
 //! wakes its controller, an orphan pod every DaemonSet whose selector matches it, a Node
-//! every DaemonSet) → [`reconcile`]: claim the namespace's pods, make sure a
+//! every DaemonSet) → `reconcile`: claim the namespace's pods, make sure a
 //! ControllerRevision holds the current template (`revision.rs`; its hash becomes the pods'
 //! `controller-revision-hash` label), then, with the expectations satisfied:
 //! - per node, whether a daemon pod should run there (`nodeSelector`, required node affinity,

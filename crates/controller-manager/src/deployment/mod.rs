@@ -3,10 +3,10 @@
 //!
 //! Data flow: Deployment, ReplicaSet and pod changes → keys (a ReplicaSet wakes its
 //! controller, an orphan ReplicaSet every Deployment whose selector matches it, a pod its
-//! ReplicaSet's Deployment) → [`reconcile`]: claim the ReplicaSets, then as kube's
+//! ReplicaSet's Deployment) → `reconcile`: claim the ReplicaSets, then as kube's
 //! `syncDeployment`:
 //! - paused, or a scaling event (an active ReplicaSet's `desired-replicas` annotation differs
-//!   from `spec.replicas`): [`sync::Pass::scale`] (proportional scaling), status;
+//!   from `spec.replicas`): `Pass::scale` (sync.rs) (proportional scaling), status;
 //! - `Recreate`: scale every old ReplicaSet to 0, wait until none of their pods runs, then
 //!   create or scale up the new one;
 //! - `RollingUpdate`: scale the new ReplicaSet up within `maxSurge`, the old ones down
