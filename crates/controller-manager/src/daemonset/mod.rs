@@ -383,9 +383,18 @@ pub(crate) async fn reconcile(ds: Arc<DaemonSet>, ctx: Arc<Context>) -> Result<A
         by_age(pods);
     }
     if needs_sync && ds.metadata.deletion_timestamp.is_none() {
-        manage(&ctx, &ds, &key, &api, &nodes, &by_node, without_node, &hash).await?;
+        let pass = Pass {
+            ctx: &ctx,
+            ds: &ds,
+            key: &key,
+            api: &api,
+            nodes: &nodes,
+            by_node: &by_node,
+            hash: &hash,
+        };
+        pass.manage(without_node).await?;
         if ctx.expectations.satisfied(&key) && is_rolling_update(&ds) {
-            rolling_update(&ctx, &ds, &key, &api, &nodes, &by_node, &hash).await?;
+            pass.rolling_update().await?;
         }
         revision::cleanup_history(&ctx, &ds, &owned, &hash).await?;
     }
@@ -419,157 +428,172 @@ fn is_rolling_update(ds: &DaemonSet) -> bool {
         .is_none_or(|t| t == "RollingUpdate")
 }
 
-/// Creates and deletes daemon pods so each eligible node runs one (kube's `manage`).
-#[allow(clippy::too_many_arguments)]
-async fn manage(
-    ctx: &Context,
-    ds: &DaemonSet,
-    key: &str,
-    api: &Api<Pod>,
-    nodes: &[Arc<Node>],
-    by_node: &BTreeMap<String, Vec<Arc<Pod>>>,
-    without_node: Vec<Arc<Pod>>,
-    hash: &str,
-) -> Result<(), Error> {
-    let mut to_create: Vec<String> = Vec::new();
-    let mut to_delete: Vec<Arc<Pod>> = without_node
-        .into_iter()
-        .filter(|p| p.metadata.deletion_timestamp.is_none())
-        .collect();
-    let known: Vec<&str> = nodes
-        .iter()
-        .filter_map(|n| n.metadata.name.as_deref())
-        .collect();
-    // Pods for nodes that are gone.
-    for (node, pods) in by_node {
-        if !known.contains(&node.as_str()) {
-            to_delete.extend(
-                pods.iter()
-                    .filter(|p| p.metadata.deletion_timestamp.is_none())
-                    .cloned(),
-            );
-        }
-    }
-    for node in nodes {
-        let name = node.metadata.name.clone().unwrap_or_default();
-        let (should_run, should_continue) = node_should_run(ds, node);
-        let pods = by_node.get(&name).cloned().unwrap_or_default();
-        let live: Vec<Arc<Pod>> = pods
-            .iter()
-            .filter(|p| p.metadata.deletion_timestamp.is_none())
-            .cloned()
-            .collect();
-        if should_run && pods.is_empty() {
-            to_create.push(name);
-        } else if should_continue {
-            let (failed, running): (Vec<_>, Vec<_>) = live.into_iter().partition(|p| {
-                p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Failed")
-            });
-            to_delete.extend(failed);
-            // Several pods on one node: keep the oldest.
-            to_delete.extend(running.into_iter().skip(1));
-        } else {
-            to_delete.extend(live);
-        }
-    }
-    if !to_delete.is_empty() {
-        info!(daemonset = %ownership::key(&ds.metadata), count = to_delete.len(), "deleting daemon pods");
-        delete_pods(ctx, key, api, &to_delete).await?;
-    }
-    if !to_create.is_empty() {
-        info!(daemonset = %ownership::key(&ds.metadata), nodes = ?to_create, "creating daemon pods");
-        let known = by_node
-            .values()
-            .flatten()
-            .filter_map(|p| p.metadata.uid.clone());
-        ctx.expectations
-            .expect_creations(key, to_create.len(), known);
-        let mut first_error = None;
-        for node in &to_create {
-            let pod = daemon_pod(ds, node, hash);
-            if let Err(e) = create_slow_start(ctx, key, api, &pod, 1, &ds.name_any()).await {
-                first_error.get_or_insert(e);
-            }
-        }
-        if let Some(e) = first_error {
-            return Err(e);
-        }
-    }
-    Ok(())
+/// What a pass over one DaemonSet acts on: the nodes, its pods by node, the current hash.
+struct Pass<'a> {
+    ctx: &'a Context,
+    ds: &'a DaemonSet,
+    /// The expectations key.
+    key: &'a str,
+    api: &'a Api<Pod>,
+    nodes: &'a [Arc<Node>],
+    by_node: &'a BTreeMap<String, Vec<Arc<Pod>>>,
+    hash: &'a str,
 }
 
-/// Deletes old pods within `maxUnavailable` (kube's `rollingUpdate` without surge).
-async fn rolling_update(
-    ctx: &Context,
-    ds: &DaemonSet,
-    key: &str,
-    api: &Api<Pod>,
-    nodes: &[Arc<Node>],
-    by_node: &BTreeMap<String, Vec<Arc<Pod>>>,
-    hash: &str,
-) -> Result<(), Error> {
-    let min_ready = ds
-        .spec
-        .as_ref()
-        .and_then(|s| s.min_ready_seconds)
-        .unwrap_or(0);
-    let now = crate::now();
-    let eligible: Vec<&Arc<Node>> = nodes.iter().filter(|n| node_should_run(ds, n).0).collect();
-    let desired = i32::try_from(eligible.len()).unwrap_or(i32::MAX);
-    let max_unavailable = ds
-        .spec
-        .as_ref()
-        .and_then(|s| s.update_strategy.as_ref())
-        .and_then(|s| s.rolling_update.as_ref())
-        .and_then(|r| r.max_unavailable.as_ref())
-        .map_or(1, |v| {
-            crate::deployment::util::scaled_value(v, desired, true)
-        })
-        .max(1);
-    let mut unavailable = 0;
-    let mut replace_now = Vec::new();
-    let mut candidates = Vec::new();
-    for node in eligible {
-        let name = node.metadata.name.clone().unwrap_or_default();
-        let live: Vec<&Arc<Pod>> = by_node
-            .get(&name)
+impl Pass<'_> {
+    /// Creates and deletes daemon pods so each eligible node runs one (kube's `manage`);
+    /// `without_node` are claimed pods that name no node.
+    async fn manage(&self, without_node: Vec<Arc<Pod>>) -> Result<(), Error> {
+        let Pass {
+            ctx,
+            ds,
+            key,
+            api,
+            nodes,
+            by_node,
+            hash,
+        } = *self;
+        let mut to_create: Vec<String> = Vec::new();
+        let mut to_delete: Vec<Arc<Pod>> = without_node
             .into_iter()
-            .flatten()
             .filter(|p| p.metadata.deletion_timestamp.is_none())
             .collect();
-        let (new, old): (Vec<_>, Vec<_>) =
-            live.into_iter().partition(|p| pod_hash(p) == Some(hash));
-        if new.len() > 1 || old.len() > 1 {
-            continue;
-        }
-        match (new.first(), old.first()) {
-            (None, None) => unavailable += 1,
-            (Some(p), _) => {
-                if !pods::is_available(p, min_ready, now) {
-                    unavailable += 1;
-                }
-            }
-            (None, Some(p)) => {
-                if pods::is_available(p, min_ready, now) {
-                    candidates.push((*p).clone());
-                } else {
-                    replace_now.push((*p).clone());
-                }
+        let known: Vec<&str> = nodes
+            .iter()
+            .filter_map(|n| n.metadata.name.as_deref())
+            .collect();
+        // Pods for nodes that are gone.
+        for (node, pods) in by_node {
+            if !known.contains(&node.as_str()) {
+                to_delete.extend(
+                    pods.iter()
+                        .filter(|p| p.metadata.deletion_timestamp.is_none())
+                        .cloned(),
+                );
             }
         }
+        for node in nodes {
+            let name = node.metadata.name.clone().unwrap_or_default();
+            let (should_run, should_continue) = node_should_run(ds, node);
+            let pods = by_node.get(&name).cloned().unwrap_or_default();
+            let live: Vec<Arc<Pod>> = pods
+                .iter()
+                .filter(|p| p.metadata.deletion_timestamp.is_none())
+                .cloned()
+                .collect();
+            if should_run && pods.is_empty() {
+                to_create.push(name);
+            } else if should_continue {
+                let (failed, running): (Vec<_>, Vec<_>) = live.into_iter().partition(|p| {
+                    p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Failed")
+                });
+                to_delete.extend(failed);
+                // Several pods on one node: keep the oldest.
+                to_delete.extend(running.into_iter().skip(1));
+            } else {
+                to_delete.extend(live);
+            }
+        }
+        if !to_delete.is_empty() {
+            info!(daemonset = %ownership::key(&ds.metadata), count = to_delete.len(), "deleting daemon pods");
+            delete_pods(ctx, key, api, &to_delete).await?;
+        }
+        if !to_create.is_empty() {
+            info!(daemonset = %ownership::key(&ds.metadata), nodes = ?to_create, "creating daemon pods");
+            let known = by_node
+                .values()
+                .flatten()
+                .filter_map(|p| p.metadata.uid.clone());
+            ctx.expectations
+                .expect_creations(key, to_create.len(), known);
+            let mut first_error = None;
+            for node in &to_create {
+                let pod = daemon_pod(ds, node, hash);
+                if let Err(e) = create_slow_start(ctx, key, api, &pod, 1, &ds.name_any()).await {
+                    first_error.get_or_insert(e);
+                }
+            }
+            if let Some(e) = first_error {
+                return Err(e);
+            }
+        }
+        Ok(())
     }
-    let budget = usize::try_from(
-        (max_unavailable - unavailable - i32::try_from(replace_now.len()).unwrap_or(i32::MAX))
-            .max(0),
-    )
-    .unwrap_or(0);
-    let mut victims = replace_now;
-    victims.extend(candidates.into_iter().take(budget));
-    if victims.is_empty() {
-        return Ok(());
+
+    /// Deletes old pods within `maxUnavailable` (kube's `rollingUpdate` without surge).
+    async fn rolling_update(&self) -> Result<(), Error> {
+        let Pass {
+            ctx,
+            ds,
+            key,
+            api,
+            nodes,
+            by_node,
+            hash,
+        } = *self;
+        let min_ready = ds
+            .spec
+            .as_ref()
+            .and_then(|s| s.min_ready_seconds)
+            .unwrap_or(0);
+        let now = crate::now();
+        let eligible: Vec<&Arc<Node>> = nodes.iter().filter(|n| node_should_run(ds, n).0).collect();
+        let desired = i32::try_from(eligible.len()).unwrap_or(i32::MAX);
+        let max_unavailable = ds
+            .spec
+            .as_ref()
+            .and_then(|s| s.update_strategy.as_ref())
+            .and_then(|s| s.rolling_update.as_ref())
+            .and_then(|r| r.max_unavailable.as_ref())
+            .map_or(1, |v| {
+                crate::deployment::util::scaled_value(v, desired, true)
+            })
+            .max(1);
+        let mut unavailable = 0;
+        let mut replace_now = Vec::new();
+        let mut candidates = Vec::new();
+        for node in eligible {
+            let name = node.metadata.name.clone().unwrap_or_default();
+            let live: Vec<&Arc<Pod>> = by_node
+                .get(&name)
+                .into_iter()
+                .flatten()
+                .filter(|p| p.metadata.deletion_timestamp.is_none())
+                .collect();
+            let (new, old): (Vec<_>, Vec<_>) =
+                live.into_iter().partition(|p| pod_hash(p) == Some(hash));
+            if new.len() > 1 || old.len() > 1 {
+                continue;
+            }
+            match (new.first(), old.first()) {
+                (None, None) => unavailable += 1,
+                (Some(p), _) => {
+                    if !pods::is_available(p, min_ready, now) {
+                        unavailable += 1;
+                    }
+                }
+                (None, Some(p)) => {
+                    if pods::is_available(p, min_ready, now) {
+                        candidates.push((*p).clone());
+                    } else {
+                        replace_now.push((*p).clone());
+                    }
+                }
+            }
+        }
+        let budget = usize::try_from(
+            (max_unavailable - unavailable - i32::try_from(replace_now.len()).unwrap_or(i32::MAX))
+                .max(0),
+        )
+        .unwrap_or(0);
+        let mut victims = replace_now;
+        victims.extend(candidates.into_iter().take(budget));
+        if victims.is_empty() {
+            return Ok(());
+        }
+        info!(daemonset = %ownership::key(&ds.metadata), count = victims.len(), "deleting old daemon pods for the rolling update");
+        delete_pods(ctx, key, api, &victims).await
     }
-    info!(daemonset = %ownership::key(&ds.metadata), count = victims.len(), "deleting old daemon pods for the rolling update");
-    delete_pods(ctx, key, api, &victims).await
 }
 
 /// The status the DaemonSet should show (kube's `updateDaemonSetStatus`).

@@ -561,7 +561,6 @@ impl<'a> Pass<'a> {
             if annotated == 0 {
                 0
             } else {
-                #[allow(clippy::cast_possible_truncation)]
                 let size = (f64::from(current) * total / f64::from(annotated)).round() as i32;
                 size - current
             }
