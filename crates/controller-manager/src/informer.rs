@@ -11,8 +11,11 @@
 //!   woken up.
 //!
 //! # Caveats
-//! Channels are unbounded: a controller that stops reading would make them grow; controllers
-//! read them for as long as they run and all end together on cancellation.
+//! - After a re-list (the watch fell behind), an object deleted meanwhile yields no deletion:
+//!   its owner is woken only by its other objects' changes (a re-list of the owner kind wakes
+//!   every owner).
+//! - Channels are unbounded: a controller that stops reading would make them grow; controllers
+//!   read them for as long as they run and all end together on cancellation.
 
 use std::fmt::Debug;
 use std::sync::Arc;

@@ -29,7 +29,8 @@
 //!   means a newer object, which triggers another reconcile).
 //!
 //! # Caveats
-//! - No Events are recorded (`ScalingReplicaSet`, `SuccessfulCreate`, …).
+//! - No Events are recorded (`ScalingReplicaSet`, `SuccessfulCreate`, …); the changes are
+//!   logged at info level instead.
 //! - The API server does not default the workload kinds; unset fields are read with kube's
 //!   defaults (replicas 1, RollingUpdate 25%/25%, revisionHistoryLimit 10,
 //!   progressDeadlineSeconds 600, DaemonSet RollingUpdate maxUnavailable 1).
