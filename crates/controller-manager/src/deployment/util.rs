@@ -47,17 +47,19 @@ pub fn compute_hash(template: &PodTemplateSpec, collision_count: Option<i32>) ->
         .collect()
 }
 
-/// A template as JSON without nulls, empty objects and empty lists, so a template that went
-/// through the API server compares equal to the one it was made from.
+/// A template as JSON without nulls, empty objects and empty lists, keys sorted, so a template
+/// that went through the API server compares equal to the one it was made from and the hash
+/// does not depend on the order of fields in the Rust types.
 fn normalized(template: &PodTemplateSpec) -> Value {
     fn strip(v: Value) -> Option<Value> {
         match v {
             Value::Null => None,
             Value::Object(map) => {
-                let map: serde_json::Map<String, Value> = map
+                let sorted: BTreeMap<String, Value> = map
                     .into_iter()
                     .filter_map(|(k, v)| strip(v).map(|v| (k, v)))
                     .collect();
+                let map: serde_json::Map<String, Value> = sorted.into_iter().collect();
                 (!map.is_empty()).then_some(Value::Object(map))
             }
             Value::Array(list) => {
