@@ -337,6 +337,14 @@ mod tests {
     }
 
     #[test]
+    fn the_hash_of_a_known_template_never_changes() {
+        // A changed hash would roll every Deployment and DaemonSet after an upgrade.
+        let d = deployment(json!({}), 1);
+        let t = d.spec.clone().expect("spec").template;
+        assert_eq!(compute_hash(&t, None), "57b67cdf4b");
+    }
+
+    #[test]
     fn templates_equal_apart_from_the_hash_label() {
         let d = deployment(json!({}), 1);
         let t = d.spec.clone().expect("spec").template;
