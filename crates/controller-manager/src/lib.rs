@@ -1,0 +1,316 @@
+//! kube-controller-manager's workload controllers for the embedded Kubernetes: ReplicaSet,
+//! Deployment and DaemonSet, as far as KubeVirt's manifests (virt-api and virt-controller
+//! Deployments, the virt-handler DaemonSet) and their users need. It knows nothing of
+//! KubeVirt; on a real cluster kube-controller-manager does this and this crate is not run.
+//!
+//! Data flow:
+//! ```text
+//!  watch pods, replicasets, deployments, daemonsets, nodes, controllerrevisions (informer.rs)
+//!        │ cache updated first, then each change fanned out to the controllers
+//!        ▼
+//!  replicaset.rs   ReplicaSet → pods (create from template / delete surplus, adopt, status)
+//!  deployment/     Deployment → ReplicaSets (pod-template-hash, revisions, RollingUpdate /
+//!                  Recreate, proportional scaling, history cleanup, status and conditions)
+//!  daemonset/      DaemonSet → one pod per eligible node (node-name affinity, tolerations,
+//!                  ControllerRevisions, RollingUpdate, status)
+//!        │ writes through the API server (pods, replicasets, controllerrevisions, */status)
+//!        ▼
+//!  the scheduler binds pods, the node agent runs them and reports `Ready`; the API server's
+//!  garbage collector deletes dependents of deleted owners (ownerReferences).
+//! ```
+//! Each controller is a `reconcile` and an `error_policy` on kube-rs' `applier` (one
+//! reconcile per object at a time), fed by the shared informers.
+//!
+//! # Guarantees
+//! - No reconcile runs before every cache has its initial list, and a reconcile always sees
+//!   the change that triggered it.
+//! - Pods are never double-created while the pod cache lags ([`expectations`]).
+//! - Status is written only when it changed, with the object's `resourceVersion` (a conflict
+//!   means a newer object, which triggers another reconcile).
+//!
+//! # Caveats
+//! - No Events are recorded (`ScalingReplicaSet`, `SuccessfulCreate`, …); the changes are
+//!   logged at info level instead.
+//! - The API server does not default the workload kinds; unset fields are read with kube's
+//!   defaults (replicas 1, RollingUpdate 25%/25%, revisionHistoryLimit 10,
+//!   progressDeadlineSeconds 600, DaemonSet RollingUpdate maxUnavailable 1).
+
+pub mod daemonset;
+pub mod deployment;
+pub mod expectations;
+mod informer;
+pub mod ownership;
+pub mod pods;
+pub mod replicaset;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet, Deployment, ReplicaSet};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::Api;
+use kube::runtime::controller::Action;
+use kube::runtime::reflector::Store;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+pub use expectations::Expectations;
+
+/// Settings of the controller-manager.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// How many objects of one kind are reconciled at once (kube-controller-manager's
+    /// `--concurrent-*-syncs`, 5 by default).
+    pub concurrency: u16,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config { concurrency: 5 }
+    }
+}
+
+/// Errors of a reconcile.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Adopting or releasing an object failed.
+    #[error(transparent)]
+    Claim(#[from] ownership::ClaimError),
+    /// Creating a pod failed.
+    #[error("creating a pod for {owner}")]
+    CreatePod {
+        owner: String,
+        #[source]
+        source: kube::Error,
+    },
+    /// Deleting a pod failed.
+    #[error("deleting pod {pod}")]
+    DeletePod {
+        pod: String,
+        #[source]
+        source: kube::Error,
+    },
+    /// Writing an object's status failed.
+    #[error("updating the status of {kind} {name}")]
+    UpdateStatus {
+        kind: &'static str,
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+    /// Creating a ReplicaSet failed.
+    #[error("creating replica set {name}")]
+    CreateReplicaSet {
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+    /// Updating a ReplicaSet (scale, annotations) failed.
+    #[error("updating replica set {name}")]
+    UpdateReplicaSet {
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+    /// Deleting an old ReplicaSet failed.
+    #[error("deleting replica set {name}")]
+    DeleteReplicaSet {
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+    /// Updating a Deployment's revision annotation failed.
+    #[error("updating deployment {name}")]
+    UpdateDeployment {
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+    /// Creating, updating or deleting a ControllerRevision failed.
+    #[error("writing controller revision {name}")]
+    WriteRevision {
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+    /// A new ReplicaSet's name is taken by one with another template: the deployment's
+    /// `collisionCount` was raised and the next pass uses another hash.
+    #[error("hash collision for replica set {name}")]
+    HashCollision { name: String },
+    /// Encoding an object failed.
+    #[error("encoding {what}")]
+    Encode {
+        what: &'static str,
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
+impl Error {
+    /// The kube error behind this one, if any.
+    fn api_code(&self) -> Option<u16> {
+        let source = match self {
+            Error::CreatePod { source, .. }
+            | Error::DeletePod { source, .. }
+            | Error::UpdateStatus { source, .. }
+            | Error::CreateReplicaSet { source, .. }
+            | Error::UpdateReplicaSet { source, .. }
+            | Error::DeleteReplicaSet { source, .. }
+            | Error::UpdateDeployment { source, .. }
+            | Error::WriteRevision { source, .. } => source,
+            _ => return None,
+        };
+        match source {
+            kube::Error::Api(e) => Some(e.code),
+            _ => None,
+        }
+    }
+
+    /// Retry soon after a conflict or collision (a newer object is on its way), later
+    /// otherwise.
+    fn retry_after(&self) -> Duration {
+        if matches!(self, Error::HashCollision { .. }) || self.api_code() == Some(409) {
+            Duration::from_millis(200)
+        } else {
+            Duration::from_secs(5)
+        }
+    }
+}
+
+/// What every controller reads: the shared caches, the client and the expectations.
+pub struct Context {
+    pub client: kube::Client,
+    pub pods: Store<Pod>,
+    pub replica_sets: Store<ReplicaSet>,
+    pub deployments: Store<Deployment>,
+    pub daemon_sets: Store<DaemonSet>,
+    pub nodes: Store<Node>,
+    pub revisions: Store<ControllerRevision>,
+    /// Pod creations and deletions per owner (`<Kind>/<namespace>/<name>`).
+    pub expectations: Expectations,
+}
+
+/// The error policy of every controller: log, retry later (the applier's signature takes the
+/// object by value).
+#[allow(clippy::needless_pass_by_value)]
+fn error_policy<K: kube::Resource>(object: Arc<K>, error: &Error, _ctx: Arc<Context>) -> Action {
+    let retry = error.retry_after();
+    if retry >= Duration::from_secs(1) {
+        warn!(
+            name = %object.meta().name.as_deref().unwrap_or_default(),
+            namespace = %object.meta().namespace.as_deref().unwrap_or_default(),
+            error = %error,
+            source = ?std::error::Error::source(error).map(ToString::to_string),
+            "reconcile failed; retrying"
+        );
+    }
+    Action::requeue(retry)
+}
+
+/// The current time, as the controllers compare it with condition times.
+fn now() -> jiff::Timestamp {
+    jiff::Timestamp::now()
+}
+
+/// `metav1.Time` of now, in whole seconds as kube serialises it.
+fn now_time() -> k8s_openapi::apimachinery::pkg::apis::meta::v1::Time {
+    let secs = jiff::Timestamp::now().as_second();
+    k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+        jiff::Timestamp::from_second(secs).unwrap_or_else(|_| jiff::Timestamp::now()),
+    )
+}
+
+/// Runs the ReplicaSet, Deployment and DaemonSet controllers until `cancel` fires.
+///
+/// Watches (as the admin client) pods, ReplicaSets, Deployments, DaemonSets, Nodes and
+/// ControllerRevisions in all namespaces; no reconcile starts before every cache is synced.
+pub async fn run(client: kube::Client, config: Config, cancel: CancellationToken) {
+    let pods = informer::spawn(Api::<Pod>::all(client.clone()), 3, cancel.clone());
+    let replica_sets = informer::spawn(Api::<ReplicaSet>::all(client.clone()), 2, cancel.clone());
+    let deployments = informer::spawn(Api::<Deployment>::all(client.clone()), 1, cancel.clone());
+    let daemon_sets = informer::spawn(Api::<DaemonSet>::all(client.clone()), 1, cancel.clone());
+    let nodes = informer::spawn(Api::<Node>::all(client.clone()), 1, cancel.clone());
+    let revisions = informer::spawn(
+        Api::<ControllerRevision>::all(client.clone()),
+        1,
+        cancel.clone(),
+    );
+    let synced = async {
+        pods.store.wait_until_ready().await?;
+        replica_sets.store.wait_until_ready().await?;
+        deployments.store.wait_until_ready().await?;
+        daemon_sets.store.wait_until_ready().await?;
+        nodes.store.wait_until_ready().await?;
+        revisions.store.wait_until_ready().await
+    };
+    tokio::select! {
+        () = cancel.cancelled() => return,
+        ready = synced => if ready.is_err() { return },
+    }
+    info!("controller-manager caches synced; starting controllers");
+    let ctx = Arc::new(Context {
+        client,
+        pods: pods.store,
+        replica_sets: replica_sets.store,
+        deployments: deployments.store,
+        daemon_sets: daemon_sets.store,
+        nodes: nodes.store,
+        revisions: revisions.store,
+        expectations: Expectations::default(),
+    });
+    let mut pod_rx = pods.receivers.into_iter();
+    let mut rs_rx = replica_sets.receivers.into_iter();
+    let (Some(p0), Some(p1), Some(p2), Some(r0), Some(r1)) = (
+        pod_rx.next(),
+        pod_rx.next(),
+        pod_rx.next(),
+        rs_rx.next(),
+        rs_rx.next(),
+    ) else {
+        return;
+    };
+    let (Some(d), Some(ds), Some(n), Some(cr)) = (
+        deployments.receivers.into_iter().next(),
+        daemon_sets.receivers.into_iter().next(),
+        nodes.receivers.into_iter().next(),
+        revisions.receivers.into_iter().next(),
+    ) else {
+        return;
+    };
+    let controller_config =
+        kube::runtime::controller::Config::default().concurrency(config.concurrency);
+    tokio::join!(
+        replicaset::run(
+            ctx.clone(),
+            r0,
+            p0,
+            controller_config.clone(),
+            cancel.clone()
+        ),
+        deployment::run(
+            ctx.clone(),
+            d,
+            r1,
+            p1,
+            controller_config.clone(),
+            cancel.clone()
+        ),
+        daemonset::run(ctx, ds, p2, n, cr, controller_config, cancel),
+    );
+}
+
+/// Drives an applier stream until it ends, logging what it cannot reconcile.
+async fn drive<S, T, E>(stream: S, cancel: CancellationToken)
+where
+    S: futures::Stream<Item = Result<T, E>>,
+    E: std::fmt::Display,
+{
+    use futures::StreamExt;
+    let stream = stream.take_until(cancel.cancelled_owned());
+    let mut stream = std::pin::pin!(stream);
+    while let Some(result) = stream.next().await {
+        if let Err(e) = result {
+            tracing::debug!(error = %e, "reconcile not run");
+        }
+    }
+}
