@@ -338,17 +338,18 @@ async fn start_embedded_node(
     let owner = std::fs::canonicalize(node_dir)
         .or_else(|_| std::fs::canonicalize(data_dir).map(|d| d.join(node_name)))
         .unwrap_or_else(|_| node_dir.to_path_buf());
-    let (pod_network, slot) =
-        match kubevirt_node::PodNetworkConfig::acquire_for(&owner.display().to_string()) {
-            Ok((network, slot)) => {
-                info!(node = node_name, bridge = %network.bridge, pod_cidr = %network.pod_cidr, "pod network");
-                (Some(network), Some(slot))
-            }
-            Err(reason) => {
-                info!(node = node_name, reason = %reason, "pods share the host's network");
-                (None, None)
-            }
-        };
+    let (pod_network, slot) = match kubevirt_node::PodNetworkConfig::acquire_for(
+        &owner.display().to_string(),
+    ) {
+        Ok((network, slot)) => {
+            info!(node = node_name, bridge = %network.bridge, pod_cidr = %network.pod_cidr, "pod network");
+            (Some(network), Some(slot))
+        }
+        Err(reason) => {
+            info!(node = node_name, reason = %reason, "pods share the host's network");
+            (None, None)
+        }
+    };
     let mut tasks = vec![];
     // Pods with their own network reach the API server as in-cluster clients do, through
     // the `kubernetes` Service, which this node's service proxy routes; pods in the host's
@@ -357,7 +358,7 @@ async fn start_embedded_node(
         Some(network) => {
             let proxy_client = client_from(&data_dir.join("kubeconfig")).await?;
             let config = kubevirt_service_proxy::ProxyConfig {
-                table: format!("kubevirt-rs-{}", network.bridge),
+                table: kubevirt_service_proxy::table_name(&network.bridge),
                 interfaces: vec![network.bridge.clone()],
             };
             tasks.push(supervise("service-proxy", cancel.clone(), move |token| {
@@ -502,8 +503,7 @@ async fn serve(args: ServerArgs) -> anyhow::Result<()> {
     for index in 0..args.nodes.max(1) {
         let (name, dir) = embedded_node(&data_dir, &node_name, index);
         let (node_tasks, kubelet_pods_dir) =
-            start_embedded_node(&data_dir, (&name, &dir), args.fake_qemu, &ca_pem, &cancel)
-                .await?;
+            start_embedded_node(&data_dir, (&name, &dir), args.fake_qemu, &ca_pem, &cancel).await?;
         tasks.extend(node_tasks);
 
         // KubeVirt's node agent on this node.

@@ -152,22 +152,23 @@ impl PodNetworkConfig {
     }
 }
 
+/// The pod network the node whose data directory is `data_dir` ran with last, if any.
+pub fn saved_pod_network(data_dir: &std::path::Path) -> Option<PodNetworkConfig> {
+    let saved = pods::process::read_json::<SavedPodNetwork>(&data_dir.join(POD_NETWORK_FILE))?;
+    Some(PodNetworkConfig {
+        pod_cidr: saved.pod_cidr.parse().ok()?,
+        bridge: saved.bridge,
+        plugin_dir: saved.plugin_dir,
+    })
+}
+
 /// Releases the network of every pod of the node whose data directory is `data_dir` (CNI DEL,
 /// namespace deleted; a namespace DEL fails for is deleted anyway), e.g. after its node agent
 /// and containers were killed in a test. Best effort; the bridge is left to the next holder of
 /// its slot, which resets it. Returns how many pod networks were released.
 pub fn release_pod_networks(data_dir: &std::path::Path) -> usize {
-    let Some(saved) = pods::process::read_json::<SavedPodNetwork>(&data_dir.join(POD_NETWORK_FILE))
-    else {
+    let Some(config) = saved_pod_network(data_dir) else {
         return 0;
-    };
-    let Ok(pod_cidr) = saved.pod_cidr.parse() else {
-        return 0;
-    };
-    let config = PodNetworkConfig {
-        pod_cidr,
-        bridge: saved.bridge,
-        plugin_dir: saved.plugin_dir,
     };
     let networks = pods::network::PodNetworks::new(&config, data_dir);
     let mut released = 0;

@@ -64,6 +64,19 @@ pub enum ProxyError {
     Sysctl(PathBuf, #[source] std::io::Error),
 }
 
+/// The table of the proxy whose traffic arrives on `interface` (a node's pod bridge).
+pub fn table_name(interface: &str) -> String {
+    format!("kubevirt-rs-{interface}")
+}
+
+/// Removes `table` (nothing to do when it does not exist), e.g. after its proxy was killed.
+///
+/// # Errors
+/// As [`apply`].
+pub fn remove_table(table: &str) -> Result<(), ProxyError> {
+    apply(&rules::render_removal(table))
+}
+
 /// Runs `script` through `nft -f -` as one transaction.
 ///
 /// # Errors
@@ -194,7 +207,7 @@ pub async fn run(client: kube::Client, config: ProxyConfig, cancel: Cancellation
     }
     services_task.abort();
     slices_task.abort();
-    if let Err(e) = apply(&rules::render_removal(&config.table)) {
+    if let Err(e) = remove_table(&config.table) {
         warn!(table = %config.table, error = %e, "removing the service rules");
     }
 }

@@ -278,13 +278,22 @@ impl ServerProcess {
 }
 
 /// Kills every launcher process group a server's pod runner recorded under `data_dir`
-/// (`DATA/node/pods/<uid>/<container>.json`), for tests that start servers by other means;
-/// then releases the pods' networks (CNI DEL, their namespaces under `DATA/node/netns`), so no
-/// namespace mount keeps the test's directory from being removed.
+/// (`DATA/node/pods/<uid>/<container>.json`, `DATA/nodes/<name>/…` for further nodes), for
+/// tests that start servers by other means; then releases the pods' networks (CNI DEL, their
+/// namespaces under `…/netns`), so no namespace mount keeps the test's directory from being
+/// removed.
 pub fn kill_launchers(data_dir: &Path) {
-    {
-        let pods = data_dir.join("node").join("pods");
-        for pod in std::fs::read_dir(pods).into_iter().flatten().flatten() {
+    let extra_nodes = std::fs::read_dir(data_dir.join("nodes"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path());
+    for node in std::iter::once(data_dir.join("node")).chain(extra_nodes) {
+        for pod in std::fs::read_dir(node.join("pods"))
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
             for file in std::fs::read_dir(pod.path())
                 .into_iter()
                 .flatten()
@@ -310,8 +319,15 @@ pub fn kill_launchers(data_dir: &Path) {
                 );
             }
         }
+        kubevirt_node::release_pod_networks(&node);
+        // What the killed server's node would have removed on a clean shutdown.
+        if let Some(network) = kubevirt_node::saved_pod_network(&node) {
+            let _ = network.delete_bridge_if_unused(&node);
+            let _ = kubevirt_service_proxy::remove_table(&kubevirt_service_proxy::table_name(
+                &network.bridge,
+            ));
+        }
     }
-    kubevirt_node::release_pod_networks(&data_dir.join("node"));
 }
 
 impl Drop for ServerProcess {
