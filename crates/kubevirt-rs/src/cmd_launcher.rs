@@ -43,12 +43,13 @@ pub struct LauncherArgs {
 pub fn run(args: LauncherArgs) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Runtime::new().context("starting the tokio runtime")?;
     runtime.block_on(async move {
-        let socket = args.pod_dir.join("launcher.sock");
+        let layout = virt_launcher::pod_layout::PodLayout::new(&args.pod_dir);
+        let socket = layout.launcher_socket();
         let mut opts = LauncherOptions::new(&socket);
         opts.qemu_binary = args.qemu;
         opts.base_dir = Some(args.pod_dir.clone());
         opts.fake_qemu = args.fake_qemu;
-        opts.qemu_log_path = Some(args.pod_dir.join("qemu.log"));
+        opts.qemu_log_path = Some(layout.qemu_log());
         tracing::info!(vmi = %format!("{}/{}", args.namespace, args.name), uid = %args.uid, "launcher starting");
         let mut launcher = tokio::spawn(run_launcher(opts));
         tokio::select! {
