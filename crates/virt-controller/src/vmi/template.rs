@@ -102,6 +102,9 @@ pub struct LauncherPodConfig {
     pub cpu_allocation_ratio: u32,
     /// Guests run under TCG: no `/dev/kvm` request, and the TCG memory overhead.
     pub use_emulation: bool,
+    /// The KubeVirt CR's `kubevirt.io/skip-backup-hooks` annotation, which decides for VMIs
+    /// that do not carry their own.
+    pub cluster_skip_backup_hooks: Option<String>,
 }
 
 impl Default for LauncherPodConfig {
@@ -110,6 +113,7 @@ impl Default for LauncherPodConfig {
             launcher_image: default_launcher_image(),
             cpu_allocation_ratio: DEFAULT_CPU_ALLOCATION_RATIO,
             use_emulation: false,
+            cluster_skip_backup_hooks: None,
         }
     }
 }
@@ -182,7 +186,7 @@ pub fn render_launcher_pod(
             generate_name: Some(format!("virt-launcher-{name}-")),
             namespace: Some(namespace.to_owned()),
             labels: Some(pod_labels(vmi, name, uid, &hostname)),
-            annotations: Some(pod_annotations(vmi, name, namespace)),
+            annotations: Some(pod_annotations(vmi, name, namespace, config)),
             owner_references: Some(vec![controller_ref(name, uid)]),
             ..ObjectMeta::default()
         },
@@ -272,10 +276,17 @@ fn annotation<'a>(vmi: &'a VirtualMachineInstance, key: &str) -> Option<&'a str>
         .map(String::as_str)
 }
 
-/// Whether the VMI annotation `kubevirt.io/skip-backup-hooks` parses as boolean true.
-pub fn skip_backup_hooks(annotations: Option<&BTreeMap<String, String>>) -> bool {
+/// Whether `kubevirt.io/skip-backup-hooks` parses as boolean true, as upstream's storage
+/// annotation generator reads it: the VMI's annotation when it has one (whatever its value),
+/// else the KubeVirt CR's (`cluster`).
+pub fn skip_backup_hooks(
+    annotations: Option<&BTreeMap<String, String>>,
+    cluster: Option<&str>,
+) -> bool {
     annotations
         .and_then(|a| a.get(c::SKIP_BACKUP_HOOKS_ANNOTATION))
+        .map(String::as_str)
+        .or(cluster)
         .is_some_and(|v| parse_go_bool(v) == Some(true))
 }
 
@@ -324,6 +335,7 @@ fn pod_annotations(
     vmi: &VirtualMachineInstance,
     name: &str,
     namespace: &str,
+    config: &LauncherPodConfig,
 ) -> BTreeMap<String, String> {
     let mut out = BTreeMap::from([(c::DOMAIN_ANNOTATION.to_owned(), name.to_owned())]);
     let vmi_annotations = vmi.metadata.annotations.as_ref();
@@ -363,7 +375,7 @@ fn pod_annotations(
             out.insert(key.to_owned(), "k6t-eth0".to_owned());
         }
     }
-    if !skip_backup_hooks(vmi_annotations) {
+    if !skip_backup_hooks(vmi_annotations, config.cluster_skip_backup_hooks.as_deref()) {
         out.extend(backup_hook_annotations(name, namespace));
     }
     out
@@ -1071,6 +1083,26 @@ mod tests {
         );
         assert_eq!(pod["metadata"]["labels"]["sidecar.istio.io/inject"], "true");
         assert_eq!(pod["spec"]["containers"].as_array().map(Vec::len), Some(1));
+    }
+
+    #[test]
+    fn the_kubevirt_crs_skip_backup_hooks_applies_to_new_pods_of_vmis_without_their_own() {
+        let cluster_skips = LauncherPodConfig {
+            cluster_skip_backup_hooks: Some("true".into()),
+            ..LauncherPodConfig::default()
+        };
+        let hook = "pre.hook.backup.velero.io/command";
+        let pod = render(&vmi(json!({})), &cluster_skips);
+        assert!(pod["metadata"]["annotations"].get(hook).is_none());
+        let own =
+            vmi(json!({"metadata": {"annotations": {"kubevirt.io/skip-backup-hooks": "false"}}}));
+        let pod = render(&own, &cluster_skips);
+        assert!(
+            pod["metadata"]["annotations"][hook].is_string(),
+            "the VMI's value wins"
+        );
+        let pod = render(&vmi(json!({})), &LauncherPodConfig::default());
+        assert!(pod["metadata"]["annotations"][hook].is_string());
     }
 
     #[test]
