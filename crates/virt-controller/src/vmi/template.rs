@@ -423,6 +423,7 @@ fn compute_container(
     args.push("--grace-period-seconds".to_owned());
     args.push((grace + LAUNCHER_GRACE_EXTRA_SECONDS).to_string());
     args.extend(pod_dir_args());
+    args.extend(test_hook_args(vmi));
     Ok(Container {
         name: c::COMPUTE_CONTAINER_NAME.to_owned(),
         image: Some(config.launcher_image.clone()),
@@ -432,6 +433,26 @@ fn compute_container(
         volume_mounts: Some(launcher_volume_mount()),
         ..Container::default()
     })
+}
+
+/// The launcher flags upstream's test and debugging annotations turn on: `--keep-after-failure`
+/// for a `kubevirt.io/keep-launcher-alive-after-failure…` key whose value is empty or starts
+/// with `true`, then `--simulate-crash` when `kubevirt.io/func-test-virt-launcher-fail-fast`
+/// is present.
+fn test_hook_args(vmi: &VirtualMachineInstance) -> Vec<String> {
+    let annotations = vmi.metadata.annotations.as_ref();
+    let mut args = Vec::new();
+    let keep = annotations.into_iter().flatten().any(|(k, v)| {
+        k.starts_with(c::KEEP_LAUNCHER_AFTER_FAILURE_ANNOTATION)
+            && (v.is_empty() || v.starts_with("true"))
+    });
+    if keep {
+        args.push("--keep-after-failure".to_owned());
+    }
+    if annotations.is_some_and(|a| a.contains_key(c::FUNC_TEST_LAUNCHER_FAIL_FAST_ANNOTATION)) {
+        args.push("--simulate-crash".to_owned());
+    }
+    args
 }
 
 fn console_log_container(
@@ -1103,6 +1124,40 @@ mod tests {
         );
         let pod = render(&vmi(json!({})), &LauncherPodConfig::default());
         assert!(pod["metadata"]["annotations"][hook].is_string());
+    }
+
+    #[test]
+    fn the_test_annotations_turn_on_upstreams_launcher_flags() {
+        let args = |annotations: serde_json::Value| {
+            let pod = render(
+                &vmi(json!({"metadata": {"annotations": annotations}})),
+                &LauncherPodConfig::default(),
+            );
+            let args: Vec<String> =
+                serde_json::from_value(pod["spec"]["containers"][0]["args"].clone()).unwrap();
+            let flags = ["--keep-after-failure", "--simulate-crash"];
+            args.into_iter()
+                .filter(|a| flags.contains(&a.as_str()))
+                .collect::<Vec<_>>()
+        };
+        assert!(args(json!({})).is_empty());
+        assert_eq!(
+            args(json!({"kubevirt.io/func-test-virt-launcher-fail-fast": ""})),
+            ["--simulate-crash"]
+        );
+        assert_eq!(
+            args(
+                json!({"kubevirt.io/keep-launcher-alive-after-failure": "true",
+                        "kubevirt.io/func-test-virt-launcher-fail-fast": "false"})
+            ),
+            ["--keep-after-failure", "--simulate-crash"]
+        );
+        // Upstream matches the key by prefix and the value by "" or a "true" prefix.
+        assert_eq!(
+            args(json!({"kubevirt.io/keep-launcher-alive-after-failure-x": ""})),
+            ["--keep-after-failure"]
+        );
+        assert!(args(json!({"kubevirt.io/keep-launcher-alive-after-failure": "false"})).is_empty());
     }
 
     #[test]
