@@ -40,6 +40,10 @@ pub struct ServerArgs {
     /// This machine's node name (default: the hostname).
     #[arg(long)]
     pub node_name: Option<String>,
+    /// Resources every node reports instead of the host's, as `cpu=64,memory=256Gi,pods=2000`
+    /// (a simulated node, as KWOK's: for control-plane benchmarks with `--fake-qemu`).
+    #[arg(long, value_parser = parse_capacity, default_value = "")]
+    pub node_capacity: std::collections::BTreeMap<String, String>,
     /// How many nodes the embedded Kubernetes runs on this machine, each with its own node
     /// agent, pod network and virt-handler (named NODE_NAME, NODE_NAME-2, …).
     #[arg(long, default_value_t = 1)]
@@ -51,6 +55,23 @@ pub struct ServerArgs {
     /// benchmarks).
     #[arg(long)]
     pub fake_qemu: bool,
+}
+
+/// `key=quantity,…` as `--node-capacity` takes it (an empty string: no overrides).
+fn parse_capacity(s: &str) -> Result<std::collections::BTreeMap<String, String>, String> {
+    s.split(',')
+        .filter(|item| !item.trim().is_empty())
+        .map(|item| {
+            let (key, value) = item
+                .split_once('=')
+                .ok_or_else(|| format!("{item:?} is not RESOURCE=QUANTITY"))?;
+            let quantity: kubevirt_api::quantity::Quantity = value
+                .trim()
+                .parse()
+                .map_err(|e| format!("{value:?} is not a quantity: {e}"))?;
+            Ok((key.trim().to_owned(), quantity.to_string()))
+        })
+        .collect()
 }
 
 /// The namespace KubeVirt's components and CR live in.
@@ -373,6 +394,7 @@ async fn start_embedded_node(
     data_dir: &Path,
     (node_name, node_dir): (&str, &Path),
     fake_qemu: bool,
+    capacity_overrides: &std::collections::BTreeMap<String, String>,
     ca_pem: &[u8],
     cancel: &CancellationToken,
 ) -> anyhow::Result<(Vec<tokio::task::JoinHandle<()>>, PathBuf)> {
@@ -447,6 +469,7 @@ async fn start_embedded_node(
         ),
         kubernetes_service,
         pod_network,
+        capacity_overrides: capacity_overrides.clone(),
     };
     let kubelet_pods_dir = node_config.pods_dir();
     tasks.push(supervise("node", cancel.clone(), move |token| {
@@ -559,8 +582,15 @@ async fn serve(args: ServerArgs) -> anyhow::Result<()> {
     let mut tasks = start_embedded_control_plane(&data_dir, &cancel).await?;
     for index in 0..args.nodes.max(1) {
         let (name, dir) = embedded_node(&data_dir, &node_name, index);
-        let (node_tasks, kubelet_pods_dir) =
-            start_embedded_node(&data_dir, (&name, &dir), args.fake_qemu, &ca_pem, &cancel).await?;
+        let (node_tasks, kubelet_pods_dir) = start_embedded_node(
+            &data_dir,
+            (&name, &dir),
+            args.fake_qemu,
+            &args.node_capacity,
+            &ca_pem,
+            &cancel,
+        )
+        .await?;
         tasks.extend(node_tasks);
 
         // KubeVirt's node agent on this node.

@@ -51,6 +51,10 @@ pub struct NodeConfig {
     pub kubernetes_service: Option<(String, u16)>,
     /// The node's pod network; `None`: pods share the host's network namespace.
     pub pod_network: Option<PodNetworkConfig>,
+    /// Resources the Node reports instead of the host's (`cpu`, `memory`, `pods`, … to
+    /// quantities): a simulated node, as KWOK's, for control-plane benchmarks whose pods use
+    /// nothing. Empty: what the host has, as kubelet reports it.
+    pub capacity_overrides: std::collections::BTreeMap<String, String>,
 }
 
 /// A node's pod network: pods get addresses of `pod_cidr` on the Linux bridge `bridge`
@@ -296,6 +300,7 @@ pub async fn run_node(
         config.host_ip.clone(),
         config.pod_network.as_ref().map(|n| n.pod_cidr.to_string()),
         kubelet_port,
+        config.capacity_overrides.clone(),
         cancel.clone(),
     );
     let runner = pods::PodRunnerConfig {

@@ -37,6 +37,8 @@ pub struct HostFacts {
     pub machine_id: String,
     /// `/proc/sys/kernel/random/boot_id`.
     pub boot_id: String,
+    /// Resources reported instead of what the host has (see [`crate::NodeConfig`]).
+    pub capacity_overrides: BTreeMap<String, String>,
 }
 
 fn read_trimmed(path: &str) -> String {
@@ -71,20 +73,23 @@ impl HostFacts {
             os_image,
             machine_id: read_trimmed("/etc/machine-id"),
             boot_id: read_trimmed("/proc/sys/kernel/random/boot_id"),
+            capacity_overrides: BTreeMap::new(),
         }
     }
 }
 
-/// Capacity (= allocatable) kubelet reports: CPUs, memory and pods.
+/// Capacity (= allocatable) kubelet reports: CPUs, memory and pods, then the overrides.
 pub fn node_capacity(facts: &HostFacts) -> BTreeMap<String, String> {
-    BTreeMap::from([
+    let mut capacity = BTreeMap::from([
         ("cpu".to_owned(), facts.cpus.max(1).to_string()),
         (
             "memory".to_owned(),
             format!("{}Ki", facts.memory_bytes / 1024),
         ),
         ("pods".to_owned(), "110".to_owned()),
-    ])
+    ]);
+    capacity.extend(facts.capacity_overrides.clone());
+    capacity
 }
 
 /// The labels kubelet puts on the Node it registers.
@@ -263,10 +268,14 @@ pub async fn run(
     host_ip: String,
     pod_cidr: Option<String>,
     kubelet_port: Option<u16>,
+    capacity_overrides: BTreeMap<String, String>,
     cancel: CancellationToken,
 ) {
     let api: Api<Node> = Api::all(client);
-    let facts = HostFacts::read();
+    let facts = HostFacts {
+        capacity_overrides,
+        ..HostFacts::read()
+    };
     loop {
         match register(
             &api,
@@ -300,6 +309,27 @@ pub async fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn overrides_replace_what_the_host_has() {
+        let facts = HostFacts {
+            cpus: 2,
+            memory_bytes: 1 << 30,
+            capacity_overrides: BTreeMap::from([
+                ("cpu".to_owned(), "1k".to_owned()),
+                ("pods".to_owned(), "10k".to_owned()),
+            ]),
+            ..HostFacts::default()
+        };
+        let capacity = node_capacity(&facts);
+        assert_eq!(capacity["cpu"], "1k");
+        assert_eq!(capacity["pods"], "10k");
+        assert_eq!(
+            capacity["memory"],
+            format!("{}Ki", 1 << 20),
+            "not overridden: the host's"
+        );
+    }
 
     #[test]
     fn status_is_ready_with_kubelets_reason_capacity_and_endpoint() {

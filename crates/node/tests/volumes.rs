@@ -131,6 +131,7 @@ async fn start_with(kubectl: Option<PathBuf>, slot: Option<pod_network::PodNetwo
         serving_cert: None,
         kubernetes_service: Some(kubernetes_service),
         pod_network,
+        capacity_overrides: Default::default(),
     };
     tokio::spawn(kubevirt_node::run_node(
         client.clone(),

@@ -15,10 +15,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind};
 use kube::runtime::watcher;
-use serde_json::json;
 use testkit::ServerProcess;
 
 use super::procfs;
@@ -150,32 +149,6 @@ impl Cluster {
         })
         .await?;
         Ok(cluster)
-    }
-
-    /// Declares the node KWOK-sized (1k CPUs, 4 TiB, 10k pods), as upstream's fake-node
-    /// density test does: with fake QEMU the node's real capacity (2 CPUs at 100m per
-    /// launcher, 110 pods) would cap the batch, not the control plane. The node agent's
-    /// heartbeat leaves capacity alone, so the patch holds for the server's lifetime.
-    pub async fn simulate_large_node(&self) -> anyhow::Result<()> {
-        let nodes: Api<Node> = Api::all(self.client.clone());
-        let node = testkit::wait_until_async(Duration::from_secs(60), "the node", || {
-            let nodes = nodes.clone();
-            async move {
-                let list = nodes.list(&Default::default()).await.ok()?;
-                list.items.into_iter().find_map(|n| n.metadata.name)
-            }
-        })
-        .await?;
-        let size = json!({"cpu": "1k", "memory": "4Ti", "pods": "10k"});
-        nodes
-            .patch_status(
-                &node,
-                &PatchParams::default(),
-                &Patch::Merge(json!({"status": {"capacity": size, "allocatable": size}})),
-            )
-            .await
-            .context("patching the node's capacity")?;
-        Ok(())
     }
 
     pub fn data_dir(&self) -> &Path {

@@ -155,10 +155,13 @@ async fn fake_qemu(
             "--fake-qemu",
             "--additional-launcher-labels-sync",
             "ops.example.com/*",
+            // Fake launchers use nothing: a simulated large node, as KWOK's, so the batch
+            // measures the control plane and not this machine's two cores.
+            "--node-capacity",
+            "cpu=1k,memory=4Ti,pods=10k",
         ],
     )
     .await?;
-    cluster.simulate_large_node().await?;
     idle_memory(&cluster, "fake QEMU", results).await;
     let paced_label = format!("fake, {} ms apart", options.interval.as_millis());
     let plan = [

@@ -117,6 +117,7 @@ async fn start_with(slot: Option<PodNetworkSlot>) -> Node {
         serving_cert: None,
         pod_network: slot.as_ref().map(PodNetworkConfig::from_slot),
         kubernetes_service: None,
+        capacity_overrides: Default::default(),
     };
     tokio::spawn(kubevirt_node::run_node(
         client.clone(),
