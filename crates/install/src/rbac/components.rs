@@ -140,6 +140,14 @@ pub(crate) fn api_objects(namespace: &str) -> Vec<RbacObject> {
 }
 
 fn controller_cluster_rules() -> Vec<PolicyRule> {
+    let mut rules = controller_kubernetes_rules();
+    rules.extend(controller_kubevirt_rules());
+    rules.extend(controller_storage_and_other_rules());
+    rules
+}
+
+/// The first part of upstream's list: core Kubernetes objects.
+fn controller_kubernetes_rules() -> Vec<PolicyRule> {
     let rw = ALL_WRITE;
     vec![
         rule(&[""], &["namespaces"], &["get", "list", "watch", "patch"]),
@@ -172,6 +180,13 @@ fn controller_cluster_rules() -> Vec<PolicyRule> {
                 "get", "list", "watch", "create", "update", "delete", "patch",
             ],
         ),
+    ]
+}
+
+/// The middle part of upstream's list: KubeVirt's groups.
+fn controller_kubevirt_rules() -> Vec<PolicyRule> {
+    let rw = ALL_WRITE;
+    vec![
         rule(
             &["snapshot.kubevirt.io"],
             &[
@@ -256,6 +271,12 @@ fn controller_cluster_rules() -> Vec<PolicyRule> {
             ],
             &["update"],
         ),
+    ]
+}
+
+/// The last part of upstream's list: CRDs, reviews, storage, jobs, DRA, Multus.
+fn controller_storage_and_other_rules() -> Vec<PolicyRule> {
+    vec![
         rule(&["cdi.kubevirt.io"], &["*"], &["*"]),
         rule(
             &["apiextensions.k8s.io"],
@@ -439,7 +460,6 @@ fn operator_cluster_rules() -> Vec<PolicyRule> {
         "get", "list", "watch", "create", "delete", "update", "patch",
     ];
     let security = "security.openshift.io";
-    let template = "template.kubevirt.io";
     let mut rules = vec![
         rule(
             &[KV],
@@ -514,6 +534,35 @@ fn operator_cluster_rules() -> Vec<PolicyRule> {
             rw,
         ),
         rule(&["apiregistration.k8s.io"], &["apiservices"], rw),
+    ];
+    rules.extend(operator_other_rules());
+    rules.extend(api_cluster_rules());
+    rules.extend(controller_cluster_rules());
+    rules.extend(handler_cluster_rules());
+    for role in cluster::upstream_roles() {
+        rules.extend(role.rules);
+    }
+    // Auth delegation, which virt-api's `system:auth-delegator` binding grants.
+    rules.push(rule(
+        &["authentication.k8s.io"],
+        &["tokenreviews"],
+        &["create"],
+    ));
+    rules.push(rule(
+        &["authorization.k8s.io"],
+        &["subjectaccessreviews"],
+        &["create"],
+    ));
+    rules
+}
+
+/// The second part of the operator's own rules: monitoring, namespaces, templates, metrics.
+fn operator_other_rules() -> Vec<PolicyRule> {
+    let rw = &[
+        "get", "list", "watch", "create", "delete", "update", "patch",
+    ];
+    let template = "template.kubevirt.io";
+    vec![
         rule(
             &["monitoring.coreos.com"],
             &["servicemonitors", "prometheusrules"],
@@ -560,25 +609,7 @@ fn operator_cluster_rules() -> Vec<PolicyRule> {
             verbs: vec!["get".into()],
             ..PolicyRule::default()
         },
-    ];
-    rules.extend(api_cluster_rules());
-    rules.extend(controller_cluster_rules());
-    rules.extend(handler_cluster_rules());
-    for role in cluster::upstream_roles() {
-        rules.extend(role.rules);
-    }
-    // Auth delegation, which virt-api's `system:auth-delegator` binding grants.
-    rules.push(rule(
-        &["authentication.k8s.io"],
-        &["tokenreviews"],
-        &["create"],
-    ));
-    rules.push(rule(
-        &["authorization.k8s.io"],
-        &["subjectaccessreviews"],
-        &["create"],
-    ));
-    rules
+    ]
 }
 
 /// The `kubevirt.io:operator` ClusterRole of upstream's operator manifest: managing the
