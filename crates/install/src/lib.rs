@@ -66,8 +66,9 @@ pub enum InstallError {
     },
 }
 
-/// Extra command-line arguments appended to a component's generated ones (upstream's
-/// `customizeComponents.flags`; see [`flags_to_args`]).
+/// Extra command-line arguments appended to a component's generated ones; a flag named here
+/// replaces the generated flag of that name. The operator fills these from the KubeVirt CR's
+/// `customizeComponents.flags` with [`flags_to_args`].
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ComponentArgs {
     /// virt-api.
@@ -140,16 +141,45 @@ impl InstallConfig {
 }
 
 /// Upstream's `customizeComponents.flags` map (flag name without dashes → value) as
-/// arguments: `--name value`, or `--name` alone for an empty value; in the map's order.
+/// arguments, formatted as virt-operator does: names and values lower-cased, in name order;
+/// `--name` alone for an empty value, `--name=true|false` for booleans, else `--name value`.
 #[must_use]
 pub fn flags_to_args(flags: &BTreeMap<String, String>) -> Vec<String> {
     let mut args = Vec::new();
     for (name, value) in flags {
-        args.push(format!("--{name}"));
-        if !value.is_empty() {
+        let (name, value) = (name.to_lowercase(), value.to_lowercase());
+        match value.as_str() {
+            "" => args.push(format!("--{name}")),
+            "true" | "false" => args.push(format!("--{name}={value}")),
+            _ => {
+                args.push(format!("--{name}"));
+                args.push(value);
+            }
+        }
+    }
+    args
+}
+
+/// The flag name of an argument (`--name` or `--name=value`), if it is one.
+fn flag_name(arg: &str) -> Option<&str> {
+    let name = arg.strip_prefix("--")?;
+    Some(name.split_once('=').map_or(name, |(n, _)| n))
+}
+
+/// `generated` (`--name value` pairs) followed by `extra`; a generated pair whose flag
+/// `extra` names again is left out, so an extra flag overrides instead of repeating (the
+/// binary refuses a repeated flag).
+pub(crate) fn merge_args(generated: &[(&str, String)], extra: &[String]) -> Vec<String> {
+    let overridden: std::collections::BTreeSet<&str> =
+        extra.iter().filter_map(|a| flag_name(a)).collect();
+    let mut args = Vec::new();
+    for (flag, value) in generated {
+        if !overridden.contains(flag.trim_start_matches('-')) {
+            args.push((*flag).to_owned());
             args.push(value.clone());
         }
     }
+    args.extend(extra.iter().cloned());
     args
 }
 

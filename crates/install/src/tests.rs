@@ -532,7 +532,7 @@ fn the_configuration_reaches_every_object() {
                     "additional-launcher-labels-sync".to_owned(),
                     "team".to_owned(),
                 ),
-                ("use-emulation".to_owned(), String::new()),
+                ("use-emulation".to_owned(), "True".to_owned()),
             ])),
             handler: vec!["--use-emulation".into(), "true".into()],
         },
@@ -561,7 +561,7 @@ fn the_configuration_reaches_every_object() {
             "kv",
             "--additional-launcher-labels-sync",
             "team",
-            "--use-emulation"
+            "--use-emulation=true"
         ])
     );
     assert_eq!(
@@ -604,5 +604,37 @@ fn an_explicit_launcher_image_is_passed_as_is() {
     assert_eq!(
         bare.image("virt-handler"),
         format!("virt-handler:{}", env!("CARGO_PKG_VERSION"))
+    );
+}
+
+#[test]
+fn an_extra_flag_overrides_the_generated_one_instead_of_repeating_it() {
+    let config = InstallConfig {
+        extra_args: ComponentArgs {
+            api: vec!["--port=9443".into()],
+            controller: vec!["--namespace".into(), "other".into()],
+            handler: flags_to_args(&BTreeMap::from([(
+                "Listen".to_owned(),
+                "127.0.0.1:1".to_owned(),
+            )])),
+        },
+        ..InstallConfig::default()
+    };
+    assert_eq!(
+        virt_api::args(&config),
+        ["--console-server-port", "8186", "--port=9443"]
+    );
+    let controller = virt_controller::args(&config);
+    assert_eq!(controller[2..], ["--namespace", "other"]);
+    assert_eq!(controller.iter().filter(|a| *a == "--namespace").count(), 1);
+    let handler = virt_handler::args(&config);
+    assert_eq!(handler[handler.len() - 2..], ["--listen", "127.0.0.1:1"]);
+    assert_eq!(handler.iter().filter(|a| *a == "--listen").count(), 1);
+    assert_eq!(
+        flags_to_args(&BTreeMap::from([
+            ("b".to_owned(), String::new()),
+            ("a".to_owned(), "FALSE".to_owned()),
+        ])),
+        ["--a=false", "--b"]
     );
 }

@@ -42,12 +42,16 @@ pub const CERT_SECRET: &str = "kubevirt-virt-api-certs";
 /// The Secret of virt-handler's client certificate, which virt-api uses towards handlers.
 pub const HANDLER_CLIENT_CERT_SECRET: &str = "kubevirt-virt-handler-certs";
 
-/// The container's arguments: upstream's, then the configured extra ones.
+/// The container's arguments: upstream's, then the configured extra ones (which override).
 #[must_use]
 pub fn args(config: &InstallConfig) -> Vec<String> {
-    let mut args = strings(&["--port", "8443", "--console-server-port", "8186"]);
-    args.extend(config.extra_args.api.iter().cloned());
-    args
+    crate::merge_args(
+        &[
+            ("--port", PORT.to_string()),
+            ("--console-server-port", "8186".to_owned()),
+        ],
+        &config.extra_args.api,
+    )
 }
 
 /// virt-api's Deployment.

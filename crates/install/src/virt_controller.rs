@@ -20,17 +20,16 @@ use crate::{BINARY, InstallConfig, InstallError, to_value};
 /// virt-controller's name (Deployment, container, `kubevirt.io` label, leader Lease).
 pub const NAME: &str = "virt-controller";
 
-/// The container's arguments, then the configured extra ones.
+/// The container's arguments, then the configured extra ones (which override).
 #[must_use]
 pub fn args(config: &InstallConfig) -> Vec<String> {
-    let mut args = vec![
-        "--launcher-image".to_owned(),
-        config.launcher_image(),
-        "--namespace".to_owned(),
-        config.namespace.clone(),
-    ];
-    args.extend(config.extra_args.controller.iter().cloned());
-    args
+    crate::merge_args(
+        &[
+            ("--launcher-image", config.launcher_image()),
+            ("--namespace", config.namespace.clone()),
+        ],
+        &config.extra_args.controller,
+    )
 }
 
 /// virt-controller's Deployment.

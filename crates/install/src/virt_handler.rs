@@ -59,21 +59,19 @@ pub const HOST_VOLUMES: &[(&str, &str, &str, Option<&str>)] = &[
     ),
 ];
 
-/// The container's arguments, then the configured extra ones.
+/// The container's arguments, then the configured extra ones (which override).
 #[must_use]
 pub fn args(config: &InstallConfig) -> Vec<String> {
-    let mut args = strings(&[
-        "--node-name",
-        "$(NODE_NAME)",
-        "--kubelet-pods-dir",
-        "/pods",
-        "--data-dir",
-        "/var/lib/kubevirt-rs",
-        "--listen",
-        "0.0.0.0:8186",
-    ]);
-    args.extend(config.extra_args.handler.iter().cloned());
-    args
+    let pair = |flag, value: &str| (flag, value.to_owned());
+    crate::merge_args(
+        &[
+            pair("--node-name", "$(NODE_NAME)"),
+            pair("--kubelet-pods-dir", "/pods"),
+            pair("--data-dir", "/var/lib/kubevirt-rs"),
+            pair("--listen", "0.0.0.0:8186"),
+        ],
+        &config.extra_args.handler,
+    )
 }
 
 fn field_env(name: &str, path: &str) -> EnvVar {
