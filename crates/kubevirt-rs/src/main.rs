@@ -10,6 +10,7 @@ mod cmd_controller;
 mod cmd_handler;
 mod cmd_images;
 mod cmd_launcher;
+mod cmd_manifests;
 mod cmd_server;
 
 #[derive(Parser)]
@@ -36,6 +37,8 @@ enum Command {
     Launcher(cmd_launcher::LauncherArgs),
     /// Stream a VMI's serial console log (the launcher pod's `guest-console-log` container).
     GuestConsoleLog(cmd_console_log::ConsoleLogArgs),
+    /// Print KubeVirt's install manifests (the files of `deploy/`) as multi-document YAML.
+    Manifests(cmd_manifests::ManifestsArgs),
     /// Manage the local image store.
     Images(cmd_images::ImagesArgs),
 }
@@ -100,6 +103,7 @@ fn main() -> anyhow::Result<()> {
         Command::Launcher(args) => cmd_launcher::run(args)?,
         Command::GuestConsoleLog(args) => cmd_console_log::run(&args)?,
         Command::Images(args) => cmd_images::run(args)?,
+        Command::Manifests(args) => cmd_manifests::run(args)?,
     }
     Ok(())
 }
