@@ -43,6 +43,20 @@ pub struct VirtApiServerConfig {
     pub service_accounts: BTreeSet<String>,
 }
 
+/// The webhook and subresource routes of one listener (exposed for in-process tests);
+/// `require_cert` applies to the subresources only (see [`subresources::router`]).
+pub fn router(
+    client: kube::Client,
+    node: Option<subresources::node::NodeClient>,
+    cluster_config: watch::Receiver<ClusterConfig>,
+    service_accounts: BTreeSet<String>,
+    require_cert: bool,
+) -> axum::Router {
+    subresources::router(client.clone(), node, cluster_config.clone(), require_cert).merge(
+        webhook::reviews_router(cluster_config, service_accounts, Some(client)),
+    )
+}
+
 /// Binds and serves webhooks and subresources until `shutdown` completes; returns once
 /// listening, with the bound address and the server task.
 ///
@@ -70,17 +84,14 @@ pub async fn run_virt_api_server(
     let addr = listener
         .local_addr()
         .map_err(|e| SubresourceServerError::Bind(config.listen, e))?;
-    let app = subresources::router(
-        config.client.clone(),
+    let require_cert = config.client_ca_pem.is_some();
+    let app = router(
+        config.client,
         node,
-        config.cluster_config.clone(),
-        config.client_ca_pem.is_some(),
-    )
-    .merge(webhook::reviews_router(
         config.cluster_config,
         config.service_accounts,
-        Some(config.client),
-    ));
+        require_cert,
+    );
     let task = tokio::spawn(async move {
         crate::serving::serve_until(listener, tls, app, shutdown).await;
         info!("virt-api stopped");
