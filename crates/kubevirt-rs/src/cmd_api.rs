@@ -77,6 +77,9 @@ pub struct ApiArgs {
     /// The Service in front of virt-api (port 443) the registration objects name.
     #[arg(long, default_value = "virt-api")]
     pub service_name: String,
+    /// Serve and register the subresource API only, no admission webhooks.
+    #[arg(long)]
+    pub subresources_only: bool,
     /// Register this base URL instead of the Service (`https://127.0.0.1:8443`; port 0 stands
     /// for the port bound).
     #[arg(long)]
@@ -112,6 +115,8 @@ pub(crate) struct VirtApiSetup {
     pub node_endpoint: Option<NodeClientConfig>,
     /// The aggregation proxy's client CA; `None` looks it up (see the module documentation).
     pub client_ca_pem: Option<Vec<u8>>,
+    /// No webhooks (served or registered).
+    pub subresources_only: bool,
 }
 
 /// A running virt-api; it stops when the token given to [`start`] is cancelled.
@@ -231,20 +236,24 @@ async fn register(
     client: &kube::Client,
     ca_bundle: &[u8],
     target: &WebhookTarget,
+    webhooks: bool,
 ) -> anyhow::Result<()> {
-    let (mutating, validating) = virt_api::webhook::webhook_configurations_for(ca_bundle, target);
-    create_or_replace(
-        &Api::<MutatingWebhookConfiguration>::all(client.clone()),
-        mutating,
-    )
-    .await
-    .context("registering the mutating webhooks")?;
-    create_or_replace(
-        &Api::<ValidatingWebhookConfiguration>::all(client.clone()),
-        validating,
-    )
-    .await
-    .context("registering the validating webhooks")?;
+    if webhooks {
+        let (mutating, validating) =
+            virt_api::webhook::webhook_configurations_for(ca_bundle, target);
+        create_or_replace(
+            &Api::<MutatingWebhookConfiguration>::all(client.clone()),
+            mutating,
+        )
+        .await
+        .context("registering the mutating webhooks")?;
+        create_or_replace(
+            &Api::<ValidatingWebhookConfiguration>::all(client.clone()),
+            validating,
+        )
+        .await
+        .context("registering the validating webhooks")?;
+    }
     let api_service = match target {
         WebhookTarget::Url(url) => virt_api::subresources::api_service(ca_bundle, Some(url)),
         WebhookTarget::Service {
@@ -280,6 +289,7 @@ fn rotate(
     namespace: String,
     target: WebhookTarget,
     cert: std::sync::Arc<SwappableCert>,
+    webhooks: bool,
     cancel: CancellationToken,
 ) -> tokio::task::JoinHandle<()> {
     let period = Duration::from_secs(
@@ -296,7 +306,7 @@ fn rotate(
                 let (c, k) = ca.issue_serving(serving_names(&target))?;
                 cert.swap_pem(c.as_bytes(), k.as_bytes())
                     .context("swapping the serving certificate")?;
-                register(&client, ca.cert_pem.as_bytes(), &target).await
+                register(&client, ca.cert_pem.as_bytes(), &target, webhooks).await
             }
             .await;
             match result {
@@ -360,6 +370,7 @@ pub(crate) async fn start(
             client_ca_pem: Some(client_ca_pem),
             cluster_config,
             service_accounts: virt_api::webhook::kubevirt_service_accounts(&ns),
+            subresources_only: setup.subresources_only,
         },
         cancel.clone().cancelled_owned(),
     )
@@ -375,10 +386,11 @@ pub(crate) async fn start(
             ns.clone(),
             target.clone(),
             cert,
+            !setup.subresources_only,
             cancel.clone(),
         )
     });
-    register(&client, &ca_bundle, &target).await?;
+    register(&client, &ca_bundle, &target, !setup.subresources_only).await?;
     info!(%addr, target = ?target, "virt-api registered");
     Ok(VirtApi {
         server,
@@ -419,6 +431,7 @@ pub fn run(args: ApiArgs) -> anyhow::Result<()> {
         },
         node_endpoint,
         client_ca_pem: None,
+        subresources_only: args.subresources_only,
     };
     let runtime = tokio::runtime::Runtime::new().context("starting the tokio runtime")?;
     runtime.block_on(async move {

@@ -134,6 +134,7 @@ async fn start_virt_api(
         }),
         // The API server's front-proxy client certificate is signed by its cluster CA.
         client_ca_pem: Some(ca_pem),
+        subresources_only: false,
     };
     crate::cmd_api::start(client, setup, cancel).await
 }

@@ -41,6 +41,8 @@ pub struct VirtApiServerConfig {
     pub cluster_config: watch::Receiver<ClusterConfig>,
     /// Users treated as KubeVirt service accounts (see [`webhook::kubevirt_service_accounts`]).
     pub service_accounts: BTreeSet<String>,
+    /// Serve the subresource API only, no webhooks (upstream's `--subresources-only`).
+    pub subresources_only: bool,
 }
 
 /// The webhook and subresource routes of one listener (exposed for in-process tests);
@@ -85,13 +87,17 @@ pub async fn run_virt_api_server(
         .local_addr()
         .map_err(|e| SubresourceServerError::Bind(config.listen, e))?;
     let require_cert = config.client_ca_pem.is_some();
-    let app = router(
-        config.client,
-        node,
-        config.cluster_config,
-        config.service_accounts,
-        require_cert,
-    );
+    let app = if config.subresources_only {
+        subresources::router(config.client, node, config.cluster_config, require_cert)
+    } else {
+        router(
+            config.client,
+            node,
+            config.cluster_config,
+            config.service_accounts,
+            require_cert,
+        )
+    };
     let task = tokio::spawn(async move {
         crate::serving::serve_until(listener, tls, app, shutdown).await;
         info!("virt-api stopped");
