@@ -1,5 +1,5 @@
 //! `kubevirt-rs controller`: virt-controller against any API server (a real cluster, or a
-//! `kubevirt-rs apiserver`). Exits with an error when it loses its Lease, as upstream does;
+//! `kubevirt-rs apiserver`), with in-cluster configuration unless given a kubeconfig. Exits with an error when it loses its Lease, as upstream does;
 //! its Deployment restarts it.
 
 use std::path::PathBuf;
@@ -10,12 +10,14 @@ use tokio_util::sync::CancellationToken;
 
 #[derive(Args)]
 pub struct ControllerArgs {
-    /// Kubeconfig with the controller's credentials.
+    /// Kubeconfig with the controller's credentials (default: the in-cluster configuration,
+    /// else `KUBECONFIG`).
     #[arg(long)]
-    pub kubeconfig: PathBuf,
-    /// Namespace of the KubeVirt CR and the leader Lease.
-    #[arg(long, default_value = "kubevirt")]
-    pub namespace: String,
+    pub kubeconfig: Option<PathBuf>,
+    /// Namespace of the KubeVirt CR and the leader Lease (default: the pod's namespace, else
+    /// `kubevirt`).
+    #[arg(long)]
+    pub namespace: Option<String>,
     /// Label keys (or `prefix/*`) synced from VM templates to VMIs and launcher pods; the
     /// KubeVirt CR's `spec.customizeComponents.flags.controller` overrides it at run time.
     #[arg(long = "additional-launcher-labels-sync", default_value = "")]
@@ -34,7 +36,7 @@ pub struct ControllerArgs {
 pub fn run(args: ControllerArgs) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Runtime::new().context("starting the tokio runtime")?;
     runtime.block_on(async move {
-        let client = crate::cmd_server::client_from(&args.kubeconfig).await?;
+        let client = crate::kube_config::client(args.kubeconfig.as_deref()).await?;
         let mut launcher = virt_controller::vmi::template::LauncherPodConfig {
             use_emulation: args.use_emulation,
             ..Default::default()
@@ -43,7 +45,9 @@ pub fn run(args: ControllerArgs) -> anyhow::Result<()> {
             launcher.launcher_image = image;
         }
         let config = virt_controller::app::ControllerAppConfig {
-            namespace: args.namespace,
+            namespace: args
+                .namespace
+                .unwrap_or_else(|| crate::kube_config::pod_namespace("kubevirt")),
             labels_sync: args.labels_sync,
             annotations_sync: args.annotations_sync,
             launcher,

@@ -1,6 +1,7 @@
-//! `kubevirt-rs handler`: virt-handler for this node against any API server.
+//! `kubevirt-rs handler`: virt-handler for this node against any API server, with in-cluster
+//! configuration unless given a kubeconfig.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::Args;
@@ -8,9 +9,10 @@ use tokio_util::sync::CancellationToken;
 
 #[derive(Args)]
 pub struct HandlerArgs {
-    /// Kubeconfig of the API server.
+    /// Kubeconfig of the API server (default: the in-cluster configuration, else
+    /// `KUBECONFIG`).
     #[arg(long)]
-    pub kubeconfig: PathBuf,
+    pub kubeconfig: Option<PathBuf>,
     /// State directory: `images/`, `hostdisks/`.
     #[arg(long)]
     pub data_dir: PathBuf,
@@ -29,31 +31,13 @@ pub struct HandlerArgs {
     pub use_emulation: Option<bool>,
 }
 
-async fn client_from(kubeconfig: &Path) -> anyhow::Result<kube::Client> {
-    let kc = kube::config::Kubeconfig::read_from(kubeconfig)
-        .with_context(|| format!("reading {}", kubeconfig.display()))?;
-    let config =
-        kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
-            .await
-            .context("client configuration")?;
-    kube::Client::try_from(config).context("client")
-}
-
-/// The cluster CA (PEM) named by the kubeconfig's current cluster, if it carries one.
-fn cluster_ca(kubeconfig: &std::path::Path) -> Option<Vec<u8>> {
-    use base64::Engine;
-    let kc = kube::config::Kubeconfig::read_from(kubeconfig).ok()?;
-    let cluster = kc.clusters.first()?.cluster.as_ref()?;
-    if let Some(data) = &cluster.certificate_authority_data {
-        return base64::engine::general_purpose::STANDARD.decode(data).ok();
-    }
-    std::fs::read(cluster.certificate_authority.as_ref()?).ok()
-}
-
 pub fn run(args: HandlerArgs) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Runtime::new().context("starting the tokio runtime")?;
     runtime.block_on(async move {
-        let client = client_from(&args.kubeconfig).await?;
+        let kube_config = crate::kube_config::load(args.kubeconfig.as_deref()).await?;
+        // virt-api's client certificates are verified against the cluster CA.
+        let cluster_ca = crate::kube_config::cluster_ca_pem(&kube_config);
+        let client = kube::Client::try_from(kube_config).context("client")?;
         let config = virt_handler::HandlerConfig {
             node_name: args
                 .node_name
@@ -61,7 +45,7 @@ pub fn run(args: HandlerArgs) -> anyhow::Result<()> {
             data_dir: args.data_dir,
             kubelet_pods_dir: args.kubelet_pods_dir,
             use_emulation: args.use_emulation,
-            rest: cluster_ca(&args.kubeconfig).map(|ca| virt_handler::rest::RestConfig {
+            rest: cluster_ca.map(|ca| virt_handler::rest::RestConfig {
                 listen: args.listen,
                 client_ca_pem: ca,
                 serving_cert: None,

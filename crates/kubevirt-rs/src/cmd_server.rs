@@ -15,10 +15,6 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
-use k8s_openapi::api::admissionregistration::v1::{
-    MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
-};
-use kube::api::{Api, PostParams};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
@@ -162,68 +158,15 @@ async fn api_server_address(kubeconfig: &Path) -> anyhow::Result<Option<(String,
         .zip(url.port_u16().or(Some(443))))
 }
 
-/// Creates `object`, or replaces it when it exists (keeping nothing of the old one).
-async fn create_or_replace<K>(api: &Api<K>, object: serde_json::Value) -> anyhow::Result<()>
-where
-    K: kube::Resource + Clone + serde::de::DeserializeOwned + serde::Serialize + std::fmt::Debug,
-{
-    let mut typed: K = serde_json::from_value(object).context("decoding the object")?;
-    let name = typed.meta().name.clone().unwrap_or_default();
-    match api.get_opt(&name).await? {
-        None => {
-            api.create(&PostParams::default(), &typed).await?;
-        }
-        Some(existing) => {
-            typed.meta_mut().resource_version = existing.meta().resource_version.clone();
-            api.replace(&name, &PostParams::default(), &typed).await?;
-        }
-    }
-    Ok(())
-}
-
-/// Starts virt-api's admission webhooks and registers them.
-/// What keeps virt-api's servers running.
-struct VirtApi {
-    _webhooks: virt_api::webhook::WebhookServer,
-    _subresources: tokio::task::JoinHandle<()>,
-}
-
-/// Creates or replaces an object of a kind without a Rust type (such as an APIService).
-async fn create_or_replace_dynamic(
-    client: kube::Client,
-    object: serde_json::Value,
-) -> anyhow::Result<()> {
-    use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
-    let obj: DynamicObject = serde_json::from_value(object).context("decoding the object")?;
-    let types = obj
-        .types
-        .clone()
-        .context("object without apiVersion/kind")?;
-    let (group, version) = types
-        .api_version
-        .split_once('/')
-        .unwrap_or(("", &types.api_version));
-    let ar = ApiResource::from_gvk(&GroupVersionKind::gvk(group, version, &types.kind));
-    let api: Api<DynamicObject> = Api::all_with(client, &ar);
-    let name = obj.metadata.name.clone().unwrap_or_default();
-    match api.get_opt(&name).await? {
-        None => {
-            api.create(&PostParams::default(), &obj).await?;
-        }
-        Some(existing) => {
-            let mut obj = obj;
-            obj.metadata.resource_version = existing.metadata.resource_version;
-            api.replace(&name, &PostParams::default(), &obj).await?;
-        }
-    }
-    Ok(())
-}
-
+/// Starts virt-api in-process with the set-up `kubevirt-rs api` runs (see
+/// [`crate::cmd_api`]): its serving certificate from the cluster CA, registered at the URL it
+/// listens on (the embedded server has no service network), and the node agents' client
+/// certificate towards virt-handler.
 async fn start_virt_api(
     data_dir: &Path,
     client: kube::Client,
     cancel: &CancellationToken,
-) -> anyhow::Result<VirtApi> {
+) -> anyhow::Result<crate::cmd_api::VirtApi> {
     let (cert, key) = kubevirt_apiserver::pki::issue_serving_cert(
         data_dir,
         vec!["127.0.0.1".into(), "localhost".into()],
@@ -231,78 +174,28 @@ async fn start_virt_api(
     .context("issuing virt-api's serving certificate")?;
     let ca_pem =
         std::fs::read(data_dir.join("pki").join("ca.crt")).context("reading the cluster CA")?;
-    let config_rx = kubevirt_api::cluster_config::subscribe(
-        Api::namespaced(client.clone(), KUBEVIRT_NAMESPACE),
-        virt_api::ClusterConfig::from_kubevirt,
-    )
-    .receiver();
-    let config_rx_sub = config_rx.clone();
-    let server = virt_api::webhook::run_webhook_server(
-        virt_api::webhook::WebhookServerConfig {
-            listen: "127.0.0.1:0".parse().context("address")?,
-            cert_pem: cert.into_bytes(),
-            key_pem: key.into_bytes(),
-            cluster_config: config_rx,
-            service_accounts: virt_api::webhook::kubevirt_service_accounts(KUBEVIRT_NAMESPACE),
-            client: Some(client.clone()),
-        },
-        cancel.clone().cancelled_owned(),
-    )
-    .await
-    .context("starting virt-api's webhook server")?;
-    let (mutating, validating) =
-        virt_api::webhook::webhook_configurations(&ca_pem, &format!("https://{}", server.addr));
-    create_or_replace(
-        &Api::<MutatingWebhookConfiguration>::all(client.clone()),
-        mutating,
-    )
-    .await
-    .context("registering the mutating webhooks")?;
-    create_or_replace(
-        &Api::<ValidatingWebhookConfiguration>::all(client.clone()),
-        validating,
-    )
-    .await
-    .context("registering the validating webhooks")?;
-    info!(addr = %server.addr, "virt-api webhooks registered");
-
-    // The subresource API, served to the API server's aggregation proxy.
     let pki = data_dir.join("pki");
     let read =
         |file: &str| std::fs::read(pki.join(file)).with_context(|| format!("reading pki/{file}"));
-    let (cert, key) = kubevirt_apiserver::pki::issue_serving_cert(
-        data_dir,
-        vec!["127.0.0.1".into(), "localhost".into()],
-    )
-    .context("issuing virt-api's subresource serving certificate")?;
-    let (sub_addr, sub_task) = virt_api::subresources::run_subresource_server(
-        virt_api::subresources::SubresourceServerConfig {
-            listen: "127.0.0.1:0".parse().context("address")?,
+    let setup = crate::cmd_api::VirtApiSetup {
+        namespace: KUBEVIRT_NAMESPACE.into(),
+        listen: "127.0.0.1:0".parse().context("address")?,
+        serving: crate::cmd_api::Serving::Provided {
             cert_pem: cert.into_bytes(),
             key_pem: key.into_bytes(),
-            client: client.clone(),
-            node_endpoint: Some(virt_api::subresources::NodeClientConfig {
-                client_cert_pem: read("apiserver-kubelet-client.crt")?,
-                client_key_pem: read("apiserver-kubelet-client.key")?,
-                server_ca_pem: Some(ca_pem.clone()),
-            }),
-            client_ca_pem: Some(ca_pem.clone()),
-            cluster_config: config_rx_sub,
+            ca_bundle_pem: ca_pem.clone(),
         },
-        cancel.clone().cancelled_owned(),
-    )
-    .await
-    .context("starting virt-api's subresource server")?;
-    let api_service =
-        virt_api::subresources::api_service(&ca_pem, Some(&format!("https://{sub_addr}")));
-    create_or_replace_dynamic(client, api_service)
-        .await
-        .context("registering the subresource APIService")?;
-    info!(addr = %sub_addr, "virt-api subresources registered");
-    Ok(VirtApi {
-        _webhooks: server,
-        _subresources: sub_task,
-    })
+        advertise: crate::cmd_api::Advertise::Url("https://127.0.0.1:0".into()),
+        node_endpoint: Some(virt_api::subresources::NodeClientConfig {
+            client_cert_pem: read("apiserver-kubelet-client.crt")?,
+            client_key_pem: read("apiserver-kubelet-client.key")?,
+            server_ca_pem: Some(ca_pem.clone()),
+        }),
+        // The API server's front-proxy client certificate is signed by its cluster CA.
+        client_ca_pem: Some(ca_pem),
+        subresources_only: false,
+    };
+    crate::cmd_api::start(client, setup, cancel).await
 }
 
 /// Runs `component` until `cancel`, restarting it a second after it stops early.

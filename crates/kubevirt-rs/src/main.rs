@@ -1,10 +1,11 @@
-//! `kubevirt-rs`: the multi-call binary (server, apiserver, crds, …).
+//! `kubevirt-rs`: the multi-call binary (server, apiserver, api, controller, handler, crds, …).
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 
+mod cmd_api;
 mod cmd_console_log;
 mod cmd_controller;
 mod cmd_handler;
@@ -12,6 +13,7 @@ mod cmd_images;
 mod cmd_launcher;
 mod cmd_manifests;
 mod cmd_server;
+mod kube_config;
 
 #[derive(Parser)]
 #[command(name = "kubevirt-rs", about = "KubeVirt, in Rust", version)]
@@ -29,6 +31,9 @@ enum Command {
     Server(cmd_server::ServerArgs),
     /// Run the embedded Kubernetes-compatible API server alone.
     Apiserver(ServerArgs),
+    /// Run virt-api (admission webhooks and the subresource API on one HTTPS port) and
+    /// register it.
+    Api(cmd_api::ApiArgs),
     /// Run virt-controller (VM and VMI controllers behind the `virt-controller` Lease).
     Controller(cmd_controller::ControllerArgs),
     /// Run virt-handler for this node.
@@ -98,6 +103,7 @@ fn main() -> anyhow::Result<()> {
         Command::Crds => print!("{}", kubevirt_api::crd::all_crds_yaml()?),
         Command::Server(args) => cmd_server::run(args)?,
         Command::Apiserver(args) => serve(args, Vec::new())?,
+        Command::Api(args) => cmd_api::run(args)?,
         Command::Controller(args) => cmd_controller::run(args)?,
         Command::Handler(args) => cmd_handler::run(args)?,
         Command::Launcher(args) => cmd_launcher::run(args)?,

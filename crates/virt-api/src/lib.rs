@@ -9,12 +9,15 @@
 //! unpause, soft reboot, migrate, add/remove volume, guest OS info, console and VNC, the last
 //! ones relayed to the virt-handler of the VMI's node.
 //!
-//! Entry points for the binary: [`webhook::run_webhook_server`] and
-//! [`subresources::run_subresource_server`] (serve), [`webhook::webhook_configurations`] (the
-//! registration objects to create in the API server).
+//! Entry points for the binary: [`server::run_virt_api_server`] (webhooks and subresources on
+//! one HTTPS listener, as upstream's virt-api serves them on port 8443), or
+//! [`webhook::run_webhook_server`] and [`subresources::run_subresource_server`] apart;
+//! [`webhook::webhook_configurations_for`] and [`subresources::api_service`] (the registration
+//! objects to create in the API server).
 
 pub mod config;
 pub mod mutate;
+pub mod server;
 mod serving;
 pub mod subresources;
 pub mod validate;

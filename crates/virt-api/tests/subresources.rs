@@ -1,5 +1,6 @@
 //! The subresource router against the real embedded API server: start/stop/restart change
-//! `spec.runStrategy` / `status.stateChangeRequests` as upstream, conflicts answer 409.
+//! `spec.runStrategy` / `status.stateChangeRequests` as upstream, conflicts answer 409; and
+//! the one-listener router of webhooks and subresources (`virt_api::server`).
 
 use axum::body::Body;
 use axum::http::{Method, Request, StatusCode};
@@ -273,5 +274,75 @@ async fn discovery_lists_the_vm_subresources() -> anyhow::Result<()> {
             .iter()
             .any(|r| r["name"] == "virtualmachines/start")
     );
+    Ok(())
+}
+
+async fn call(app: &axum::Router, method: Method, uri: &str, body: Value) -> (StatusCode, Value) {
+    let req = Request::builder()
+        .method(method)
+        .uri(uri)
+        .header("content-type", "application/json")
+        .body(Body::from(body.to_string()))
+        .unwrap();
+    let res = app.clone().oneshot(req).await.unwrap();
+    let code = res.status();
+    let bytes = axum::body::to_bytes(res.into_body(), 1 << 20)
+        .await
+        .unwrap();
+    (code, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
+}
+
+#[tokio::test]
+async fn one_listener_serves_webhooks_without_and_subresources_only_with_a_client_certificate()
+-> anyhow::Result<()> {
+    let h = harness().await?;
+    let (_tx, rx) = tokio::sync::watch::channel(virt_api::ClusterConfig::default());
+    let app = virt_api::server::router(
+        h.client.clone(),
+        None,
+        rx,
+        virt_api::webhook::kubevirt_service_accounts("kubevirt"),
+        true,
+    );
+    let review = json!({
+        "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+        "request": {
+            "uid": "u1", "operation": "CREATE",
+            "kind": {"group": "kubevirt.io", "version": "v1", "kind": "VirtualMachineInstance"},
+            "resource": {"group": "kubevirt.io", "version": "v1", "resource": "virtualmachineinstances"},
+            "namespace": "default", "userInfo": {"username": "someone"},
+            "object": {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+                "metadata": {"name": "v", "namespace": "default"},
+                "spec": {"domain": {"devices": {}}}},
+        },
+    });
+    let (code, answer) = call(
+        &app,
+        Method::POST,
+        virt_api::webhook::paths::VMI_MUTATE,
+        review,
+    )
+    .await;
+    assert_eq!(code, StatusCode::OK, "{answer}");
+    assert_eq!(answer["response"]["uid"], "u1");
+    assert_eq!(answer["response"]["allowed"], true, "{answer}");
+    assert!(answer["response"]["patch"].is_string(), "{answer}");
+
+    let (code, _) = call(
+        &app,
+        Method::PUT,
+        "/apis/subresources.kubevirt.io/v1/namespaces/default/virtualmachines/x/start",
+        json!({}),
+    )
+    .await;
+    assert_eq!(code, StatusCode::UNAUTHORIZED, "no client certificate");
+    let (code, health) = call(
+        &app,
+        Method::GET,
+        "/apis/subresources.kubevirt.io/v1/healthz",
+        Value::Null,
+    )
+    .await;
+    assert_eq!(code, StatusCode::OK, "{health}");
     Ok(())
 }

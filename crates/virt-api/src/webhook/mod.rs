@@ -124,6 +124,17 @@ pub fn router(
     service_accounts: BTreeSet<String>,
     client: Option<kube::Client>,
 ) -> Router {
+    reviews_router(cfg, service_accounts, client)
+        .route("/healthz", axum::routing::get(|| async { "ok" }))
+}
+
+/// The webhook paths alone (`POST /<webhook>`), to merge with other routes on one listener
+/// (see [`crate::server`]).
+pub fn reviews_router(
+    cfg: watch::Receiver<ClusterConfig>,
+    service_accounts: BTreeSet<String>,
+    client: Option<kube::Client>,
+) -> Router {
     let state = Arc::new(AppState {
         cfg,
         service_accounts,
@@ -131,7 +142,6 @@ pub fn router(
     });
     Router::new()
         .route("/{path}", axum::routing::post(review_handler))
-        .route("/healthz", axum::routing::get(|| async { "ok" }))
         .with_state(state)
 }
 

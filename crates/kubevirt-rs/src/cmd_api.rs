@@ -1,0 +1,476 @@
+//! `kubevirt-rs api`: virt-api alone against any API server (a cluster, or a
+//! `kubevirt-rs apiserver`), and [`start`], the set-up `kubevirt-rs server` runs in-process.
+//!
+//! Wiring only: one HTTPS listener (upstream's port 8443) serving the admission webhooks and
+//! the `subresources.kubevirt.io` API ([`virt_api::server`]), then its registration — the
+//! `MutatingWebhookConfiguration` `virt-api-mutator`, the `ValidatingWebhookConfiguration`
+//! `virt-api-validator` and the `APIService` `v1.subresources.kubevirt.io`, all trusting the
+//! CA that signed the serving certificate, and all pointing either at a Service (a cluster:
+//! `--service-name virt-api`, port 443, in virt-api's namespace) or at an explicit URL
+//! (`--advertise-url`, what the embedded server uses: it has no service network).
+//!
+//! The serving certificate: upstream's virt-operator issues it into the Secret
+//! `kubevirt-virt-api-certs`, mounted at `/etc/virt-api/certificates`. Until the operator
+//! exists, `--tls-cert-file`/`--tls-key-file` when given, else one issued at start (and every
+//! 19 hours) from the KubeVirt CA that [`kubevirt_ca`] keeps in the Secret `kubevirt-ca`.
+//!
+//! The subresource API trusts the aggregation proxy's client certificate through the
+//! `requestheader-client-ca-file` of the ConfigMap `kube-system/extension-apiserver-authentication`
+//! (as upstream), else the cluster CA of the ConfigMap `kube-root-ca.crt` in its namespace
+//! (the embedded API server signs its front-proxy certificate with its cluster CA).
+
+mod kubevirt_ca;
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use clap::Args;
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
+};
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Api, PostParams};
+use kubevirt_tls::SwappableCert;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+use virt_api::subresources::NodeClientConfig;
+use virt_api::webhook::WebhookTarget;
+
+use kubevirt_ca::KubeVirtCa;
+
+#[derive(Args)]
+pub struct ApiArgs {
+    /// Kubeconfig with virt-api's credentials (default: the in-cluster configuration, else
+    /// `KUBECONFIG`).
+    #[arg(long)]
+    pub kubeconfig: Option<PathBuf>,
+    /// KubeVirt's namespace: its CR, the `kubevirt-ca` Secret, the Service (default: the pod's
+    /// namespace, else `kubevirt`).
+    #[arg(long)]
+    pub namespace: Option<String>,
+    /// Address to listen on.
+    #[arg(long, default_value = "0.0.0.0")]
+    pub listen: IpAddr,
+    /// Port of the HTTPS listener (webhooks and subresources; 0 picks a free port).
+    #[arg(long, default_value_t = 8443)]
+    pub port: u16,
+    /// Serving certificate (PEM); without it one is issued from the `kubevirt-ca` Secret.
+    #[arg(long, requires = "tls_key_file")]
+    pub tls_cert_file: Option<PathBuf>,
+    /// Private key of --tls-cert-file (PEM).
+    #[arg(long, requires = "tls_cert_file")]
+    pub tls_key_file: Option<PathBuf>,
+    /// CA that signed --tls-cert-file, trusted by the registration objects (default: the
+    /// certificate file itself, right for a self-signed certificate or a chain ending at its
+    /// CA).
+    #[arg(long, requires = "tls_cert_file")]
+    pub tls_ca_file: Option<PathBuf>,
+    /// Client certificate towards virt-handler (console, VNC, pause); without it those
+    /// subresources answer 500.
+    #[arg(long, requires = "handler_key_file")]
+    pub handler_cert_file: Option<PathBuf>,
+    /// Private key of --handler-cert-file.
+    #[arg(long, requires = "handler_cert_file")]
+    pub handler_key_file: Option<PathBuf>,
+    /// The Service in front of virt-api (port 443) the registration objects name.
+    #[arg(long, default_value = "virt-api")]
+    pub service_name: String,
+    /// Serve and register the subresource API only, no admission webhooks.
+    #[arg(long)]
+    pub subresources_only: bool,
+    /// Register this base URL instead of the Service (`https://127.0.0.1:8443`; port 0 stands
+    /// for the port bound).
+    #[arg(long)]
+    pub advertise_url: Option<String>,
+}
+
+/// Where virt-api's serving certificate comes from.
+pub(crate) enum Serving {
+    /// Given certificate and key, and the CA bundle that verifies them.
+    Provided {
+        cert_pem: Vec<u8>,
+        key_pem: Vec<u8>,
+        ca_bundle_pem: Vec<u8>,
+    },
+    /// Issued from the `kubevirt-ca` Secret (see [`kubevirt_ca`]), and rotated.
+    KubeVirtCa,
+}
+
+/// How the API server reaches virt-api.
+pub(crate) enum Advertise {
+    /// The Service `name` in virt-api's namespace, port 443.
+    Service(String),
+    /// A base URL; port 0 is replaced by the port bound.
+    Url(String),
+}
+
+/// Everything [`start`] needs besides the client.
+pub(crate) struct VirtApiSetup {
+    pub namespace: String,
+    pub listen: SocketAddr,
+    pub serving: Serving,
+    pub advertise: Advertise,
+    pub node_endpoint: Option<NodeClientConfig>,
+    /// The aggregation proxy's client CA; `None` looks it up (see the module documentation).
+    pub client_ca_pem: Option<Vec<u8>>,
+    /// No webhooks (served or registered).
+    pub subresources_only: bool,
+}
+
+/// A running virt-api; it stops when the token given to [`start`] is cancelled.
+pub(crate) struct VirtApi {
+    server: tokio::task::JoinHandle<()>,
+    _rotation: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl VirtApi {
+    /// Waits until the server has stopped.
+    pub async fn wait(self) {
+        let _ = self.server.await;
+    }
+}
+
+/// Creates `object`, or replaces it when it exists (keeping nothing of the old one).
+async fn create_or_replace<K>(api: &Api<K>, object: serde_json::Value) -> anyhow::Result<()>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + serde::Serialize + std::fmt::Debug,
+{
+    let mut typed: K = serde_json::from_value(object).context("decoding the object")?;
+    let name = typed.meta().name.clone().unwrap_or_default();
+    match api.get_opt(&name).await? {
+        None => {
+            api.create(&PostParams::default(), &typed).await?;
+        }
+        Some(existing) => {
+            typed.meta_mut().resource_version = existing.meta().resource_version.clone();
+            api.replace(&name, &PostParams::default(), &typed).await?;
+        }
+    }
+    Ok(())
+}
+
+/// Creates or replaces an object of a kind without a Rust type (such as an APIService).
+async fn create_or_replace_dynamic(
+    client: kube::Client,
+    object: serde_json::Value,
+) -> anyhow::Result<()> {
+    use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
+    let obj: DynamicObject = serde_json::from_value(object).context("decoding the object")?;
+    let types = obj
+        .types
+        .clone()
+        .context("object without apiVersion/kind")?;
+    let (group, version) = types
+        .api_version
+        .split_once('/')
+        .unwrap_or(("", &types.api_version));
+    let ar = ApiResource::from_gvk(&GroupVersionKind::gvk(group, version, &types.kind));
+    let api: Api<DynamicObject> = Api::all_with(client, &ar);
+    let name = obj.metadata.name.clone().unwrap_or_default();
+    match api.get_opt(&name).await? {
+        None => {
+            api.create(&PostParams::default(), &obj).await?;
+        }
+        Some(existing) => {
+            let mut obj = obj;
+            obj.metadata.resource_version = existing.metadata.resource_version;
+            api.replace(&name, &PostParams::default(), &obj).await?;
+        }
+    }
+    Ok(())
+}
+
+/// The host of an `https://host[:port][/…]` URL.
+fn url_host(url: &str) -> Option<String> {
+    let authority = url.split_once("://").map_or(url, |(_, rest)| rest);
+    let authority = authority.split('/').next()?;
+    let host = match authority.strip_prefix('[') {
+        Some(v6) => v6.split_once(']')?.0,
+        None => authority.rsplit_once(':').map_or(authority, |(h, _)| h),
+    };
+    (!host.is_empty()).then(|| host.to_owned())
+}
+
+/// `url` with a port 0 replaced by `port`.
+fn with_bound_port(url: &str, port: u16) -> String {
+    let url = url.trim_end_matches('/');
+    match url.strip_suffix(":0") {
+        Some(base) => format!("{base}:{port}"),
+        None => url.to_owned(),
+    }
+}
+
+/// The aggregation proxy's client CA (see the module documentation).
+async fn lookup_client_ca(client: &kube::Client, namespace: &str) -> anyhow::Result<Vec<u8>> {
+    let lookups = [
+        (
+            "kube-system",
+            "extension-apiserver-authentication",
+            "requestheader-client-ca-file",
+        ),
+        (namespace, "kube-root-ca.crt", "ca.crt"),
+    ];
+    for (ns, name, key) in lookups {
+        match Api::<ConfigMap>::namespaced(client.clone(), ns)
+            .get_opt(name)
+            .await
+        {
+            Ok(Some(cm)) => {
+                if let Some(ca) = cm.data.as_ref().and_then(|d| d.get(key)) {
+                    return Ok(ca.clone().into_bytes());
+                }
+            }
+            Ok(None) => {}
+            Err(e) => warn!(configmap = %format!("{ns}/{name}"), error = %e, "cannot read"),
+        }
+    }
+    bail!(
+        "no client CA for the aggregation proxy (ConfigMap kube-system/extension-apiserver-authentication or {namespace}/kube-root-ca.crt)"
+    )
+}
+
+/// Creates or replaces the webhook configurations and the APIService, trusting `ca_bundle`.
+async fn register(
+    client: &kube::Client,
+    ca_bundle: &[u8],
+    target: &WebhookTarget,
+    webhooks: bool,
+) -> anyhow::Result<()> {
+    if webhooks {
+        let (mutating, validating) =
+            virt_api::webhook::webhook_configurations_for(ca_bundle, target);
+        create_or_replace(
+            &Api::<MutatingWebhookConfiguration>::all(client.clone()),
+            mutating,
+        )
+        .await
+        .context("registering the mutating webhooks")?;
+        create_or_replace(
+            &Api::<ValidatingWebhookConfiguration>::all(client.clone()),
+            validating,
+        )
+        .await
+        .context("registering the validating webhooks")?;
+    }
+    let api_service = match target {
+        WebhookTarget::Url(url) => virt_api::subresources::api_service(ca_bundle, Some(url)),
+        WebhookTarget::Service {
+            namespace,
+            name,
+            port,
+        } => {
+            let mut svc = virt_api::subresources::api_service(ca_bundle, None);
+            svc["spec"]["service"] =
+                serde_json::json!({"namespace": namespace, "name": name, "port": port});
+            svc
+        }
+    };
+    create_or_replace_dynamic(client.clone(), api_service)
+        .await
+        .context("registering the subresource APIService")
+}
+
+/// The serving names for `target`.
+fn serving_names(target: &WebhookTarget) -> Vec<String> {
+    match target {
+        WebhookTarget::Url(url) => url_host(url).into_iter().collect(),
+        WebhookTarget::Service {
+            namespace, name, ..
+        } => kubevirt_ca::service_names(name, namespace),
+    }
+}
+
+/// Every 80% of a leaf's life: a new serving certificate from the (possibly renewed) CA,
+/// swapped in, and the registration objects trusting that CA.
+fn rotate(
+    client: kube::Client,
+    namespace: String,
+    target: WebhookTarget,
+    cert: std::sync::Arc<SwappableCert>,
+    webhooks: bool,
+    cancel: CancellationToken,
+) -> tokio::task::JoinHandle<()> {
+    let period = Duration::from_secs(
+        u64::try_from(kubevirt_ca::LEAF_LIFETIME.whole_seconds() * 4 / 5).unwrap_or(3600),
+    );
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                () = cancel.cancelled() => return,
+                () = tokio::time::sleep(period) => {}
+            }
+            let result = async {
+                let ca = KubeVirtCa::load_or_create(client.clone(), &namespace).await?;
+                let (c, k) = ca.issue_serving(serving_names(&target))?;
+                cert.swap_pem(c.as_bytes(), k.as_bytes())
+                    .context("swapping the serving certificate")?;
+                register(&client, ca.cert_pem.as_bytes(), &target, webhooks).await
+            }
+            .await;
+            match result {
+                Ok(()) => info!("virt-api serving certificate rotated"),
+                Err(e) => warn!(error = format!("{e:#}"), "rotating virt-api's certificate"),
+            }
+        }
+    })
+}
+
+/// Starts virt-api and registers it; see the module documentation.
+pub(crate) async fn start(
+    client: kube::Client,
+    setup: VirtApiSetup,
+    cancel: &CancellationToken,
+) -> anyhow::Result<VirtApi> {
+    let ns = setup.namespace.clone();
+    let cluster_config = kubevirt_api::cluster_config::subscribe(
+        Api::namespaced(client.clone(), &ns),
+        virt_api::ClusterConfig::from_kubevirt,
+    )
+    .receiver();
+    let client_ca_pem = match setup.client_ca_pem {
+        Some(ca) => ca,
+        None => lookup_client_ca(&client, &ns).await?,
+    };
+    // The serving names do not depend on the port, which is only known once bound.
+    let unbound = match &setup.advertise {
+        Advertise::Url(url) => WebhookTarget::Url(url.clone()),
+        Advertise::Service(name) => WebhookTarget::Service {
+            namespace: ns.clone(),
+            name: name.clone(),
+            port: 443,
+        },
+    };
+    let (cert_pem, key_pem, ca_bundle, issuing) = match setup.serving {
+        Serving::Provided {
+            cert_pem,
+            key_pem,
+            ca_bundle_pem,
+        } => (cert_pem, key_pem, ca_bundle_pem, false),
+        Serving::KubeVirtCa => {
+            let ca = KubeVirtCa::load_or_create(client.clone(), &ns).await?;
+            let (c, k) = ca.issue_serving(serving_names(&unbound))?;
+            (
+                c.into_bytes(),
+                k.into_bytes(),
+                ca.cert_pem.into_bytes(),
+                true,
+            )
+        }
+    };
+    let cert =
+        SwappableCert::from_pem(&cert_pem, &key_pem).context("virt-api's serving certificate")?;
+    let (addr, server) = virt_api::server::run_virt_api_server(
+        virt_api::server::VirtApiServerConfig {
+            listen: setup.listen,
+            cert: cert.clone(),
+            client: client.clone(),
+            node_endpoint: setup.node_endpoint,
+            client_ca_pem: Some(client_ca_pem),
+            cluster_config,
+            service_accounts: virt_api::webhook::kubevirt_service_accounts(&ns),
+            subresources_only: setup.subresources_only,
+        },
+        cancel.clone().cancelled_owned(),
+    )
+    .await
+    .context("starting virt-api")?;
+    let target = match unbound {
+        WebhookTarget::Url(url) => WebhookTarget::Url(with_bound_port(&url, addr.port())),
+        service @ WebhookTarget::Service { .. } => service,
+    };
+    let rotation = issuing.then(|| {
+        rotate(
+            client.clone(),
+            ns.clone(),
+            target.clone(),
+            cert,
+            !setup.subresources_only,
+            cancel.clone(),
+        )
+    });
+    register(&client, &ca_bundle, &target, !setup.subresources_only).await?;
+    info!(%addr, target = ?target, "virt-api registered");
+    Ok(VirtApi {
+        server,
+        _rotation: rotation,
+    })
+}
+
+fn read(path: &std::path::Path) -> anyhow::Result<Vec<u8>> {
+    std::fs::read(path).with_context(|| format!("reading {}", path.display()))
+}
+
+pub fn run(args: ApiArgs) -> anyhow::Result<()> {
+    let serving = match (&args.tls_cert_file, &args.tls_key_file) {
+        (Some(cert), Some(key)) => Serving::Provided {
+            cert_pem: read(cert)?,
+            key_pem: read(key)?,
+            ca_bundle_pem: read(args.tls_ca_file.as_ref().unwrap_or(cert))?,
+        },
+        _ => Serving::KubeVirtCa,
+    };
+    let node_endpoint = match (&args.handler_cert_file, &args.handler_key_file) {
+        (Some(cert), Some(key)) => Some(NodeClientConfig {
+            client_cert_pem: read(cert)?,
+            client_key_pem: read(key)?,
+            server_ca_pem: None,
+        }),
+        _ => None,
+    };
+    let setup = VirtApiSetup {
+        namespace: args
+            .namespace
+            .unwrap_or_else(|| crate::kube_config::pod_namespace("kubevirt")),
+        listen: SocketAddr::new(args.listen, args.port),
+        serving,
+        advertise: match args.advertise_url {
+            Some(url) => Advertise::Url(url),
+            None => Advertise::Service(args.service_name),
+        },
+        node_endpoint,
+        client_ca_pem: None,
+        subresources_only: args.subresources_only,
+    };
+    let runtime = tokio::runtime::Runtime::new().context("starting the tokio runtime")?;
+    runtime.block_on(async move {
+        let client = crate::kube_config::client(args.kubeconfig.as_deref()).await?;
+        let cancel = CancellationToken::new();
+        let api = start(client, setup, &cancel).await?;
+        crate::shutdown_signal().await;
+        cancel.cancel();
+        api.wait().await;
+        Ok(())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_host_of_an_advertised_url_is_its_serving_name() {
+        assert_eq!(
+            url_host("https://127.0.0.1:8443").as_deref(),
+            Some("127.0.0.1")
+        );
+        assert_eq!(url_host("https://[::1]:8443/").as_deref(), Some("::1"));
+        assert_eq!(
+            url_host("https://virt-api.example").as_deref(),
+            Some("virt-api.example")
+        );
+    }
+
+    #[test]
+    fn port_zero_of_an_advertised_url_is_the_port_bound() {
+        assert_eq!(
+            with_bound_port("https://127.0.0.1:0/", 4321),
+            "https://127.0.0.1:4321"
+        );
+        assert_eq!(
+            with_bound_port("https://127.0.0.1:8443", 4321),
+            "https://127.0.0.1:8443"
+        );
+    }
+}

@@ -1,0 +1,64 @@
+//! How a KubeVirt component finds its API server, as upstream's components do: the
+//! `--kubeconfig` file when one is given; otherwise, in a pod (`KUBERNETES_SERVICE_HOST`
+//! set), the in-cluster configuration — `KUBERNETES_SERVICE_HOST`/`PORT` and the projected
+//! service-account token and CA under `/var/run/secrets/kubernetes.io/serviceaccount/`;
+//! otherwise `KUBECONFIG` or `~/.kube/config`.
+
+use std::path::Path;
+
+use anyhow::Context;
+use base64::Engine;
+
+/// Where a service account's files are mounted in a pod.
+pub const SERVICE_ACCOUNT_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+
+/// The client configuration of a component (see the module documentation).
+pub async fn load(kubeconfig: Option<&Path>) -> anyhow::Result<kube::Config> {
+    if let Some(path) = kubeconfig {
+        let kc = kube::config::Kubeconfig::read_from(path)
+            .with_context(|| format!("reading {}", path.display()))?;
+        return kube::Config::from_custom_kubeconfig(
+            kc,
+            &kube::config::KubeConfigOptions::default(),
+        )
+        .await
+        .context("client configuration");
+    }
+    if std::env::var_os("KUBERNETES_SERVICE_HOST").is_some() {
+        tracing::info!("in-cluster configuration (service-account token)");
+        return kube::Config::incluster().context("in-cluster client configuration");
+    }
+    kube::Config::infer()
+        .await
+        .context("client configuration (no --kubeconfig, KUBECONFIG or in-cluster configuration)")
+}
+
+/// A client built from [`load`].
+pub async fn client(kubeconfig: Option<&Path>) -> anyhow::Result<kube::Client> {
+    kube::Client::try_from(load(kubeconfig).await?).context("client")
+}
+
+/// The cluster CA of a configuration as PEM, when it names one.
+pub fn cluster_ca_pem(config: &kube::Config) -> Option<Vec<u8>> {
+    let certs = config.root_cert.as_ref().filter(|c| !c.is_empty())?;
+    let mut pem = String::new();
+    for der in certs {
+        let b64 = base64::engine::general_purpose::STANDARD.encode(der);
+        pem.push_str("-----BEGIN CERTIFICATE-----\n");
+        for line in b64.as_bytes().chunks(64) {
+            pem.push_str(&String::from_utf8_lossy(line));
+            pem.push('\n');
+        }
+        pem.push_str("-----END CERTIFICATE-----\n");
+    }
+    Some(pem.into_bytes())
+}
+
+/// The namespace a component runs in: the pod's service-account namespace, else `fallback`.
+pub fn pod_namespace(fallback: &str) -> String {
+    std::fs::read_to_string(Path::new(SERVICE_ACCOUNT_DIR).join("namespace"))
+        .ok()
+        .map(|ns| ns.trim().to_owned())
+        .filter(|ns| !ns.is_empty())
+        .unwrap_or_else(|| fallback.to_owned())
+}
