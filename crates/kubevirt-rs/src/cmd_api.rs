@@ -117,6 +117,9 @@ pub(crate) struct VirtApiSetup {
     pub client_ca_pem: Option<Vec<u8>>,
     /// No webhooks (served or registered).
     pub subresources_only: bool,
+    /// Who writes the webhook configurations and the APIService: upstream's operator does,
+    /// with rights virt-api's own account does not have. `None`: virt-api's client.
+    pub registrar: Option<kube::Client>,
 }
 
 /// A running virt-api; it stops when the token given to [`start`] is cancelled.
@@ -151,8 +154,9 @@ where
     Ok(())
 }
 
-/// Creates or replaces an object of a kind without a Rust type (such as an APIService).
-async fn create_or_replace_dynamic(
+/// Creates or replaces an object of a kind without a Rust type (such as an APIService), in
+/// its namespace when it names one.
+pub(crate) async fn create_or_replace_dynamic(
     client: kube::Client,
     object: serde_json::Value,
 ) -> anyhow::Result<()> {
@@ -167,7 +171,10 @@ async fn create_or_replace_dynamic(
         .split_once('/')
         .unwrap_or(("", &types.api_version));
     let ar = ApiResource::from_gvk(&GroupVersionKind::gvk(group, version, &types.kind));
-    let api: Api<DynamicObject> = Api::all_with(client, &ar);
+    let api: Api<DynamicObject> = match obj.metadata.namespace.as_deref() {
+        Some(ns) => Api::namespaced_with(client, ns, &ar),
+        None => Api::all_with(client, &ar),
+    };
     let name = obj.metadata.name.clone().unwrap_or_default();
     match api.get_opt(&name).await? {
         None => {
@@ -390,7 +397,8 @@ pub(crate) async fn start(
             cancel.clone(),
         )
     });
-    register(&client, &ca_bundle, &target, !setup.subresources_only).await?;
+    let registrar = setup.registrar.unwrap_or_else(|| client.clone());
+    register(&registrar, &ca_bundle, &target, !setup.subresources_only).await?;
     info!(%addr, target = ?target, "virt-api registered");
     Ok(VirtApi {
         server,
@@ -432,6 +440,7 @@ pub fn run(args: ApiArgs) -> anyhow::Result<()> {
         node_endpoint,
         client_ca_pem: None,
         subresources_only: args.subresources_only,
+        registrar: None,
     };
     let runtime = tokio::runtime::Runtime::new().context("starting the tokio runtime")?;
     runtime.block_on(async move {

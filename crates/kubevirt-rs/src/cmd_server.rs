@@ -162,9 +162,34 @@ async fn api_server_address(kubeconfig: &Path) -> anyhow::Result<Option<(String,
 /// [`crate::cmd_api`]): its serving certificate from the cluster CA, registered at the URL it
 /// listens on (the embedded server has no service network), and the node agents' client
 /// certificate towards virt-handler.
+/// The namespace, ServiceAccounts and RBAC of `deploy/` (`00-namespace.yaml`,
+/// `20-rbac.yaml`): the components of the embedded server run with exactly the permissions
+/// they get on a real cluster.
+async fn install_kubevirt_rbac(admin: kube::Client) -> anyhow::Result<()> {
+    let config = kubevirt_install::InstallConfig::default();
+    let groups = kubevirt_install::manifests(&config).context("rendering deploy/")?;
+    for group in groups
+        .into_iter()
+        .filter(|g| matches!(g.file, "00-namespace.yaml" | "20-rbac.yaml"))
+    {
+        for object in group.objects {
+            let what = format!(
+                "{} {}",
+                object["kind"].as_str().unwrap_or("object"),
+                object["metadata"]["name"].as_str().unwrap_or_default()
+            );
+            crate::cmd_api::create_or_replace_dynamic(admin.clone(), object)
+                .await
+                .with_context(|| format!("installing {what}"))?;
+        }
+    }
+    Ok(())
+}
+
 async fn start_virt_api(
     data_dir: &Path,
     client: kube::Client,
+    admin: kube::Client,
     cancel: &CancellationToken,
 ) -> anyhow::Result<crate::cmd_api::VirtApi> {
     let (cert, key) = kubevirt_apiserver::pki::issue_serving_cert(
@@ -194,6 +219,9 @@ async fn start_virt_api(
         // The API server's front-proxy client certificate is signed by its cluster CA.
         client_ca_pem: Some(ca_pem),
         subresources_only: false,
+        // The server registers virt-api as upstream's operator does, as administrator;
+        // virt-api itself runs with deploy/'s rights.
+        registrar: Some(admin),
     };
     crate::cmd_api::start(client, setup, cancel).await
 }
@@ -430,8 +458,12 @@ async fn serve(args: ServerArgs) -> anyhow::Result<()> {
     let cancel = CancellationToken::new();
     let data_dir = args.data_dir.clone();
 
+    // KubeVirt's identities get deploy/'s permissions, as on a real cluster, before any
+    // component acts with them.
+    let admin = client_from(&data_dir.join("kubeconfig")).await?;
+    install_kubevirt_rbac(admin.clone()).await?;
     let api_client = client_from(&data_dir.join("kubeconfig-api")).await?;
-    let _virt_api = start_virt_api(&data_dir, api_client, &cancel).await?;
+    let _virt_api = start_virt_api(&data_dir, api_client, admin, &cancel).await?;
 
     let node_name = args
         .node_name

@@ -365,7 +365,6 @@ pub fn policy() -> Vec<Value> {
     ];
     out.extend(embedded_component_roles());
     out.extend(embedded_component_bindings());
-    out.push(components_binding());
     out
 }
 
@@ -497,20 +496,6 @@ fn embedded_component_bindings() -> Vec<Value> {
             vec![user("system:kube-proxy")],
         ),
     ]
-}
-
-/// The components that authenticate with the tokens file (see [`crate::pki::COMPONENTS`])
-/// run as cluster-admin until least-privilege roles are installed for them.
-fn components_binding() -> Value {
-    let subjects = crate::pki::COMPONENTS
-        .iter()
-        .filter_map(|(_, user)| {
-            let rest = user.strip_prefix("system:serviceaccount:")?;
-            let (ns, name) = rest.split_once(':')?;
-            Some(json!({"kind": "ServiceAccount", "name": name, "namespace": ns}))
-        })
-        .collect();
-    binding("kubevirt-rs:components", "cluster-admin", subjects)
 }
 
 /// Creates what is missing of [`policy`] and reconciles what autoupdate allows.

@@ -366,12 +366,17 @@ pub(crate) fn controller_objects(config: &InstallConfig) -> Vec<RbacObject> {
 
 fn handler_cluster_rules() -> Vec<PolicyRule> {
     vec![
+        // Upstream's `update, list, watch`, plus `get` and `patch`: this handler writes the
+        // VMI status as patches (docs/adr/0004) and re-reads a VMI a patch raced with.
         rule(
             &[KV],
             &["virtualmachineinstances"],
-            &["update", "list", "watch"],
+            &["update", "list", "watch", "get", "patch"],
         ),
         rule(&[""], &["nodes"], &["patch", "list", "watch", "get"]),
+        // Not upstream's: without the device-plugin API the handler itself advertises
+        // `devices.kubevirt.io/*` in the Node's capacity.
+        rule(&[""], &["nodes/status"], &["patch"]),
         rule(&[""], &["configmaps"], GET_LIST_WATCH),
         rule(&[""], &["events"], &["create", "patch"]),
         rule(
