@@ -1,7 +1,7 @@
 //! Pod networking inside the launcher pod: the masquerade binding.
 //!
 //! Data flow: at start the launcher [`discover`]s its pod interface (`eth0`), but only when
-//! it runs in a network namespace of its own (its `/proc/self/ns/net` differs from PID 1's);
+//! it runs in a network namespace of its own ([`own_network_namespace`]);
 //! it reports it in its protocol hello, and virt-handler then sends interfaces with
 //! [`InterfaceBinding::Masquerade`](crate::spec::InterfaceBinding). On `sync`, before QEMU
 //! starts, [`setup_masquerade`] builds upstream's in-pod result (reference §12.3): the bridge
@@ -67,14 +67,16 @@ pub enum NetSetupError {
     },
 }
 
-/// Whether this process runs in a network namespace other than PID 1's (the host's). False
-/// when PID 1's namespace cannot be read (an unprivileged process: it shares the host's).
+/// Whether this process runs in a network namespace of its own: one other than PID 1's
+/// (the host's) or, where PID 1's cannot be read (sandboxes hide it even from root), other
+/// than the namespace of the process that started the launcher (the node agent, which
+/// joins the pod's namespace only in the child it spawns). False when neither can be read.
 pub fn own_network_namespace() -> bool {
-    match (
-        std::fs::read_link("/proc/self/ns/net"),
-        std::fs::read_link("/proc/1/ns/net"),
-    ) {
-        (Ok(own), Ok(host)) => own != host,
+    let own = std::fs::read_link("/proc/self/ns/net");
+    let parent = format!("/proc/{}/ns/net", nix::unistd::getppid());
+    let reference = std::fs::read_link("/proc/1/ns/net").or_else(|_| std::fs::read_link(parent));
+    match (own, reference) {
+        (Ok(own), Ok(reference)) => own != reference,
         _ => false,
     }
 }
@@ -85,7 +87,7 @@ pub fn discover(name: &str) -> Option<PodInterface> {
     if !own_network_namespace() {
         return None;
     }
-    let out = std::process::Command::new("ip")
+    let out = std::process::Command::new(program("ip"))
         .args(["-j", "addr", "show", "dev", name])
         .output()
         .ok()?;
@@ -93,6 +95,18 @@ pub fn discover(name: &str) -> Option<PodInterface> {
         return None;
     }
     parse_ip_addr(&String::from_utf8_lossy(&out.stdout), name)
+}
+
+/// Where `name` (`ip`, `nft`) is: found through `PATH`, else in the system directories. A
+/// container's environment may have no `PATH` at all, and the C library's default search
+/// path has no `sbin`.
+pub fn program(name: &str) -> std::path::PathBuf {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain(["/usr/sbin", "/sbin", "/usr/bin", "/bin"].map(std::path::PathBuf::from))
+        .map(|dir| dir.join(name))
+        .find(|candidate| candidate.is_file())
+        .unwrap_or_else(|| std::path::PathBuf::from(name))
 }
 
 /// Reads `ip -j addr show dev NAME`: MAC, MTU and the global addresses, IPv4 first.
@@ -147,7 +161,7 @@ pub fn link_script(m: &Masquerade, mtu: u32) -> String {
 async fn run(program: &'static str, args: &[&str], stdin: &str) -> Result<(), NetSetupError> {
     use tokio::io::AsyncWriteExt;
     let fail = |message: String| NetSetupError::Command { program, message };
-    let mut child = tokio::process::Command::new(program)
+    let mut child = tokio::process::Command::new(self::program(program))
         .args(args)
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::null())
