@@ -665,9 +665,13 @@ fn interfaces(
         let spec_mac = iface.mac_address.clone().filter(|m| !m.is_empty());
         // Masquerade needs the launcher's own network namespace; the pod network has one
         // primary interface, so only the first masquerade interface gets it (as upstream
-        // gives NAT rules to the first one only). Everything else is user-mode networking.
+        // gives NAT rules to the first one only). A bridge interface on the pod network (the
+        // default interface virt-api adds) is served by masquerade too until the bridge
+        // binding exists: reachable through the pod IP on every port, but the guest sees
+        // 10.0.2.2 instead of the pod IP. Everything else is user-mode networking.
+        let nat = b.masquerade.is_some() || b.bridge.is_some();
         let masquerade = match pod_interface {
-            Some(pod) if b.masquerade.is_some() && !masquerade_taken => {
+            Some(pod) if nat && !masquerade_taken => {
                 masquerade_taken = true;
                 Some((masquerade(name, pod, pod_network, &iface.ports)?, pod))
             }
