@@ -117,17 +117,28 @@ fn a_vm_boots_shows_its_console_and_powers_off_through_acpi() -> anyhow::Result<
     wait_phase(&server, "demo", "Running")?;
 
     let row = server.ok(&["get", "vmi", "demo", "--no-headers"])?;
-    assert!(
-        row.contains("Running") && row.contains("10.0.2.15"),
-        "kubectl get vmi: {row}"
-    );
+    assert!(row.contains("Running"), "kubectl get vmi: {row}");
+    // With a pod network (root) the launcher pod has its own IP and masquerade reports it;
+    // without one (the pod shares the host's network) the interface is user-mode and has
+    // no address to show.
+    let pod = launcher_pod(&server, "demo");
+    let pod_ip = jsonpath(&server, &format!("pod/{pod}"), "{.status.podIP}");
+    let host_ip = jsonpath(&server, &format!("pod/{pod}"), "{.status.hostIP}");
+    let vmi_ip = jsonpath(&server, "vmi/demo", "{.status.interfaces[0].ipAddress}");
+    if pod_ip != host_ip {
+        assert!(
+            !pod_ip.is_empty() && vmi_ip == pod_ip && row.contains(&pod_ip),
+            "kubectl get vmi shows the pod IP {pod_ip}: {row}"
+        );
+    } else {
+        assert!(vmi_ip.is_empty(), "user-mode interface reports {vmi_ip}");
+    }
     let node = jsonpath(&server, "vmi/demo", "{.status.nodeName}");
     assert!(
         !node.is_empty() && row.contains(&node),
         "node missing: {row}"
     );
 
-    let pod = launcher_pod(&server, "demo");
     let console = wait_until(DEADLINE, "GUEST-READY in kubectl logs", || {
         let out = server.kubectl(&["logs", &pod, "-c", "guest-console-log"]);
         let text = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -169,6 +180,105 @@ fn a_vm_boots_shows_its_console_and_powers_off_through_acpi() -> anyhow::Result<
             && !ended.contains("signal"),
         "QEMU did not end by the guest's power-off: {ended}"
     );
+    Ok(())
+}
+
+/// A VM whose guest takes its address by DHCP (`tg.net=dhcp`) and serves `hello-from-guest`
+/// over HTTP on port 8080 (busybox httpd, started by its cloud-init user data).
+fn serving_vm(name: &str) -> String {
+    format!(
+        r#"apiVersion: kubevirt.io/v1
+kind: VirtualMachine
+metadata:
+  name: {name}
+spec:
+  runStrategy: Always
+  template:
+    spec:
+      terminationGracePeriodSeconds: 0
+      domain:
+        memory: {{guest: 128Mi}}
+        firmware:
+          kernelBoot:
+            kernelArgs: "console=ttyS0 panic=-1 quiet tg.quiet=1 tg.net=dhcp"
+            container:
+              image: kubevirt-rs/test-guest:latest
+              kernelPath: /vmlinux
+              initrdPath: /initramfs.cpio.gz
+        devices:
+          disks: [{{name: cloudinit, disk: {{bus: virtio}}}}]
+          interfaces: [{{name: default, masquerade: {{}}, ports: [{{name: http, port: 8080}}]}}]
+      networks: [{{name: default, pod: {{}}}}]
+      volumes:
+        - name: cloudinit
+          cloudInitNoCloud:
+            userData: |
+              #!/bin/sh
+              mkdir -p /www && echo hello-from-guest > /www/index.html
+              httpd -p 8080 -h /www
+"#
+    )
+}
+
+/// One HTTP GET of `/` from this (host) process; the body on success.
+fn http_get(addr: &str) -> Option<String> {
+    use std::io::{Read, Write};
+    let addr: std::net::SocketAddr = addr.parse().ok()?;
+    let mut stream =
+        std::net::TcpStream::connect_timeout(&addr, std::time::Duration::from_secs(2)).ok()?;
+    stream
+        .set_read_timeout(Some(std::time::Duration::from_secs(5)))
+        .ok()?;
+    stream.write_all(b"GET / HTTP/1.0\r\n\r\n").ok()?;
+    let mut text = String::new();
+    stream.read_to_string(&mut text).ok()?;
+    Some(text)
+}
+
+#[test]
+fn a_masquerade_guest_gets_its_address_by_dhcp_and_is_reached_through_the_pod_ip()
+-> anyhow::Result<()> {
+    let Some(server) = start_server_with_guest()? else {
+        return Ok(());
+    };
+    server.apply(&serving_vm("web"))?;
+    wait_phase(&server, "web", "Running")?;
+    let pod = launcher_pod(&server, "web");
+    let pod_ip = jsonpath(&server, &format!("pod/{pod}"), "{.status.podIP}");
+    let host_ip = jsonpath(&server, &format!("pod/{pod}"), "{.status.hostIP}");
+    if pod_ip == host_ip {
+        eprintln!("skipped: the server has no pod network (needs root and the CNI plugins)");
+        return Ok(());
+    }
+    let started = std::time::Instant::now();
+    let console = wait_until(DEADLINE, "NET-READY in the guest console", || {
+        let out = server.kubectl(&["logs", &pod, "-c", "guest-console-log"]);
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        text.contains("NET-READY").then_some(text)
+    })?;
+    let compute = server.kubectl(&["logs", &pod, "-c", "compute"]);
+    assert!(
+        console.contains("NET-READY 10.0.2.2"),
+        "the guest got 10.0.2.2 by DHCP:\n{console}\nlauncher:\n{}",
+        tail(&String::from_utf8_lossy(&compute.stdout))
+    );
+    let dhcp = started.elapsed();
+    let body = wait_until(
+        DEADLINE,
+        "the guest's HTTP server through the pod IP",
+        || http_get(&format!("{pod_ip}:8080")).filter(|t| t.contains("hello-from-guest")),
+    )?;
+    eprintln!(
+        "masquerade: DHCP lease {:.1}s after Running, HTTP through {pod_ip}:8080 after {:.1}s",
+        dhcp.as_secs_f64(),
+        started.elapsed().as_secs_f64()
+    );
+    assert!(body.starts_with("HTTP/1."), "{body}");
+    assert_eq!(
+        jsonpath(&server, "vmi/web", "{.status.interfaces[0].ipAddress}"),
+        pod_ip
+    );
+    server.ok(&["delete", "vm", "web", "--wait=false"])?;
     Ok(())
 }
 

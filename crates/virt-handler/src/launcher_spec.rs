@@ -31,9 +31,11 @@ use kubevirt_api::v1::{
 };
 use virt_launcher::spec::{
     Accel, Bootloader, CacheMode, Cpu, CpuFeature, CpuModel, Disk, DiskBus, DiskFormat, Efi,
-    Firmware, Interface, InterfaceBinding, KernelBoot, LauncherSpec, Memory, RuntimePaths,
-    VmiIdentity,
+    Firmware, ForwardedPort, Interface, InterfaceBinding, KernelBoot, LauncherSpec, Masquerade,
+    Memory, RuntimePaths, VmiIdentity,
 };
+
+use virt_launcher::protocol::PodInterface;
 
 use crate::images::{ImageError, ImageStore};
 
@@ -49,8 +51,13 @@ pub const OVMF_VARS_SECBOOT: &str = "/usr/share/OVMF/OVMF_VARS_4M.ms.fd";
 pub const TCG_TRANSLATION_CACHE_MIB: u32 = 32;
 /// Empty `pcie-root-port`s kept for later hotplug of disks and NICs.
 pub const HOTPLUG_PORTS: u32 = 3;
-/// The address slirp hands the guest by DHCP.
-pub const USER_MODE_GUEST_IP: &str = "10.0.2.15";
+/// The VM network of the masquerade binding when `pod.vmNetworkCIDR` is not set
+/// (upstream's `DefaultVMCIDR`).
+pub const DEFAULT_VM_CIDR: &str = "10.0.2.0/24";
+/// The in-pod bridge of the primary pod interface (upstream's `DefaultBridgeName`).
+pub const MASQUERADE_BRIDGE: &str = "k6t-eth0";
+/// The tap device of the primary pod interface.
+pub const MASQUERADE_TAP: &str = "tap0";
 
 /// The VMI cannot be turned into a launcher spec.
 #[derive(Debug, thiserror::Error)]
@@ -117,6 +124,9 @@ pub struct SpecContext<'a> {
     pub accel: Accel,
     /// Whether the pod directory's filesystem supports `O_DIRECT` (cache mode `none`).
     pub direct_io: bool,
+    /// The launcher's pod interface, when it runs in a network namespace of its own (from
+    /// its hello); masquerade interfaces then get the masquerade binding, else user mode.
+    pub pod_interface: Option<&'a PodInterface>,
 }
 
 /// A file the pod directory needs before the launcher starts the domain.
@@ -251,7 +261,7 @@ pub fn build_spec(
         memory: memory(spec)?,
         firmware: firmware(spec, ctx, &mut files)?,
         disks: disks(vmi, ctx, &mut files)?,
-        interfaces: interfaces(vmi)?,
+        interfaces: interfaces(vmi, ctx.pod_interface)?,
         hotplug_ports: HOTPLUG_PORTS,
         paths: RuntimePaths {
             serial_console_socket: path(layout.serial_console_socket()),
@@ -629,39 +639,126 @@ pub fn derived_mac(uid: &str, iface: &str) -> String {
     format!("52:54:00:{a:02x}:{b:02x}:{c:02x}")
 }
 
-fn interfaces(vmi: &VirtualMachineInstance) -> Result<Vec<Interface>, SpecError> {
+fn interfaces(
+    vmi: &VirtualMachineInstance,
+    pod_interface: Option<&PodInterface>,
+) -> Result<Vec<Interface>, SpecError> {
     let uid = vmi.metadata.uid.clone().unwrap_or_default();
     let mut out = Vec::new();
+    let mut masquerade_taken = false;
     for iface in &vmi.spec.domain.devices.interfaces {
         let name = &iface.name;
         let network = vmi.spec.networks.iter().find(|n| &n.name == name);
-        let on_pod_network = network.is_some_and(|n| n.network_source.pod.is_some());
-        if !on_pod_network {
+        let Some(pod_network) = network.and_then(|n| n.network_source.pod.as_ref()) else {
             return Err(SpecError::Unsupported(format!(
                 "interface {name:?}: only the pod network is supported in the embedded mode"
             )));
-        }
+        };
         let b = &iface.binding_method;
         if b.masquerade.is_none() && b.bridge.is_none() && b.slirp.is_none() {
             return Err(SpecError::Unsupported(format!(
-                "interface {name:?}: only masquerade, bridge and slirp bindings are supported (as user-mode networking)"
+                "interface {name:?}: only masquerade, bridge and slirp bindings are supported"
             )));
         }
+        let spec_mac = iface.mac_address.clone().filter(|m| !m.is_empty());
+        // Masquerade needs the launcher's own network namespace; the pod network has one
+        // primary interface, so only the first masquerade interface gets it (as upstream
+        // gives NAT rules to the first one only). A bridge interface on the pod network (the
+        // default interface virt-api adds) is served by masquerade too until the bridge
+        // binding exists: reachable through the pod IP on every port, but the guest sees
+        // 10.0.2.2 instead of the pod IP. Everything else is user-mode networking.
+        let nat = b.masquerade.is_some() || b.bridge.is_some();
+        let masquerade = match pod_interface {
+            Some(pod) if nat && !masquerade_taken => {
+                masquerade_taken = true;
+                Some((masquerade(name, pod, pod_network, &iface.ports)?, pod))
+            }
+            _ => None,
+        };
+        let (binding, mac) = match masquerade {
+            // Upstream: the spec's MAC, else the pod interface's.
+            Some((m, pod)) => (
+                InterfaceBinding::Masquerade(m),
+                spec_mac.unwrap_or_else(|| pod.mac.clone()),
+            ),
+            None => (
+                InterfaceBinding::UserMode,
+                spec_mac.unwrap_or_else(|| derived_mac(&uid, name)),
+            ),
+        };
         out.push(Interface {
             name: name.clone(),
             model: iface.model.clone().unwrap_or_else(|| "virtio".to_owned()),
-            binding: InterfaceBinding::UserMode,
-            mac_address: Some(
-                iface
-                    .mac_address
-                    .clone()
-                    .filter(|m| !m.is_empty())
-                    .unwrap_or_else(|| derived_mac(&uid, name)),
-            ),
+            binding,
+            mac_address: Some(mac),
             boot_order: iface.boot_order,
         });
     }
     Ok(out)
+}
+
+/// The masquerade binding of interface `name` on the pod network: gateway and guest are the
+/// 2nd and 3rd address of the VM network (`10.0.2.1`, `10.0.2.2`).
+fn masquerade(
+    name: &str,
+    pod: &PodInterface,
+    network: &kubevirt_api::v1::PodNetwork,
+    ports: &[kubevirt_api::v1::Port],
+) -> Result<Masquerade, SpecError> {
+    let cidr = network
+        .vm_network_cidr
+        .as_deref()
+        .filter(|c| !c.is_empty())
+        .unwrap_or(DEFAULT_VM_CIDR);
+    let (network_address, prefix_length) = parse_ipv4_cidr(cidr).ok_or_else(|| {
+        SpecError::Invalid(format!(
+            "interface {name:?}: invalid vmNetworkCIDR {cidr:?}"
+        ))
+    })?;
+    if prefix_length > 30 {
+        return Err(SpecError::Invalid(format!(
+            "VM CIDR subnet is too small, at least 2 host addresses are required: {cidr}"
+        )));
+    }
+    let base = u32::from(network_address);
+    let ports = ports
+        .iter()
+        .map(|p| {
+            let port = u16::try_from(p.port)
+                .ok()
+                .filter(|p| *p > 0)
+                .ok_or_else(|| {
+                    SpecError::Invalid(format!("interface {name:?}: invalid port {}", p.port))
+                })?;
+            Ok(ForwardedPort {
+                protocol: p
+                    .protocol
+                    .as_deref()
+                    .filter(|p| !p.is_empty())
+                    .unwrap_or("tcp")
+                    .to_ascii_lowercase(),
+                port,
+            })
+        })
+        .collect::<Result<_, SpecError>>()?;
+    Ok(Masquerade {
+        pod_interface: pod.name.clone(),
+        bridge: MASQUERADE_BRIDGE.to_owned(),
+        tap: MASQUERADE_TAP.to_owned(),
+        gateway: (base + 1).into(),
+        guest: (base + 2).into(),
+        prefix_length,
+        ports,
+    })
+}
+
+/// `a.b.c.d/n` → the network address (host bits cleared) and `n`.
+fn parse_ipv4_cidr(cidr: &str) -> Option<(std::net::Ipv4Addr, u8)> {
+    let (addr, len) = cidr.split_once('/')?;
+    let addr: std::net::Ipv4Addr = addr.parse().ok()?;
+    let len: u8 = len.parse().ok().filter(|l| *l <= 32)?;
+    let mask = u32::MAX.checked_shl(32 - u32::from(len)).unwrap_or(0);
+    Some(((u32::from(addr) & mask).into(), len))
 }
 
 /// Whether files in `dir` can be opened with `O_DIRECT` (false on tmpfs).

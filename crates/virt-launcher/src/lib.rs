@@ -6,12 +6,14 @@
 //! [`qmp`] and turns QMP events and QEMU's exit into domain events for the handler.
 //! [`accel`] decides between KVM and TCG; [`safe_path`] opens host paths without following
 //! symlinks; [`private_fs`] creates owner-only files, directories and sockets;
-//! [`log_rotation`] caps the serial console log. This crate never depends on Kubernetes
+//! [`log_rotation`] caps the serial console log; [`netsetup`] builds the masquerade
+//! binding (bridge, tap, nftables, DHCP) in the launcher pod's network namespace. This crate never depends on Kubernetes
 //! crates.
 
 pub mod accel;
 pub mod argv;
 pub mod launcher;
+pub mod netsetup;
 pub mod pod_layout;
 pub use private_fs;
 pub use private_fs::log_rotation;

@@ -48,11 +48,41 @@ pub enum ProtocolError {
     Closed,
 }
 
-/// `{"hello":{"version":N}}`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+/// `{"hello":{"version":N}}`; the launcher's hello also carries its pod interface.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub struct Hello {
     /// Protocol version.
     pub version: u32,
+    /// The launcher's pod interface (`eth0`), present only when the launcher runs in a
+    /// network namespace of its own; the handler then chooses the masquerade binding and
+    /// reports the pod IP in `status.interfaces`. Older peers ignore the field.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_interface: Option<PodInterface>,
+}
+
+impl Hello {
+    /// The hello of this protocol version, without a pod interface.
+    pub fn current() -> Self {
+        Self {
+            version: PROTOCOL_VERSION,
+            pod_interface: None,
+        }
+    }
+}
+
+/// The pod's network interface as the launcher sees it in its network namespace.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PodInterface {
+    /// Interface name (`eth0`).
+    pub name: String,
+    /// Its MAC address.
+    pub mac: String,
+    /// Its global addresses, IPv4 first (the pod IPs).
+    pub ip_addresses: Vec<String>,
+    /// Its MTU.
+    pub mtu: u32,
 }
 
 /// A command from the handler.
@@ -309,7 +339,7 @@ impl DownMessage {
     pub fn encode(&self) -> String {
         let mut w = Wire::default();
         match self {
-            Self::Hello(hello) => w.hello = Some(*hello),
+            Self::Hello(hello) => w.hello = Some(hello.clone()),
             Self::Command { id, command } => {
                 w.id = Some(*id);
                 match command {
@@ -359,7 +389,7 @@ impl UpMessage {
     pub fn encode(&self) -> String {
         let mut w = Wire::default();
         match self {
-            Self::Hello(hello) => w.hello = Some(*hello),
+            Self::Hello(hello) => w.hello = Some(hello.clone()),
             Self::Ack { id, result } => {
                 w.id = Some(*id);
                 match result {
@@ -409,16 +439,15 @@ impl LauncherClient {
             next_id: 1,
             queued: Default::default(),
         };
-        client
-            .send(&DownMessage::Hello(Hello {
-                version: PROTOCOL_VERSION,
-            }))
-            .await?;
+        client.send(&DownMessage::Hello(Hello::current())).await?;
         match client.read().await? {
             UpMessage::Hello(Hello {
                 version: PROTOCOL_VERSION,
+                ..
             }) => Ok(client),
-            UpMessage::Hello(Hello { version }) => Err(ProtocolError::Version { peer: version }),
+            UpMessage::Hello(Hello { version, .. }) => {
+                Err(ProtocolError::Version { peer: version })
+            }
             other => Err(ProtocolError::Malformed(format!(
                 "expected hello, got {other:?}"
             ))),
@@ -482,12 +511,31 @@ mod tests {
 
     #[test]
     fn hello_has_the_documented_shape() {
-        let line = DownMessage::Hello(Hello { version: 1 }).encode();
+        let line = DownMessage::Hello(Hello::current()).encode();
         assert_eq!(line, "{\"hello\":{\"version\":1}}\n");
         assert_eq!(
             UpMessage::decode(&line).unwrap(),
-            UpMessage::Hello(Hello { version: 1 })
+            UpMessage::Hello(Hello::current())
         );
+    }
+
+    #[test]
+    fn a_launcher_hello_carries_the_pod_interface() {
+        let hello = Hello {
+            pod_interface: Some(PodInterface {
+                name: "eth0".into(),
+                mac: "0a:58:0a:f5:00:07".into(),
+                ip_addresses: vec!["10.245.0.7".into()],
+                mtu: 1500,
+            }),
+            ..Hello::current()
+        };
+        let line = UpMessage::Hello(hello.clone()).encode();
+        assert_eq!(
+            line,
+            "{\"hello\":{\"version\":1,\"podInterface\":{\"name\":\"eth0\",\"mac\":\"0a:58:0a:f5:00:07\",\"ipAddresses\":[\"10.245.0.7\"],\"mtu\":1500}}}\n"
+        );
+        assert_eq!(UpMessage::decode(&line).unwrap(), UpMessage::Hello(hello));
     }
 
     #[test]

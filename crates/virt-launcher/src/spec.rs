@@ -314,13 +314,48 @@ fn default_nic_model() -> String {
 }
 
 /// The host side of an interface.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub enum InterfaceBinding {
-    /// QEMU user-mode networking (slirp): what `masquerade` and `bridge` map to in the
-    /// unprivileged sandbox; the guest gets 10.0.2.15 by DHCP.
+    /// QEMU user-mode networking (slirp): used when the launcher shares the host's network
+    /// (no pod network namespace); the guest gets 10.0.2.15 by DHCP from QEMU.
     #[default]
     UserMode,
+    /// KubeVirt's masquerade binding: a tap device on an in-pod bridge, NAT between the pod
+    /// interface and the guest, and a DHCP server in the launcher ([`crate::netsetup`]).
+    Masquerade(Masquerade),
+}
+
+/// The masquerade binding, every name and address resolved by the handler (upstream's
+/// names: `k6t-eth0`, `tap0`, the VM network `10.0.2.0/24`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Masquerade {
+    /// The pod's interface traffic arrives on (`eth0`).
+    pub pod_interface: String,
+    /// The in-pod bridge (`k6t-eth0`).
+    pub bridge: String,
+    /// The tap device QEMU opens (`tap0`).
+    pub tap: String,
+    /// The gateway address on the bridge (`10.0.2.1`).
+    pub gateway: std::net::Ipv4Addr,
+    /// The address the guest gets by DHCP (`10.0.2.2`).
+    pub guest: std::net::Ipv4Addr,
+    /// Prefix length of the VM network (24).
+    pub prefix_length: u8,
+    /// Ports forwarded to the guest (`interfaces[].ports`); empty forwards every port.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ports: Vec<ForwardedPort>,
+}
+
+/// One forwarded port of a masquerade interface.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ForwardedPort {
+    /// `tcp` or `udp`.
+    pub protocol: String,
+    /// The port number.
+    pub port: u16,
 }
 
 /// Host paths of the files QEMU creates or writes for this domain.

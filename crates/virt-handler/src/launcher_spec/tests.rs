@@ -58,6 +58,7 @@ impl Fixture {
             host_disk_dir: &self.hostdisks,
             accel: Accel::Tcg,
             direct_io: false,
+            pod_interface: None,
         }
     }
 }

@@ -11,7 +11,7 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::unix::OwnedWriteHalf;
 use tokio::sync::mpsc;
 use virt_launcher::protocol::{
-    Command, DownMessage, Hello, PROTOCOL_VERSION, ProtocolError, UpMessage,
+    Command, DownMessage, Hello, PROTOCOL_VERSION, PodInterface, ProtocolError, UpMessage,
 };
 
 /// A connected, version-checked launcher connection.
@@ -21,6 +21,7 @@ pub struct LauncherLink {
     messages: mpsc::Receiver<UpMessage>,
     reader: tokio::task::JoinHandle<()>,
     next_id: u64,
+    pod_interface: Option<PodInterface>,
 }
 
 impl Drop for LauncherLink {
@@ -40,9 +41,7 @@ impl LauncherLink {
             .await
             .map_err(ProtocolError::Io)?;
         let (read, mut writer) = stream.into_split();
-        let hello = DownMessage::Hello(Hello {
-            version: PROTOCOL_VERSION,
-        });
+        let hello = DownMessage::Hello(Hello::current());
         writer
             .write_all(hello.encode().as_bytes())
             .await
@@ -57,11 +56,12 @@ impl LauncherLink {
         {
             return Err(ProtocolError::Closed);
         }
-        match UpMessage::decode(&line)? {
+        let pod_interface = match UpMessage::decode(&line)? {
             UpMessage::Hello(Hello {
                 version: PROTOCOL_VERSION,
-            }) => {}
-            UpMessage::Hello(Hello { version }) => {
+                pod_interface,
+            }) => pod_interface,
+            UpMessage::Hello(Hello { version, .. }) => {
                 return Err(ProtocolError::Version { peer: version });
             }
             other => {
@@ -69,7 +69,7 @@ impl LauncherLink {
                     "expected hello, got {other:?}"
                 )));
             }
-        }
+        };
         let (tx, messages) = mpsc::channel(16);
         let reader = tokio::spawn(async move {
             let mut line = String::new();
@@ -95,7 +95,13 @@ impl LauncherLink {
             messages,
             reader,
             next_id: 1,
+            pod_interface,
         })
+    }
+
+    /// The pod interface the launcher reported in its hello (it has its own network).
+    pub fn pod_interface(&self) -> Option<&PodInterface> {
+        self.pod_interface.as_ref()
     }
 
     /// Sends `command`; its ack arrives later through [`Self::recv`] with the returned id.

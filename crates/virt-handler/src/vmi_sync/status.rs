@@ -14,10 +14,9 @@
 
 use kubevirt_api::v1::{VirtualMachineInstance, VirtualMachineInstancePhase as Phase};
 use serde_json::{Value, json};
+use virt_launcher::protocol::PodInterface;
 use virt_launcher::protocol::{DomainState, DomainStatus, StateReason};
-use virt_launcher::spec::{Accel, LauncherSpec};
-
-use crate::launcher_spec::USER_MODE_GUEST_IP;
+use virt_launcher::spec::{Accel, InterfaceBinding, LauncherSpec};
 
 /// What the handler knows about a VMI's domain.
 #[derive(Debug, Clone, PartialEq)]
@@ -38,6 +37,8 @@ pub struct DomainFacts {
     pub spec: Option<LauncherSpec>,
     /// Why this accelerator was chosen (condition message).
     pub accel_reason: String,
+    /// The launcher's pod interface (from its hello), when it has its own network.
+    pub pod_interface: Option<PodInterface>,
 }
 
 /// Whether the domain was given a graceful shutdown before being destroyed: a grace
@@ -220,7 +221,7 @@ pub fn desired_status(
         });
         set_condition(&mut conditions, "SoftwareEmulation", emulation);
         if let Some(spec) = &facts.spec {
-            running_fields(&mut status, spec);
+            running_fields(&mut status, spec, facts.pod_interface.as_ref());
         }
     }
     if matches!(phase, Phase::Succeeded | Phase::Failed) {
@@ -239,22 +240,35 @@ pub fn desired_status(
     status
 }
 
-fn running_fields(status: &mut Value, spec: &LauncherSpec) {
-    status["interfaces"] = spec
-        .interfaces
+/// `status.interfaces` as upstream's handler reports it from the domain: name, MAC,
+/// `infoSource: domain`, and for a masquerade interface the pod IPs (upstream reports the
+/// pod's addresses, never the guest's NAT address). A user-mode interface has no address
+/// anyone could reach, so it reports none.
+fn interface_status(spec: &LauncherSpec, pod: Option<&PodInterface>) -> Value {
+    spec.interfaces
         .iter()
         .map(|i| {
-            json!({
+            let mut entry = json!({
                 "name": i.name,
                 "mac": i.mac_address,
-                "ipAddress": USER_MODE_GUEST_IP,
-                "ipAddresses": [USER_MODE_GUEST_IP],
                 "podInterfaceName": "eth0",
                 "infoSource": "domain",
                 "queueCount": 1,
-            })
+                "linkState": "up",
+            });
+            if let (InterfaceBinding::Masquerade(_), Some(pod)) = (&i.binding, pod)
+                && let Some(first) = pod.ip_addresses.first()
+            {
+                entry["ipAddress"] = json!(first);
+                entry["ipAddresses"] = json!(pod.ip_addresses);
+            }
+            entry
         })
-        .collect();
+        .collect()
+}
+
+fn running_fields(status: &mut Value, spec: &LauncherSpec, pod: Option<&PodInterface>) {
+    status["interfaces"] = interface_status(spec, pod);
     status["machine"] = json!({"type": spec.machine_type});
     status["currentCPUTopology"] = json!({
         "sockets": spec.cpu.sockets,

@@ -135,6 +135,7 @@ pub async fn run(
         facts: DomainFacts {
             spec: None,
             accel_reason: String::new(),
+            pod_interface: None,
         },
         observation: None,
     };
@@ -207,6 +208,7 @@ impl Follow {
     }
 
     async fn session(&mut self, mut link: LauncherLink, dir: &Path) -> SessionEnd {
+        self.facts.pod_interface = link.pod_interface().cloned();
         let mut sync_id = None;
         let mut shutdown_sent = false;
         let mut sync_retry = tokio::time::interval(SYNC_RETRY);
@@ -289,6 +291,7 @@ impl Follow {
         let vmi = Arc::clone(&self.current);
         let config = Arc::clone(&self.config);
         let dir = dir.to_owned();
+        let pod_interface = self.facts.pod_interface.clone();
         let built = tokio::task::spawn_blocking(move || {
             let ctx = SpecContext {
                 pod_dir: config.launcher_dir_in_pod.as_deref().unwrap_or(&dir),
@@ -296,6 +299,7 @@ impl Follow {
                 host_disk_dir: &config.host_disk_dir,
                 accel: decision.accel,
                 direct_io: supports_direct_io(&dir),
+                pod_interface: pod_interface.as_ref(),
             };
             build_spec(&vmi, &ctx)
         })

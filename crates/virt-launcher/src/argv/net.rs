@@ -1,7 +1,9 @@
 //! Network interfaces: a QEMU backend (`-netdev`) plus the guest NIC.
 //!
-//! Every binding is user-mode networking (slirp) for now: it needs no privileges and no
-//! tap device, and gives the guest 10.0.2.15 by DHCP with the host reachable as 10.0.2.2.
+//! Two backends: user-mode networking (slirp) where the launcher shares the host's network
+//! (no privileges, no tap; the guest gets 10.0.2.15 from QEMU), and for the masquerade
+//! binding a tap device that [`crate::netsetup`] created on the in-pod bridge before QEMU
+//! starts (`-netdev tap,ifname=tap0,script=no,downscript=no`: QEMU only opens it).
 //! NICs without a boot order get no option ROM (`romfile=`), which saves guest memory and
 //! boot time; a NIC with a boot order keeps iPXE so it can network-boot.
 
@@ -28,9 +30,21 @@ pub(super) fn push(spec: &LauncherSpec, args: &mut Args) -> Result<(), ArgvError
             "rtl8139" => "rtl8139",
             other => return Err(fail(format!("model {other:?} is not supported"))),
         };
-        match iface.binding {
+        match &iface.binding {
             InterfaceBinding::UserMode => {
                 args.push_pair("-netdev", format!("user,id=netdev-{index}"));
+            }
+            InterfaceBinding::Masquerade(m) => {
+                if !is_link_name(&m.tap) {
+                    return Err(fail(format!("{:?} is not a usable tap name", m.tap)));
+                }
+                args.push_pair(
+                    "-netdev",
+                    format!(
+                        "tap,id=netdev-{index},ifname={},script=no,downscript=no",
+                        m.tap
+                    ),
+                );
             }
         }
         let mut device = format!("{driver},id=ua-{},netdev=netdev-{index}", iface.name);
@@ -47,6 +61,13 @@ pub(super) fn push(spec: &LauncherSpec, args: &mut Args) -> Result<(), ArgvError
         args.push_pair("-device", device);
     }
     Ok(())
+}
+
+/// A Linux interface name: 1–15 bytes, no `/`, whitespace, `:` or `,`.
+pub(crate) fn is_link_name(s: &str) -> bool {
+    (1..16).contains(&s.len())
+        && s.bytes()
+            .all(|b| b.is_ascii_graphic() && !matches!(b, b'/' | b':' | b','))
 }
 
 fn is_mac(s: &str) -> bool {
@@ -80,6 +101,23 @@ mod tests {
         assert!(
             matches!(qemu_argv(&spec), Err(ArgvError::Interface { reason, .. }) if reason.contains("ne2k_isa"))
         );
+    }
+
+    #[test]
+    fn a_masquerade_tap_name_with_a_comma_is_refused() {
+        let mut spec = minimal_spec();
+        let mut nic = iface("virtio", None);
+        nic.binding = InterfaceBinding::Masquerade(crate::spec::Masquerade {
+            pod_interface: "eth0".into(),
+            bridge: "k6t-eth0".into(),
+            tap: "tap0,script=/bin/evil".into(),
+            gateway: [10, 0, 2, 1].into(),
+            guest: [10, 0, 2, 2].into(),
+            prefix_length: 24,
+            ports: vec![],
+        });
+        spec.interfaces = vec![nic];
+        assert!(matches!(qemu_argv(&spec), Err(ArgvError::Interface { .. })));
     }
 
     #[test]

@@ -22,7 +22,8 @@ async fn serve_inner(domain: &Domain, stream: UnixStream) -> std::io::Result<()>
     send(
         &mut write,
         &UpMessage::Hello(Hello {
-            version: PROTOCOL_VERSION,
+            pod_interface: domain.pod_interface().cloned(),
+            ..Hello::current()
         }),
     )
     .await?;
@@ -32,8 +33,9 @@ async fn serve_inner(domain: &Domain, stream: UnixStream) -> std::io::Result<()>
     match DownMessage::decode(&first) {
         Ok(DownMessage::Hello(Hello {
             version: PROTOCOL_VERSION,
+            ..
         })) => {}
-        Ok(DownMessage::Hello(Hello { version })) => {
+        Ok(DownMessage::Hello(Hello { version, .. })) => {
             let message = format!(
                 "unsupported protocol version {version}, this launcher speaks {PROTOCOL_VERSION}"
             );

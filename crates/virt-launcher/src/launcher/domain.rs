@@ -19,10 +19,11 @@ use tokio::sync::watch;
 
 use super::LauncherOptions;
 use crate::log_rotation::{MAX_LOG_BYTES, rotate_if_larger};
+use crate::protocol::PodInterface;
 use crate::protocol::{Command, DomainState, DomainStatus, StateReason};
 use crate::qmp::{QmpClient, QmpEventKind, QmpEvents};
 use crate::safe_path::{SafePathError, check_beneath, check_parent_beneath};
-use crate::spec::{Bootloader, LauncherSpec};
+use crate::spec::{Bootloader, InterfaceBinding, LauncherSpec};
 
 /// What the handler last asked the domain to do; decides how an exit is reported.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -69,23 +70,26 @@ impl Shared {
     }
 }
 
-/// A started domain: QEMU's pid (none in fake mode) and its QMP connection.
+/// A started domain: QEMU's pid (none in fake mode), its QMP connection, and the DHCP
+/// servers of its masquerade interfaces (they run as long as the launcher).
 #[derive(Debug)]
 struct Started {
     pid: Option<u32>,
     qmp: Option<Arc<QmpClient>>,
+    _dhcp: Vec<tokio::task::JoinHandle<()>>,
 }
 
 /// The domain and everything needed to run it.
 #[derive(Debug)]
 pub(super) struct Domain {
     opts: LauncherOptions,
+    pod_interface: Option<PodInterface>,
     shared: Arc<Shared>,
     started: tokio::sync::Mutex<Option<Started>>,
 }
 
 impl Domain {
-    pub(super) fn new(opts: LauncherOptions) -> Self {
+    pub(super) fn new(opts: LauncherOptions, pod_interface: Option<PodInterface>) -> Self {
         let shared = Shared {
             status: watch::Sender::new(DomainStatus::pending()),
             delivered: watch::Sender::new(false),
@@ -93,9 +97,15 @@ impl Domain {
         };
         Self {
             opts,
+            pod_interface,
             shared: Arc::new(shared),
             started: tokio::sync::Mutex::new(None),
         }
+    }
+
+    /// The pod interface found at start, when the launcher has its own network namespace.
+    pub(super) fn pod_interface(&self) -> Option<&PodInterface> {
+        self.pod_interface.as_ref()
     }
 
     pub(super) fn subscribe(&self) -> watch::Receiver<DomainStatus> {
@@ -156,9 +166,13 @@ impl Domain {
             Started {
                 pid: None,
                 qmp: None,
+                _dhcp: Vec::new(),
             }
         } else {
-            self.start_qemu(spec, &argv).await?
+            let dhcp = self.setup_network(spec).await?;
+            let mut started = self.start_qemu(spec, &argv).await?;
+            started._dhcp = dhcp;
+            started
         });
         Ok(self.current_value())
     }
@@ -232,7 +246,41 @@ impl Domain {
         Ok(Started {
             pid,
             qmp: Some(qmp),
+            _dhcp: Vec::new(),
         })
+    }
+
+    /// Builds the in-pod network of every masquerade interface and starts its DHCP server.
+    /// A failure leaves the domain Pending: the handler retries the `sync`, and the set-up
+    /// starts clean again ([`crate::netsetup`]).
+    async fn setup_network(
+        &self,
+        spec: &LauncherSpec,
+    ) -> Result<Vec<tokio::task::JoinHandle<()>>, String> {
+        let mut servers = Vec::new();
+        for iface in &spec.interfaces {
+            let InterfaceBinding::Masquerade(m) = &iface.binding else {
+                continue;
+            };
+            let pod = self
+                .pod_interface
+                .as_ref()
+                .filter(|p| p.name == m.pod_interface)
+                .ok_or_else(|| {
+                    format!(
+                        "interface {:?}: the masquerade binding needs the pod interface {:?} in the launcher's own network namespace",
+                        iface.name, m.pod_interface
+                    )
+                })?;
+            let network = |e: crate::netsetup::NetSetupError| {
+                format!("interface {:?}: {}", iface.name, error_chain(&e))
+            };
+            crate::netsetup::setup_masquerade(m, pod)
+                .await
+                .map_err(network)?;
+            servers.push(crate::netsetup::start_dhcp(m, pod, &spec.vmi.name).map_err(network)?);
+        }
+        Ok(servers)
     }
 
     /// Waits for QEMU's QMP socket, giving up when QEMU exits or the timeout passes.
@@ -507,6 +555,18 @@ fn check_host_paths(base: &Path, spec: &LauncherSpec) -> Result<(), SafePathErro
         check_parent_beneath(base, Path::new(created))?;
     }
     Ok(())
+}
+
+/// `error: cause: cause …`, for messages that travel as text.
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
 }
 
 #[cfg(test)]

@@ -47,7 +47,13 @@ pub struct LauncherOptions {
     pub linger: Duration,
     /// How long QEMU may take to open its QMP socket.
     pub qmp_timeout: Duration,
+    /// Look for the pod interface in an own network namespace at start (on by default; off
+    /// in tests that must not see the machine's network).
+    pub discover_pod_network: bool,
 }
+
+/// The pod interface the masquerade binding serves (upstream's primary pod interface).
+pub const POD_INTERFACE: &str = "eth0";
 
 impl LauncherOptions {
     /// Options with defaults: `qemu-system-x86_64` from `PATH`, no base directory, real
@@ -61,6 +67,7 @@ impl LauncherOptions {
             fake_qemu: false,
             linger: Duration::from_secs(10),
             qmp_timeout: Duration::from_secs(30),
+            discover_pod_network: true,
         }
     }
 
@@ -99,7 +106,18 @@ pub async fn run_launcher(opts: LauncherOptions) -> Result<(), LauncherError> {
     let listener = listen(&opts.socket_path)?;
     let socket_path = opts.socket_path.clone();
     let linger = opts.linger;
-    let domain = Arc::new(domain::Domain::new(opts));
+    let pod_interface = if opts.discover_pod_network {
+        tokio::task::spawn_blocking(|| crate::netsetup::discover(POD_INTERFACE))
+            .await
+            .ok()
+            .flatten()
+    } else {
+        None
+    };
+    if let Some(pod) = &pod_interface {
+        tracing::info!(interface = %pod.name, ips = ?pod.ip_addresses, "launcher has its own pod network");
+    }
+    let domain = Arc::new(domain::Domain::new(opts, pod_interface));
     tracing::info!(socket = %socket_path.display(), "launcher listening");
     let mut status = domain.subscribe();
     loop {

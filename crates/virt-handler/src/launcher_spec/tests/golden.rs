@@ -32,12 +32,28 @@ fn file_action_json(action: &FileAction) -> serde_json::Value {
     }
 }
 
+/// The pod interface of cases named `pod-network-*`: their launcher has its own network
+/// namespace, so masquerade interfaces get the masquerade binding.
+fn pod_interface() -> PodInterface {
+    PodInterface {
+        name: "eth0".into(),
+        mac: "0a:58:0a:f5:00:07".into(),
+        ip_addresses: vec!["10.245.0.7".into()],
+        mtu: 1500,
+    }
+}
+
 /// What a case produces: the expected file's name and its content.
-fn render(f: &Fixture, input: &str) -> Result<(&'static str, String), String> {
+fn render(f: &Fixture, case: &str, input: &str) -> Result<(&'static str, String), String> {
     let data = f.data.display().to_string();
     let vmi: VirtualMachineInstance =
         serde_json::from_str(&input.replace(DATA, &data)).map_err(|e| format!("bad VMI: {e}"))?;
-    let (ext, text) = match build_spec(&vmi, &f.ctx()) {
+    let pod = pod_interface();
+    let mut ctx = f.ctx();
+    if case.starts_with("pod-network-") {
+        ctx.pod_interface = Some(&pod);
+    }
+    let (ext, text) = match build_spec(&vmi, &ctx) {
         Ok(prepared) => {
             let json = serde_json::json!({
                 "spec": prepared.spec,
@@ -114,7 +130,7 @@ fn every_golden_vmi_converts_to_its_recorded_spec_or_error() {
     for case in &cases {
         let f = fixture();
         let input = std::fs::read_to_string(testdata().join(format!("{case}.vmi.json"))).unwrap();
-        let (ext, actual) = match render(&f, &input) {
+        let (ext, actual) = match render(&f, case, &input) {
             Ok(r) => r,
             Err(e) => {
                 failures.push(format!("{case}: {e}"));

@@ -1,6 +1,8 @@
 use super::*;
+use virt_launcher::protocol::PodInterface;
 use virt_launcher::spec::{
-    Cpu, CpuModel, Firmware, Interface, InterfaceBinding, Memory, RuntimePaths, VmiIdentity,
+    Cpu, CpuModel, Firmware, Interface, InterfaceBinding, Masquerade, Memory, RuntimePaths,
+    VmiIdentity,
 };
 
 const NOW: &str = "2026-11-30T10:00:00Z";
@@ -55,7 +57,15 @@ fn spec(accel: Accel) -> LauncherSpec {
         interfaces: vec![Interface {
             name: "default".into(),
             model: "virtio".into(),
-            binding: InterfaceBinding::UserMode,
+            binding: InterfaceBinding::Masquerade(Masquerade {
+                pod_interface: "eth0".into(),
+                bridge: "k6t-eth0".into(),
+                tap: "tap0".into(),
+                gateway: [10, 0, 2, 1].into(),
+                guest: [10, 0, 2, 2].into(),
+                prefix_length: 24,
+                ports: vec![],
+            }),
             mac_address: Some("52:54:00:aa:bb:cc".into()),
             boot_order: None,
         }],
@@ -84,6 +94,12 @@ fn facts(accel: Accel) -> DomainFacts {
     DomainFacts {
         spec: Some(spec(accel)),
         accel_reason: "the CPU offers no vmx/svm: using software emulation".into(),
+        pod_interface: Some(PodInterface {
+            name: "eth0".into(),
+            mac: "0a:58:0a:f5:00:07".into(),
+            ip_addresses: vec!["10.245.0.7".into()],
+            mtu: 1500,
+        }),
     }
 }
 
@@ -156,6 +172,23 @@ fn a_destroyed_domain_fails_only_when_acpi_and_a_grace_period_were_there() {
 }
 
 #[test]
+fn a_user_mode_interface_reports_no_address() {
+    let mut facts = facts(Accel::Kvm);
+    facts.spec.as_mut().unwrap().interfaces[0].binding = InterfaceBinding::UserMode;
+    facts.pod_interface = None;
+    let desired = desired_status(
+        &scheduled_vmi(),
+        &domain(DomainState::Running, StateReason::Booted),
+        &facts,
+        NOW,
+    );
+    let iface = &desired["interfaces"][0];
+    assert_eq!(iface["name"], "default");
+    assert_eq!(iface["mac"], "52:54:00:aa:bb:cc");
+    assert!(iface.get("ipAddress").is_none(), "{iface}");
+}
+
+#[test]
 fn a_running_domain_moves_a_scheduled_vmi_to_running_with_its_status_fields() {
     let vmi = scheduled_vmi();
     let desired = desired_status(
@@ -171,7 +204,14 @@ fn a_running_domain_moves_a_scheduled_vmi_to_running_with_its_status_fields() {
         stamps[2],
         json!({"phase": "Running", "phaseTransitionTimestamp": NOW})
     );
-    assert_eq!(desired["interfaces"][0]["ipAddress"], "10.0.2.15");
+    assert_eq!(
+        desired["interfaces"][0]["ipAddress"], "10.245.0.7",
+        "masquerade reports the pod IP"
+    );
+    assert_eq!(
+        desired["interfaces"][0]["ipAddresses"],
+        json!(["10.245.0.7"])
+    );
     assert_eq!(desired["interfaces"][0]["mac"], "52:54:00:aa:bb:cc");
     assert_eq!(desired["interfaces"][0]["infoSource"], "domain");
     assert_eq!(desired["currentCPUTopology"]["cores"], 2);
