@@ -21,6 +21,9 @@ pub use test_prerequisites::{TestGuest, available, test_guest};
 mod cluster;
 pub use cluster::{InProcessCluster, client_for};
 
+/// What `kubevirt-rs server` logs once every component is started and registered.
+pub const SERVER_READY: &str = "kubevirt-rs server ready";
+
 /// The default deadline for conditions in end-to-end tests.
 pub const DEADLINE: Duration = Duration::from_secs(60);
 
@@ -103,6 +106,10 @@ impl ServerProcess {
     fn spawn(&mut self) -> anyhow::Result<()> {
         let kubeconfig = self.kubeconfig();
         let _ = std::fs::remove_file(&kubeconfig);
+        // A restart appends to the log: readiness is read from what this process writes.
+        let log_start = std::fs::metadata(self.data.path().join("server.log"))
+            .map(|m| m.len() as usize)
+            .unwrap_or(0);
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -130,7 +137,22 @@ impl ServerProcess {
             }
             let text = std::fs::read_to_string(&kubeconfig).ok()?;
             text.contains("server: https://").then_some(Ok(()))
-        })?
+        })??;
+        // The whole server is ready only once KubeVirt's webhooks are registered, some time
+        // after the API server wrote the kubeconfig; a VMI created before would miss them.
+        if self.subcommand == "server" {
+            let log = self.data.path().join("server.log");
+            let child = self.child.as_mut().context("child")?;
+            wait_until(DEADLINE, "the server to be ready", || {
+                if let Ok(Some(status)) = child.try_wait() {
+                    return Some(Err(anyhow::anyhow!("server exited early: {status}")));
+                }
+                let text = std::fs::read(&log).ok()?;
+                let text = String::from_utf8_lossy(text.get(log_start..)?);
+                text.contains(SERVER_READY).then_some(Ok(()))
+            })??;
+        }
+        Ok(())
     }
 
     /// Imports the test guest into the server's image store as `kubevirt-rs/test-guest:latest`
