@@ -506,6 +506,9 @@ fn check_host_paths(base: &Path, spec: &LauncherSpec) -> Result<(), SafePathErro
     ] {
         check_parent_beneath(base, Path::new(created))?;
     }
+    if let Some(graphics) = &spec.graphics {
+        check_parent_beneath(base, Path::new(&graphics.vnc_socket))?;
+    }
     Ok(())
 }
 
