@@ -31,8 +31,8 @@ use kubevirt_api::v1::{
 };
 use virt_launcher::spec::{
     Accel, Bootloader, CacheMode, Cpu, CpuFeature, CpuModel, Disk, DiskBus, DiskFormat, Efi,
-    Firmware, Interface, InterfaceBinding, KernelBoot, LauncherSpec, Memory, RuntimePaths,
-    VmiIdentity,
+    Firmware, Graphics, Interface, InterfaceBinding, KernelBoot, LauncherSpec, Memory,
+    RuntimePaths, VideoModel, VmiIdentity,
 };
 
 use crate::images::{ImageError, ImageStore};
@@ -54,6 +54,9 @@ pub const USER_MODE_GUEST_IP: &str = "10.0.2.15";
 /// File name of the serial console log in the pod directory: the pod runner serves
 /// `<container>.log` files, so this is what `kubectl logs POD -c guest-console-log` shows.
 pub const SERIAL_LOG_FILE: &str = "guest-console-log.log";
+/// File name of the VNC server's socket in the pod directory (virt-handler's `vnc` bridges
+/// to it).
+pub const VNC_SOCKET_FILE: &str = "vnc.sock";
 
 /// The VMI cannot be turned into a launcher spec.
 #[derive(Debug, thiserror::Error)]
@@ -255,6 +258,7 @@ pub fn build_spec(
         disks: disks(vmi, ctx, &mut files)?,
         interfaces: interfaces(vmi)?,
         hotplug_ports: HOTPLUG_PORTS,
+        graphics: graphics(spec, &path(VNC_SOCKET_FILE))?,
         paths: RuntimePaths {
             serial_console_socket: path("serial0.sock"),
             serial_log: path(SERIAL_LOG_FILE),
@@ -267,6 +271,33 @@ pub fn build_spec(
         spec: launcher_spec,
         files,
     })
+}
+
+/// Upstream's graphics: unless `autoattachGraphicsDevice` is false, a video device
+/// (`devices.video.type`, by default `vga` as upstream's x86_64 converter without
+/// `bochsDisplayForEFIGuests`) and a VNC server on the pod directory's `vnc.sock`.
+fn graphics(
+    spec: &VirtualMachineInstanceSpec,
+    vnc_socket: &str,
+) -> Result<Option<Graphics>, SpecError> {
+    let devices = &spec.domain.devices;
+    if devices.autoattach_graphics_device == Some(false) {
+        return Ok(None);
+    }
+    let video = match devices.video.as_ref().and_then(|v| v.type_.as_deref()) {
+        None | Some("vga") => VideoModel::Vga,
+        Some("bochs") => VideoModel::Bochs,
+        Some("virtio") => VideoModel::Virtio,
+        Some(other) => {
+            return Err(SpecError::Unsupported(format!(
+                "video type {other:?} is not supported: use vga, bochs or virtio"
+            )));
+        }
+    };
+    Ok(Some(Graphics {
+        video,
+        vnc_socket: vnc_socket.to_owned(),
+    }))
 }
 
 /// vCPU topology: sockets/cores/threads default to 1; without any topology the CPU

@@ -191,7 +191,7 @@ async fn vnc(
         &state,
         &namespace,
         &pod,
-        "vnc.sock",
+        crate::launcher_spec::VNC_SOCKET_FILE,
         "No graphics devices are present.",
         upgrade,
     )
