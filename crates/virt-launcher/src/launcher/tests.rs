@@ -291,6 +291,8 @@ async fn real_guest_boots_and_powers_off_through_acpi() {
     assert_eq!(running.state, DomainState::Running);
     let pid = running.qemu_pid.expect("a QEMU pid");
     let _guard = ProcessGroupGuard(i32::try_from(pid).unwrap());
+    // Running means the VNC server is there already, not only QMP.
+    assert_vnc_server_greets(&vnc_socket).await;
     let ready = wait_until(Duration::from_secs(90), || {
         std::fs::read_to_string(&serial_log).is_ok_and(|log| log.contains("GUEST-READY"))
     })
@@ -301,7 +303,6 @@ async fn real_guest_boots_and_powers_off_through_acpi() {
         std::fs::read_to_string(&serial_log).unwrap_or_default()
     );
     eprintln!("boot to GUEST-READY: {:?}", started.elapsed());
-    assert_vnc_server_greets(&vnc_socket).await;
     eprintln!("launcher test process {}", rss_line());
 
     client
