@@ -94,6 +94,14 @@ pub const PCI_TOPOLOGY_VERSION_ANNOTATION: &str = "kubevirt.io/pci-topology-vers
 pub const PCI_TOPOLOGY_VERSION_V3: &str = "v3";
 /// VMI annotation: create a migration target (WaitAsReceiver).
 pub const CREATE_MIGRATION_TARGET_ANNOTATION: &str = "kubevirt.io/create-migration-target";
+/// VMI annotation (functional tests): the launcher crashes at once (`--simulate-crash`), to
+/// exercise crash loops. Its presence counts, whatever the value.
+pub const FUNC_TEST_LAUNCHER_FAIL_FAST_ANNOTATION: &str =
+    "kubevirt.io/func-test-virt-launcher-fail-fast";
+/// VMI annotation prefix (debugging): keep the launcher container alive after a failure
+/// (`--keep-after-failure`) when the value is empty or starts with `true`.
+pub const KEEP_LAUNCHER_AFTER_FAILURE_ANNOTATION: &str =
+    "kubevirt.io/keep-launcher-alive-after-failure";
 /// Launcher pod annotation: migrations use unix sockets.
 pub const MIGRATION_TRANSPORT_UNIX_ANNOTATION: &str = "kubevirt.io/migrationTransportUnix";
 /// Migration target pod annotation: name of the migration.

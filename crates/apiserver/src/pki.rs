@@ -239,6 +239,36 @@ fn client_cert(
     Ok((c, k))
 }
 
+/// Issues a client certificate for user `cn` in group `org` (the subject's CN and O, which
+/// is how the API server authenticates it) from the cluster CA in `data_dir`: the
+/// credentials of the embedded wing's own components (`system:node:<name>` in
+/// `system:nodes`, `system:kube-scheduler`, …). Returns certificate and key as PEM; nothing
+/// is written.
+///
+/// # Errors
+/// [`PkiError`] when the CA key cannot be read or the certificate not made.
+pub fn issue_client_cert(
+    data_dir: &Path,
+    cn: &str,
+    org: Option<&str>,
+) -> Result<(String, String), PkiError> {
+    let ca_key = data_dir.join("pki").join("ca.key");
+    let pem = std::fs::read_to_string(&ca_key).map_err(io_err(&ca_key))?;
+    let key = KeyPair::from_pem(&pem).map_err(|source| PkiError::Cert {
+        what: "CA key (loading)",
+        source,
+    })?;
+    let issuer = Issuer::new(ca_params()?, key);
+    leaf(
+        Vec::new(),
+        cn,
+        org,
+        ExtendedKeyUsagePurpose::ClientAuth,
+        &issuer,
+        "component client certificate",
+    )
+}
+
 /// Issues a serving certificate for `sans` (IP addresses or DNS names) from the cluster
 /// CA in `data_dir` (which must exist): what a node's log server presents (see
 /// [`crate::logs`]). Returns the certificate and key as PEM; nothing is written.

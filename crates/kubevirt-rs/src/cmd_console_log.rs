@@ -14,7 +14,6 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
-use virt_handler::launcher_spec::SERIAL_LOG_FILE;
 
 /// How often the log is checked for new output.
 const POLL: Duration = Duration::from_millis(200);
@@ -36,10 +35,8 @@ pub struct ConsoleLogArgs {
 }
 
 pub fn run(args: &ConsoleLogArgs) -> anyhow::Result<()> {
-    let path = args.pod_dir.join(SERIAL_LOG_FILE);
-    let socket = args
-        .pod_dir
-        .join(virt_handler::vmi_sync::worker::LAUNCHER_SOCKET);
+    let layout = virt_launcher::pod_layout::PodLayout::new(&args.pod_dir);
+    let (path, socket) = (layout.serial_log(), layout.launcher_socket());
     let runtime = tokio::runtime::Runtime::new().context("starting the tokio runtime")?;
     runtime.block_on(async move {
         let follow = tokio::task::spawn_blocking(move || follow(&path, &socket));

@@ -6,6 +6,11 @@
 //! SIGINT (pod deletion) it asks its own launcher for an ACPI power-down with the grace
 //! period (the launcher kills QEMU when the guest has not powered off by then) and exits once
 //! the final state was delivered; with no domain started it exits at once.
+//!
+//! Two flags serve upstream's functional tests, set by virt-controller from VMI annotations:
+//! `--simulate-crash` fails at once (a crash loop without a guest), and `--keep-after-failure`
+//! keeps a failed launcher's container running until it is told to stop, so it can be
+//! inspected.
 
 use std::path::PathBuf;
 
@@ -38,39 +43,94 @@ pub struct LauncherArgs {
     /// The pod directory (socket, disks, logs).
     #[arg(long)]
     pub pod_dir: PathBuf,
+    /// Fail at once (upstream's `--simulate-crash`, for crash-loop tests).
+    #[arg(long)]
+    pub simulate_crash: bool,
+    /// After a failure, keep running until SIGTERM/SIGINT (upstream's `--keep-after-failure`).
+    #[arg(long)]
+    pub keep_after_failure: bool,
 }
 
 pub fn run(args: LauncherArgs) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Runtime::new().context("starting the tokio runtime")?;
+    let keep = args.keep_after_failure;
     runtime.block_on(async move {
-        let socket = args.pod_dir.join("launcher.sock");
-        let mut opts = LauncherOptions::new(&socket);
-        opts.qemu_binary = args.qemu;
-        opts.base_dir = Some(args.pod_dir.clone());
-        opts.fake_qemu = args.fake_qemu;
-        opts.qemu_log_path = Some(args.pod_dir.join("qemu.log"));
-        tracing::info!(vmi = %format!("{}/{}", args.namespace, args.name), uid = %args.uid, "launcher starting");
-        let mut launcher = tokio::spawn(run_launcher(opts));
-        tokio::select! {
-            done = &mut launcher => return Ok(done.context("launcher task")??),
-            () = crate::shutdown_signal() => {}
+        let outcome = serve(args).await;
+        if keep && let Err(e) = &outcome {
+            tracing::error!(error = %format!("{e:#}"), "launcher failed; keeping the container alive (--keep-after-failure)");
+            crate::shutdown_signal().await;
         }
-        tracing::info!(grace = args.grace_period_seconds, "terminating: powering the guest off");
-        let powered_down = match LauncherClient::connect(&socket).await {
-            Ok(mut client) => client
-                .request(Command::Shutdown {
-                    grace_period_seconds: args.grace_period_seconds,
-                })
-                .await
-                .ok()
-                .is_some_and(|ack| ack.is_ok()),
-            Err(_) => false,
-        };
-        if !powered_down {
-            // No domain was started (or it already ended): nothing to wait for.
-            launcher.abort();
-            return Ok(());
-        }
-        Ok(launcher.await.context("launcher task")??)
+        outcome
     })
+}
+
+async fn serve(args: LauncherArgs) -> anyhow::Result<()> {
+    if args.simulate_crash {
+        anyhow::bail!("Simulated virt-launcher crash");
+    }
+    let layout = virt_launcher::pod_layout::PodLayout::new(&args.pod_dir);
+    let socket = layout.launcher_socket();
+    let mut opts = LauncherOptions::new(&socket);
+    opts.qemu_binary = args.qemu;
+    opts.base_dir = Some(args.pod_dir.clone());
+    opts.fake_qemu = args.fake_qemu;
+    opts.qemu_log_path = Some(layout.qemu_log());
+    tracing::info!(vmi = %format!("{}/{}", args.namespace, args.name), uid = %args.uid, "launcher starting");
+    let mut launcher = tokio::spawn(run_launcher(opts));
+    tokio::select! {
+        done = &mut launcher => return Ok(done.context("launcher task")??),
+        () = crate::shutdown_signal() => {}
+    }
+    tracing::info!(
+        grace = args.grace_period_seconds,
+        "terminating: powering the guest off"
+    );
+    let powered_down = match LauncherClient::connect(&socket).await {
+        Ok(mut client) => client
+            .request(Command::Shutdown {
+                grace_period_seconds: args.grace_period_seconds,
+            })
+            .await
+            .ok()
+            .is_some_and(|ack| ack.is_ok()),
+        Err(_) => false,
+    };
+    if !powered_down {
+        // No domain was started (or it already ended): nothing to wait for.
+        launcher.abort();
+        return Ok(());
+    }
+    Ok(launcher.await.context("launcher task")??)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        launcher: LauncherArgs,
+    }
+
+    #[test]
+    fn simulate_crash_fails_before_anything_starts() {
+        let dir = std::env::temp_dir().join(format!("simulate-crash-{}", std::process::id()));
+        let cli = Cli::parse_from([
+            "launcher",
+            "--namespace",
+            "ns",
+            "--name",
+            "vmi",
+            "--uid",
+            "u1",
+            "--pod-dir",
+            dir.to_str().unwrap_or_default(),
+            "--simulate-crash",
+        ]);
+        let err = run(cli.launcher).expect_err("a simulated crash");
+        assert_eq!(err.to_string(), "Simulated virt-launcher crash");
+        assert!(!dir.join("launcher.sock").exists(), "no socket was created");
+    }
 }

@@ -87,6 +87,44 @@ pub(crate) async fn client_from(kubeconfig: &Path) -> anyhow::Result<kube::Clien
     kube::Client::try_from(config).context("client")
 }
 
+/// A client of an embedded-wing component: a client certificate for user `user` in group
+/// `org`, issued by the cluster CA, for the server the admin kubeconfig names, so the API
+/// server authorizes the component by kube's role for that identity (see the API server's
+/// bootstrap policy), not as an administrator. The kubeconfig is written beside the admin's
+/// (`DATA/kubeconfig-<file>`) for an operator to inspect the component's rights with.
+async fn component_client(
+    data_dir: &Path,
+    file: &str,
+    user: &str,
+    org: Option<&str>,
+) -> anyhow::Result<kube::Client> {
+    let (cert_pem, key_pem) = kubevirt_apiserver::pki::issue_client_cert(data_dir, user, org)
+        .with_context(|| format!("issuing the client certificate of {user}"))?;
+    let admin = kube::config::Kubeconfig::read_from(data_dir.join("kubeconfig"))
+        .context("reading the admin kubeconfig")?;
+    let server = admin
+        .clusters
+        .first()
+        .and_then(|c| c.cluster.as_ref())
+        .and_then(|c| c.server.clone())
+        .context("the admin kubeconfig names no server")?;
+    let ca_pem =
+        std::fs::read_to_string(data_dir.join("pki").join("ca.crt")).context("reading the CA")?;
+    let yaml = kubevirt_apiserver::pki::kubeconfig_yaml(
+        &server,
+        &ca_pem,
+        user,
+        kubevirt_apiserver::pki::KubeAuth::ClientCert {
+            cert_pem: &cert_pem,
+            key_pem: &key_pem,
+        },
+    );
+    let path = data_dir.join(format!("kubeconfig-{file}"));
+    kubevirt_apiserver::pki::write_atomic(&path, yaml.as_bytes(), true)
+        .with_context(|| format!("writing {}", path.display()))?;
+    client_from(&path).await
+}
+
 /// Host and port of the API server a kubeconfig names (what pods get as the `kubernetes`
 /// Service address).
 async fn api_server_address(kubeconfig: &Path) -> anyhow::Result<Option<(String, u16)>> {
@@ -281,7 +319,8 @@ async fn start_embedded_control_plane(
     data_dir: &Path,
     cancel: &CancellationToken,
 ) -> anyhow::Result<Vec<tokio::task::JoinHandle<()>>> {
-    let scheduler_client = client_from(&data_dir.join("kubeconfig")).await?;
+    let scheduler_client =
+        component_client(data_dir, "scheduler", "system:kube-scheduler", None).await?;
     let scheduler = supervise("scheduler", cancel.clone(), move |token| {
         let client = scheduler_client.clone();
         async move {
@@ -292,7 +331,13 @@ async fn start_embedded_control_plane(
             Ok(())
         }
     });
-    let manager_client = client_from(&data_dir.join("kubeconfig")).await?;
+    let manager_client = component_client(
+        data_dir,
+        "controller-manager",
+        "system:kube-controller-manager",
+        None,
+    )
+    .await?;
     let controller_manager = supervise("controller-manager", cancel.clone(), move |token| {
         let client = manager_client.clone();
         async move {
@@ -331,7 +376,13 @@ async fn start_embedded_node(
     ca_pem: &[u8],
     cancel: &CancellationToken,
 ) -> anyhow::Result<(Vec<tokio::task::JoinHandle<()>>, PathBuf)> {
-    let node_client = client_from(&data_dir.join("kubeconfig")).await?;
+    let node_client = component_client(
+        data_dir,
+        &format!("node-{node_name}"),
+        &format!("system:node:{node_name}"),
+        Some("system:nodes"),
+    )
+    .await?;
     // Pods in their own network namespaces when this process can make them, on a bridge and
     // CIDR no other node on this machine uses (the same slot again after a restart, so the
     // running pods keep their bridge); otherwise in the host's network.
@@ -356,7 +407,13 @@ async fn start_embedded_node(
     // network reach it where it listens.
     let kubernetes_service = match &pod_network {
         Some(network) => {
-            let proxy_client = client_from(&data_dir.join("kubeconfig")).await?;
+            let proxy_client = component_client(
+                data_dir,
+                &format!("proxy-{node_name}"),
+                "system:kube-proxy",
+                None,
+            )
+            .await?;
             let config = kubevirt_service_proxy::ProxyConfig {
                 table: kubevirt_service_proxy::table_name(&network.bridge),
                 interfaces: vec![network.bridge.clone()],

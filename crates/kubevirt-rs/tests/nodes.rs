@@ -49,6 +49,40 @@ fn two_nodes_run_vms_each_synced_by_its_own_handler() -> anyhow::Result<()> {
     })
     .map_err(|e| anyhow::anyhow!("{e}\nserver log:\n{}", server.log()))?;
 
+    // The node agents, the scheduler and the proxies run as themselves, not as admin.
+    for (file, user) in [
+        ("node-kvnode", "system:node:kvnode"),
+        ("node-kvnode-2", "system:node:kvnode-2"),
+        ("scheduler", "system:kube-scheduler"),
+        ("controller-manager", "system:kube-controller-manager"),
+        ("proxy-kvnode", "system:kube-proxy"),
+    ] {
+        let kubeconfig = server.data_dir().join(format!("kubeconfig-{file}"));
+        let kubeconfig = kubeconfig.to_string_lossy();
+        let whoami = server.ok(&[
+            "--kubeconfig",
+            &kubeconfig,
+            "auth",
+            "whoami",
+            "-o",
+            "jsonpath={.status.userInfo.username}",
+        ])?;
+        assert_eq!(whoami, user);
+        let out = server.kubectl(&[
+            "--kubeconfig",
+            &kubeconfig,
+            "auth",
+            "can-i",
+            "create",
+            "secrets",
+        ]);
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout).trim(),
+            "no",
+            "{user} may create secrets"
+        );
+    }
+
     server.apply(&vm("on-first", "kvnode"))?;
     server.apply(&vm("on-second", "kvnode-2"))?;
     for (vm, node) in [("on-first", "kvnode"), ("on-second", "kvnode-2")] {

@@ -24,13 +24,22 @@ struct Node {
     _server: kubevirt_apiserver::RunningServer,
     client: kube::Client,
     cancel: CancellationToken,
+    /// The pod network slot of a node whose pods have their own network.
+    slot: Option<pod_network::PodNetworkSlot>,
 }
 
 impl Drop for Node {
     fn drop(&mut self) {
         self.cancel.cancel();
-        // Nothing a test starts outlives it: kill every recorded container group.
+        // Nothing a test starts outlives it: kill every recorded container group, release
+        // the pods' networks, delete the bridge and the service proxy's table.
         testkit::kill_launchers(self.tmp.path());
+        if let Some(slot) = self.slot.take() {
+            let _ = pod_network::delete_bridge(&slot.bridge());
+            let _ = kubevirt_service_proxy::remove_table(&kubevirt_service_proxy::table_name(
+                &slot.bridge(),
+            ));
+        }
     }
 }
 
@@ -43,7 +52,20 @@ fn root() -> Option<()> {
     })
 }
 
+/// A node whose pods share the host's network.
 async fn start(kubectl: Option<PathBuf>) -> Node {
+    start_with(kubectl, None).await
+}
+
+/// A node whose pods have their own network (a slot of the machine's allocator), with the
+/// service proxy that routes the `kubernetes` Service on its bridge, as the server runs it.
+async fn start_networked(kubectl: PathBuf) -> Node {
+    let slot = pod_network::PodNetworkSlot::acquire(Path::new(pod_network::DEFAULT_LOCK_DIR))
+        .expect("a pod network slot");
+    start_with(Some(kubectl), Some(slot)).await
+}
+
+async fn start_with(kubectl: Option<PathBuf>, slot: Option<pod_network::PodNetworkSlot>) -> Node {
     let tmp = tempfile::tempdir().expect("tempdir");
     let server = kubevirt_apiserver::start(kubevirt_apiserver::Config {
         data_dir: tmp.path().join("apiserver"),
@@ -78,6 +100,28 @@ async fn start(kubectl: Option<PathBuf>) -> Node {
         );
     }
     let cancel = CancellationToken::new();
+    let pod_network = slot
+        .as_ref()
+        .map(kubevirt_node::PodNetworkConfig::from_slot);
+    let kubernetes_service = match &pod_network {
+        // Pods reach the API server where it listens.
+        None => ("127.0.0.1".to_owned(), server.addr.port()),
+        // Pods reach it through the kubernetes Service, routed by the proxy on their bridge.
+        Some(network) => {
+            tokio::spawn(kubevirt_service_proxy::run(
+                client.clone(),
+                kubevirt_service_proxy::ProxyConfig {
+                    table: kubevirt_service_proxy::table_name(&network.bridge),
+                    interfaces: vec![network.bridge.clone()],
+                },
+                cancel.clone(),
+            ));
+            (
+                kubevirt_apiserver::services::kubernetes_service_ip().to_string(),
+                443,
+            )
+        }
+    };
     let config = kubevirt_node::NodeConfig {
         node_name: NODE.into(),
         data_dir: tmp.path().join("node"),
@@ -85,9 +129,8 @@ async fn start(kubectl: Option<PathBuf>) -> Node {
         host_ip: "127.0.0.1".into(),
         cluster_ca_pem: None,
         serving_cert: None,
-        kubernetes_service: Some(("127.0.0.1".into(), server.addr.port())),
-        // The host network: pods reach the API server where it listens.
-        pod_network: None,
+        kubernetes_service: Some(kubernetes_service),
+        pod_network,
     };
     tokio::spawn(kubevirt_node::run_node(
         client.clone(),
@@ -99,6 +142,7 @@ async fn start(kubectl: Option<PathBuf>) -> Node {
         _server: server,
         client,
         cancel,
+        slot,
     }
 }
 
@@ -492,7 +536,45 @@ async fn in_cluster_kubectl_authenticates_as_the_pods_service_account() {
     else {
         return;
     };
-    let node = start(Some(kubectl)).await;
+    whoami(start(Some(kubectl)).await).await;
+}
+
+/// The same from a pod with its own network namespace: kubectl's in-cluster configuration
+/// reaches the API server through the `kubernetes` Service (10.96.0.1:443, the service
+/// proxy's nftables rule on the node's bridge) and verifies its certificate for that address.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_cluster_kubectl_reaches_the_api_server_through_the_kubernetes_service() {
+    let Some(()) = test_prerequisites::available(networked_prerequisites()) else {
+        return;
+    };
+    let Some(kubectl) =
+        test_prerequisites::available(test_prerequisites::command("kubectl", "kubectl"))
+    else {
+        return;
+    };
+    whoami(start_networked(kubectl).await).await;
+}
+
+fn networked_prerequisites() -> Result<(), String> {
+    if !nix::unistd::geteuid().is_root() {
+        return Err("pod networks need root".to_owned());
+    }
+    test_prerequisites::command("nft", "nftables")?;
+    for plugin in ["bridge", "host-local", "portmap"] {
+        let path = Path::new(pod_network::DEFAULT_PLUGIN_DIR).join(plugin);
+        if !path.is_file() {
+            return Err(format!(
+                "the CNI plugin {} is not installed",
+                path.display()
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// A pod running `kubectl auth whoami` with only its projected token and environment names
+/// its service account.
+async fn whoami(node: Node) {
     let home = PathBuf::from(format!("/tmp/kvrs-node-home-{}", std::process::id()));
     let pod: Pod = node
         .create(json!({"metadata": {"name": "whoami"}, "spec": {"nodeName": NODE, "restartPolicy": "Never",

@@ -27,6 +27,8 @@ pub struct ClusterSettings {
     pub feature_gates: Vec<String>,
     /// `spec.configuration.developerConfiguration.cpuAllocationRatio`.
     pub cpu_allocation_ratio: Option<i32>,
+    /// The CR's `kubevirt.io/skip-backup-hooks` annotation, for VMIs without their own.
+    pub skip_backup_hooks: Option<String>,
 }
 
 impl ClusterSettings {
@@ -55,6 +57,12 @@ impl ClusterSettings {
                 .map(|d| d.feature_gates.clone())
                 .unwrap_or_default(),
             cpu_allocation_ratio: developer.and_then(|d| d.cpu_allocation_ratio),
+            skip_backup_hooks: kv
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(kubevirt_api::constants::SKIP_BACKUP_HOOKS_ANNOTATION))
+                .cloned(),
         }
     }
 }
@@ -77,7 +85,8 @@ mod tests {
     fn the_crs_flags_come_from_customize_components() {
         let kv: KubeVirt = serde_json::from_value(serde_json::json!({
             "apiVersion": "kubevirt.io/v1", "kind": "KubeVirt",
-            "metadata": {"name": "kubevirt", "namespace": "kubevirt"},
+            "metadata": {"name": "kubevirt", "namespace": "kubevirt",
+                "annotations": {"kubevirt.io/skip-backup-hooks": "true"}},
             "spec": {
                 "customizeComponents": {"flags": {"controller": {"additional-launcher-labels-sync": "ops.example.com/*"}}},
                 "configuration": {"developerConfiguration": {"useEmulation": true, "featureGates": ["LiveMigration"], "cpuAllocationRatio": 4}}
@@ -104,6 +113,7 @@ mod tests {
         assert_eq!(s.use_emulation, Some(true));
         assert_eq!(s.feature_gates, vec!["LiveMigration".to_owned()]);
         assert_eq!(s.cpu_allocation_ratio, Some(4));
+        assert_eq!(s.skip_backup_hooks.as_deref(), Some("true"));
         assert_eq!(
             ClusterSettings::from_kubevirt(None),
             ClusterSettings::default()

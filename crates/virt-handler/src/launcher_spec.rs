@@ -51,12 +51,6 @@ pub const TCG_TRANSLATION_CACHE_MIB: u32 = 32;
 pub const HOTPLUG_PORTS: u32 = 3;
 /// The address slirp hands the guest by DHCP.
 pub const USER_MODE_GUEST_IP: &str = "10.0.2.15";
-/// File name of the serial console log in the pod directory: the pod runner serves
-/// `<container>.log` files, so this is what `kubectl logs POD -c guest-console-log` shows.
-pub const SERIAL_LOG_FILE: &str = "guest-console-log.log";
-/// File name of the VNC server's socket in the pod directory (virt-handler's `vnc` bridges
-/// to it).
-pub const VNC_SOCKET_FILE: &str = "vnc.sock";
 
 /// The VMI cannot be turned into a launcher spec.
 #[derive(Debug, thiserror::Error)]
@@ -230,7 +224,8 @@ pub fn build_spec(
     let meta = &vmi.metadata;
     let mut files = Vec::new();
     let pod = ctx.pod_dir;
-    let path = |name: &str| pod.join(name).display().to_string();
+    let layout = virt_launcher::pod_layout::PodLayout::new(pod);
+    let path = |p: std::path::PathBuf| p.display().to_string();
     let machine_type = spec
         .domain
         .machine
@@ -258,12 +253,12 @@ pub fn build_spec(
         disks: disks(vmi, ctx, &mut files)?,
         interfaces: interfaces(vmi)?,
         hotplug_ports: HOTPLUG_PORTS,
-        graphics: graphics(spec, &path(VNC_SOCKET_FILE))?,
+        graphics: graphics(spec, &path(layout.vnc_socket()))?,
         paths: RuntimePaths {
-            serial_console_socket: path("serial0.sock"),
-            serial_log: path(SERIAL_LOG_FILE),
-            qmp_socket: path("qmp.sock"),
-            pid_file: path("qemu.pid"),
+            serial_console_socket: path(layout.serial_console_socket()),
+            serial_log: path(layout.serial_log()),
+            qmp_socket: path(layout.qmp_socket()),
+            pid_file: path(layout.pid_file()),
         },
     };
     virt_launcher::qemu_argv(&launcher_spec).map_err(|e| SpecError::Invalid(e.to_string()))?;

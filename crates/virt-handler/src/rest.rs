@@ -39,6 +39,7 @@ use tokio_util::sync::CancellationToken;
 
 use kube::runtime::reflector::{ObjectRef, Store};
 use kubevirt_api::v1::VirtualMachineInstance;
+use virt_launcher::pod_layout::PodLayout;
 use virt_launcher::protocol::{Command, LauncherClient};
 
 use crate::vmi_sync::worker::active_pod_dir;
@@ -235,7 +236,7 @@ async fn console(
         &state,
         &namespace,
         &pod,
-        "serial0.sock",
+        virt_launcher::pod_layout::SERIAL_CONSOLE_SOCKET,
         "No serial consoles are present.",
         upgrade,
     )
@@ -251,7 +252,7 @@ async fn vnc(
         &state,
         &namespace,
         &pod,
-        crate::launcher_spec::VNC_SOCKET_FILE,
+        virt_launcher::pod_layout::VNC_SOCKET,
         "No graphics devices are present.",
         upgrade,
     )
@@ -279,7 +280,7 @@ async fn launcher_command(
     let Some(dir) = pod_dir(&state, &namespace, &pod).await else {
         return not_on_node(&namespace, &pod);
     };
-    let result = match LauncherClient::connect(&dir.join("launcher.sock")).await {
+    let result = match LauncherClient::connect(&PodLayout::new(&dir).launcher_socket()).await {
         Ok(mut client) => client.request(command).await,
         Err(e) => Err(e),
     };

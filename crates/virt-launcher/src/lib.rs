@@ -12,6 +12,7 @@
 pub mod accel;
 pub mod argv;
 pub mod launcher;
+pub mod pod_layout;
 pub use private_fs;
 pub use private_fs::log_rotation;
 pub mod protocol;

@@ -363,8 +363,140 @@ pub fn policy() -> Vec<Value> {
             vec![group("system:serviceaccounts")],
         ),
     ];
+    out.extend(embedded_component_roles());
+    out.extend(embedded_component_bindings());
     out.push(components_binding());
     out
+}
+
+fn user(name: &str) -> Value {
+    json!({"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": name})
+}
+
+/// The embedded wing's own components under kube's role names, each bound to the identity
+/// its client certificate carries, with only what the component calls. (kube authorizes
+/// nodes with its Node authorizer and runs each controller as its own service account; here
+/// `system:node` is bound to the group `system:nodes` and `system:kube-controller-manager`
+/// carries the rules of the workload controllers we run.)
+fn embedded_component_roles() -> Vec<Value> {
+    let read = ["get", "list", "watch"];
+    let write = ["create", "update", "patch", "delete"];
+    let all = [
+        "get", "list", "watch", "create", "update", "patch", "delete",
+    ];
+    vec![
+        cluster_role(
+            "system:node",
+            json!({}),
+            vec![
+                rule(
+                    &[""],
+                    &["nodes"],
+                    &["get", "list", "watch", "create", "update", "patch"],
+                ),
+                rule(&[""], &["nodes/status"], &["patch", "update"]),
+                rule(&[""], &["pods"], &["get", "list", "watch", "delete"]),
+                rule(&[""], &["pods/status"], &["patch", "update"]),
+                rule(&[""], &["serviceaccounts/token"], &["create"]),
+                rule(
+                    &[""],
+                    &[
+                        "configmaps",
+                        "secrets",
+                        "persistentvolumeclaims",
+                        "persistentvolumes",
+                    ],
+                    &read,
+                ),
+                rule(
+                    &["", "events.k8s.io"],
+                    &["events"],
+                    &["create", "update", "patch"],
+                ),
+                rule(&["coordination.k8s.io"], &["leases"], &all),
+            ],
+        ),
+        cluster_role(
+            "system:kube-scheduler",
+            json!({}),
+            vec![
+                rule(&[""], &["pods", "nodes"], &read),
+                rule(&[""], &["pods/binding", "bindings"], &["create"]),
+                rule(&[""], &["pods/status"], &["patch", "update"]),
+                rule(
+                    &["", "events.k8s.io"],
+                    &["events"],
+                    &["create", "update", "patch"],
+                ),
+                rule(&["coordination.k8s.io"], &["leases"], &all),
+            ],
+        ),
+        cluster_role(
+            "system:kube-controller-manager",
+            json!({}),
+            vec![
+                rule(
+                    &["apps"],
+                    &[
+                        "deployments",
+                        "replicasets",
+                        "daemonsets",
+                        "controllerrevisions",
+                    ],
+                    &all,
+                ),
+                rule(
+                    &["apps"],
+                    &[
+                        "deployments/status",
+                        "replicasets/status",
+                        "daemonsets/status",
+                    ],
+                    &["update", "patch"],
+                ),
+                rule(&[""], &["pods"], &all),
+                rule(&[""], &["nodes"], &read),
+                rule(
+                    &["", "events.k8s.io"],
+                    &["events"],
+                    &["create", "update", "patch"],
+                ),
+                rule(&["coordination.k8s.io"], &["leases"], &all),
+            ],
+        ),
+        cluster_role(
+            "system:node-proxier",
+            json!({}),
+            vec![
+                rule(&[""], &["services", "endpoints", "nodes"], &read),
+                rule(&["discovery.k8s.io"], &["endpointslices"], &read),
+                rule(&["", "events.k8s.io"], &["events"], &write),
+            ],
+        ),
+    ]
+}
+
+/// The bindings of [`embedded_component_roles`] to the identities of the components'
+/// client certificates.
+fn embedded_component_bindings() -> Vec<Value> {
+    vec![
+        binding("system:node", "system:node", vec![group("system:nodes")]),
+        binding(
+            "system:kube-scheduler",
+            "system:kube-scheduler",
+            vec![user("system:kube-scheduler")],
+        ),
+        binding(
+            "system:kube-controller-manager",
+            "system:kube-controller-manager",
+            vec![user("system:kube-controller-manager")],
+        ),
+        binding(
+            "system:node-proxier",
+            "system:node-proxier",
+            vec![user("system:kube-proxy")],
+        ),
+    ]
 }
 
 /// The components that authenticate with the tokens file (see [`crate::pki::COMPONENTS`])

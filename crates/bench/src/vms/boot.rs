@@ -92,7 +92,9 @@ async fn stack_boot(
             pod_dirs(cluster)
                 .into_iter()
                 .filter(|d| !before.contains(d))
-                .find(|d| log_has_marker(&d.join("guest-console-log.log")))
+                .find(|d| {
+                    log_has_marker(&virt_launcher::pod_layout::PodLayout::new(d).serial_log())
+                })
         }
     })
     .await?;

@@ -216,3 +216,39 @@ fn migration_create_gets_the_vmi_label_and_finalizer() {
         json!(["kubevirt.io/migrationJobFinalize"])
     );
 }
+
+#[test]
+fn the_crs_cpu_model_is_the_default_of_vmis_without_one() {
+    let kv: kubevirt_api::v1::KubeVirt = serde_json::from_value(json!({
+        "apiVersion": "kubevirt.io/v1", "kind": "KubeVirt",
+        "metadata": {"name": "kubevirt", "namespace": "kubevirt"},
+        "spec": {"configuration": {"cpuModel": "Haswell-noTSX"}}
+    }))
+    .unwrap();
+    let cfg = ClusterConfig::from_kubevirt(Some(&kv));
+    let model = |spec: &Value, cfg: &ClusterConfig| {
+        let mut v = vmi(spec);
+        mutate_vmi_create(&mut v, cfg).unwrap();
+        v.spec.domain.cpu.and_then(|c| c.model).unwrap_or_default()
+    };
+    assert_eq!(model(&minimal(), &cfg), "Haswell-noTSX");
+    let mut own = minimal();
+    own["domain"]["cpu"] = json!({"model": "host-passthrough"});
+    assert_eq!(
+        model(&own, &cfg),
+        "host-passthrough",
+        "the VMI's own model wins"
+    );
+    assert_eq!(model(&minimal(), &ClusterConfig::default()), "host-model");
+    let empty: kubevirt_api::v1::KubeVirt = serde_json::from_value(json!({
+        "apiVersion": "kubevirt.io/v1", "kind": "KubeVirt",
+        "metadata": {"name": "kubevirt", "namespace": "kubevirt"},
+        "spec": {"configuration": {"cpuModel": ""}}
+    }))
+    .unwrap();
+    assert_eq!(
+        model(&minimal(), &ClusterConfig::from_kubevirt(Some(&empty))),
+        "host-model",
+        "an empty cpuModel is no model"
+    );
+}

@@ -11,7 +11,7 @@ use serde_json::Value;
 
 use super::sync::{
     ANNOTATIONS_LABELS_CHANGE_ERROR, FAILED_CREATE, FAILED_DELETE, FAILED_UPDATE,
-    SUCCESSFUL_CREATE, SUCCESSFUL_DELETE, VmAction,
+    FIRMWARE_UUID_ERROR, SUCCESSFUL_CREATE, SUCCESSFUL_DELETE, VmAction,
 };
 use super::{SyncFailure, VmError};
 use crate::runtime::events::{EventRecorder, EventType};
@@ -96,6 +96,12 @@ impl Executor<'_> {
                     SyncFailure::new(FAILED_UPDATE, format!("Failure updating the VM: {e}"))
                 })
             }
+            VmAction::PatchVmFirmware(ops) => self.patch_vm(ops, false).await.map_err(|e| {
+                SyncFailure::new(
+                    FIRMWARE_UUID_ERROR,
+                    format!("error encountered when trying to patch VM firmware: {e}"),
+                )
+            }),
             VmAction::StartHaltedVm(ops) => {
                 // Upstream reports a failure even when the update succeeded ("<nil>").
                 let outcome = self.patch_vm(ops, false).await.err();

@@ -7,9 +7,12 @@
 //! resolve the run strategy; the run strategy's start/stop decision; `RestartRequired`; and,
 //! when no create/delete was planned, the label/annotation sync onto the VMI.
 //!
+//! When no create/delete was planned (upstream re-checks its expectations there), a template
+//! without a firmware UUID gets upstream's legacy UUID of the VM name written back (upstream's
+//! firmware synchronizer), before the label/annotation sync onto the VMI.
+//!
 //! Not planned (yet) compared to upstream: DataVolumes, instancetypes, network/volume/memory
-//! hotplug and other live updates, the firmware UUID patch of the VM template, and the
-//! decentralized-migration special case of `Always`.
+//! hotplug and other live updates, and the decentralized-migration special case of `Always`.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -29,7 +32,8 @@ use serde_json::{Value, json};
 use super::backoff::backoff_time_left;
 use super::label_sync::vmi_metadata_ops;
 use super::start::{
-    START_REVISION_PREFIX, build_revision, build_vmi, revision_generation, revision_spec,
+    START_REVISION_PREFIX, build_revision, build_vmi, legacy_firmware_uuid, revision_generation,
+    revision_spec,
 };
 use super::status::RestartRequired;
 use super::{ExpectView, SyncFailure};
@@ -47,6 +51,8 @@ pub const SUCCESSFUL_DELETE: &str = "SuccessfulDelete";
 pub const ANNOTATIONS_LABELS_CHANGE_ERROR: &str = "AnnotationsLabelsChangeError";
 /// Reason of a failed VM metadata or spec patch.
 pub const FAILED_UPDATE: &str = "FailedUpdate";
+/// Reason of a failed write of the firmware UUID into the VM template.
+pub const FIRMWARE_UUID_ERROR: &str = "FirmwareUUIDError";
 /// Message of the `RestartRequired` condition.
 pub const RESTART_REQUIRED_MESSAGE: &str =
     "a non-live-updatable field was changed in the template spec";
@@ -59,6 +65,9 @@ pub enum VmAction {
     PatchVmFinalizers(Vec<Value>),
     /// JSON Patch of the VM spec (the run strategy a finished receiver restores).
     PatchVm(Vec<Value>),
+    /// JSON Patch writing the firmware UUID into a VM template that has none (upstream's
+    /// firmware synchronizer).
+    PatchVmFirmware(Vec<Value>),
     /// JSON Patch of the VM spec that turns a start request of a Halted VM into a running
     /// strategy. Upstream always reports a sync failure afterwards, even on success.
     StartHaltedVm(Vec<Value>),
@@ -233,6 +242,11 @@ pub fn plan(input: &SyncInput<'_>) -> SyncPlan {
     }
     if let Some(vmi) = input.vmi {
         plan.restart_required = restart_required(vm, vmi, input.last_start_spec().as_ref());
+    }
+    if let Some(ops) = firmware_uuid_ops(vm) {
+        plan.actions.push(VmAction::PatchVmFirmware(ops));
+    }
+    if let Some(vmi) = input.vmi {
         let bump = vmi_generation(input, vmi).1;
         let ops = vmi_metadata_ops(vm, vmi, input.config, bump.as_deref());
         if !ops.is_empty() {
@@ -281,6 +295,29 @@ fn vmi_generation(
         (_, None) => None,
     };
     (current, bump)
+}
+
+/// The JSON Patch giving a template without a firmware UUID the legacy UUID of the VM name
+/// (`test` of the old firmware, `null` when absent, then `add` of the completed one).
+fn firmware_uuid_ops(vm: &VirtualMachine) -> Option<Vec<Value>> {
+    let old = vm
+        .spec
+        .template
+        .spec
+        .as_ref()
+        .and_then(|s| s.domain.firmware.as_ref());
+    if old.is_some_and(|f| f.uuid.as_deref().is_some_and(|u| !u.is_empty())) {
+        return None;
+    }
+    let mut firmware = old.cloned().unwrap_or_default();
+    firmware.uuid = Some(legacy_firmware_uuid(
+        vm.metadata.name.as_deref().unwrap_or_default(),
+    ));
+    let path = "/spec/template/spec/domain/firmware";
+    Some(vec![
+        json!({"op": "test", "path": path, "value": old}),
+        json!({"op": "add", "path": path, "value": firmware}),
+    ])
 }
 
 /// Plans the deletion of `vmi` (no-op when it is already being deleted).

@@ -39,6 +39,7 @@ fn kinds(plan: &SyncPlan) -> Vec<&'static str> {
         .iter()
         .map(|a| match a {
             VmAction::PatchVm(_) => "patch-vm",
+            VmAction::PatchVmFirmware(_) => "patch-firmware",
             VmAction::PatchVmFinalizers(_) => "patch-finalizers",
             VmAction::StartHaltedVm(_) => "start-halted",
             VmAction::CreateVmi { .. } => "create",
@@ -492,4 +493,64 @@ fn template_labels_matching_the_patterns_are_synced_to_a_running_vmi() {
     let running = vmi(Phase::Running);
     let plan = plan(&input(&vm, Some(&running), NO_REVISIONS, &config));
     assert_eq!(kinds(&plan), ["patch-vmi"]);
+}
+
+#[test]
+fn a_template_without_firmware_uuid_gets_the_legacy_uuid_of_the_vm_name() {
+    let mut vm = vm(RunStrategy::Always);
+    let serial = Some("serial-1".to_owned());
+    vm.spec
+        .template
+        .spec
+        .as_mut()
+        .unwrap()
+        .domain
+        .firmware
+        .as_mut()
+        .unwrap()
+        .uuid = None;
+    vm.spec
+        .template
+        .spec
+        .as_mut()
+        .unwrap()
+        .domain
+        .firmware
+        .as_mut()
+        .unwrap()
+        .serial = serial;
+    let running = vmi(Phase::Running);
+    let plan = run(&vm, Some(&running));
+    let path = "/spec/template/spec/domain/firmware";
+    let want = legacy_firmware_uuid("testvm");
+    assert_eq!(
+        plan.actions,
+        vec![VmAction::PatchVmFirmware(vec![
+            json!({"op": "test", "path": path, "value": {"serial": "serial-1"}}),
+            json!({"op": "add", "path": path, "value": {"serial": "serial-1", "uuid": want}}),
+        ])]
+    );
+
+    // No firmware at all: the test op expects null.
+    vm.spec.template.spec.as_mut().unwrap().domain.firmware = None;
+    let plan = run(&vm, None);
+    assert_eq!(
+        kinds(&plan),
+        ["create"],
+        "a create comes first, the patch next pass"
+    );
+    let plan = run(&vm, Some(&running));
+    assert_eq!(
+        plan.actions,
+        vec![VmAction::PatchVmFirmware(vec![
+            json!({"op": "test", "path": path, "value": null}),
+            json!({"op": "add", "path": path, "value": {"uuid": want}}),
+        ])]
+    );
+
+    // A halted VM without a VMI gets it as well; one with a UUID gets nothing.
+    vm.spec.run_strategy = Some(RunStrategy::Halted);
+    assert_eq!(kinds(&run(&vm, None)), ["patch-firmware"]);
+    let vm = super::super::tests::fixtures::vm(RunStrategy::Halted);
+    assert!(run(&vm, None).actions.is_empty());
 }

@@ -24,9 +24,14 @@ pub(super) mod fixtures {
         )
     }
 
-    /// VM `default/testvm` (uid `vm-uid`, generation 1) with the controller finalizer and the
-    /// given run strategy; `status.runStrategy` records the same strategy.
+    /// VM `default/testvm` (uid `vm-uid`, generation 1) with the controller finalizer, a
+    /// firmware UUID and the given run strategy; `status.runStrategy` records the same strategy.
     pub fn vm(strategy: RunStrategy) -> VirtualMachine {
+        let mut spec = VirtualMachineInstanceSpec::default();
+        spec.domain.firmware = Some(kubevirt_api::v1::Firmware {
+            uuid: Some(crate::vm::start::legacy_firmware_uuid("testvm")),
+            ..kubevirt_api::v1::Firmware::default()
+        });
         let mut vm = VirtualMachine::new(
             "testvm",
             VirtualMachineSpec {
@@ -36,7 +41,7 @@ pub(super) mod fixtures {
                         labels: Some(BTreeMap::from([("app".into(), "testvm".into())])),
                         ..ObjectMeta::default()
                     }),
-                    spec: Some(VirtualMachineInstanceSpec::default()),
+                    spec: Some(spec),
                 },
                 ..VirtualMachineSpec::default()
             },

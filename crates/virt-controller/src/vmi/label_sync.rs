@@ -15,8 +15,9 @@
 //!   `descheduler.alpha.kubernetes.io/prefer-no-eviction`, then
 //!   `--additional-launcher-annotations-sync`, then the five velero hook keys.
 //!
-//! Deviation: upstream also consults `kubevirt.io/skip-backup-hooks` on the KubeVirt CR when
-//! the VMI lacks it; this controller only reads the VMI annotation.
+//! Whether the hooks are skipped is `kubevirt.io/skip-backup-hooks` of the VMI or, when the
+//! VMI lacks it, of the KubeVirt CR (as upstream); a change of the CR's value re-queues every
+//! VMI.
 
 use std::collections::BTreeMap;
 
@@ -55,6 +56,7 @@ pub fn pod_sync_ops(
     vmi_labels: &BTreeMap<String, String>,
     pod: &Pod,
     patterns: &MetadataSyncPatterns,
+    cluster_skip_backup_hooks: Option<&str>,
 ) -> Vec<Value> {
     let mut ops = Vec::new();
     let label_patterns = exact(BUILTIN_LABEL_KEYS).chain(&patterns.labels);
@@ -69,7 +71,7 @@ pub fn pod_sync_ops(
         .chain(&exact(BACKUP_HOOK_KEYS));
     let vmi_annotations = vmi.metadata.annotations.as_ref();
     let mut source = vmi_annotations.cloned().unwrap_or_default();
-    if !skip_backup_hooks(vmi_annotations) {
+    if !skip_backup_hooks(vmi_annotations, cluster_skip_backup_hooks) {
         let name = vmi.metadata.name.as_deref().unwrap_or_default();
         let namespace = vmi.metadata.namespace.as_deref().unwrap_or_default();
         source.extend(backup_hook_annotations(name, namespace));
@@ -201,7 +203,7 @@ mod tests {
             let mut all_pod_labels = BASE.to_vec();
             all_pod_labels.extend_from_slice(pod_labels);
             let pod = pod(&all_pod_labels, Some(&[]));
-            let ops = pod_sync_ops(&vmi(&[]), &map(vmi_labels), &pod, &patterns(flag, ""));
+            let ops = pod_sync_ops(&vmi(&[]), &map(vmi_labels), &pod, &patterns(flag, ""), None);
             match expected {
                 None => assert!(ops.is_empty(), "{case}: {ops:?}"),
                 Some(expected) => {
@@ -240,7 +242,7 @@ mod tests {
                 ("custom/b", "2"),
             ]),
         );
-        let ops = pod_sync_ops(&vmi, &map(&[]), &pod, &patterns("", "custom/*"));
+        let ops = pod_sync_ops(&vmi, &map(&[]), &pod, &patterns("", "custom/*"), None);
         assert_eq!(ops.len(), 2);
         assert_eq!(
             ops[1]["value"],
@@ -256,6 +258,7 @@ mod tests {
             &map(&[]),
             &pod(&BASE, None),
             &MetadataSyncPatterns::default(),
+            None,
         );
         assert_eq!(
             ops,
@@ -279,6 +282,7 @@ mod tests {
             &map(&[]),
             &pod_with_hooks,
             &MetadataSyncPatterns::default(),
+            None,
         );
         assert_eq!(ops[1]["value"], json!({}), "skipped: hooks removed");
         if let Some(a) = with_hooks.metadata.annotations.as_mut() {
@@ -289,7 +293,8 @@ mod tests {
                 &with_hooks,
                 &map(&[]),
                 &pod_with_hooks,
-                &MetadataSyncPatterns::default()
+                &MetadataSyncPatterns::default(),
+                None,
             )
             .is_empty()
         );
@@ -298,11 +303,42 @@ mod tests {
             &map(&[]),
             &pod(&BASE, Some(&[])),
             &MetadataSyncPatterns::default(),
+            None,
         );
         assert_eq!(
             ops[1]["value"],
             serde_json::to_value(&hooks).unwrap_or_default(),
             "not skipped: hooks added"
+        );
+    }
+
+    #[test]
+    fn the_kubevirt_crs_skip_backup_hooks_decides_only_for_vmis_without_their_own() {
+        let hooks = backup_hook_annotations("vm-a", "ns");
+        let bare = pod(&BASE, Some(&[]));
+        let mut own = vmi(&[]);
+        let sync = |vmi: &VirtualMachineInstance, cluster: Option<&str>| {
+            pod_sync_ops(
+                vmi,
+                &map(&[]),
+                &bare,
+                &MetadataSyncPatterns::default(),
+                cluster,
+            )
+        };
+        // The VMI says true: skipped whatever the CR says.
+        assert!(sync(&own, Some("false")).is_empty());
+        // No annotation on the VMI: the CR decides.
+        own.metadata.annotations = Some(BTreeMap::new());
+        assert!(sync(&own, Some("true")).is_empty(), "CR skips the hooks");
+        let ops = sync(&own, Some("false"));
+        assert_eq!(ops[1]["value"], serde_json::to_value(&hooks).unwrap());
+        assert_eq!(sync(&own, None), ops, "no CR annotation: hooks added");
+        // A VMI value that is not a boolean still shadows the CR (upstream parses it as false).
+        own.metadata.annotations = Some(map(&[(c::SKIP_BACKUP_HOOKS_ANNOTATION, "yes")]));
+        assert_eq!(
+            sync(&own, Some("true"))[1]["value"]["pre.hook.backup.velero.io/container"],
+            "compute"
         );
     }
 
@@ -334,8 +370,8 @@ mod tests {
             ],
             Some(&[]),
         );
-        let a = pod_sync_ops(&vmi(&[]), &a_labels, &pod_a, &p);
-        let b = pod_sync_ops(&vmi(&[]), &b_labels, &pod_b, &p);
+        let a = pod_sync_ops(&vmi(&[]), &a_labels, &pod_a, &p, None);
+        let b = pod_sync_ops(&vmi(&[]), &b_labels, &pod_b, &p, None);
         let mut want_a = a_labels.clone();
         want_a.insert("kubevirt.io".into(), "virt-launcher".into());
         let mut want_b = b_labels.clone();

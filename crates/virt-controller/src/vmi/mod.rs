@@ -220,6 +220,9 @@ fn effective_launcher(base: &LauncherPodConfig, cluster: &ClusterSettings) -> La
         launcher.cpu_allocation_ratio = ratio;
     }
     launcher
+        .cluster_skip_backup_hooks
+        .clone_from(&cluster.skip_backup_hooks);
+    launcher
 }
 
 impl VmiReconciler {
@@ -270,7 +273,8 @@ impl VmiReconciler {
         let (desired, status_failure) = status::desired_vmi(&vmi, &observed)?;
         // As upstream: whenever a launcher pod exists, whatever its state.
         if let Some(pod) = pod.filter(|p| p.metadata.uid.is_some()) {
-            self.sync_pod(&pods_api, &desired, pod, &patterns, &now)
+            let skip_hooks = launcher.cluster_skip_backup_hooks.as_deref();
+            self.sync_pod(&pods_api, &desired, pod, &patterns, skip_hooks, &now)
                 .await?;
         }
         self.write_vmi(key, &vmi, &desired).await?;
@@ -287,6 +291,7 @@ impl VmiReconciler {
         vmi: &VirtualMachineInstance,
         pod: &Pod,
         patterns: &MetadataSyncPatterns,
+        cluster_skip_backup_hooks: Option<&str>,
         now: &Time,
     ) -> Result<(), VmiError> {
         let name = pod.name_any();
@@ -299,7 +304,7 @@ impl VmiReconciler {
         }
         let empty = BTreeMap::new();
         let labels = vmi.metadata.labels.as_ref().unwrap_or(&empty);
-        let ops = label_sync::pod_sync_ops(vmi, labels, pod, patterns);
+        let ops = label_sync::pod_sync_ops(vmi, labels, pod, patterns, cluster_skip_backup_hooks);
         if ops.is_empty() {
             return Ok(());
         }
@@ -477,6 +482,11 @@ pub async fn run_vmi_controller(
         vmis.clone(),
         queue.clone(),
     ));
+    tasks.spawn(requeue_on_skip_hooks_change(
+        config.cluster.clone(),
+        vmis.clone(),
+        queue.clone(),
+    ));
 
     let synced = async {
         vmis.wait_for_sync().await?;
@@ -517,6 +527,27 @@ async fn requeue_on_pattern_change(
 ) {
     while patterns.changed().await.is_ok() {
         tracing::info!("launcher sync patterns changed; re-queueing every VMI");
+        for vmi in vmis.store().state() {
+            queue.add(key_of(vmi.as_ref()));
+        }
+    }
+}
+
+/// Re-queues every cached VMI when the KubeVirt CR's `kubevirt.io/skip-backup-hooks`
+/// annotation changes (as upstream; other CR changes apply from the next reconcile).
+async fn requeue_on_skip_hooks_change(
+    mut cluster: watch::Receiver<ClusterSettings>,
+    vmis: InformerHandle<VirtualMachineInstance>,
+    queue: WorkQueue<String>,
+) {
+    let mut seen = cluster.borrow_and_update().skip_backup_hooks.clone();
+    while cluster.changed().await.is_ok() {
+        let now = cluster.borrow_and_update().skip_backup_hooks.clone();
+        if now == seen {
+            continue;
+        }
+        seen = now;
+        tracing::info!("the KubeVirt CR's skip-backup-hooks changed; re-queueing every VMI");
         for vmi in vmis.store().state() {
             queue.add(key_of(vmi.as_ref()));
         }

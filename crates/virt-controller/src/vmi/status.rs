@@ -356,6 +356,14 @@ fn apply_phase_table(
     } else {
         Phase::Failed
     };
+    // A receiver whose pod is down, or whose incoming migration failed, waits again.
+    let receiver_pod_down = receiver && obs.pod.is_some_and(pod_is_down);
+    let target_failed = receiver
+        && old
+            .status
+            .as_ref()
+            .and_then(|s| s.migration_state.as_ref())
+            .is_some_and(|m| m.failed == Some(true));
     let mut failure = None;
     let phase = match phase_of(old) {
         Phase::Unset | Phase::Pending => {
@@ -374,13 +382,16 @@ fn apply_phase_table(
             finalize(new, obs.pods.is_empty(), obs.owner_vm_exists);
             phase_of(old)
         }
-        Phase::Running | Phase::Scheduled if obs.pod.is_none() => lost,
-        Phase::Running | Phase::Scheduled => phase_of(old),
+        // As upstream: a running VMI whose pod is gone fails, receiver or not.
+        Phase::Running if obs.pod.is_none() => Phase::Failed,
+        Phase::Running => Phase::Running,
+        Phase::Scheduled if obs.pod.is_none() || receiver_pod_down || target_failed => lost,
+        Phase::Scheduled => Phase::Scheduled,
         Phase::WaitingForSync => {
             if deleting {
                 finalize(new, true, obs.owner_vm_exists);
                 Phase::WaitingForSync
-            } else if obs.pod.is_some() {
+            } else if obs.pod.is_some() && !target_failed && !receiver_pod_down {
                 Phase::Scheduling
             } else {
                 Phase::WaitingForSync
@@ -805,6 +816,74 @@ mod tests {
                 vmi(&Phase::Succeeded, json!({})),
                 None,
                 Phase::Succeeded,
+            ),
+        ];
+        for (case, vmi, pod, expected) in cases {
+            assert_eq!(phase(&run(&vmi, pod, None).0), expected, "{case}");
+        }
+    }
+
+    #[test]
+    fn receiver_vmis_wait_for_sync_again_only_from_scheduled() {
+        let receiver =
+            json!({"metadata": {"annotations": {"kubevirt.io/create-migration-target": "true"}}});
+        let mut receiver_failed = receiver.clone();
+        merge(
+            &mut receiver_failed,
+            json!({"status": {"migrationState": {"failed": true}}}),
+        );
+        let pending_pod = pod("Pending", false, json!({}));
+        let ready_pod = pod("Running", true, json!({}));
+        let failed_pod = pod("Failed", false, json!({}));
+        // (case, vmi, pod, expected phase)
+        let cases: Vec<(&str, VirtualMachineInstance, Option<&Pod>, Phase)> = vec![
+            (
+                "a running receiver without a pod fails too",
+                vmi(&Phase::Running, receiver.clone()),
+                None,
+                Phase::Failed,
+            ),
+            (
+                "a scheduled receiver without a pod waits for sync again",
+                vmi(&Phase::Scheduled, receiver.clone()),
+                None,
+                Phase::WaitingForSync,
+            ),
+            (
+                "a scheduled receiver whose pod failed waits for sync again",
+                vmi(&Phase::Scheduled, receiver.clone()),
+                Some(&failed_pod),
+                Phase::WaitingForSync,
+            ),
+            (
+                "a scheduled receiver whose migration failed waits for sync again",
+                vmi(&Phase::Scheduled, receiver_failed.clone()),
+                Some(&ready_pod),
+                Phase::WaitingForSync,
+            ),
+            (
+                "a scheduled plain VMI with a failed pod is left to the handler",
+                vmi(&Phase::Scheduled, json!({})),
+                Some(&failed_pod),
+                Phase::Scheduled,
+            ),
+            (
+                "a waiting receiver with a pod is scheduling",
+                vmi(&Phase::WaitingForSync, receiver.clone()),
+                Some(&pending_pod),
+                Phase::Scheduling,
+            ),
+            (
+                "a waiting receiver whose pod failed keeps waiting",
+                vmi(&Phase::WaitingForSync, receiver.clone()),
+                Some(&failed_pod),
+                Phase::WaitingForSync,
+            ),
+            (
+                "a waiting receiver whose migration failed keeps waiting",
+                vmi(&Phase::WaitingForSync, receiver_failed),
+                Some(&pending_pod),
+                Phase::WaitingForSync,
             ),
         ];
         for (case, vmi, pod, expected) in cases {

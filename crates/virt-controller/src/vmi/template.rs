@@ -22,6 +22,19 @@
 //! CPUs (upstream also aligns the memory limit and counts an isolated emulator thread; not
 //! done here). The VMI's own CPU requests and limits always win.
 //!
+//! # Device resources
+//! As upstream, the `compute` container asks for `devices.kubevirt.io/kvm` unless guests are
+//! emulated, and for `devices.kubevirt.io/tun` whenever the VMI has interfaces or the pod
+//! interface is attached automatically. Not yet requested, unlike upstream: the 50M
+//! `ephemeral-storage` overhead (the embedded node reports no `ephemeral-storage` capacity, so
+//! such a pod would never fit there) and `devices.kubevirt.io/vhost-net` for virtio interfaces
+//! under KVM (virt-handler does not advertise it yet); both follow once their capacity is
+//! reported.
+//!
+//! # Network annotations
+//! Upstream's Multus annotations: `k8s.v1.cni.cncf.io/networks` for secondary Multus networks,
+//! `v1.multus-cni.io/default-network` for a default one; none for the pod network alone.
+//!
 //! # Memory request
 //! The `compute` container requests the guest memory (`spec.domain.resources.requests.memory`,
 //! else `spec.domain.memory.guest`) plus an overhead for everything outside guest RAM.
@@ -54,6 +67,12 @@ use sha1::{Digest, Sha1};
 pub const GUEST_CONSOLE_LOG_CONTAINER_NAME: &str = "guest-console-log";
 /// Extended resource that grants `/dev/kvm`.
 pub const KVM_RESOURCE: &str = "devices.kubevirt.io/kvm";
+/// Extended resource that grants `/dev/net/tun` (the pod network's tap devices).
+pub const TUN_RESOURCE: &str = "devices.kubevirt.io/tun";
+/// Prefix of the pod interface upstream names a secondary Multus network by.
+const HASHED_POD_INTERFACE_PREFIX: &str = "pod";
+/// Hex digits of the network name's SHA-256 in that interface name (15 - len("-nic")).
+const HASHED_POD_INTERFACE_DIGITS: usize = 11;
 /// Seconds added to the VMI grace period for the pod's `terminationGracePeriodSeconds`.
 pub const POD_GRACE_EXTRA_SECONDS: i64 = 30;
 /// Seconds added to the VMI grace period for the launcher's `--grace-period-seconds`.
@@ -83,6 +102,9 @@ pub struct LauncherPodConfig {
     pub cpu_allocation_ratio: u32,
     /// Guests run under TCG: no `/dev/kvm` request, and the TCG memory overhead.
     pub use_emulation: bool,
+    /// The KubeVirt CR's `kubevirt.io/skip-backup-hooks` annotation, which decides for VMIs
+    /// that do not carry their own.
+    pub cluster_skip_backup_hooks: Option<String>,
 }
 
 impl Default for LauncherPodConfig {
@@ -91,6 +113,7 @@ impl Default for LauncherPodConfig {
             launcher_image: default_launcher_image(),
             cpu_allocation_ratio: DEFAULT_CPU_ALLOCATION_RATIO,
             use_emulation: false,
+            cluster_skip_backup_hooks: None,
         }
     }
 }
@@ -163,7 +186,7 @@ pub fn render_launcher_pod(
             generate_name: Some(format!("virt-launcher-{name}-")),
             namespace: Some(namespace.to_owned()),
             labels: Some(pod_labels(vmi, name, uid, &hostname)),
-            annotations: Some(pod_annotations(vmi, name, namespace)),
+            annotations: Some(pod_annotations(vmi, name, namespace, config)),
             owner_references: Some(vec![controller_ref(name, uid)]),
             ..ObjectMeta::default()
         },
@@ -253,10 +276,17 @@ fn annotation<'a>(vmi: &'a VirtualMachineInstance, key: &str) -> Option<&'a str>
         .map(String::as_str)
 }
 
-/// Whether the VMI annotation `kubevirt.io/skip-backup-hooks` parses as boolean true.
-pub fn skip_backup_hooks(annotations: Option<&BTreeMap<String, String>>) -> bool {
+/// Whether `kubevirt.io/skip-backup-hooks` parses as boolean true, as upstream's storage
+/// annotation generator reads it: the VMI's annotation when it has one (whatever its value),
+/// else the KubeVirt CR's (`cluster`).
+pub fn skip_backup_hooks(
+    annotations: Option<&BTreeMap<String, String>>,
+    cluster: Option<&str>,
+) -> bool {
     annotations
         .and_then(|a| a.get(c::SKIP_BACKUP_HOOKS_ANNOTATION))
+        .map(String::as_str)
+        .or(cluster)
         .is_some_and(|v| parse_go_bool(v) == Some(true))
 }
 
@@ -305,6 +335,7 @@ fn pod_annotations(
     vmi: &VirtualMachineInstance,
     name: &str,
     namespace: &str,
+    config: &LauncherPodConfig,
 ) -> BTreeMap<String, String> {
     let mut out = BTreeMap::from([(c::DOMAIN_ANNOTATION.to_owned(), name.to_owned())]);
     let vmi_annotations = vmi.metadata.annotations.as_ref();
@@ -328,6 +359,7 @@ fn pod_annotations(
         c::DESCHEDULER_REQUEST_EVICT_ONLY_ANNOTATION.to_owned(),
         String::new(),
     );
+    out.extend(multus_annotations(vmi, namespace));
     let masquerade = vmi
         .spec
         .domain
@@ -343,7 +375,7 @@ fn pod_annotations(
             out.insert(key.to_owned(), "k6t-eth0".to_owned());
         }
     }
-    if !skip_backup_hooks(vmi_annotations) {
+    if !skip_backup_hooks(vmi_annotations, config.cluster_skip_backup_hooks.as_deref()) {
         out.extend(backup_hook_annotations(name, namespace));
     }
     out
@@ -391,6 +423,7 @@ fn compute_container(
     args.push("--grace-period-seconds".to_owned());
     args.push((grace + LAUNCHER_GRACE_EXTRA_SECONDS).to_string());
     args.extend(pod_dir_args());
+    args.extend(test_hook_args(vmi));
     Ok(Container {
         name: c::COMPUTE_CONTAINER_NAME.to_owned(),
         image: Some(config.launcher_image.clone()),
@@ -400,6 +433,26 @@ fn compute_container(
         volume_mounts: Some(launcher_volume_mount()),
         ..Container::default()
     })
+}
+
+/// The launcher flags upstream's test and debugging annotations turn on: `--keep-after-failure`
+/// for a `kubevirt.io/keep-launcher-alive-after-failure…` key whose value is empty or starts
+/// with `true`, then `--simulate-crash` when `kubevirt.io/func-test-virt-launcher-fail-fast`
+/// is present.
+fn test_hook_args(vmi: &VirtualMachineInstance) -> Vec<String> {
+    let annotations = vmi.metadata.annotations.as_ref();
+    let mut args = Vec::new();
+    let keep = annotations.into_iter().flatten().any(|(k, v)| {
+        k.starts_with(c::KEEP_LAUNCHER_AFTER_FAILURE_ANNOTATION)
+            && (v.is_empty() || v.starts_with("true"))
+    });
+    if keep {
+        args.push("--keep-after-failure".to_owned());
+    }
+    if annotations.is_some_and(|a| a.contains_key(c::FUNC_TEST_LAUNCHER_FAIL_FAST_ANNOTATION)) {
+        args.push("--simulate-crash".to_owned());
+    }
+    args
 }
 
 fn console_log_container(
@@ -467,16 +520,114 @@ fn compute_resources(
             bytes_quantity(parse_bytes(memory)? + overhead),
         );
     }
+    // Extended resources must appear in limits; requests then default to the same.
+    let mut device = |resource: &str| {
+        requests.insert(resource.to_owned(), Quantity("1".to_owned()));
+        limits.insert(resource.to_owned(), Quantity("1".to_owned()));
+    };
+    if requires_tun(vmi) {
+        device(TUN_RESOURCE);
+    }
     if !config.use_emulation {
-        // Extended resources must appear in limits; requests then default to the same.
-        requests.insert(KVM_RESOURCE.to_owned(), Quantity("1".to_owned()));
-        limits.insert(KVM_RESOURCE.to_owned(), Quantity("1".to_owned()));
+        device(KVM_RESOURCE);
     }
     Ok(ResourceRequirements {
         requests: Some(requests),
         limits: (!limits.is_empty()).then_some(limits),
         ..ResourceRequirements::default()
     })
+}
+
+/// Upstream's `RequiresTunDevice`: the VMI has interfaces, or the pod interface is attached
+/// automatically (`autoattachPodInterface` unset or true).
+fn requires_tun(vmi: &VirtualMachineInstance) -> bool {
+    let devices = &vmi.spec.domain.devices;
+    !devices.interfaces.is_empty() || devices.autoattach_pod_interface != Some(false)
+}
+
+/// One element of the Multus `k8s.v1.cni.cncf.io/networks` list, in the field order (and
+/// with the omissions) of Multus' `NetworkSelectionElement`.
+#[derive(serde::Serialize)]
+struct NetworkSelection<'a> {
+    name: &'a str,
+    #[serde(skip_serializing_if = "str::is_empty")]
+    namespace: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    mac: Option<&'a str>,
+    #[serde(skip_serializing_if = "str::is_empty")]
+    interface: String,
+}
+
+/// The pod interface upstream gives a secondary Multus network: `pod` + the first 11 hex
+/// digits of the SHA-256 of the network name.
+pub fn hashed_pod_interface_name(network: &str) -> String {
+    use sha2::{Digest as _, Sha256};
+    let hex: String = Sha256::digest(network.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    format!(
+        "{HASHED_POD_INTERFACE_PREFIX}{}",
+        &hex[..HASHED_POD_INTERFACE_DIGITS]
+    )
+}
+
+/// Upstream's Multus annotations of a new launcher pod: `k8s.v1.cni.cncf.io/networks` lists the
+/// secondary Multus networks of the interfaces not marked `absent` (NAD `namespace/name`, else
+/// the VMI's namespace; the interface's MAC; the hashed pod interface name), and
+/// `v1.multus-cni.io/default-network` names the NAD of the first default Multus network. A VMI
+/// on the pod network alone gets neither. (Upstream also lists the NADs of network binding
+/// plugins from the KubeVirt CR, which this controller does not read yet.)
+fn multus_annotations(vmi: &VirtualMachineInstance, namespace: &str) -> Vec<(String, String)> {
+    use kubevirt_api::v1::InterfaceState;
+    let interfaces = &vmi.spec.domain.devices.interfaces;
+    let present = |name: &str| {
+        interfaces
+            .iter()
+            .find(|i| i.name == name)
+            .filter(|i| i.state != Some(InterfaceState::Absent))
+    };
+    let mut out = Vec::new();
+    let selections: Vec<NetworkSelection<'_>> = vmi
+        .spec
+        .networks
+        .iter()
+        .filter_map(|n| {
+            let multus = n.network_source.multus.as_ref()?;
+            let iface = present(&n.name)?;
+            if multus.default == Some(true) {
+                return None;
+            }
+            let (ns, name) = multus
+                .network_name
+                .split_once('/')
+                .unwrap_or((namespace, &multus.network_name));
+            Some(NetworkSelection {
+                name,
+                namespace: ns,
+                mac: iface.mac_address.as_deref().filter(|m| !m.is_empty()),
+                interface: hashed_pod_interface_name(&n.name),
+            })
+        })
+        .collect();
+    if !selections.is_empty()
+        && let Ok(list) = serde_json::to_string(&selections)
+    {
+        out.push((c::MULTUS_NETWORKS_ANNOTATION.to_owned(), list));
+    }
+    let default = vmi.spec.networks.iter().find_map(|n| {
+        n.network_source
+            .multus
+            .as_ref()
+            .filter(|m| m.default == Some(true))
+    });
+    if let Some(default) = default {
+        out.push((
+            c::MULTUS_DEFAULT_NETWORK_ANNOTATION.to_owned(),
+            default.network_name.clone(),
+        ));
+    }
+    out
 }
 
 /// vCPUs of the guest: sockets × cores × threads, each defaulting to 1.
@@ -701,6 +852,71 @@ mod tests {
     }
 
     #[test]
+    fn the_tun_device_is_requested_unless_the_vmi_has_no_pod_interface_at_all() {
+        // (case, vmi patch, tun requested)
+        let cases = [
+            ("pod interface attached automatically", json!({}), true),
+            (
+                "an explicit interface",
+                json!({"spec": {"domain": {"devices": {"autoattachPodInterface": false,
+                    "interfaces": [{"name": "default", "masquerade": {}}]}}}}),
+                true,
+            ),
+            (
+                "no interfaces and no automatic one",
+                json!({"spec": {"domain": {"devices": {"autoattachPodInterface": false}}}}),
+                false,
+            ),
+        ];
+        for (case, patch, tun) in cases {
+            let pod = render(&vmi(patch), &LauncherPodConfig::default());
+            let res = &pod["spec"]["containers"][0]["resources"];
+            let want = if tun { json!("1") } else { json!(null) };
+            assert_eq!(res["limits"][TUN_RESOURCE], want, "{case}");
+            assert_eq!(res["requests"][TUN_RESOURCE], want, "{case}");
+        }
+    }
+
+    #[test]
+    fn multus_networks_become_upstreams_pod_annotations() {
+        let pod = render(
+            &vmi(json!({"spec": {
+                "domain": {"devices": {"interfaces": [
+                    {"name": "default", "masquerade": {}},
+                    {"name": "blue", "bridge": {}, "macAddress": "02:00:00:00:00:01"},
+                    {"name": "red", "bridge": {}},
+                    {"name": "gone", "bridge": {}, "state": "absent"},
+                ]}},
+                "networks": [
+                    {"name": "default", "multus": {"networkName": "primary", "default": true}},
+                    {"name": "blue", "multus": {"networkName": "test1"}},
+                    {"name": "red", "multus": {"networkName": "other-namespace/test1"}},
+                    {"name": "gone", "multus": {"networkName": "test2"}},
+                ],
+            }})),
+            &LauncherPodConfig::default(),
+        );
+        let annotations = &pod["metadata"]["annotations"];
+        let networks: serde_json::Value =
+            serde_json::from_str(annotations["k8s.v1.cni.cncf.io/networks"].as_str().unwrap())
+                .unwrap();
+        assert_eq!(
+            networks,
+            json!([
+                {"name": "test1", "namespace": "default", "mac": "02:00:00:00:00:01",
+                 "interface": "pod16477688c0e"},
+                {"name": "test1", "namespace": "other-namespace", "interface": "podb1f51a511f1"},
+            ])
+        );
+        assert_eq!(annotations["v1.multus-cni.io/default-network"], "primary");
+
+        let plain = render(&vmi(json!({})), &LauncherPodConfig::default());
+        let annotations = plain["metadata"]["annotations"].as_object().unwrap();
+        assert!(!annotations.contains_key("k8s.v1.cni.cncf.io/networks"));
+        assert!(!annotations.contains_key("v1.multus-cni.io/default-network"));
+    }
+
+    #[test]
     fn memory_requests_add_our_overhead_and_kvm_is_requested_only_with_kvm() {
         // (case, vmi patch, emulation, memory request, cpu request, kvm requested)
         let cases = [
@@ -888,6 +1104,60 @@ mod tests {
         );
         assert_eq!(pod["metadata"]["labels"]["sidecar.istio.io/inject"], "true");
         assert_eq!(pod["spec"]["containers"].as_array().map(Vec::len), Some(1));
+    }
+
+    #[test]
+    fn the_kubevirt_crs_skip_backup_hooks_applies_to_new_pods_of_vmis_without_their_own() {
+        let cluster_skips = LauncherPodConfig {
+            cluster_skip_backup_hooks: Some("true".into()),
+            ..LauncherPodConfig::default()
+        };
+        let hook = "pre.hook.backup.velero.io/command";
+        let pod = render(&vmi(json!({})), &cluster_skips);
+        assert!(pod["metadata"]["annotations"].get(hook).is_none());
+        let own =
+            vmi(json!({"metadata": {"annotations": {"kubevirt.io/skip-backup-hooks": "false"}}}));
+        let pod = render(&own, &cluster_skips);
+        assert!(
+            pod["metadata"]["annotations"][hook].is_string(),
+            "the VMI's value wins"
+        );
+        let pod = render(&vmi(json!({})), &LauncherPodConfig::default());
+        assert!(pod["metadata"]["annotations"][hook].is_string());
+    }
+
+    #[test]
+    fn the_test_annotations_turn_on_upstreams_launcher_flags() {
+        let args = |annotations: serde_json::Value| {
+            let pod = render(
+                &vmi(json!({"metadata": {"annotations": annotations}})),
+                &LauncherPodConfig::default(),
+            );
+            let args: Vec<String> =
+                serde_json::from_value(pod["spec"]["containers"][0]["args"].clone()).unwrap();
+            let flags = ["--keep-after-failure", "--simulate-crash"];
+            args.into_iter()
+                .filter(|a| flags.contains(&a.as_str()))
+                .collect::<Vec<_>>()
+        };
+        assert!(args(json!({})).is_empty());
+        assert_eq!(
+            args(json!({"kubevirt.io/func-test-virt-launcher-fail-fast": ""})),
+            ["--simulate-crash"]
+        );
+        assert_eq!(
+            args(
+                json!({"kubevirt.io/keep-launcher-alive-after-failure": "true",
+                        "kubevirt.io/func-test-virt-launcher-fail-fast": "false"})
+            ),
+            ["--keep-after-failure", "--simulate-crash"]
+        );
+        // Upstream matches the key by prefix and the value by "" or a "true" prefix.
+        assert_eq!(
+            args(json!({"kubevirt.io/keep-launcher-alive-after-failure-x": ""})),
+            ["--keep-after-failure"]
+        );
+        assert!(args(json!({"kubevirt.io/keep-launcher-alive-after-failure": "false"})).is_empty());
     }
 
     #[test]

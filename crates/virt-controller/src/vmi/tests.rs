@@ -403,6 +403,39 @@ async fn a_changed_sync_pattern_requeues_every_vmi() {
     assert_eq!(key.ok().flatten().as_deref(), Some("ns/vmi"));
 }
 
+#[tokio::test(start_paused = true)]
+async fn only_a_changed_skip_backup_hooks_on_the_cr_requeues_every_vmi() {
+    let queue = WorkQueue::new("test");
+    let mut vmi_informer = Informer::<VirtualMachineInstance>::new();
+    let handle = vmi_informer.handle();
+    let (tx, rx) = mpsc::unbounded();
+    vmi_informer.on_change(|_| {});
+    tokio::spawn(vmi_informer.run_stream(rx));
+    for event in [
+        watcher::Event::Init,
+        watcher::Event::InitApply(vmi()),
+        watcher::Event::InitDone,
+    ] {
+        let _ = tx.unbounded_send(Ok(event));
+    }
+    assert!(handle.wait_for_sync().await.is_ok());
+    let (set, cluster) = watch::channel(ClusterSettings::default());
+    tokio::spawn(requeue_on_skip_hooks_change(cluster, handle, queue.clone()));
+    tokio::task::yield_now().await;
+    let _ = set.send(ClusterSettings {
+        cpu_allocation_ratio: Some(4),
+        ..ClusterSettings::default()
+    });
+    let key = tokio::time::timeout(Duration::from_secs(1), queue.get()).await;
+    assert!(key.is_err(), "another CR change re-queues nothing");
+    let _ = set.send(ClusterSettings {
+        skip_backup_hooks: Some("true".into()),
+        ..ClusterSettings::default()
+    });
+    let key = tokio::time::timeout(Duration::from_secs(1), queue.get()).await;
+    assert_eq!(key.ok().flatten().as_deref(), Some("ns/vmi"));
+}
+
 /// Lets a test keep a handle on the reconciler the controller runs.
 struct SharedReconciler(Arc<VmiReconciler>);
 

@@ -10,6 +10,7 @@ use kubevirt_api::v1::{VirtualMachineInstance, VirtualMachineInstancePhase as Ph
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
+use virt_launcher::pod_layout::PodLayout;
 use virt_launcher::protocol::{Command, DomainState, DomainStatus, UpMessage};
 
 use super::VmiSyncConfig;
@@ -19,8 +20,6 @@ use crate::launcher_spec::{
     FileAction, PreparedSpec, SpecContext, build_spec, prepare_files, supports_direct_io,
 };
 
-/// The launcher's command socket inside its directory.
-pub const LAUNCHER_SOCKET: &str = "launcher.sock";
 /// How often a missing launcher socket is retried.
 const RETRY: Duration = Duration::from_millis(500);
 /// How often a refused sync is retried when nothing else changes.
@@ -87,7 +86,7 @@ fn is_canonical_uuid(key: &str) -> bool {
 
 /// The launcher has gone: its socket is there but nobody listens on it any more.
 fn launcher_exited(dir: &Path, error: &virt_launcher::protocol::ProtocolError) -> bool {
-    dir.join(LAUNCHER_SOCKET).exists()
+    PodLayout::new(dir).launcher_socket().exists()
         && matches!(error, virt_launcher::protocol::ProtocolError::Io(e)
             if e.kind() == std::io::ErrorKind::ConnectionRefused)
 }
@@ -162,7 +161,7 @@ impl Follow {
                 }
                 continue;
             };
-            match LauncherLink::connect(&dir.join(LAUNCHER_SOCKET)).await {
+            match LauncherLink::connect(&PodLayout::new(&dir).launcher_socket()).await {
                 Ok(link) => {
                     connected_once = true;
                     match self.session(link, &dir).await {

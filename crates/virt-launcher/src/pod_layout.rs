@@ -1,0 +1,92 @@
+//! The launcher directory, named once: every file that the launcher, QEMU, virt-handler and
+//! the `guest-console-log` container share. In a launcher pod it is the `public` volume
+//! mounted at `/var/run/kubevirt`; virt-handler reaches the same files at the node path of
+//! that volume. Both build their paths from a [`PodLayout`] of the directory as they see it.
+
+use std::path::{Path, PathBuf};
+
+/// The launcher's command socket (docs/launcher-protocol.md).
+pub const LAUNCHER_SOCKET: &str = "launcher.sock";
+/// The guest's first serial port (the console `virtctl console` attaches to).
+pub const SERIAL_CONSOLE_SOCKET: &str = "serial0.sock";
+/// The serial console's log: the node serves `<container>.log` files, so this is what
+/// `kubectl logs POD -c guest-console-log` shows.
+pub const SERIAL_LOG: &str = "guest-console-log.log";
+/// QEMU's VNC server.
+pub const VNC_SOCKET: &str = "vnc.sock";
+/// QEMU's QMP monitor.
+pub const QMP_SOCKET: &str = "qmp.sock";
+/// QEMU's pid file.
+pub const PID_FILE: &str = "qemu.pid";
+/// QEMU's stdout and stderr.
+pub const QEMU_LOG: &str = "qemu.log";
+
+/// The files of one launcher directory.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PodLayout {
+    dir: PathBuf,
+}
+
+impl PodLayout {
+    /// The layout of the launcher directory `dir` (as the caller sees it).
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        PodLayout { dir: dir.into() }
+    }
+
+    /// The directory itself.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn launcher_socket(&self) -> PathBuf {
+        self.dir.join(LAUNCHER_SOCKET)
+    }
+
+    pub fn serial_console_socket(&self) -> PathBuf {
+        self.dir.join(SERIAL_CONSOLE_SOCKET)
+    }
+
+    pub fn serial_log(&self) -> PathBuf {
+        self.dir.join(SERIAL_LOG)
+    }
+
+    pub fn vnc_socket(&self) -> PathBuf {
+        self.dir.join(VNC_SOCKET)
+    }
+
+    pub fn qmp_socket(&self) -> PathBuf {
+        self.dir.join(QMP_SOCKET)
+    }
+
+    pub fn pid_file(&self) -> PathBuf {
+        self.dir.join(PID_FILE)
+    }
+
+    pub fn qemu_log(&self) -> PathBuf {
+        self.dir.join(QEMU_LOG)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_file_is_in_the_directory_and_distinct() {
+        let layout = PodLayout::new("/var/run/kubevirt");
+        let files = [
+            layout.launcher_socket(),
+            layout.serial_console_socket(),
+            layout.serial_log(),
+            layout.vnc_socket(),
+            layout.qmp_socket(),
+            layout.pid_file(),
+            layout.qemu_log(),
+        ];
+        for f in &files {
+            assert_eq!(f.parent(), Some(layout.dir()), "{f:?}");
+        }
+        let distinct: std::collections::BTreeSet<_> = files.iter().collect();
+        assert_eq!(distinct.len(), files.len());
+    }
+}
