@@ -343,7 +343,7 @@ fn read_until(master: &mut std::fs::File, needle: &str, deadline: Duration) -> S
 }
 
 #[test]
-fn virtctl_console_shows_the_guest_under_a_pseudo_terminal() -> anyhow::Result<()> {
+fn virtctl_console_and_vnc_reach_the_guest() -> anyhow::Result<()> {
     let Some(guest) = testkit::available(testkit::test_guest()) else {
         return Ok(());
     };
@@ -391,7 +391,7 @@ fn virtctl_console_shows_the_guest_under_a_pseudo_terminal() -> anyhow::Result<(
         child.try_wait().ok().flatten()
     })?;
     assert!(status.success(), "virtctl console exited with {status}");
-    Ok(())
+    assert_vnc_proxy_serves_the_display(&server)
 }
 
 /// The RFB 3.8 handshake of a viewer (security type None, shared session) up to the first
@@ -441,25 +441,10 @@ fn rfb_first_update(vnc: &mut std::net::TcpStream) -> anyhow::Result<(u16, u16, 
     Ok((width, height, u16::from_be_bytes([header[2], header[3]])))
 }
 
-#[test]
-fn virtctl_vnc_proxy_serves_the_guests_display_over_rfb() -> anyhow::Result<()> {
+/// `virtctl vnc --proxy-only --port 0` against the running `demo` VMI: the printed port
+/// speaks RFB with the guest's framebuffer.
+fn assert_vnc_proxy_serves_the_display(server: &ServerProcess) -> anyhow::Result<()> {
     use std::io::BufRead;
-    let Some(guest) = testkit::available(testkit::test_guest()) else {
-        return Ok(());
-    };
-    if testkit::available(virtctl_built()).is_none() {
-        return Ok(());
-    }
-    let mut server = ServerProcess::start(Path::new(BIN), "server", &[])?;
-    server.import_test_guest(guest)?;
-    let demo = std::fs::read_to_string(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/vm-demo.yaml"),
-    )?;
-    server.apply(&demo)?;
-    wait_until(DEADLINE, "the demo VMI running", || {
-        (field(&server, "vmi/demo", "{.status.phase}") == "Running").then_some(())
-    })?;
-
     let mut proxy = Command::new(virtctl())
         .args(["vnc", "--proxy-only", "--port", "0", "demo"])
         .env("KUBECONFIG", server.kubeconfig())
@@ -480,10 +465,10 @@ fn virtctl_vnc_proxy_serves_the_guests_display_over_rfb() -> anyhow::Result<()> 
     let (width, height, rects) = handshake?;
     eprintln!("VNC framebuffer {width}x{height}, first update of {rects} rectangle(s)");
     // QEMU's VGA shows 640x480 before the guest sets a mode, 720x400 in text mode.
-    assert!(
+    anyhow::ensure!(
         (320..=4096).contains(&width) && (200..=4096).contains(&height),
-        "{width}x{height}"
+        "framebuffer {width}x{height}"
     );
-    assert!(rects >= 1, "an update without rectangles");
+    anyhow::ensure!(rects >= 1, "an update without rectangles");
     Ok(())
 }
