@@ -2,7 +2,7 @@
 //! the mutating webhook's defaults, the validating webhook's refusals (upstream's message and
 //! field path, nothing stored), the subresource API behind the aggregation proxy (virtctl
 //! start/stop/restart/pause/unpause, upstream's status codes), and `virtctl console` under a
-//! pseudo-terminal against a real guest.
+//! pseudo-terminal and `virtctl vnc --proxy-only` under an RFB handshake against a real guest.
 
 use std::io::{Read, Write};
 use std::os::fd::OwnedFd;
@@ -343,7 +343,7 @@ fn read_until(master: &mut std::fs::File, needle: &str, deadline: Duration) -> S
 }
 
 #[test]
-fn virtctl_console_shows_the_guest_under_a_pseudo_terminal() -> anyhow::Result<()> {
+fn virtctl_console_and_vnc_reach_the_guest() -> anyhow::Result<()> {
     let Some(guest) = testkit::available(testkit::test_guest()) else {
         return Ok(());
     };
@@ -391,5 +391,84 @@ fn virtctl_console_shows_the_guest_under_a_pseudo_terminal() -> anyhow::Result<(
         child.try_wait().ok().flatten()
     })?;
     assert!(status.success(), "virtctl console exited with {status}");
+    assert_vnc_proxy_serves_the_display(&server)
+}
+
+/// The RFB 3.8 handshake of a viewer (security type None, shared session) up to the first
+/// framebuffer update; returns the framebuffer's size and the update's rectangle count.
+fn rfb_first_update(vnc: &mut std::net::TcpStream) -> anyhow::Result<(u16, u16, u16)> {
+    fn read<const N: usize>(s: &mut std::net::TcpStream) -> anyhow::Result<[u8; N]> {
+        let mut buf = [0u8; N];
+        s.read_exact(&mut buf)?;
+        Ok(buf)
+    }
+    let version: [u8; 12] = read(vnc)?;
+    anyhow::ensure!(&version == b"RFB 003.008\n", "server version {version:?}");
+    vnc.write_all(b"RFB 003.008\n")?;
+    let [count] = read::<1>(vnc)?;
+    let mut types = vec![0u8; usize::from(count)];
+    vnc.read_exact(&mut types)?;
+    anyhow::ensure!(
+        types.contains(&1),
+        "security type None not offered: {types:?}"
+    );
+    vnc.write_all(&[1])?;
+    let result: [u8; 4] = read(vnc)?;
+    anyhow::ensure!(
+        u32::from_be_bytes(result) == 0,
+        "security result {result:?}"
+    );
+    vnc.write_all(&[1])?; // ClientInit: shared
+    let size: [u8; 4] = read(vnc)?;
+    let (width, height) = (
+        u16::from_be_bytes([size[0], size[1]]),
+        u16::from_be_bytes([size[2], size[3]]),
+    );
+    let _pixel_format: [u8; 16] = read(vnc)?;
+    let name_len = u32::from_be_bytes(read::<4>(vnc)?);
+    let mut name = vec![0u8; usize::try_from(name_len)?];
+    vnc.read_exact(&mut name)?;
+    // FramebufferUpdateRequest of the whole screen, not incremental.
+    let [w0, w1] = width.to_be_bytes();
+    let [h0, h1] = height.to_be_bytes();
+    vnc.write_all(&[3, 0, 0, 0, 0, 0, w0, w1, h0, h1])?;
+    let header: [u8; 4] = read(vnc)?;
+    anyhow::ensure!(
+        header[0] == 0,
+        "message type {} is no FramebufferUpdate",
+        header[0]
+    );
+    Ok((width, height, u16::from_be_bytes([header[2], header[3]])))
+}
+
+/// `virtctl vnc --proxy-only --port 0` against the running `demo` VMI: the printed port
+/// speaks RFB with the guest's framebuffer.
+fn assert_vnc_proxy_serves_the_display(server: &ServerProcess) -> anyhow::Result<()> {
+    use std::io::BufRead;
+    let mut proxy = Command::new(virtctl())
+        .args(["vnc", "--proxy-only", "--port", "0", "demo"])
+        .env("KUBECONFIG", server.kubeconfig())
+        .stdout(Stdio::piped())
+        .spawn()?;
+    let mut line = String::new();
+    std::io::BufReader::new(proxy.stdout.take().expect("stdout")).read_line(&mut line)?;
+    let printed: serde_json::Value = serde_json::from_str(&line)
+        .map_err(|e| anyhow::anyhow!("virtctl vnc printed {line:?}: {e}"))?;
+    let port = u16::try_from(printed["port"].as_u64().unwrap_or_default())?;
+    anyhow::ensure!(port != 0, "no port in {line:?}");
+
+    let mut vnc = std::net::TcpStream::connect(("127.0.0.1", port))?;
+    vnc.set_read_timeout(Some(DEADLINE))?;
+    let handshake = rfb_first_update(&mut vnc);
+    let _ = proxy.kill();
+    let _ = proxy.wait();
+    let (width, height, rects) = handshake?;
+    eprintln!("VNC framebuffer {width}x{height}, first update of {rects} rectangle(s)");
+    // QEMU's VGA shows 640x480 before the guest sets a mode, 720x400 in text mode.
+    anyhow::ensure!(
+        (320..=4096).contains(&width) && (200..=4096).contains(&height),
+        "framebuffer {width}x{height}"
+    );
+    anyhow::ensure!(rects >= 1, "an update without rectangles");
     Ok(())
 }

@@ -31,8 +31,8 @@ use kubevirt_api::v1::{
 };
 use virt_launcher::spec::{
     Accel, Bootloader, CacheMode, Cpu, CpuFeature, CpuModel, Disk, DiskBus, DiskFormat, Efi,
-    Firmware, ForwardedPort, Interface, InterfaceBinding, KernelBoot, LauncherSpec, Masquerade,
-    Memory, RuntimePaths, VmiIdentity,
+    Firmware, ForwardedPort, Graphics, Interface, InterfaceBinding, KernelBoot, LauncherSpec,
+    Masquerade, Memory, RuntimePaths, VideoModel, VmiIdentity,
 };
 
 use virt_launcher::protocol::PodInterface;
@@ -263,6 +263,7 @@ pub fn build_spec(
         disks: disks(vmi, ctx, &mut files)?,
         interfaces: interfaces(vmi, ctx.pod_interface)?,
         hotplug_ports: HOTPLUG_PORTS,
+        graphics: graphics(spec, &path(layout.vnc_socket()))?,
         paths: RuntimePaths {
             serial_console_socket: path(layout.serial_console_socket()),
             serial_log: path(layout.serial_log()),
@@ -275,6 +276,33 @@ pub fn build_spec(
         spec: launcher_spec,
         files,
     })
+}
+
+/// Upstream's graphics: unless `autoattachGraphicsDevice` is false, a video device
+/// (`devices.video.type`, by default `vga` as upstream's x86_64 converter without
+/// `bochsDisplayForEFIGuests`) and a VNC server on the pod directory's `vnc.sock`.
+fn graphics(
+    spec: &VirtualMachineInstanceSpec,
+    vnc_socket: &str,
+) -> Result<Option<Graphics>, SpecError> {
+    let devices = &spec.domain.devices;
+    if devices.autoattach_graphics_device == Some(false) {
+        return Ok(None);
+    }
+    let video = match devices.video.as_ref().and_then(|v| v.type_.as_deref()) {
+        None | Some("vga") => VideoModel::Vga,
+        Some("bochs") => VideoModel::Bochs,
+        Some("virtio") => VideoModel::Virtio,
+        Some(other) => {
+            return Err(SpecError::Unsupported(format!(
+                "video type {other:?} is not supported: use vga, bochs or virtio"
+            )));
+        }
+    };
+    Ok(Some(Graphics {
+        video,
+        vnc_socket: vnc_socket.to_owned(),
+    }))
 }
 
 /// vCPU topology: sockets/cores/threads default to 1; without any topology the CPU

@@ -3,7 +3,8 @@
 //!
 //! Routes under `/v1/namespaces/{ns}/virtualmachineinstances/{name}/`: `console` (websocket,
 //! subprotocol `plain.kubevirt.io`, bridged to the launcher's serial console socket
-//! `serial0.sock`), `vnc` (websocket to `vnc.sock` when the launcher provides one), and
+//! `serial0.sock`), `vnc` (websocket to the VNC server's `vnc.sock`; "No graphics devices are
+//! present." without one) — one session of each per VMI, a new one ends the previous — and
 //! `pause`, `unpause` (PUT, sent as commands over `launcher.sock`) and `softreboot` (PUT;
 //! refused: the launcher has neither a guest agent nor an ACPI reboot command). The VMI's
 //! active pod on this node names the launcher directory
@@ -20,8 +21,10 @@
 //! Paths are built from a pod UID of the VMI's status in canonical form, never from request
 //! text.
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::Router;
@@ -32,6 +35,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, put};
 use futures::{SinkExt, StreamExt};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio_util::sync::CancellationToken;
 
 use kube::runtime::reflector::{ObjectRef, Store};
 use kubevirt_api::v1::VirtualMachineInstance;
@@ -71,6 +75,55 @@ struct RestState {
     vmis: Store<VirtualMachineInstance>,
     node_name: String,
     kubelet_pods_dir: PathBuf,
+    /// The open console and VNC streams.
+    sessions: Sessions,
+}
+
+/// Which stream of which VMI: (namespace, name, socket file).
+type SessionKey = (String, String, &'static str);
+
+/// One stream per VMI and socket, as upstream's handler keeps one console and one VNC
+/// session per VMI: a new connection ends the previous one.
+///
+/// # Guarantees
+/// [`Sessions::begin`] cancels the token of the stream it replaces; [`Sessions::end`] only
+/// forgets the stream it is given, never a newer one of the same key.
+#[derive(Clone, Default)]
+struct Sessions(Arc<Mutex<SessionMap>>);
+
+#[derive(Default)]
+struct SessionMap {
+    next_id: u64,
+    open: HashMap<SessionKey, (u64, CancellationToken)>,
+}
+
+impl Sessions {
+    /// Registers a new stream of `key`, ending the one open before; returns its id and the
+    /// token that ends it.
+    fn begin(&self, key: SessionKey) -> (u64, CancellationToken) {
+        let mut map = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        map.next_id += 1;
+        let id = map.next_id;
+        let token = CancellationToken::new();
+        if let Some((_, previous)) = map.open.insert(key, (id, token.clone())) {
+            previous.cancel();
+        }
+        (id, token)
+    }
+
+    /// Forgets the stream `id` of `key` if it is still the open one.
+    fn end(&self, key: &SessionKey, id: u64) {
+        let mut map = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if map.open.get(key).is_some_and(|(open, _)| *open == id) {
+            map.open.remove(key);
+        }
+    }
 }
 
 /// The websocket subprotocol of console and vnc streams: raw bytes in binary frames.
@@ -99,8 +152,8 @@ fn not_on_node(namespace: &str, name: &str) -> Response {
 }
 
 /// Copies websocket frames into the unix socket and the socket's bytes into frames until
-/// either side closes.
-async fn bridge_unix(socket: WebSocket, unix: tokio::net::UnixStream) {
+/// either side closes or `stop` is cancelled (a newer session replaced this one).
+async fn bridge_unix(socket: WebSocket, unix: tokio::net::UnixStream, stop: CancellationToken) {
     let (mut ws_tx, mut ws_rx) = socket.split();
     let (mut unix_rx, mut unix_tx) = unix.into_split();
     let up = async {
@@ -134,6 +187,7 @@ async fn bridge_unix(socket: WebSocket, unix: tokio::net::UnixStream) {
     tokio::select! {
         () = up => {}
         () = down => {}
+        () = stop.cancelled() => {}
     }
 }
 
@@ -141,7 +195,7 @@ async fn stream_socket(
     state: &RestState,
     namespace: &str,
     pod: &str,
-    socket_name: &str,
+    socket_name: &'static str,
     missing: &'static str,
     upgrade: WebSocketUpgrade,
 ) -> Response {
@@ -162,9 +216,15 @@ async fn stream_socket(
                 .into_response();
         }
     };
+    let sessions = state.sessions.clone();
+    let key = (namespace.to_owned(), pod.to_owned(), socket_name);
     upgrade
         .protocols([PLAIN_STREAM_PROTOCOL])
-        .on_upgrade(move |socket| bridge_unix(socket, unix))
+        .on_upgrade(move |socket| async move {
+            let (id, stop) = sessions.begin(key.clone());
+            bridge_unix(socket, unix, stop).await;
+            sessions.end(&key, id);
+        })
 }
 
 async fn console(
@@ -281,6 +341,7 @@ pub async fn serve(
         vmis,
         node_name: node_name.to_owned(),
         kubelet_pods_dir: kubelet_pods_dir.to_owned(),
+        sessions: Sessions::default(),
     };
     let (addr, task) = serve_router(
         config.listen,
@@ -373,6 +434,7 @@ mod tests {
             vmis: store,
             node_name: "node01".into(),
             kubelet_pods_dir: pods_dir.to_owned(),
+            sessions: Sessions::default(),
         })
     }
 
@@ -391,6 +453,30 @@ mod tests {
             .expect("body")
             .to_bytes();
         (status, String::from_utf8_lossy(&body).into_owned())
+    }
+
+    #[test]
+    fn a_new_session_ends_the_previous_one_of_the_same_stream_only() {
+        let sessions = Sessions::default();
+        let vnc = || ("default".to_owned(), "a".to_owned(), "vnc.sock");
+        let console = ("default".to_owned(), "a".to_owned(), "serial0.sock");
+        let (first, first_stop) = sessions.begin(vnc());
+        let (_, console_stop) = sessions.begin(console);
+        let (second, second_stop) = sessions.begin(vnc());
+        assert!(
+            first_stop.is_cancelled(),
+            "the first VNC session is replaced"
+        );
+        assert!(
+            !console_stop.is_cancelled(),
+            "the console is another stream"
+        );
+        // The replaced session ending late does not forget the open one.
+        sessions.end(&vnc(), first);
+        let (_, third_stop) = sessions.begin(vnc());
+        assert!(second_stop.is_cancelled());
+        sessions.end(&vnc(), second);
+        assert!(!third_stop.is_cancelled());
     }
 
     #[tokio::test]

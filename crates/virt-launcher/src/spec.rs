@@ -39,6 +39,9 @@ pub struct LauncherSpec {
     /// Number of empty `pcie-root-port`s created for later hotplug of disks and NICs.
     #[serde(default)]
     pub hotplug_ports: u32,
+    /// The video device and VNC server (`autoattachGraphicsDevice`); none without it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub graphics: Option<Graphics>,
     /// Host paths of the domain's runtime files.
     pub paths: RuntimePaths,
 }
@@ -356,6 +359,32 @@ pub struct ForwardedPort {
     pub protocol: String,
     /// The port number.
     pub port: u16,
+}
+
+/// A video device with a password-less VNC server on a unix socket, as upstream's libvirt
+/// domain has (`<graphics type="vnc"><listen type="socket" …/>`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Graphics {
+    /// The video device model.
+    #[serde(default)]
+    pub video: VideoModel,
+    /// Unix socket QEMU's VNC server listens on (virt-handler bridges `vnc` to it).
+    pub vnc_socket: String,
+}
+
+/// Video device model (`domain.devices.video.type`, upstream's libvirt names).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum VideoModel {
+    /// Standard VGA with Bochs VBE extensions (upstream's default on x86_64).
+    #[default]
+    Vga,
+    /// A framebuffer without legacy VGA (upstream's choice for EFI guests with
+    /// `bochsDisplayForEFIGuests`).
+    Bochs,
+    /// virtio-gpu with VGA compatibility.
+    Virtio,
 }
 
 /// Host paths of the files QEMU creates or writes for this domain.

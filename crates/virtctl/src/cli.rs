@@ -173,9 +173,15 @@ pub struct Vnc {
     /// Local port of the proxy (0: any free port).
     #[arg(long, default_value_t = 0)]
     pub port: u16,
-    /// Local address of the proxy.
+    /// Local address of the proxy (with --proxy-only; a viewer always uses 127.0.0.1).
     #[arg(long, default_value = "127.0.0.1")]
     pub address: String,
+    /// Type of VNC viewer to start: tiger or remote-viewer (default: the first found).
+    #[arg(long)]
+    pub vnc_type: Option<String>,
+    /// Path of the VNC viewer to start (default: looked up in $PATH).
+    #[arg(long)]
+    pub vnc_path: Option<String>,
 }
 
 /// `expose`.

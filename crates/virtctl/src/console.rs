@@ -1,4 +1,5 @@
-//! `console` and `vnc`: websocket clients of the VMI's serial console and VNC display.
+//! `console`: the websocket client of the VMI's serial console (and the websocket opening
+//! [`vnc`](crate::vnc) shares).
 //!
 //! Data flow: a `GET` with websocket upgrade headers (subprotocol `plain.kubevirt.io`)
 //! goes through the kube client, so the kubeconfig's credentials apply; the upgraded
@@ -17,16 +18,17 @@ use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::protocol::Role;
 
 use crate::Error;
-use crate::cli::{Console, Vnc};
+use crate::cli::Console;
 use crate::client::{Ctx, Kind, subresource_path};
 
 /// The byte that leaves the console (`Ctrl+]`).
 pub const ESCAPE: u8 = 0x1d;
 const PLAIN_STREAM_PROTOCOL: &str = "plain.kubevirt.io";
 
-type Stream = WebSocketStream<TokioIo<hyper::upgrade::Upgraded>>;
+pub(crate) type Stream = WebSocketStream<TokioIo<hyper::upgrade::Upgraded>>;
 
-async fn open(ctx: &Ctx, name: &str, sub: &str) -> Result<Stream, Error> {
+/// Opens the websocket of the VMI's `sub` stream (`console`, `vnc`).
+pub(crate) async fn open(ctx: &Ctx, name: &str, sub: &str) -> Result<Stream, Error> {
     let path = subresource_path(&ctx.namespace, Kind::Vmi, name, sub);
     let key = tokio_tungstenite::tungstenite::handshake::client::generate_key();
     let req = http::Request::get(path)
@@ -159,59 +161,6 @@ pub async fn console(ctx: &Ctx, a: &Console) -> Result<(), Error> {
     drop(_raw);
     if tty {
         eprint!("\r\n");
-    }
-    Ok(())
-}
-
-/// `virtctl vnc NAME [--proxy-only]`: a local TCP proxy to the VMI's VNC websocket.
-///
-/// # Errors
-/// Binding the proxy, or the refused connection.
-pub async fn vnc(ctx: &Ctx, a: &Vnc) -> Result<(), Error> {
-    let listener = tokio::net::TcpListener::bind((a.address.as_str(), a.port)).await?;
-    let port = listener.local_addr()?.port();
-    if a.proxy_only {
-        println!("{}", serde_json::json!({"port": port}));
-    } else {
-        eprintln!(
-            "VNC proxy listening on {}:{port}; connect a VNC viewer to it",
-            a.address
-        );
-    }
-    let (mut tcp, _) = listener.accept().await?;
-    let ws = open(ctx, &a.name, "vnc").await?;
-    let (mut tx, mut rx) = ws.split();
-    let (mut tcp_rx, mut tcp_tx) = tcp.split();
-    let up = async {
-        let mut buf = vec![0u8; 16 * 1024];
-        loop {
-            match tcp_rx.read(&mut buf).await {
-                Ok(0) | Err(_) => break,
-                Ok(n) => {
-                    if tx
-                        .send(Message::Binary(buf[..n].to_vec().into()))
-                        .await
-                        .is_err()
-                    {
-                        break;
-                    }
-                }
-            }
-        }
-        let _ = tx.close().await;
-    };
-    let down = async {
-        while let Some(Ok(msg)) = rx.next().await {
-            if let Message::Binary(b) = msg
-                && tcp_tx.write_all(&b).await.is_err()
-            {
-                break;
-            }
-        }
-    };
-    tokio::select! {
-        () = up => {}
-        () = down => {}
     }
     Ok(())
 }

@@ -12,6 +12,7 @@ pub mod console;
 pub mod create;
 pub mod expose;
 pub mod vm;
+pub mod vnc;
 
 pub use cli::{Cli, Command};
 
@@ -65,7 +66,7 @@ pub async fn run(cli: Cli) -> Result<(), Error> {
         C::Removevolume(a) => vm::remove_volume(&ctx, &a).await,
         C::Guestosinfo(a) => vm::guest_os_info(&ctx, &a).await,
         C::Console(a) => console::console(&ctx, &a).await,
-        C::Vnc(a) => console::vnc(&ctx, &a).await,
+        C::Vnc(a) => vnc::vnc(&ctx, &a).await,
         C::Expose(a) => expose::run(&ctx, &a).await,
         C::Version(_) => vm::server_version(&ctx).await,
         C::Create(_) => Ok(()),

@@ -177,6 +177,7 @@ fn the_spec_serialises_to_the_expected_launcher_json() {
             "macAddress": derived_mac("1234-uid", "default")
         }],
         "hotplugPorts": 3,
+        "graphics": {"video": "vga", "vncSocket": format!("{pod}/vnc.sock")},
         "paths": {
             "serialConsoleSocket": format!("{pod}/serial0.sock"),
             "serialLog": format!("{pod}/guest-console-log.log"),
@@ -185,6 +186,41 @@ fn the_spec_serialises_to_the_expected_launcher_json() {
         }
     });
     assert_eq!(json, expected);
+}
+
+#[test]
+fn graphics_follow_autoattach_graphics_device_and_the_video_type() {
+    let f = fixture();
+    let with_devices = |extra: serde_json::Value| {
+        let mut vmi = serde_json::to_value(demo_vmi()).unwrap();
+        for (key, value) in extra.as_object().unwrap() {
+            vmi["spec"]["domain"]["devices"][key] = value.clone();
+        }
+        build_spec(&serde_json::from_value(vmi).unwrap(), &f.ctx())
+    };
+    let off = with_devices(serde_json::json!({"autoattachGraphicsDevice": false})).unwrap();
+    assert_eq!(off.spec.graphics, None);
+    for (video, model) in [
+        (serde_json::json!({}), VideoModel::Vga),
+        (
+            serde_json::json!({"video": {"type": "bochs"}}),
+            VideoModel::Bochs,
+        ),
+        (
+            serde_json::json!({"video": {"type": "virtio"}}),
+            VideoModel::Virtio,
+        ),
+    ] {
+        let graphics = with_devices(video)
+            .unwrap()
+            .spec
+            .graphics
+            .expect("graphics");
+        assert_eq!(graphics.video, model);
+        assert_eq!(graphics.vnc_socket, format!("{}/vnc.sock", f.pod.display()));
+    }
+    let err = with_devices(serde_json::json!({"video": {"type": "cirrus"}})).unwrap_err();
+    assert!(err.to_string().contains("\"cirrus\""), "{err}");
 }
 
 #[test]

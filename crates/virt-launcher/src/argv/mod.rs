@@ -2,7 +2,7 @@
 //!
 //! [`qemu_argv`] validates a [`LauncherSpec`] and renders the arguments that follow the
 //! `qemu-system-x86_64` program name. One file per device area appends its part in a fixed
-//! order (identity, machine, CPU, memory, firmware, disks, NICs, console/QMP), so the same
+//! order (identity, machine, CPU, memory, firmware, disks, NICs, graphics, console/QMP), so the same
 //! spec always yields the same argv; golden files under `testdata/argv/` pin it down
 //! (`UPDATE_GOLDEN=1 cargo nextest run -p virt-launcher` rewrites them).
 //!
@@ -15,6 +15,7 @@ mod console;
 mod cpu;
 mod disks;
 mod firmware;
+mod graphics;
 mod machine;
 mod memory;
 mod net;
@@ -91,6 +92,7 @@ pub fn qemu_argv(spec: &LauncherSpec) -> Result<Vec<String>, ArgvError> {
     check_boot_orders(spec)?;
     disks::push(spec, &mut args)?;
     net::push(spec, &mut args)?;
+    graphics::push(spec, &mut args)?;
     console::push(spec, &mut args)?;
     Ok(args.0)
 }

@@ -180,6 +180,9 @@ impl Domain {
     async fn start_qemu(&self, spec: &LauncherSpec, argv: &[String]) -> Result<Started, String> {
         let qmp_path = Path::new(&spec.paths.qmp_socket);
         remove_stale_socket(qmp_path);
+        if let Some(graphics) = &spec.graphics {
+            remove_stale_socket(Path::new(&graphics.vnc_socket));
+        }
         let log_path = self.opts.qemu_log();
         let fail = |message: String| {
             self.shared.publish(DomainStatus {
@@ -227,6 +230,17 @@ impl Domain {
                 return Err(fail(format!("{why}{detail}")));
             }
         };
+        if let Some(graphics) = &spec.graphics
+            && let Err(why) = self
+                .wait_for_vnc(&mut child, Path::new(&graphics.vnc_socket))
+                .await
+        {
+            if let Some(pid) = pid {
+                kill_group(pid);
+            }
+            let _ = child.wait().await;
+            return Err(fail(why));
+        }
         let qmp = Arc::new(qmp);
         self.shared.publish(DomainStatus {
             state: DomainState::Running,
@@ -298,6 +312,28 @@ impl Domain {
                 Ok(connected) => return Ok(connected),
                 Err(e) if Instant::now() >= deadline => {
                     return Err(format!("QEMU's QMP socket did not answer in time: {e}"));
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+            }
+        }
+    }
+
+    /// Waits until QEMU's VNC server accepts connections. QMP can answer before QEMU has
+    /// set its displays up (its monitor runs in an I/O thread of its own), and a domain is
+    /// only reported Running once every socket the handler bridges to is there.
+    async fn wait_for_vnc(&self, child: &mut Child, path: &Path) -> Result<(), String> {
+        let deadline = Instant::now() + self.opts.qmp_timeout;
+        loop {
+            if let Ok(Some(status)) = child.try_wait() {
+                return Err(format!("QEMU exited during start-up ({status})"));
+            }
+            match crate::unix_socket::connect(path).await {
+                Ok(probe) => {
+                    drop(probe);
+                    return Ok(());
+                }
+                Err(e) if Instant::now() >= deadline => {
+                    return Err(format!("QEMU's VNC socket did not answer in time: {e}"));
                 }
                 Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
             }
@@ -553,6 +589,9 @@ fn check_host_paths(base: &Path, spec: &LauncherSpec) -> Result<(), SafePathErro
         &paths.pid_file,
     ] {
         check_parent_beneath(base, Path::new(created))?;
+    }
+    if let Some(graphics) = &spec.graphics {
+        check_parent_beneath(base, Path::new(&graphics.vnc_socket))?;
     }
     Ok(())
 }

@@ -4,7 +4,8 @@ use std::time::Duration;
 use super::*;
 use crate::protocol::{Command, DomainState, DomainStatus, LauncherClient, StateReason, UpMessage};
 use crate::spec::{
-    Accel, Cpu, CpuModel, Firmware, KernelBoot, LauncherSpec, Memory, RuntimePaths, VmiIdentity,
+    Accel, Cpu, CpuModel, Firmware, Graphics, KernelBoot, LauncherSpec, Memory, RuntimePaths,
+    VideoModel, VmiIdentity,
 };
 use crate::test_support::{ProcessGroupGuard, wait_until};
 use test_prerequisites::{available, qemu_binary, test_guest};
@@ -44,6 +45,7 @@ fn spec_in(dir: &Path, kernel: Option<(PathBuf, PathBuf)>) -> LauncherSpec {
         disks: vec![],
         interfaces: vec![],
         hotplug_ports: 1,
+        graphics: None,
         paths: RuntimePaths {
             serial_console_socket: path("serial.sock"),
             serial_log: path("serial.log"),
@@ -276,7 +278,12 @@ async fn real_guest_boots_and_powers_off_through_acpi() {
     let socket = opts.socket_path.clone();
     let launcher = tokio::spawn(run_launcher(opts));
     let mut client = connect(&socket).await;
-    let spec = spec_in(dir.path(), Some((guest.kernel(), guest.initrd())));
+    let mut spec = spec_in(dir.path(), Some((guest.kernel(), guest.initrd())));
+    let vnc_socket = dir.path().join("vnc.sock");
+    spec.graphics = Some(Graphics {
+        video: VideoModel::Vga,
+        vnc_socket: vnc_socket.to_string_lossy().into_owned(),
+    });
     let serial_log = PathBuf::from(&spec.paths.serial_log);
 
     let started = std::time::Instant::now();
@@ -284,6 +291,8 @@ async fn real_guest_boots_and_powers_off_through_acpi() {
     assert_eq!(running.state, DomainState::Running);
     let pid = running.qemu_pid.expect("a QEMU pid");
     let _guard = ProcessGroupGuard(i32::try_from(pid).unwrap());
+    // Running means the VNC server is there already, not only QMP.
+    assert_vnc_server_greets(&vnc_socket).await;
     let ready = wait_until(Duration::from_secs(90), || {
         std::fs::read_to_string(&serial_log).is_ok_and(|log| log.contains("GUEST-READY"))
     })
@@ -323,6 +332,25 @@ async fn real_guest_boots_and_powers_off_through_acpi() {
         .unwrap()
         .unwrap()
         .unwrap();
+}
+
+/// QEMU's VNC server listens on the spec's socket, owner-only, and speaks RFB 3.8.
+async fn assert_vnc_server_greets(socket: &Path) {
+    use tokio::io::AsyncReadExt;
+    assert_eq!(
+        crate::test_support::mode_of(socket) & 0o077,
+        0,
+        "owner-only"
+    );
+    let mut vnc = crate::unix_socket::connect(socket)
+        .await
+        .expect("VNC socket");
+    let mut version = [0u8; 12];
+    tokio::time::timeout(Duration::from_secs(10), vnc.read_exact(&mut version))
+        .await
+        .expect("a greeting in time")
+        .expect("the protocol version");
+    assert_eq!(&version, b"RFB 003.008\n");
 }
 
 fn rss_line() -> String {

@@ -70,6 +70,7 @@ fn spec(accel: Accel) -> LauncherSpec {
             boot_order: None,
         }],
         hotplug_ports: 0,
+        graphics: None,
         paths: RuntimePaths {
             serial_console_socket: "/p/s".into(),
             serial_log: "/p/l".into(),
