@@ -11,32 +11,16 @@ use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use common::{Reply, TestServer, read};
-use http_body_util::BodyExt;
 use kubevirt_apiserver::client::{self, TlsOptions};
 use kubevirt_apiserver::pki::{KubeAuth, kubeconfig_yaml};
-use rcgen::{CertificateParams, DnType, ExtendedKeyUsagePurpose, Issuer, KeyPair};
 use serde_json::{Value, json};
 
 const DEADLINE: Duration = Duration::from_secs(20);
 const RBAC: &str = "/apis/rbac.authorization.k8s.io/v1";
 
-/// A client certificate from the cluster CA with subject CN `cn` and O `orgs`.
-fn issue_client_cert(s: &TestServer, cn: &str, orgs: &[&str]) -> (String, String) {
-    let pki = s.dir.path().join("pki");
-    let ca_key = KeyPair::from_pem(&read(&pki.join("ca.key"))).unwrap();
-    let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca.distinguished_name
-        .push(DnType::CommonName, "kubevirt-rs-ca");
-    let issuer = Issuer::new(ca, ca_key);
-    let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
-    p.distinguished_name.push(DnType::CommonName, cn);
-    for o in orgs {
-        p.distinguished_name.push(DnType::OrganizationName, *o);
-    }
-    p.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
-    let key = KeyPair::generate().unwrap();
-    let cert = p.signed_by(&key, &issuer).unwrap();
-    (cert.pem(), key.serialize_pem())
+/// A client certificate from the cluster CA with subject CN `cn` and O `org`.
+fn issue_client_cert(s: &TestServer, cn: &str, org: Option<&str>) -> (String, String) {
+    kubevirt_apiserver::pki::issue_client_cert(s.dir.path(), cn, org).unwrap()
 }
 
 /// A TLS client trusting the cluster CA, presenting `identity` if any.
@@ -70,21 +54,7 @@ async fn send(
     let req = b
         .body(body.map_or_else(Body::empty, |v| Body::from(serde_json::to_vec(v).unwrap())))
         .unwrap();
-    let resp = client::send(tls.clone(), req).await.unwrap();
-    let status = resp.status().as_u16();
-    let headers = resp.headers().clone();
-    let body = resp
-        .into_body()
-        .collect()
-        .await
-        .unwrap()
-        .to_bytes()
-        .to_vec();
-    Reply {
-        status,
-        headers,
-        body,
-    }
+    common::send(tls, req).await
 }
 
 /// The status code of a body-less request.
@@ -382,7 +352,7 @@ async fn a_cluster_role_aggregated_into_view_takes_effect_for_views_holders() {
 async fn a_certificate_is_its_subject_and_is_refused_in_kubes_words() {
     let s = TestServer::start().await;
     create_namespace(&s, "devs-ns").await;
-    let alice = tls(&s, Some(issue_client_cert(&s, "alice", &["devs"])));
+    let alice = tls(&s, Some(issue_client_cert(&s, "alice", Some("devs"))));
     let who = send(
         &s,
         &alice,
@@ -424,7 +394,7 @@ async fn a_certificate_is_its_subject_and_is_refused_in_kubes_words() {
 async fn a_certificates_user_and_groups_get_their_grants_only() {
     let s = TestServer::start().await;
     create_namespace(&s, "devs-ns").await;
-    let alice = tls(&s, Some(issue_client_cert(&s, "alice", &["devs"])));
+    let alice = tls(&s, Some(issue_client_cert(&s, "alice", Some("devs"))));
     // A group grant in one namespace, a user grant on one named object cluster-wide.
     create(
         &s,
@@ -486,7 +456,7 @@ async fn a_certificates_user_and_groups_get_their_grants_only() {
         403
     );
     // Another user of the same group has the group's grant but not alice's.
-    let bob = tls(&s, Some(issue_client_cert(&s, "bob", &["devs"])));
+    let bob = tls(&s, Some(issue_client_cert(&s, "bob", Some("devs"))));
     assert_eq!(
         code(
             &s,
@@ -514,7 +484,7 @@ async fn a_certificates_user_and_groups_get_their_grants_only() {
 #[tokio::test]
 async fn impersonation_needs_the_impersonate_verb() {
     let s = TestServer::start().await;
-    let alice = tls(&s, Some(issue_client_cert(&s, "alice", &[])));
+    let alice = tls(&s, Some(issue_client_cert(&s, "alice", None)));
     let as_bob = [("impersonate-user", "bob")];
     let r = send(
         &s,
@@ -830,7 +800,7 @@ async fn roles_and_bindings_grant_only_what_their_author_holds_unless_it_may_esc
         ),
     )
     .await;
-    let alice = tls(&s, Some(issue_client_cert(&s, "alice", &[])));
+    let alice = tls(&s, Some(issue_client_cert(&s, "alice", None)));
     let roles = format!("{RBAC}/namespaces/own/roles");
     let held = role(
         "cm-reader",

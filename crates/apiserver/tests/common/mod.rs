@@ -39,6 +39,25 @@ impl Reply {
     }
 }
 
+/// Sends `req` with `tls` and reads the whole reply.
+pub async fn send(tls: &Arc<rustls::ClientConfig>, req: http::Request<Body>) -> Reply {
+    let resp = client::send(tls.clone(), req).await.unwrap();
+    let status = resp.status().as_u16();
+    let headers = resp.headers().clone();
+    let body = resp
+        .into_body()
+        .collect()
+        .await
+        .unwrap()
+        .to_bytes()
+        .to_vec();
+    Reply {
+        status,
+        headers,
+        body,
+    }
+}
+
 pub fn read(path: &Path) -> String {
     std::fs::read_to_string(path).unwrap()
 }
@@ -101,21 +120,7 @@ impl TestServer {
             .header("content-type", content_type)
             .body(Body::from(body))
             .unwrap();
-        let resp = client::send(self.tls.clone(), req).await.unwrap();
-        let status = resp.status().as_u16();
-        let headers = resp.headers().clone();
-        let body = resp
-            .into_body()
-            .collect()
-            .await
-            .unwrap()
-            .to_bytes()
-            .to_vec();
-        Reply {
-            status,
-            headers,
-            body,
-        }
+        send(&self.tls, req).await
     }
 
     pub async fn request_with(
@@ -139,21 +144,7 @@ impl TestServer {
                 None => Body::empty(),
             })
             .unwrap();
-        let resp = client::send(self.tls.clone(), req).await.unwrap();
-        let status = resp.status().as_u16();
-        let headers = resp.headers().clone();
-        let body = resp
-            .into_body()
-            .collect()
-            .await
-            .unwrap()
-            .to_bytes()
-            .to_vec();
-        Reply {
-            status,
-            headers,
-            body,
-        }
+        send(&self.tls, req).await
     }
 }
 
