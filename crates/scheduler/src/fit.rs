@@ -11,7 +11,7 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    Node, NodeSelectorRequirement, NodeSelectorTerm, Pod, Taint, Toleration,
+    Node, NodeSelectorRequirement, NodeSelectorTerm, Pod, PodSpec, Taint, Toleration,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_quantity::Quantity as ExactQuantity;
@@ -88,7 +88,8 @@ fn node_is_ready(node: &Node) -> bool {
         .any(|c| c.type_ == "Ready" && c.status == "True")
 }
 
-fn tolerates(tolerations: &[Toleration], taint: &Taint) -> bool {
+/// Whether a toleration of `tolerations` tolerates `taint` (kube's `ToleratesTaint`).
+pub fn tolerates(tolerations: &[Toleration], taint: &Taint) -> bool {
     tolerations.iter().any(|t| {
         let effect_ok = t
             .effect
@@ -143,7 +144,14 @@ fn term_matches(term: &NodeSelectorTerm, node: &Node) -> bool {
 }
 
 fn selector_matches(pod: &Pod, node: &Node) -> bool {
-    let Some(spec) = &pod.spec else { return true };
+    pod.spec
+        .as_ref()
+        .is_none_or(|spec| node_selectors_match(spec, node))
+}
+
+/// Whether `node` satisfies the pod spec's `nodeSelector` and required node affinity (kube's
+/// `NodeAffinity` filter; the DaemonSet controller asks the same question).
+pub fn node_selectors_match(spec: &PodSpec, node: &Node) -> bool {
     let labels = node.metadata.labels.clone().unwrap_or_default();
     let selector_ok = spec
         .node_selector

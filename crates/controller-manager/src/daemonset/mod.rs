@@ -38,7 +38,7 @@ use futures::StreamExt;
 use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet, DaemonSetStatus};
 use k8s_openapi::api::core::v1::{
     Affinity, Node, NodeAffinity, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, Pod,
-    Taint, Toleration,
+    Toleration,
 };
 use kube::ResourceExt;
 use kube::api::{Api, PostParams};
@@ -238,42 +238,6 @@ pub fn daemon_pod(ds: &DaemonSet, node: &str, hash: &str) -> Pod {
     pod
 }
 
-fn tolerated(tolerations: &[Toleration], taint: &Taint) -> bool {
-    tolerations.iter().any(|t| {
-        let effect_ok = t
-            .effect
-            .as_deref()
-            .is_none_or(|e| e.is_empty() || e == taint.effect);
-        let key_ok = match t.key.as_deref() {
-            None | Some("") => t.operator.as_deref() == Some("Exists"),
-            Some(k) => k == taint.key,
-        };
-        let value_ok = t.operator.as_deref() == Some("Exists")
-            || t.value.as_deref().unwrap_or("") == taint.value.as_deref().unwrap_or("");
-        effect_ok && key_ok && value_ok
-    })
-}
-
-fn requirement_holds(r: &NodeSelectorRequirement, value: Option<&str>) -> bool {
-    let values = r.values.as_deref().unwrap_or_default();
-    match r.operator.as_str() {
-        "In" => value.is_some_and(|v| values.iter().any(|x| x == v)),
-        "NotIn" => value.is_none_or(|v| values.iter().all(|x| x != v)),
-        "Exists" => value.is_some(),
-        "DoesNotExist" => value.is_none(),
-        "Gt" | "Lt" => {
-            let (Some(v), Some(b)) = (
-                value.and_then(|v| v.parse::<i64>().ok()),
-                values.first().and_then(|b| b.parse::<i64>().ok()),
-            ) else {
-                return false;
-            };
-            if r.operator == "Gt" { v > b } else { v < b }
-        }
-        _ => false,
-    }
-}
-
 /// `(should run, should continue running)` of a daemon pod on `node` (kube's
 /// `NodeShouldRunDaemonPod`): node name, `nodeSelector` and required node affinity of the
 /// template must match; an untolerated taint stops new pods, and existing ones too if it is
@@ -282,7 +246,6 @@ pub fn node_should_run(ds: &DaemonSet, node: &Node) -> (bool, bool) {
     let template = ds.spec.clone().unwrap_or_default().template;
     let spec = template.spec.unwrap_or_default();
     let name = node.metadata.name.as_deref().unwrap_or_default();
-    let labels = node.metadata.labels.clone().unwrap_or_default();
     if spec
         .node_name
         .as_deref()
@@ -290,33 +253,7 @@ pub fn node_should_run(ds: &DaemonSet, node: &Node) -> (bool, bool) {
     {
         return (false, false);
     }
-    let selector_ok = spec
-        .node_selector
-        .iter()
-        .flatten()
-        .all(|(k, v)| labels.get(k) == Some(v));
-    let affinity_ok = spec
-        .affinity
-        .as_ref()
-        .and_then(|a| a.node_affinity.as_ref())
-        .and_then(|a| {
-            a.required_during_scheduling_ignored_during_execution
-                .as_ref()
-        })
-        .is_none_or(|sel| {
-            sel.node_selector_terms.iter().any(|t| {
-                let exprs = t.match_expressions.iter().flatten();
-                let fields = t.match_fields.iter().flatten();
-                exprs.clone().chain(fields.clone()).next().is_some()
-                    && exprs
-                        .clone()
-                        .all(|r| requirement_holds(r, labels.get(&r.key).map(String::as_str)))
-                    && fields
-                        .clone()
-                        .all(|r| r.key == "metadata.name" && requirement_holds(r, Some(name)))
-            })
-        });
-    if !(selector_ok && affinity_ok) {
+    if !kubevirt_scheduler::fit::node_selectors_match(&spec, node) {
         return (false, false);
     }
     let mut tolerations = spec.tolerations.unwrap_or_default();
@@ -329,7 +266,7 @@ pub fn node_should_run(ds: &DaemonSet, node: &Node) -> (bool, bool) {
     let untolerated = |effect: &str| {
         taints
             .iter()
-            .any(|t| t.effect == effect && !tolerated(&tolerations, t))
+            .any(|t| t.effect == effect && !kubevirt_scheduler::fit::tolerates(&tolerations, t))
     };
     if untolerated("NoExecute") {
         return (false, false);
