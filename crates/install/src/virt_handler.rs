@@ -69,6 +69,7 @@ pub fn args(config: &InstallConfig) -> Vec<String> {
             pair("--kubelet-pods-dir", "/pods"),
             pair("--data-dir", "/var/lib/kubevirt-rs"),
             pair("--listen", "0.0.0.0:8186"),
+            pair("--pod-ip-address", "$(MY_POD_IP)"),
         ],
         &config.extra_args.handler,
     )

@@ -10,16 +10,24 @@
 //! (`--advertise-url`, what the embedded server uses: it has no service network).
 //!
 //! The serving certificate: upstream's virt-operator issues it into the Secret
-//! `kubevirt-virt-api-certs`, mounted at `/etc/virt-api/certificates`. Until the operator
-//! exists, `--tls-cert-file`/`--tls-key-file` when given, else one issued at start (and every
-//! 19 hours) from the KubeVirt CA that [`kubevirt_ca`] keeps in the Secret `kubevirt-ca`.
+//! `kubevirt-virt-api-certs`, mounted at `/etc/virt-api/certificates` (`tls.crt`, `tls.key`,
+//! and here also `ca.crt`); virt-api reads it from there and follows its renewals, and then
+//! registers nothing: whoever issued the Secret (the operator upstream, the embedded server's
+//! [`crate::installer`] here) owns the registration objects. Otherwise `--tls-cert-file`/
+//! `--tls-key-file` when given, else one issued at start (and every 19 hours) from the KubeVirt
+//! CA that [`kubevirt_ca`] keeps in the Secret `kubevirt-ca`; in those two cases virt-api
+//! registers itself.
+//!
+//! Towards virt-handler virt-api presents the client certificate of the Secret
+//! `kubevirt-virt-handler-certs` (mounted at `/etc/virt-handler/clientcertificates`), and
+//! accepts the handler's serving certificate when it chains to that Secret's `ca.crt` and names
+//! [`virt_api::subresources::HANDLER_SERVER_NAME`] (upstream checks the handler's identity the
+//! same way, not its address).
 //!
 //! The subresource API trusts the aggregation proxy's client certificate through the
 //! `requestheader-client-ca-file` of the ConfigMap `kube-system/extension-apiserver-authentication`
 //! (as upstream), else the cluster CA of the ConfigMap `kube-root-ca.crt` in its namespace
 //! (the embedded API server signs its front-proxy certificate with its cluster CA).
-
-mod kubevirt_ca;
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
@@ -38,7 +46,7 @@ use tracing::{info, warn};
 use virt_api::subresources::NodeClientConfig;
 use virt_api::webhook::WebhookTarget;
 
-use kubevirt_ca::KubeVirtCa;
+use crate::kubevirt_ca::{self, KubeVirtCa};
 
 #[derive(Args)]
 pub struct ApiArgs {
@@ -84,6 +92,18 @@ pub struct ApiArgs {
     /// for the port bound).
     #[arg(long)]
     pub advertise_url: Option<String>,
+    /// Where the Secret `kubevirt-virt-api-certs` is mounted (used when it holds `tls.crt`
+    /// and no --tls-cert-file is given).
+    #[arg(long, default_value = "/etc/virt-api/certificates")]
+    pub certificates_dir: PathBuf,
+    /// Where the Secret `kubevirt-virt-handler-certs` is mounted (used when it holds
+    /// `tls.crt` and no --handler-cert-file is given).
+    #[arg(long, default_value = "/etc/virt-handler/clientcertificates")]
+    pub handler_certificates_dir: PathBuf,
+    /// virt-handler's console port (upstream's flag; the handler's endpoint is read from its
+    /// Node, see virt-handler's `--pod-ip-address`).
+    #[arg(long, default_value_t = 8186)]
+    pub console_server_port: u16,
 }
 
 /// Where virt-api's serving certificate comes from.
@@ -96,6 +116,8 @@ pub(crate) enum Serving {
     },
     /// Issued from the `kubevirt-ca` Secret (see [`kubevirt_ca`]), and rotated.
     KubeVirtCa,
+    /// `tls.crt`, `tls.key` and `ca.crt` of a mounted Secret, followed as they are renewed.
+    Mounted(PathBuf),
 }
 
 /// How the API server reaches virt-api.
@@ -104,6 +126,8 @@ pub(crate) enum Advertise {
     Service(String),
     /// A base URL; port 0 is replaced by the port bound.
     Url(String),
+    /// Registered by whoever issued the mounted certificate ([`Serving::Mounted`]).
+    Registered,
 }
 
 /// Everything [`start`] needs besides the client.
@@ -348,7 +372,14 @@ pub(crate) async fn start(
             name: name.clone(),
             port: 443,
         },
+        Advertise::Registered => WebhookTarget::Service {
+            namespace: ns.clone(),
+            name: "virt-api".into(),
+            port: 443,
+        },
     };
+    let register_self = !matches!(setup.advertise, Advertise::Registered);
+    let mut mounted = None;
     let (cert_pem, key_pem, ca_bundle, issuing) = match setup.serving {
         Serving::Provided {
             cert_pem,
@@ -364,6 +395,17 @@ pub(crate) async fn start(
                 ca.cert_pem.into_bytes(),
                 true,
             )
+        }
+        Serving::Mounted(dir) => {
+            let files = MountedCert::read(&dir)?;
+            let parts = (
+                files.cert.clone(),
+                files.key.clone(),
+                files.ca.clone(),
+                false,
+            );
+            mounted = Some((dir, files));
+            parts
         }
     };
     let cert =
@@ -392,17 +434,74 @@ pub(crate) async fn start(
             client.clone(),
             ns.clone(),
             target.clone(),
-            cert,
+            cert.clone(),
             !setup.subresources_only,
             cancel.clone(),
         )
     });
-    let registrar = setup.registrar.unwrap_or_else(|| client.clone());
-    register(&registrar, &ca_bundle, &target, !setup.subresources_only).await?;
-    info!(%addr, target = ?target, "virt-api registered");
+    let rotation = rotation.or_else(|| {
+        mounted.map(|(dir, files)| follow_mounted(dir, files, cert.clone(), cancel.clone()))
+    });
+    if register_self {
+        let registrar = setup.registrar.unwrap_or_else(|| client.clone());
+        register(&registrar, &ca_bundle, &target, !setup.subresources_only).await?;
+        info!(%addr, target = ?target, "virt-api registered");
+    } else {
+        info!(%addr, "virt-api serving (registered by its installer)");
+    }
     Ok(VirtApi {
         server,
         _rotation: rotation,
+    })
+}
+
+/// The files of a mounted `kubernetes.io/tls` Secret.
+#[derive(PartialEq, Eq)]
+struct MountedCert {
+    cert: Vec<u8>,
+    key: Vec<u8>,
+    ca: Vec<u8>,
+}
+
+impl MountedCert {
+    fn read(dir: &std::path::Path) -> anyhow::Result<MountedCert> {
+        Ok(MountedCert {
+            cert: read(&dir.join("tls.crt"))?,
+            key: read(&dir.join("tls.key"))?,
+            ca: read(&dir.join("ca.crt"))?,
+        })
+    }
+}
+
+/// How often a mounted certificate is checked for a renewal (the node agent re-syncs Secret
+/// volumes about as often).
+const MOUNTED_CHECK_PERIOD: Duration = Duration::from_secs(10);
+
+/// Swaps in the mounted certificate whenever its files change.
+fn follow_mounted(
+    dir: PathBuf,
+    mut current: MountedCert,
+    cert: std::sync::Arc<SwappableCert>,
+    cancel: CancellationToken,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                () = cancel.cancelled() => return,
+                () = tokio::time::sleep(MOUNTED_CHECK_PERIOD) => {}
+            }
+            match MountedCert::read(&dir) {
+                Ok(files) if files != current => match cert.swap_pem(&files.cert, &files.key) {
+                    Ok(()) => {
+                        info!(dir = %dir.display(), "virt-api serving certificate renewed");
+                        current = files;
+                    }
+                    Err(e) => warn!(error = %e, "a renewed serving certificate is unusable"),
+                },
+                Ok(_) => {}
+                Err(e) => warn!(error = format!("{e:#}"), "reading the serving certificate"),
+            }
+        }
     })
 }
 
@@ -417,15 +516,34 @@ pub fn run(args: ApiArgs) -> anyhow::Result<()> {
             key_pem: read(key)?,
             ca_bundle_pem: read(args.tls_ca_file.as_ref().unwrap_or(cert))?,
         },
+        _ if args.certificates_dir.join("tls.crt").exists() => {
+            Serving::Mounted(args.certificates_dir.clone())
+        }
         _ => Serving::KubeVirtCa,
     };
+    let handler_dir = &args.handler_certificates_dir;
     let node_endpoint = match (&args.handler_cert_file, &args.handler_key_file) {
         (Some(cert), Some(key)) => Some(NodeClientConfig {
             client_cert_pem: read(cert)?,
             client_key_pem: read(key)?,
             server_ca_pem: None,
+            server_name: None,
         }),
+        _ if handler_dir.join("tls.crt").exists() => {
+            let files = MountedCert::read(handler_dir)?;
+            Some(NodeClientConfig {
+                client_cert_pem: files.cert,
+                client_key_pem: files.key,
+                server_ca_pem: Some(files.ca),
+                server_name: Some(virt_api::subresources::HANDLER_SERVER_NAME.to_owned()),
+            })
+        }
         _ => None,
+    };
+    let advertise = match (args.advertise_url, &serving) {
+        (Some(url), _) => Advertise::Url(url),
+        (None, Serving::Mounted(_)) => Advertise::Registered,
+        (None, _) => Advertise::Service(args.service_name),
     };
     let setup = VirtApiSetup {
         namespace: args
@@ -433,10 +551,7 @@ pub fn run(args: ApiArgs) -> anyhow::Result<()> {
             .unwrap_or_else(|| crate::kube_config::pod_namespace("kubevirt")),
         listen: SocketAddr::new(args.listen, args.port),
         serving,
-        advertise: match args.advertise_url {
-            Some(url) => Advertise::Url(url),
-            None => Advertise::Service(args.service_name),
-        },
+        advertise,
         node_endpoint,
         client_ca_pem: None,
         subresources_only: args.subresources_only,

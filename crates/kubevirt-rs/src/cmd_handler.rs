@@ -1,5 +1,10 @@
 //! `kubevirt-rs handler`: virt-handler for this node against any API server, with in-cluster
 //! configuration unless given a kubeconfig.
+//!
+//! Its REST server (console, VNC, pause for virt-api) presents the certificate of the Secret
+//! `kubevirt-virt-handler-server-certs` when mounted (`tls.crt`, `tls.key`) and accepts the
+//! client certificates its `ca.crt` signed (virt-api's `kubevirt-virt-handler-certs`), as
+//! upstream; without it a self-signed certificate, accepting clients of the cluster CA.
 
 use std::path::PathBuf;
 
@@ -29,14 +34,54 @@ pub struct HandlerArgs {
     /// KubeVirt CR.
     #[arg(long)]
     pub use_emulation: Option<bool>,
+    /// This pod's IP (upstream's flag, from `status.podIP`): the REST endpoint announced on
+    /// the Node when listening on every address.
+    #[arg(long)]
+    pub pod_ip_address: Option<std::net::IpAddr>,
+    /// Where the Secret `kubevirt-virt-handler-server-certs` is mounted.
+    #[arg(long, default_value = "/etc/virt-handler/servercertificates")]
+    pub server_certificates_dir: PathBuf,
+}
+
+/// The REST server's certificate, key and client CA from a mounted Secret, if it is there.
+fn mounted_server_certs(
+    dir: &std::path::Path,
+) -> anyhow::Result<Option<(String, String, Vec<u8>)>> {
+    if !dir.join("tls.crt").exists() {
+        return Ok(None);
+    }
+    let read = |file: &str| {
+        std::fs::read_to_string(dir.join(file))
+            .with_context(|| format!("reading {}", dir.join(file).display()))
+    };
+    Ok(Some((
+        read("tls.crt")?,
+        read("tls.key")?,
+        read("ca.crt")?.into_bytes(),
+    )))
 }
 
 pub fn run(args: HandlerArgs) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Runtime::new().context("starting the tokio runtime")?;
     runtime.block_on(async move {
         let kube_config = crate::kube_config::load(args.kubeconfig.as_deref()).await?;
-        // virt-api's client certificates are verified against the cluster CA.
-        let cluster_ca = crate::kube_config::cluster_ca_pem(&kube_config);
+        let rest = match mounted_server_certs(&args.server_certificates_dir)? {
+            Some((cert, key, client_ca)) => Some(virt_handler::rest::RestConfig {
+                listen: args.listen,
+                client_ca_pem: client_ca,
+                serving_cert: Some((cert, key)),
+                advertise_ip: args.pod_ip_address,
+            }),
+            // virt-api's client certificates are verified against the cluster CA.
+            None => crate::kube_config::cluster_ca_pem(&kube_config).map(|ca| {
+                virt_handler::rest::RestConfig {
+                    listen: args.listen,
+                    client_ca_pem: ca,
+                    serving_cert: None,
+                    advertise_ip: args.pod_ip_address,
+                }
+            }),
+        };
         let client = kube::Client::try_from(kube_config).context("client")?;
         let config = virt_handler::HandlerConfig {
             node_name: args
@@ -45,11 +90,7 @@ pub fn run(args: HandlerArgs) -> anyhow::Result<()> {
             data_dir: args.data_dir,
             kubelet_pods_dir: args.kubelet_pods_dir,
             use_emulation: args.use_emulation,
-            rest: cluster_ca.map(|ca| virt_handler::rest::RestConfig {
-                listen: args.listen,
-                client_ca_pem: ca,
-                serving_cert: None,
-            }),
+            rest,
         };
         let cancel = CancellationToken::new();
         let token = cancel.clone();

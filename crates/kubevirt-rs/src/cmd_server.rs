@@ -1,13 +1,15 @@
-//! `kubevirt-rs server`: the whole stack in one process on one machine.
+//! `kubevirt-rs server`: the whole stack on one machine.
 //!
-//! Wiring only. First the embedded Kubernetes: the API server (with the KubeVirt CRDs and a
-//! default `KubeVirt` CR), the scheduler and this machine's node agent (kubelet's role, with an
-//! image store holding this binary as the project's images). Then KubeVirt on it, each
-//! component with its own client and credentials to the loopback API server, exactly as they
-//! would run against a real cluster — virt-api (admission webhooks, registered through
-//! webhook configuration objects), virt-controller (behind its Lease) and virt-handler for
-//! this node. The two halves meet only at the Kubernetes API. Components that stop with an
-//! error are restarted after a second.
+//! Wiring only. First the embedded Kubernetes, in this process: the API server (with the
+//! KubeVirt CRDs and a `KubeVirt` CR carrying the server's KubeVirt flags), the scheduler and
+//! the workload controllers, and per node its node agent (kubelet's role, with an image store
+//! holding this binary as the project's images) and service proxy. Then KubeVirt onto it from
+//! `deploy/`'s manifests, as onto any cluster ([`crate::installer`]): virt-api and
+//! virt-controller as Deployments and virt-handler as a DaemonSet, each pod a process of its
+//! own with its own service account, run by the node agents. The two halves meet only at the
+//! Kubernetes API. The server is ready once KubeVirt's components are (`--no-kubevirt`: once
+//! the embedded Kubernetes is). Embedded components that stop with an error are restarted
+//! after a second; KubeVirt's pods are restarted by their node agent.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -51,6 +53,9 @@ pub struct ServerArgs {
     /// benchmarks).
     #[arg(long)]
     pub fake_qemu: bool,
+    /// The embedded Kubernetes only: no KubeVirt CRDs, CR or components.
+    #[arg(long)]
+    pub no_kubevirt: bool,
 }
 
 /// `key=quantity,…` as `--node-capacity` takes it (an empty string: no overrides).
@@ -73,15 +78,34 @@ fn parse_capacity(s: &str) -> Result<std::collections::BTreeMap<String, String>,
 /// The namespace KubeVirt's components and CR live in.
 const KUBEVIRT_NAMESPACE: &str = "kubevirt";
 
-/// The default `KubeVirt` CR: software emulation where KVM is not really usable.
-fn default_kubevirt_cr(use_emulation: bool) -> serde_json::Value {
+/// The initial `KubeVirt` CR: software emulation where KVM is not really usable, and the
+/// server's virt-controller flags as `customizeComponents.flags.controller` (which the
+/// installer renders into virt-controller's arguments).
+fn default_kubevirt_cr(use_emulation: bool, args: &ServerArgs) -> serde_json::Value {
+    let mut controller_flags = serde_json::Map::new();
+    for (flag, value) in [
+        ("additional-launcher-labels-sync", &args.labels_sync),
+        (
+            "additional-launcher-annotations-sync",
+            &args.annotations_sync,
+        ),
+    ] {
+        if !value.is_empty() {
+            controller_flags.insert(flag.into(), value.as_str().into());
+        }
+    }
+    let customize = if controller_flags.is_empty() {
+        json!({})
+    } else {
+        json!({"flags": {"controller": controller_flags}})
+    };
     json!({
         "apiVersion": "kubevirt.io/v1",
         "kind": "KubeVirt",
         "metadata": {"name": "kubevirt", "namespace": KUBEVIRT_NAMESPACE},
         "spec": {
             "configuration": {"developerConfiguration": {"useEmulation": use_emulation}},
-            "customizeComponents": {}
+            "customizeComponents": customize
         }
     })
 }
@@ -156,74 +180,6 @@ async fn api_server_address(kubeconfig: &Path) -> anyhow::Result<Option<(String,
         .host()
         .map(|h| h.trim_start_matches('[').trim_end_matches(']').to_owned())
         .zip(url.port_u16().or(Some(443))))
-}
-
-/// Starts virt-api in-process with the set-up `kubevirt-rs api` runs (see
-/// [`crate::cmd_api`]): its serving certificate from the cluster CA, registered at the URL it
-/// listens on (the embedded server has no service network), and the node agents' client
-/// certificate towards virt-handler.
-/// The namespace, ServiceAccounts and RBAC of `deploy/` (`00-namespace.yaml`,
-/// `20-rbac.yaml`): the components of the embedded server run with exactly the permissions
-/// they get on a real cluster.
-async fn install_kubevirt_rbac(admin: kube::Client) -> anyhow::Result<()> {
-    let config = kubevirt_install::InstallConfig::default();
-    let groups = kubevirt_install::manifests(&config).context("rendering deploy/")?;
-    for group in groups
-        .into_iter()
-        .filter(|g| matches!(g.file, "00-namespace.yaml" | "20-rbac.yaml"))
-    {
-        for object in group.objects {
-            let what = format!(
-                "{} {}",
-                object["kind"].as_str().unwrap_or("object"),
-                object["metadata"]["name"].as_str().unwrap_or_default()
-            );
-            crate::cmd_api::create_or_replace_dynamic(admin.clone(), object)
-                .await
-                .with_context(|| format!("installing {what}"))?;
-        }
-    }
-    Ok(())
-}
-
-async fn start_virt_api(
-    data_dir: &Path,
-    client: kube::Client,
-    admin: kube::Client,
-    cancel: &CancellationToken,
-) -> anyhow::Result<crate::cmd_api::VirtApi> {
-    let (cert, key) = kubevirt_apiserver::pki::issue_serving_cert(
-        data_dir,
-        vec!["127.0.0.1".into(), "localhost".into()],
-    )
-    .context("issuing virt-api's serving certificate")?;
-    let ca_pem =
-        std::fs::read(data_dir.join("pki").join("ca.crt")).context("reading the cluster CA")?;
-    let pki = data_dir.join("pki");
-    let read =
-        |file: &str| std::fs::read(pki.join(file)).with_context(|| format!("reading pki/{file}"));
-    let setup = crate::cmd_api::VirtApiSetup {
-        namespace: KUBEVIRT_NAMESPACE.into(),
-        listen: "127.0.0.1:0".parse().context("address")?,
-        serving: crate::cmd_api::Serving::Provided {
-            cert_pem: cert.into_bytes(),
-            key_pem: key.into_bytes(),
-            ca_bundle_pem: ca_pem.clone(),
-        },
-        advertise: crate::cmd_api::Advertise::Url("https://127.0.0.1:0".into()),
-        node_endpoint: Some(virt_api::subresources::NodeClientConfig {
-            client_cert_pem: read("apiserver-kubelet-client.crt")?,
-            client_key_pem: read("apiserver-kubelet-client.key")?,
-            server_ca_pem: Some(ca_pem.clone()),
-        }),
-        // The API server's front-proxy client certificate is signed by its cluster CA.
-        client_ca_pem: Some(ca_pem),
-        subresources_only: false,
-        // The server registers virt-api as upstream's operator does, as administrator;
-        // virt-api itself runs with deploy/'s rights.
-        registrar: Some(admin),
-    };
-    crate::cmd_api::start(client, setup, cancel).await
 }
 
 /// Runs `component` until `cancel`, restarting it a second after it stops early.
@@ -309,16 +265,15 @@ fn embedded_node(data_dir: &Path, base: &str, index: usize) -> (String, PathBuf)
 }
 
 /// Starts one node of the embedded Kubernetes: its node agent (kubelet's role) and, when its
-/// pods have their own network, its service proxy (kube-proxy's). Returns the tasks and the
-/// node's pod directory.
+/// pods have their own network, its service proxy (kube-proxy's).
 async fn start_embedded_node(
     data_dir: &Path,
     (node_name, node_dir): (&str, &Path),
-    fake_qemu: bool,
+    images: &kubevirt_node::images::ImageStore,
     capacity_overrides: &std::collections::BTreeMap<String, String>,
     ca_pem: &[u8],
     cancel: &CancellationToken,
-) -> anyhow::Result<(Vec<tokio::task::JoinHandle<()>>, PathBuf)> {
+) -> anyhow::Result<Vec<tokio::task::JoinHandle<()>>> {
     let node_client = component_client(
         data_dir,
         &format!("node-{node_name}"),
@@ -378,7 +333,7 @@ async fn start_embedded_node(
     let node_config = kubevirt_node::NodeConfig {
         node_name: node_name.to_owned(),
         data_dir: node_dir.to_path_buf(),
-        images: project_images(fake_qemu)?,
+        images: images.clone(),
         host_ip: "127.0.0.1".into(),
         cluster_ca_pem: Some(ca_pem.to_vec()),
         serving_cert: Some(
@@ -392,7 +347,6 @@ async fn start_embedded_node(
         pod_network,
         capacity_overrides: capacity_overrides.clone(),
     };
-    let kubelet_pods_dir = node_config.pods_dir();
     tasks.push(supervise("node", cancel.clone(), move |token| {
         // The slot is held for as long as the node task lives.
         let _held = &slot;
@@ -409,12 +363,25 @@ async fn start_embedded_node(
             Ok(result?)
         }
     }));
-    Ok((tasks, kubelet_pods_dir))
+    Ok(tasks)
 }
 
-/// The node's image store: this binary under the project's images (the launcher image of
-/// the default launcher pod configuration), with the environment its image would carry.
-fn project_images(fake_qemu: bool) -> anyhow::Result<kubevirt_node::images::ImageStore> {
+/// The images of KubeVirt's components (and the project's launcher), all this binary.
+const PROJECT_IMAGES: [&str; 5] = [
+    "virt-operator",
+    "virt-api",
+    "virt-controller",
+    "virt-handler",
+    "virt-launcher",
+];
+
+/// The node's image store: this binary under each of the project's image names that `install`
+/// renders into the manifests (and virt-controller's default launcher image), with the
+/// environment its image would carry (the launcher's a fake QEMU under `--fake-qemu`).
+fn project_images(
+    fake_qemu: bool,
+    install: &kubevirt_install::InstallConfig,
+) -> anyhow::Result<kubevirt_node::images::ImageStore> {
     let binary = std::env::current_exe().context("locating the kubevirt-rs binary")?;
     let mut env = vec![];
     for key in ["PATH", "RUST_LOG"] {
@@ -422,18 +389,28 @@ fn project_images(fake_qemu: bool) -> anyhow::Result<kubevirt_node::images::Imag
             env.push((key.to_owned(), value.to_string_lossy().into_owned()));
         }
     }
-    if fake_qemu {
-        env.push(("KUBEVIRT_RS_FAKE_QEMU".to_owned(), "true".to_owned()));
-    }
+    let image = |env: Vec<(String, String)>| kubevirt_node::images::Image {
+        programs: std::collections::BTreeMap::from([(
+            kubevirt_install::BINARY.to_owned(),
+            binary.clone(),
+        )]),
+        entrypoint: vec![kubevirt_install::BINARY.to_owned()],
+        env,
+    };
     let mut images = kubevirt_node::images::ImageStore::new();
-    images.insert(
-        &virt_controller::vmi::template::LauncherPodConfig::default().launcher_image,
-        kubevirt_node::images::Image {
-            programs: std::collections::BTreeMap::from([("kubevirt-rs".to_owned(), binary)]),
-            entrypoint: vec!["kubevirt-rs".to_owned()],
-            env,
-        },
-    );
+    for name in PROJECT_IMAGES {
+        images.insert(&install.image(name), image(env.clone()));
+    }
+    let mut launcher_env = env;
+    if fake_qemu {
+        launcher_env.push(("KUBEVIRT_RS_FAKE_QEMU".to_owned(), "true".to_owned()));
+    }
+    for launcher in [
+        install.launcher_image(),
+        virt_controller::vmi::template::LauncherPodConfig::default().launcher_image,
+    ] {
+        images.insert(&launcher, image(launcher_env.clone()));
+    }
     Ok(images)
 }
 
@@ -445,9 +422,12 @@ pub fn run(args: ServerArgs) -> anyhow::Result<()> {
 async fn serve(args: ServerArgs) -> anyhow::Result<()> {
     let accel = virt_launcher::accel::detect_accel(virt_launcher::accel::AccelMode::Auto);
     let use_emulation = args.use_emulation || accel.accel == virt_launcher::spec::Accel::Tcg;
-    info!(use_emulation, reason = %accel.reason, "acceleration");
-    let mut initial_objects = kubevirt_crds()?;
-    initial_objects.push(default_kubevirt_cr(use_emulation));
+    let mut initial_objects = vec![];
+    if !args.no_kubevirt {
+        info!(use_emulation, reason = %accel.reason, "acceleration");
+        initial_objects = kubevirt_crds()?;
+        initial_objects.push(default_kubevirt_cr(use_emulation, &args));
+    }
     let server = kubevirt_apiserver::start(kubevirt_apiserver::Config {
         data_dir: args.data_dir.clone(),
         listen: args.listen,
@@ -457,99 +437,55 @@ async fn serve(args: ServerArgs) -> anyhow::Result<()> {
     .context("starting the API server")?;
     let cancel = CancellationToken::new();
     let data_dir = args.data_dir.clone();
-
-    // KubeVirt's identities get deploy/'s permissions, as on a real cluster, before any
-    // component acts with them.
-    let admin = client_from(&data_dir.join("kubeconfig")).await?;
-    install_kubevirt_rbac(admin.clone()).await?;
-    let api_client = client_from(&data_dir.join("kubeconfig-api")).await?;
-    let _virt_api = start_virt_api(&data_dir, api_client, admin, &cancel).await?;
+    let install = kubevirt_install::InstallConfig::default();
 
     let node_name = args
         .node_name
         .clone()
         .unwrap_or_else(virt_handler::default_node_name);
-    let controller_client = client_from(&data_dir.join("kubeconfig-controller")).await?;
-    let controller_config = virt_controller::app::ControllerAppConfig {
-        namespace: KUBEVIRT_NAMESPACE.into(),
-        labels_sync: args.labels_sync.clone(),
-        annotations_sync: args.annotations_sync.clone(),
-        launcher: virt_controller::vmi::template::LauncherPodConfig {
-            use_emulation,
-            ..Default::default()
-        },
-        // A stable identity: after a restart this process still holds its own Lease and
-        // resumes at once instead of waiting for the old holder's lease to expire.
-        leader: virt_controller::runtime::leader::LeaderElectionConfig {
-            identity: format!("kubevirt-rs-server-{node_name}"),
-            ..Default::default()
-        },
-    };
-    let metrics = std::sync::Arc::new(virt_controller::runtime::metrics::Metrics::new());
-    let controller = supervise("virt-controller", cancel.clone(), move |token| {
-        let (client, config, metrics) = (
-            controller_client.clone(),
-            controller_config.clone(),
-            metrics.clone(),
-        );
-        async move { Ok(virt_controller::app::run_controller(client, config, &metrics, token).await?) }
-    });
-
     let ca_pem =
         std::fs::read(data_dir.join("pki").join("ca.crt")).context("reading the cluster CA")?;
-    let serving_cert = || {
-        kubevirt_apiserver::pki::issue_serving_cert(
-            &data_dir,
-            vec!["127.0.0.1".into(), "localhost".into()],
-        )
-    };
-
+    let images = project_images(args.fake_qemu, &install)?;
     let mut tasks = start_embedded_control_plane(&data_dir, &cancel).await?;
-    for index in 0..args.nodes.max(1) {
+    let nodes = args.nodes.max(1);
+    for index in 0..nodes {
         let (name, dir) = embedded_node(&data_dir, &node_name, index);
-        let (node_tasks, kubelet_pods_dir) = start_embedded_node(
-            &data_dir,
-            (&name, &dir),
-            args.fake_qemu,
-            &args.node_capacity,
-            &ca_pem,
-            &cancel,
-        )
-        .await?;
-        tasks.extend(node_tasks);
+        tasks.extend(
+            start_embedded_node(
+                &data_dir,
+                (&name, &dir),
+                &images,
+                &args.node_capacity,
+                &ca_pem,
+                &cancel,
+            )
+            .await?,
+        );
+    }
 
-        // KubeVirt's node agent on this node.
-        let handler_client = client_from(&data_dir.join("kubeconfig-handler")).await?;
-        let handler_config = virt_handler::HandlerConfig {
-            node_name: name,
-            data_dir: data_dir.clone(),
-            kubelet_pods_dir,
-            use_emulation: args.use_emulation.then_some(true),
-            rest: Some(virt_handler::rest::RestConfig {
-                listen: "127.0.0.1:0".parse().context("address")?,
-                client_ca_pem: ca_pem.clone(),
-                serving_cert: Some(
-                    serving_cert().context("issuing virt-handler's serving certificate")?,
-                ),
-            }),
-        };
-        tasks.push(supervise("virt-handler", cancel.clone(), move |token| {
-            let (client, config) = (handler_client.clone(), handler_config.clone());
-            async move { Ok(virt_handler::run_handler(client, config, token).await?) }
-        }));
+    if !args.no_kubevirt {
+        let admin = client_from(&data_dir.join("kubeconfig")).await?;
+        tasks.push(
+            crate::installer::start(admin.clone(), install.clone(), cancel.clone())
+                .await
+                .context("installing KubeVirt")?,
+        );
+        tokio::select! {
+            () = crate::installer::wait_ready(&admin, &install.namespace, nodes) => {}
+            () = crate::shutdown_signal() => {
+                cancel.cancel();
+                server.stop().await;
+                return Ok(());
+            }
+        }
     }
 
     info!(kubeconfig = %server.kubeconfig.display(), "kubevirt-rs server ready");
     crate::shutdown_signal().await;
-    info!("shutting down (running VMs keep running)");
+    info!("shutting down (running pods, and so VMs and KubeVirt's components, keep running)");
     cancel.cancel();
-    // Let the components finish their last API calls (the controller releases its Lease)
-    // before the API server goes away.
-    let _ = tokio::time::timeout(Duration::from_secs(5), async {
-        let _ = controller.await;
-        futures::future::join_all(tasks).await;
-    })
-    .await;
+    // Let the components finish their last API calls before the API server goes away.
+    let _ = tokio::time::timeout(Duration::from_secs(5), futures::future::join_all(tasks)).await;
     server.stop().await;
     Ok(())
 }

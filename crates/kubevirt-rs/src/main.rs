@@ -13,7 +13,9 @@ mod cmd_images;
 mod cmd_launcher;
 mod cmd_manifests;
 mod cmd_server;
+mod installer;
 mod kube_config;
+mod kubevirt_ca;
 
 #[derive(Parser)]
 #[command(name = "kubevirt-rs", about = "KubeVirt, in Rust", version)]
@@ -26,8 +28,9 @@ struct Cli {
 enum Command {
     /// Print the KubeVirt CustomResourceDefinitions as a multi-document YAML stream.
     Crds,
-    /// Run everything on this machine: the embedded Kubernetes (API server, scheduler, node
-    /// agent) and KubeVirt on it (virt-api, virt-controller, virt-handler).
+    /// Run everything on this machine: the embedded Kubernetes (API server, scheduler,
+    /// controllers, node agents) and KubeVirt installed onto it from deploy/'s manifests
+    /// (virt-api, virt-controller and virt-handler as pods).
     Server(cmd_server::ServerArgs),
     /// Run the embedded Kubernetes-compatible API server alone.
     Apiserver(ServerArgs),

@@ -181,9 +181,28 @@ impl ServerProcess {
         self.data.path().join("kubeconfig")
     }
 
-    /// The server's log so far (for assertion messages).
+    /// The server's log so far, and for `server` the last lines of KubeVirt's component pods
+    /// (for assertion messages).
     pub fn log(&self) -> String {
-        std::fs::read_to_string(self.data.path().join("server.log")).unwrap_or_default()
+        let mut text =
+            std::fs::read_to_string(self.data.path().join("server.log")).unwrap_or_default();
+        if self.subcommand == "server" {
+            let pods = self.kubectl(&[
+                "-n",
+                "kubevirt",
+                "logs",
+                "-l",
+                "kubevirt.io",
+                "--all-containers",
+                "--prefix",
+                "--tail=80",
+                "--max-log-requests=20",
+            ]);
+            text.push_str("\n--- KubeVirt's pods (last lines) ---\n");
+            text.push_str(&String::from_utf8_lossy(&pods.stdout));
+            text.push_str(&String::from_utf8_lossy(&pods.stderr));
+        }
+        text
     }
 
     /// The server's pid while it runs.

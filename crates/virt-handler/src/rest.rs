@@ -56,6 +56,9 @@ pub struct RestConfig {
     pub client_ca_pem: Vec<u8>,
     /// Certificate and key (PEM) to present (self-signed when `None`).
     pub serving_cert: Option<(String, String)>,
+    /// The address announced on the Node in place of the listen address's (a pod's IP, when
+    /// listening on every address of the pod's network).
+    pub advertise_ip: Option<std::net::IpAddr>,
 }
 
 /// Errors starting the REST server.
@@ -351,7 +354,10 @@ pub async fn serve(
     )
     .await?;
     let server = RestServer { addr, task };
-    announce(&client, node_name, addr).await?;
+    let announced = config
+        .advertise_ip
+        .map_or(addr, |ip| SocketAddr::new(ip, addr.port()));
+    announce(&client, node_name, announced).await?;
     Ok(server)
 }
 

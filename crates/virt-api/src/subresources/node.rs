@@ -51,7 +51,16 @@ pub struct NodeClientConfig {
     /// (embedded mode: the cluster CA); `None` accepts any serving certificate (see the
     /// module's caveats).
     pub server_ca_pem: Option<Vec<u8>>,
+    /// The name the node agent's serving certificate must carry, whatever address it is
+    /// reached at ([`HANDLER_SERVER_NAME`] for virt-handler pods, whose addresses are not
+    /// known when their certificate is issued); `None`: the address itself.
+    pub server_name: Option<String>,
 }
+
+/// The DNS name in virt-handler's serving certificate (Secret
+/// `kubevirt-virt-handler-server-certs`) that virt-api verifies, as upstream verifies the
+/// handler's identity rather than its pod address.
+pub const HANDLER_SERVER_NAME: &str = "virt-handler";
 
 /// Where a VMI's launcher pod is served.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -82,6 +91,7 @@ impl NodeTarget {
 #[derive(Clone)]
 pub struct NodeClient {
     tls: TlsConnector,
+    server_name: Option<String>,
 }
 
 impl NodeClient {
@@ -100,6 +110,7 @@ impl NodeClient {
         )?;
         Ok(Self {
             tls: TlsConnector::from(Arc::new(cfg)),
+            server_name: config.server_name.clone(),
         })
     }
 
@@ -148,8 +159,9 @@ impl NodeClient {
         let tcp = TcpStream::connect((target.host.as_str(), target.port))
             .await
             .map_err(|e| SubError::internal(format!("connecting to the node agent: {e}")))?;
-        let name = ServerName::try_from(target.host.clone())
-            .map_err(|e| SubError::internal(format!("node address {}: {e}", target.host)))?;
+        let expected = self.server_name.as_ref().unwrap_or(&target.host);
+        let name = ServerName::try_from(expected.clone())
+            .map_err(|e| SubError::internal(format!("node name {expected}: {e}")))?;
         self.tls
             .connect(name, tcp)
             .await

@@ -209,9 +209,13 @@ fn now_seconds() -> Time {
 }
 
 /// The launcher configuration with the KubeVirt CR's CPU allocation ratio, when it sets a
-/// positive one.
+/// positive one, and its `developerConfiguration.useEmulation`, when set (upstream reads
+/// both from the CR, not from flags).
 fn effective_launcher(base: &LauncherPodConfig, cluster: &ClusterSettings) -> LauncherPodConfig {
     let mut launcher = base.clone();
+    if let Some(emulation) = cluster.use_emulation {
+        launcher.use_emulation = emulation;
+    }
     if let Some(ratio) = cluster
         .cpu_allocation_ratio
         .and_then(|r| u32::try_from(r).ok())

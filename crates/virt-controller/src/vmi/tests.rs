@@ -375,6 +375,23 @@ fn new_launcher_pods_take_the_crs_positive_cpu_allocation_ratio() {
     );
 }
 
+#[test]
+fn new_launcher_pods_follow_the_crs_use_emulation_when_it_is_set() {
+    let with = |use_emulation| ClusterSettings {
+        use_emulation,
+        ..ClusterSettings::default()
+    };
+    let kvm = LauncherPodConfig::default();
+    assert!(effective_launcher(&kvm, &with(Some(true))).use_emulation);
+    assert!(!effective_launcher(&kvm, &with(None)).use_emulation);
+    let tcg = LauncherPodConfig {
+        use_emulation: true,
+        ..LauncherPodConfig::default()
+    };
+    assert!(!effective_launcher(&tcg, &with(Some(false))).use_emulation);
+    assert!(effective_launcher(&tcg, &with(None)).use_emulation);
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_changed_sync_pattern_requeues_every_vmi() {
     let queue = WorkQueue::new("test");

@@ -1,7 +1,9 @@
 //! A minimal stand-in for virt-operator's certificate management, until the operator exists:
 //! the KubeVirt CA in the Secret `kubevirt-ca` of KubeVirt's namespace (upstream's name and
 //! layout: a `kubernetes.io/tls` Secret with `tls.crt` and `tls.key`, subject `kubevirt.io`),
-//! created when missing, and virt-api's serving certificates issued from it.
+//! created when missing, and the components' serving and client certificates issued from it
+//! (virt-api's own, when it runs without mounted certificates, and the installer's
+//! [`crate::installer`] Secrets).
 //!
 //! # Guarantees
 //! Several virt-api processes starting at once agree on one CA: the Secret is created with
@@ -176,29 +178,59 @@ impl KubeVirtCa {
     }
 
     /// A serving certificate for `names` (DNS names or IP addresses), certificate and key as
-    /// PEM.
+    /// PEM; its subject is the first name.
     ///
     /// # Errors
     /// When a name is unusable or signing fails.
     pub fn issue_serving(&self, names: Vec<String>) -> anyhow::Result<(String, String)> {
-        let key = KeyPair::generate().context("generating a serving key")?;
         let cn = names.first().cloned().unwrap_or_default();
-        let mut p = CertificateParams::new(names).context("serving certificate parameters")?;
+        self.issue(&cn, names, ExtendedKeyUsagePurpose::ServerAuth)
+    }
+
+    /// A client certificate with subject `common_name`, certificate and key as PEM.
+    ///
+    /// # Errors
+    /// When signing fails.
+    pub fn issue_client(&self, common_name: &str) -> anyhow::Result<(String, String)> {
+        self.issue(common_name, vec![], ExtendedKeyUsagePurpose::ClientAuth)
+    }
+
+    /// A serving certificate with subject `common_name` (upstream's component identities,
+    /// such as `kubevirt.io:system:node:virt-handler`) for `names`.
+    ///
+    /// # Errors
+    /// When a name is unusable or signing fails.
+    pub fn issue_serving_as(
+        &self,
+        common_name: &str,
+        names: Vec<String>,
+    ) -> anyhow::Result<(String, String)> {
+        self.issue(common_name, names, ExtendedKeyUsagePurpose::ServerAuth)
+    }
+
+    fn issue(
+        &self,
+        common_name: &str,
+        names: Vec<String>,
+        usage: ExtendedKeyUsagePurpose,
+    ) -> anyhow::Result<(String, String)> {
+        let key = KeyPair::generate().context("generating a key")?;
+        let mut p = CertificateParams::new(names).context("certificate parameters")?;
         let mut dn = DistinguishedName::new();
-        dn.push(DnType::CommonName, cn);
+        dn.push(DnType::CommonName, common_name);
         p.distinguished_name = dn;
         validity(&mut p, LEAF_LIFETIME);
         p.key_usages = vec![
             KeyUsagePurpose::DigitalSignature,
             KeyUsagePurpose::KeyEncipherment,
         ];
-        p.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+        p.extended_key_usages = vec![usage];
         p.use_authority_key_identifier_extension = true;
         let ca_key = KeyPair::from_pem(&self.key.serialize_pem()).context("the CA key")?;
         let issuer = Issuer::new(ca_params()?, ca_key);
         let cert = p
             .signed_by(&key, &issuer)
-            .context("signing a serving certificate")?;
+            .context("signing a certificate")?;
         Ok((cert.pem(), key.serialize_pem()))
     }
 }

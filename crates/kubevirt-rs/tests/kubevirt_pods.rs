@@ -1,0 +1,225 @@
+//! End-to-end: `kubevirt-rs server` installs KubeVirt from deploy/'s manifests and runs its
+//! components as pods, each its own process: virt-api and virt-controller as Deployments
+//! (2/2 Available), virt-handler as a DaemonSet. The seed article's Deployment-args check
+//! shows the CR's controller flags; SIGKILLing the leading virt-controller hands the Lease to
+//! the other replica, and a VM created afterwards starts. With `--fake-qemu` (a control-plane
+//! test).
+
+use std::path::Path;
+
+use testkit::{DEADLINE, ServerProcess, wait_until};
+
+const BIN: &str = env!("CARGO_BIN_EXE_kubevirt-rs");
+
+/// A Lease is taken over once it has not been renewed for its duration (15 s) plus the
+/// retry period: longer than the default deadline leaves room for.
+const TAKEOVER_DEADLINE: std::time::Duration = std::time::Duration::from_secs(90);
+
+fn get(server: &ServerProcess, args: &[&str], template: &str) -> String {
+    let mut all = vec!["-n", "kubevirt", "get"];
+    all.extend_from_slice(args);
+    let template = format!("jsonpath={template}");
+    all.extend(["-o", template.as_str()]);
+    server.ok(&all).unwrap_or_default()
+}
+
+fn fail(server: &ServerProcess) -> impl Fn(anyhow::Error) -> anyhow::Error + '_ {
+    move |e| anyhow::anyhow!("{e}\nserver log:\n{}", server.log())
+}
+
+/// The pid the node agent recorded for container `container` of pod `kubevirt/pod`.
+fn container_pid(server: &ServerProcess, pod: &str, container: &str) -> anyhow::Result<i32> {
+    let uid = get(server, &["pod", pod], "{.metadata.uid}");
+    let record = server
+        .data_dir()
+        .join("node")
+        .join("pods")
+        .join(uid)
+        .join(format!("{container}.json"));
+    let record: serde_json::Value = serde_json::from_slice(&std::fs::read(&record)?)?;
+    let pid = record["pid"]
+        .as_i64()
+        .ok_or_else(|| anyhow::anyhow!("no pid in {record}"))?;
+    Ok(i32::try_from(pid)?)
+}
+
+#[test]
+fn kubevirt_runs_as_pods_and_a_killed_leader_hands_over() -> anyhow::Result<()> {
+    let server = ServerProcess::start(
+        Path::new(BIN),
+        "server",
+        &[
+            "--fake-qemu",
+            "--additional-launcher-labels-sync",
+            "ops.example.com/*",
+        ],
+    )?;
+
+    // Ready means the components are: both Deployments 2/2, the handler on the node.
+    let ready = get(
+        &server,
+        &["deploy"],
+        "{range .items[*]}{.metadata.name}={.status.availableReplicas}/{.spec.replicas} {end}",
+    );
+    assert_eq!(
+        ready.trim(),
+        "virt-api=2/2 virt-controller=2/2",
+        "{}",
+        server.log()
+    );
+    let handlers = get(
+        &server,
+        &["ds", "virt-handler"],
+        "{.status.numberReady}/{.status.desiredNumberScheduled}",
+    );
+    assert_eq!(handlers, "1/1");
+    server.ok(&[
+        "-n",
+        "kubevirt",
+        "rollout",
+        "status",
+        "deploy/virt-controller",
+        "--timeout=60s",
+    ])?;
+
+    // Each pod is a process of its own, started from its own command.
+    let pods = get(
+        &server,
+        &["pods", "-l", "kubevirt.io"],
+        "{range .items[*]}{.metadata.name} {.spec.containers[0].name} {.status.podIP}\n{end}",
+    );
+    let mut pids = std::collections::BTreeSet::new();
+    for line in pods.lines() {
+        let [pod, container, ip] = line.split(' ').collect::<Vec<_>>()[..] else {
+            anyhow::bail!("unexpected line {line:?}");
+        };
+        assert!(!ip.is_empty(), "{pod} has no IP");
+        let pid = container_pid(&server, pod, container)?;
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline"))?;
+        let argv: Vec<String> = cmdline
+            .split(|b| *b == 0)
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        let subcommand = container.trim_start_matches("virt-");
+        assert_eq!(
+            argv.get(1).map(String::as_str),
+            Some(subcommand),
+            "{argv:?}"
+        );
+        pids.insert(pid);
+    }
+    assert_eq!(pids.len(), 5, "five component processes: {pods}");
+
+    // The seed article's check: the CR's controller flag is in the Deployment's args.
+    let args = get(
+        &server,
+        &["deploy", "virt-controller"],
+        r#"{.spec.template.spec.containers[0].command}{" "}{.spec.template.spec.containers[0].args}"#,
+    );
+    assert_eq!(
+        args,
+        r#"["kubevirt-rs","controller"] ["--launcher-image","kubevirt-rs/virt-launcher:0.1.0","--namespace","kubevirt","--additional-launcher-labels-sync","ops.example.com/*"]"#
+    );
+
+    // SIGKILL the leader: the other replica takes the Lease over.
+    let holder = get(
+        &server,
+        &["lease", "virt-controller"],
+        "{.spec.holderIdentity}",
+    );
+    let leader = get(
+        &server,
+        &["pods", "-l", "kubevirt.io=virt-controller"],
+        "{.items[*].metadata.name}",
+    )
+    .split(' ')
+    .find(|pod| holder.starts_with(&format!("{pod}_")))
+    .map(str::to_owned)
+    .ok_or_else(|| anyhow::anyhow!("no controller pod holds the Lease ({holder:?})"))?;
+    let pid = container_pid(&server, &leader, "virt-controller")?;
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGKILL,
+    )?;
+    let new_holder = wait_until(TAKEOVER_DEADLINE, "another controller to lead", || {
+        let now = get(
+            &server,
+            &["lease", "virt-controller"],
+            "{.spec.holderIdentity}",
+        );
+        (!now.is_empty() && !now.starts_with(&format!("{leader}_"))).then_some(now)
+    })
+    .map_err(fail(&server))?;
+    assert_ne!(new_holder, holder);
+
+    // A VM created now starts under the new leader.
+    server.apply(
+        r"apiVersion: kubevirt.io/v1
+kind: VirtualMachine
+metadata:
+  name: after-handover
+spec:
+  runStrategy: Always
+  template:
+    spec:
+      domain:
+        memory: {guest: 128Mi}
+        devices: {}
+",
+    )?;
+    wait_until(DEADLINE, "the VM to run", || {
+        let phase = server
+            .ok(&[
+                "get",
+                "vmi",
+                "after-handover",
+                "-o",
+                "jsonpath={.status.phase}",
+            ])
+            .unwrap_or_default();
+        (phase == "Running").then_some(())
+    })
+    .map_err(fail(&server))?;
+    // The killed container was restarted by its node agent.
+    wait_until(DEADLINE, "the killed controller to be restarted", || {
+        let restarts = get(
+            &server,
+            &["pod", &leader],
+            "{.status.containerStatuses[0].restartCount}",
+        );
+        (restarts == "1").then_some(())
+    })
+    .map_err(fail(&server))?;
+    Ok(())
+}
+
+#[test]
+fn no_kubevirt_gives_the_bare_embedded_kubernetes() -> anyhow::Result<()> {
+    let server = ServerProcess::start(Path::new(BIN), "server", &["--no-kubevirt"])?;
+    let out = server.kubectl(&["get", "crd", "virtualmachines.kubevirt.io"]);
+    assert!(!out.status.success(), "no KubeVirt CRDs");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("NotFound"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let namespaces = server.ok(&["get", "ns", "-o", "jsonpath={.items[*].metadata.name}"])?;
+    assert!(
+        !namespaces.split(' ').any(|n| n == "kubevirt"),
+        "{namespaces}"
+    );
+    // The embedded Kubernetes itself is there: a node registers.
+    wait_until(DEADLINE, "a Ready node", || {
+        let status = server
+            .ok(&[
+                "get",
+                "nodes",
+                "-o",
+                r#"jsonpath={.items[*].status.conditions[?(@.type=="Ready")].status}"#,
+            ])
+            .unwrap_or_default();
+        (status == "True").then_some(())
+    })
+    .map_err(fail(&server))?;
+    Ok(())
+}
