@@ -22,6 +22,8 @@
 //! - [`webhook`]: admission webhooks (AdmissionReview v1 over HTTPS) behind the
 //!   [`admission::Admission`] seam, in a mutating phase before schema validation and a
 //!   validating phase after it;
+//! - [`routing`]: Service references (webhooks, APIServices) routed to a ready endpoint
+//!   of the Service's EndpointSlices, as kube-apiserver's endpoint routing;
 //! - [`aggregation`]: APIService proxying (websocket upgrades included);
 //! - [`handlers::scale`]: the `scale` subresource (`autoscaling/v1` Scale);
 //! - [`logs`]: `pods/log` from the node's log server (its contract is documented there);

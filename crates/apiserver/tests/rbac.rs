@@ -30,6 +30,7 @@ fn tls(s: &TestServer, identity: Option<(String, String)>) -> Arc<rustls::Client
             ca_pem: read(&s.dir.path().join("pki/ca.crt")).into_bytes(),
             insecure: false,
             identity,
+            server_name: None,
         })
         .unwrap(),
     )
