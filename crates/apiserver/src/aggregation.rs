@@ -2,12 +2,16 @@
 //! `APIService` (`apiregistration.k8s.io/v1`, named `<version>.<group>`) with a backend
 //! are proxied to that backend, as kube-apiserver's aggregator does.
 //!
-//! Where the backend is: the APIService's annotation [`URL_ANNOTATION`]
-//! (`kubevirt-rs.io/url: https://127.0.0.1:8443`) — the embedded server has no service
-//! network — or else `spec.service`, resolved through the same annotation on the named
-//! `Service` (see [`crate::webhook::service_url`]). An APIService without `spec.service`
-//! is local (served by this server). The backend's certificate is verified against
-//! `spec.caBundle` (the cluster CA when empty) unless `spec.insecureSkipTLSVerify`.
+//! Where the backend is: `spec.service` (`port` 443 when absent), routed to one ready
+//! endpoint of the Service per request as kube-apiserver's endpoint routing does
+//! ([`crate::routing::resolve_endpoint`]); the backend's certificate is verified for
+//! `<name>.<namespace>.svc` against `spec.caBundle` (the cluster CA when empty) unless
+//! `spec.insecureSkipTLSVerify`. A Service that cannot be routed answers 503
+//! `ServiceUnavailable` with kube's reason in the message. An APIService without
+//! `spec.service` is local (served by this server). The APIService annotation
+//! [`URL_ANNOTATION`] (a base URL such as `https://127.0.0.1:8443`, verified for its own
+//! host) takes precedence over `spec.service`, for a backend that runs outside the pod
+//! network (virt-api started by the embedded server's own process).
 //!
 //! What is forwarded: method, path, query, headers (without `Authorization` and the
 //! hop-by-hop ones) and the body, streamed both ways. The server authenticates to the
@@ -36,16 +40,18 @@ use crate::client::{self, TlsOptions};
 use crate::state::ApiState;
 use crate::status::ApiError;
 
-/// Annotation on an `APIService` (or its `Service`) with the backend's base URL.
-pub const URL_ANNOTATION: &str = crate::webhook::URL_ANNOTATION;
+/// Annotation on an `APIService` with the backend's base URL (instead of `spec.service`).
+pub const URL_ANNOTATION: &str = "kubevirt-rs.io/url";
 
 const PREFIX: &str = "/registry/apiregistration.k8s.io/apiservices/";
 
 /// A proxied group version's backend.
 #[derive(Clone, Debug)]
 pub struct Target {
-    /// Base URL (`https://127.0.0.1:8443`), the request path is appended.
+    /// Base URL (`https://10.245.0.7:8443`), the request path is appended; the reason
+    /// the backend cannot be reached otherwise.
     pub base: Result<String, String>,
+    /// `server_name` is `<service>.<namespace>.svc` for a routed Service reference.
     pub tls: TlsOptions,
     pub name: String,
 }
@@ -95,14 +101,21 @@ pub fn target(state: &ApiState, path: &str) -> Option<Target> {
         return None;
     }
     let spec = &svc["spec"];
+    let mut server_name = None;
     let base = match svc["metadata"]["annotations"][URL_ANNOTATION].as_str() {
         Some(u) => Ok(u.trim_end_matches('/').to_owned()),
-        None => crate::webhook::service_url(
+        None => crate::routing::resolve_endpoint(
             &state.store,
             spec["service"]["namespace"].as_str().unwrap_or(""),
             spec["service"]["name"].as_str().unwrap_or(""),
-            "",
-        ),
+            spec["service"]["port"].as_i64().unwrap_or(443),
+        )
+        .map(|ep| {
+            let base = ep.base_url();
+            server_name = Some(ep.server_name);
+            base
+        })
+        .map_err(|e| e.to_string()),
     };
     let ca_pem = match spec["caBundle"].as_str() {
         Some(b) if !b.is_empty() => STANDARD.decode(b).unwrap_or_default(),
@@ -114,6 +127,7 @@ pub fn target(state: &ApiState, path: &str) -> Option<Target> {
             ca_pem,
             insecure: spec["insecureSkipTLSVerify"] == true,
             identity: state.outgoing.proxy_client.clone(),
+            server_name,
         },
         name: format!("{version}.{group}"),
     })
@@ -188,7 +202,7 @@ pub async fn proxy(target: Target, mut req: Request) -> Response {
         Ok(t) => Arc::new(t),
         Err(e) => return unavailable(&target.name, &e),
     };
-    let mut resp = match client::send(tls, out).await {
+    let mut resp = match client::send_as(tls, target.tls.server_name.as_deref(), out).await {
         Ok(r) => r,
         Err(e) => return unavailable(&target.name, &e),
     };

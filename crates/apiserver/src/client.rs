@@ -45,6 +45,10 @@ pub struct TlsOptions {
     pub insecure: bool,
     /// Client certificate and key (PEM) to present.
     pub identity: Option<(String, String)>,
+    /// The name the server certificate is verified for (and sent as SNI) instead of the
+    /// URL's host: `<service>.<namespace>.svc` when a Service reference was routed to an
+    /// endpoint address ([`crate::routing`]). Give it to [`send_as`].
+    pub server_name: Option<String>,
 }
 
 /// Builds a rustls client configuration from `opts`.
@@ -81,10 +85,21 @@ pub fn host_port(uri: &http::Uri) -> Result<(String, u16), ClientError> {
 
 /// Sends `req` (whose URI is absolute `https://…`) over a new TLS connection.
 ///
-/// The request's URI is rewritten to origin form and `Host` is set. The response body
-/// streams from the connection, which lives as long as the body (or an upgrade) is used.
+/// The request's URI is rewritten to origin form and `Host` is set (unless the request
+/// sets it). The response body streams from the connection, which lives as long as the
+/// body (or an upgrade) is used.
 pub async fn send(
     tls: Arc<rustls::ClientConfig>,
+    req: http::Request<Body>,
+) -> Result<http::Response<hyper::body::Incoming>, ClientError> {
+    send_as(tls, None, req).await
+}
+
+/// [`send`], verifying the server certificate for `server_name` (when given) rather than
+/// for the URI's host, which is then only where to connect.
+pub async fn send_as(
+    tls: Arc<rustls::ClientConfig>,
+    server_name: Option<&str>,
     mut req: http::Request<Body>,
 ) -> Result<http::Response<hyper::body::Incoming>, ClientError> {
     let uri = req.uri().clone();
@@ -94,7 +109,8 @@ pub async fn send(
         .await
         .map_err(|e| ClientError::Connect(addr.clone(), e))?;
     let _ = tcp.set_nodelay(true);
-    let name = ServerName::try_from(host.clone()).map_err(|_| ClientError::Url(uri.to_string()))?;
+    let name = ServerName::try_from(server_name.unwrap_or(&host).to_owned())
+        .map_err(|_| ClientError::Url(uri.to_string()))?;
     let stream = TlsConnector::from(tls)
         .connect(name, tcp)
         .await
@@ -117,7 +133,9 @@ pub async fn send(
         Some(p) => format!("{}:{p}", uri.host().unwrap_or("")),
         None => uri.host().unwrap_or("").to_owned(),
     };
-    if let Ok(v) = http::HeaderValue::from_str(&host_header) {
+    if !req.headers().contains_key(http::header::HOST)
+        && let Ok(v) = http::HeaderValue::from_str(&host_header)
+    {
         req.headers_mut().insert(http::header::HOST, v);
     }
     sender.send_request(req).await.map_err(ClientError::Http)

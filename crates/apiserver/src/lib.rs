@@ -12,6 +12,8 @@
 //! - [`schema`]: CRD `openAPIV3Schema` validation, pruning and defaulting,
 //! - [`metadata`] and [`core_validation`]: metadata and built-in kind validation
 //!   (field-path causes),
+//! - [`defaults`]: kube's defaulting of built-in kinds (pods, pod templates, `apps/v1`),
+//!   applied on create and update before admission,
 //! - [`jsonpath`]: the JSONPath subset of `additionalPrinterColumns`,
 //! - [`patch`]: JSON Patch, JSON merge patch and strategic merge patch.
 //!
@@ -22,6 +24,8 @@
 //! - [`webhook`]: admission webhooks (AdmissionReview v1 over HTTPS) behind the
 //!   [`admission::Admission`] seam, in a mutating phase before schema validation and a
 //!   validating phase after it;
+//! - [`routing`]: Service references (webhooks, APIServices) routed to a ready endpoint
+//!   of the Service's EndpointSlices, as kube-apiserver's endpoint routing;
 //! - [`aggregation`]: APIService proxying (websocket upgrades included);
 //! - [`handlers::scale`]: the `scale` subresource (`autoscaling/v1` Scale);
 //! - [`logs`]: `pods/log` from the node's log server (its contract is documented there);
@@ -68,6 +72,7 @@ pub mod cause;
 pub mod client;
 pub mod core_validation;
 pub mod crd;
+pub mod defaults;
 pub mod discovery;
 pub mod gc;
 pub mod handlers;
@@ -82,6 +87,7 @@ pub mod protobuf;
 pub mod rbac;
 pub mod registry;
 pub mod request;
+pub mod routing;
 pub mod schema;
 pub mod selectors;
 pub mod server;

@@ -160,6 +160,7 @@ pub async fn serve(
         ca_pem: state.outgoing.ca_pem.clone().into_bytes(),
         insecure: false,
         identity: state.outgoing.kubelet_client.clone(),
+        server_name: None,
     })
     .map_err(|e| ApiError::internal(e.to_string()))?;
     let req = http::Request::get(&url)

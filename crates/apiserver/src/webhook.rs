@@ -15,11 +15,14 @@
 //! `CREATE`/`UPDATE`/`DELETE`; `scope` `*`/`Cluster`/`Namespaced`. The configurations
 //! themselves are never sent to webhooks.
 //!
-//! Where to call: `clientConfig.url`, or `clientConfig.service`. There is no service
-//! network in the embedded server, so a `service` reference is resolved through the
-//! `Service` object's annotation [`URL_ANNOTATION`] (`https://127.0.0.1:8443`) plus
-//! `service.path`; a Service without it fails the call with a message saying so. The
-//! server certificate is verified against `caBundle`, or the cluster CA when it is empty.
+//! Where to call: `clientConfig.url`, or `clientConfig.service` (`port` 443 and `path`
+//! `/` when absent), routed to one ready endpoint of the Service on every call as
+//! kube-apiserver's endpoint routing does ([`crate::routing`]): the connection goes to the
+//! endpoint's address and port, the request names `https://<name>.<namespace>.svc:<port>`,
+//! and the server certificate is verified for `<name>.<namespace>.svc` against `caBundle`,
+//! or the cluster CA when it is empty. A Service that cannot be routed fails the call with
+//! kube's words (`service "virt-api" not found`, `no endpoints available for service
+//! "virt-api"`).
 //!
 //! Failures: a call that fails or exceeds `timeoutSeconds` (default 10) refuses the write
 //! with 500 under `failurePolicy: Fail` (the default) and is skipped under `Ignore`. A
@@ -41,10 +44,6 @@ use crate::admission::{Admission, AdmissionRequest, Operation, Phase};
 use crate::cause::Cause;
 use crate::client::{self, TlsOptions};
 use crate::status::ApiError;
-
-/// Annotation on a `Service` giving the base URL its webhooks and APIServices are reached
-/// at in the embedded server (no service network).
-pub const URL_ANNOTATION: &str = "kubevirt-rs.io/url";
 
 /// Default `timeoutSeconds`.
 const DEFAULT_TIMEOUT_SECONDS: u64 = 10;
@@ -84,38 +83,60 @@ impl WebhookAdmission {
             .map(|n| n["metadata"]["labels"].clone())
             .unwrap_or(Value::Null)
     }
+}
 
-    /// Where the webhook is reached.
-    fn url(&self, client_config: &Value) -> Result<String, String> {
+/// Where a webhook is reached: its `url`, or a Service reference routed to one of the
+/// Service's ready endpoints when the call is made.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Target {
+    Url(String),
+    Service {
+        namespace: String,
+        name: String,
+        port: i64,
+        /// `service.path` (`/` when absent).
+        path: String,
+    },
+}
+
+impl Target {
+    fn of(client_config: &Value) -> Result<Target, String> {
         if let Some(u) = client_config["url"].as_str() {
-            return Ok(u.to_owned());
+            return Ok(Target::Url(u.to_owned()));
         }
         let svc = &client_config["service"];
-        let (ns, name) = (
-            svc["namespace"].as_str().unwrap_or(""),
-            svc["name"].as_str().unwrap_or(""),
-        );
+        let name = svc["name"].as_str().unwrap_or("");
         if name.is_empty() {
             return Err("clientConfig has neither url nor service".into());
         }
-        service_url(&self.store, ns, name, svc["path"].as_str().unwrap_or(""))
+        let path = match svc["path"].as_str().unwrap_or("") {
+            "" => "/".to_owned(),
+            p => p.to_owned(),
+        };
+        Ok(Target::Service {
+            namespace: svc["namespace"].as_str().unwrap_or("").to_owned(),
+            name: name.to_owned(),
+            port: svc["port"].as_i64().unwrap_or(443),
+            path,
+        })
     }
-}
 
-/// The URL of `path` on Service `ns/name`, from its [`URL_ANNOTATION`].
-pub fn service_url(store: &Store, ns: &str, name: &str, path: &str) -> Result<String, String> {
-    let obj = store
-        .get(&format!("/registry/core/services/{ns}/{name}"))
-        .and_then(|r| serde_json::from_slice::<Value>(&r.value).ok())
-        .ok_or_else(|| format!("service \"{name}\" not found in namespace \"{ns}\""))?;
-    let base = obj["metadata"]["annotations"][URL_ANNOTATION]
-        .as_str()
-        .ok_or_else(|| {
-            format!(
-                "service {ns}/{name} has no {URL_ANNOTATION} annotation: the embedded API server has no service network"
-            )
-        })?;
-    Ok(format!("{}{}", base.trim_end_matches('/'), path))
+    /// The URL the call is made to as kube names it (`https://<svc>.<ns>.svc:<port><path>`
+    /// for a Service reference), before the `timeout` query.
+    fn url(&self) -> String {
+        match self {
+            Target::Url(u) => u.clone(),
+            Target::Service {
+                namespace,
+                name,
+                port,
+                path,
+            } => format!(
+                "https://{}:{port}{path}",
+                crate::routing::service_server_name(namespace, name)
+            ),
+        }
+    }
 }
 
 /// Whether a `LabelSelector` (JSON form) matches `labels` (absent selector: everything).
@@ -262,7 +283,8 @@ impl WebhookAdmission {
             .as_u64()
             .unwrap_or(DEFAULT_TIMEOUT_SECONDS)
             .clamp(1, 30);
-        let base = self.url(&hook["clientConfig"])?;
+        let target = Target::of(&hook["clientConfig"])?;
+        let base = target.url();
         let sep = if base.contains('?') { '&' } else { '?' };
         let url = format!("{base}{sep}timeout={timeout}s");
         let ca = match hook["clientConfig"]["caBundle"].as_str() {
@@ -278,21 +300,46 @@ impl WebhookAdmission {
         .map_err(|e| e.to_string())?;
         let fail =
             |e: &dyn std::fmt::Display| format!("failed to call webhook: Post \"{url}\": {e}");
-        let req = http::Request::post(&url)
-            .header(http::header::CONTENT_TYPE, "application/json")
-            .header(http::header::ACCEPT, "application/json")
-            .body(Body::from(serde_json::to_vec(body).unwrap_or_default()))
-            .map_err(|e| fail(&e))?;
         let exchange = async {
-            let resp = client::send(Arc::new(tls), req).await.map_err(|e| {
-                let mut msg = e.to_string();
-                let mut src = std::error::Error::source(&e);
-                while let Some(s) = src {
-                    msg = format!("{msg}: {s}");
-                    src = s.source();
+            // A Service reference is routed to one ready endpoint per call (kube resolves
+            // it when dialling); the certificate is checked for the Service's DNS name and
+            // the request names that host.
+            let mut req = http::Request::post(&url);
+            let server_name = match &target {
+                Target::Url(_) => None,
+                Target::Service {
+                    namespace,
+                    name,
+                    port,
+                    ..
+                } => {
+                    let ep = crate::routing::resolve_endpoint(&self.store, namespace, name, *port)
+                        .map_err(|e| fail(&e))?;
+                    let origin = url
+                        .find("://")
+                        .and_then(|i| url[i + 3..].find('/').map(|j| i + 3 + j))
+                        .map_or("/", |start| &url[start..]);
+                    req = http::Request::post(format!("{}{origin}", ep.base_url()))
+                        .header(http::header::HOST, format!("{}:{port}", ep.server_name));
+                    Some(ep.server_name)
                 }
-                fail(&msg)
-            })?;
+            };
+            let req = req
+                .header(http::header::CONTENT_TYPE, "application/json")
+                .header(http::header::ACCEPT, "application/json")
+                .body(Body::from(serde_json::to_vec(body).unwrap_or_default()))
+                .map_err(|e| fail(&e))?;
+            let resp = client::send_as(Arc::new(tls), server_name.as_deref(), req)
+                .await
+                .map_err(|e| {
+                    let mut msg = e.to_string();
+                    let mut src = std::error::Error::source(&e);
+                    while let Some(s) = src {
+                        msg = format!("{msg}: {s}");
+                        src = s.source();
+                    }
+                    fail(&msg)
+                })?;
             let status = resp.status();
             let bytes = http_body_util::BodyExt::collect(resp.into_body())
                 .await

@@ -30,6 +30,7 @@ fn tls(s: &TestServer, identity: Option<(String, String)>) -> Arc<rustls::Client
             ca_pem: read(&s.dir.path().join("pki/ca.crt")).into_bytes(),
             insecure: false,
             identity,
+            server_name: None,
         })
         .unwrap(),
     )
@@ -888,4 +889,51 @@ async fn roles_and_bindings_grant_only_what_their_author_holds_unless_it_may_esc
     )
     .await;
     assert_eq!(r.status, 201, "{}", String::from_utf8_lossy(&r.body));
+}
+
+#[tokio::test]
+async fn the_controller_manager_may_run_the_endpointslice_and_disruption_controllers() {
+    let s = TestServer::start().await;
+    let path = "/apis/authorization.k8s.io/v1/subjectaccessreviews";
+    let allowed = async |group: &str, resource: &str, subresource: &str, verb: &str| {
+        let sar = json!({"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
+            "spec": {"user": "system:kube-controller-manager", "groups": ["system:authenticated"],
+                     "resourceAttributes": {"group": group, "resource": resource,
+                         "subresource": subresource, "verb": verb, "namespace": "kubevirt"}}});
+        let r = s.request("POST", path, Some(&sar)).await;
+        assert_eq!(r.status, 201, "{}", String::from_utf8_lossy(&r.body));
+        r.json()["status"]["allowed"] == true
+    };
+    for verb in ["get", "list", "watch"] {
+        for (group, resource) in [
+            ("", "services"),
+            ("", "pods"),
+            ("policy", "poddisruptionbudgets"),
+        ] {
+            assert!(
+                allowed(group, resource, "", verb).await,
+                "{verb} {resource}"
+            );
+        }
+    }
+    for verb in ["create", "delete", "get", "list", "update", "watch"] {
+        assert!(
+            allowed("discovery.k8s.io", "endpointslices", "", verb).await,
+            "{verb} endpointslices"
+        );
+    }
+    assert!(allowed("", "services", "finalizers", "update").await);
+    assert!(allowed("policy", "poddisruptionbudgets", "status", "update").await);
+    for group in ["", "events.k8s.io"] {
+        for verb in ["create", "patch"] {
+            assert!(
+                allowed(group, "events", "", verb).await,
+                "{verb} {group} events"
+            );
+        }
+    }
+    // Nothing beyond what those controllers call.
+    assert!(!allowed("", "services", "", "delete").await);
+    assert!(!allowed("policy", "poddisruptionbudgets", "", "delete").await);
+    assert!(!allowed("", "secrets", "", "get").await);
 }

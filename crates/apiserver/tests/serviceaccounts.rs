@@ -52,6 +52,7 @@ fn anonymous_tls(s: &TestServer) -> Arc<rustls::ClientConfig> {
         ca_pem: read(&s.dir.path().join("pki/ca.crt")).into_bytes(),
         insecure: false,
         identity: None,
+        server_name: None,
     })
     .unwrap();
     Arc::new(tls)

@@ -181,6 +181,10 @@ pub async fn create(
         None,
         opts,
     );
+    // Kube defaults while decoding: admission sees the defaulted object.
+    if !info.is_custom() {
+        crate::defaults::apply(&info.group, &info.kind, &mut obj);
+    }
     let mut warnings = admit(state, Phase::Mutating, &req, &mut obj).await?;
     // A webhook may not rename the object.
     meta_mut(&mut obj).insert("name".into(), json!(name));

@@ -113,6 +113,10 @@ pub async fn write_update(
     opts: &WriteOptions,
 ) -> Result<Reply, ApiError> {
     let mut obj = merge_for_update(info, subresource, old, new);
+    // Kube defaults while decoding: admission sees the defaulted object.
+    if !info.is_custom() {
+        crate::defaults::apply(&info.group, &info.kind, &mut obj);
+    }
     if info.group == "apiextensions.k8s.io" && info.kind == "CustomResourceDefinition" {
         crate::crd::prepare_status(&mut obj);
     }

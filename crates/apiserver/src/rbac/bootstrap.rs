@@ -430,39 +430,7 @@ fn embedded_component_roles() -> Vec<Value> {
                 rule(&["coordination.k8s.io"], &["leases"], &all),
             ],
         ),
-        cluster_role(
-            "system:kube-controller-manager",
-            json!({}),
-            vec![
-                rule(
-                    &["apps"],
-                    &[
-                        "deployments",
-                        "replicasets",
-                        "daemonsets",
-                        "controllerrevisions",
-                    ],
-                    &all,
-                ),
-                rule(
-                    &["apps"],
-                    &[
-                        "deployments/status",
-                        "replicasets/status",
-                        "daemonsets/status",
-                    ],
-                    &["update", "patch"],
-                ),
-                rule(&[""], &["pods"], &all),
-                rule(&[""], &["nodes"], &read),
-                rule(
-                    &["", "events.k8s.io"],
-                    &["events"],
-                    &["create", "update", "patch"],
-                ),
-                rule(&["coordination.k8s.io"], &["leases"], &all),
-            ],
-        ),
+        controller_manager_role(),
         cluster_role(
             "system:node-proxier",
             json!({}),
@@ -473,6 +441,60 @@ fn embedded_component_roles() -> Vec<Value> {
             ],
         ),
     ]
+}
+
+/// `system:kube-controller-manager`: the rules of the controllers the embedded
+/// controller-manager runs (Deployment, ReplicaSet, DaemonSet; EndpointSlice as kube's
+/// `system:controller:endpointslice-controller`; the disruption controller's PDB access).
+fn controller_manager_role() -> Value {
+    let read = ["get", "list", "watch"];
+    let all = [
+        "get", "list", "watch", "create", "update", "patch", "delete",
+    ];
+    cluster_role(
+        "system:kube-controller-manager",
+        json!({}),
+        vec![
+            rule(
+                &["apps"],
+                &[
+                    "deployments",
+                    "replicasets",
+                    "daemonsets",
+                    "controllerrevisions",
+                ],
+                &all,
+            ),
+            rule(
+                &["apps"],
+                &[
+                    "deployments/status",
+                    "replicasets/status",
+                    "daemonsets/status",
+                ],
+                &["update", "patch"],
+            ),
+            rule(&[""], &["pods"], &all),
+            rule(&[""], &["nodes"], &read),
+            // kube's system:controller:endpointslice-controller.
+            rule(&[""], &["services"], &read),
+            rule(&[""], &["services/finalizers"], &["update"]),
+            rule(
+                &["discovery.k8s.io"],
+                &["endpointslices"],
+                &["create", "delete", "get", "list", "update", "watch"],
+            ),
+            // kube's system:controller:disruption-controller (its PDB part).
+            rule(&["policy"], &["poddisruptionbudgets"], &read),
+            rule(&["policy"], &["poddisruptionbudgets/status"], &["update"]),
+            rule(
+                &["", "events.k8s.io"],
+                &["events"],
+                &["create", "update", "patch"],
+            ),
+            rule(&["coordination.k8s.io"], &["leases"], &all),
+        ],
+    )
 }
 
 /// The bindings of [`embedded_component_roles`] to the identities of the components'

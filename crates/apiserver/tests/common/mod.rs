@@ -81,6 +81,7 @@ impl TestServer {
             ca_pem: read(&pki.join("ca.crt")).into_bytes(),
             insecure: false,
             identity: Some((read(&pki.join("admin.crt")), read(&pki.join("admin.key")))),
+            server_name: None,
         })
         .unwrap();
         TestServer {
@@ -163,16 +164,23 @@ impl Drop for Backend {
 
 impl Backend {
     pub async fn start(app: Router) -> Backend {
+        Backend::start_for(app, &["127.0.0.1", "localhost"]).await
+    }
+
+    /// An HTTPS server for `app` whose certificate names only `names` (a Service's
+    /// `<name>.<namespace>.svc`, say), with a fresh CA.
+    pub async fn start_for(app: Router, names: &[&str]) -> Backend {
         let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
         ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
         let ca_key = KeyPair::generate().unwrap();
         let ca_cert = ca_params.self_signed(&ca_key).unwrap();
         let issuer = Issuer::new(ca_params, ca_key);
         let key = KeyPair::generate().unwrap();
-        let cert = CertificateParams::new(vec!["127.0.0.1".into(), "localhost".into()])
-            .unwrap()
-            .signed_by(&key, &issuer)
-            .unwrap();
+        let cert =
+            CertificateParams::new(names.iter().map(|n| (*n).to_owned()).collect::<Vec<_>>())
+                .unwrap()
+                .signed_by(&key, &issuer)
+                .unwrap();
         Backend::start_with(app, &cert.pem(), &key.serialize_pem(), None, ca_cert.pem()).await
     }
 
