@@ -12,19 +12,40 @@
 //! `spec.podCIDR` says which addresses its pods get; without one (unit tests, non-root) pods
 //! share the host's network and their `podIP` is the node's address.
 //!
+//! Containers: `command` and `args` (and plain `env` values) have their `$(VAR)` references
+//! expanded as kubelet does ([`pods::expansion`]) against the container's environment (values,
+//! downward-API fields and resources, configMap and secret keys, the `kubernetes` Service
+//! variables). Their `startupProbe`, `readinessProbe` and `livenessProbe` (`httpGet`,
+//! `tcpSocket`) run from the node agent in the host's network against the pod IP
+//! ([`pods::probes`]): container `ready`/`started` and the pod's `Ready`/`ContainersReady`
+//! follow them, and a failed liveness or startup probe restarts the container through the
+//! restart policy and back-off.
+//!
+//! Host paths: every node is like a kind node, a container with its own file system for
+//! node-local state. [`NodeConfig::host_paths`] ([`HostPathMap`]) resolves `hostPath` volumes
+//! under listed prefixes below the node's directory; [`HostPathMap::for_node`] is the standard
+//! layout: `/var/lib/kubelet/pods` → `data_dir/pods`; `/var/lib/kubelet`,
+//! `/var/run/kubevirt` (also spelt `/run/kubevirt`), `/var/run/kubevirt-private` (also
+//! `/run/kubevirt-private`), `/var/lib/kubevirt` and `/var/lib/kubevirt-rs` →
+//! `data_dir/root/<the /var/… path>`. Other paths (`/dev`, `/proc`, …) are the machine's;
+//! `..` components are refused and no mapped path may lead out of its directory.
+//!
 //! Directory layout below `data_dir`: `pods/<pod uid>/` as kubelet's
 //! `/var/lib/kubelet/pods/<uid>/` (`volumes/kubernetes.io~<plugin>/<name>/`, container
 //! records and logs, `network.json`); `netns/<pod uid>` the pods' network namespaces (not
 //! `/run/netns`, so node agents sharing a machine cannot collide and a killed one leaves no
 //! global names); `cni/networks/` (`host-local`'s reservations) and `cni/results/` (ADD
-//! results). Directories there are `0700` and files `0600` whatever the umask.
+//! results); `root/` the node's own file system for mapped host paths (`root/var/lib/kubelet`,
+//! `root/var/run/kubevirt`, …). Directories there are `0700` and files `0600` whatever the umask.
 
+pub mod host_paths;
 pub mod images;
 pub mod pods;
 pub mod registration;
 
 use std::path::PathBuf;
 
+pub use host_paths::HostPathMap;
 pub use pod_network::Ipv4Cidr;
 
 use tokio_util::sync::CancellationToken;
@@ -55,6 +76,10 @@ pub struct NodeConfig {
     /// quantities): a simulated node, as KWOK's, for control-plane benchmarks whose pods use
     /// nothing. Empty: what the host has, as kubelet reports it.
     pub capacity_overrides: std::collections::BTreeMap<String, String>,
+    /// Where `hostPath` volumes are on this machine: [`HostPathMap::for_node`] of `data_dir`
+    /// gives the node its own `/var/lib/kubelet`, `/var/run/kubevirt`, … as a kind node has;
+    /// the default maps nothing (every `hostPath` is the machine's).
+    pub host_paths: HostPathMap,
 }
 
 /// A node's pod network: pods get addresses of `pod_cidr` on the Linux bridge `bridge`
@@ -313,6 +338,7 @@ pub async fn run_node(
             .pod_network
             .as_ref()
             .map(|n| pods::network::PodNetworks::new(n, &config.data_dir)),
+        host_paths: config.host_paths.clone(),
     };
     let pods = async {
         tokio::select! {

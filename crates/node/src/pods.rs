@@ -16,8 +16,12 @@
 //! back-off), and stops a deleted pod as kubelet does: `SIGTERM` to each container's main
 //! process, then `SIGKILL` of whatever is left of its process group after the grace period;
 //! then it removes the pod with a zero grace period. Running processes are re-adopted after
-//! a restart. Directories of pods it does not know are handled by [`orphans`]: quarantined,
-//! never deleted, and their processes stopped only once the API confirms the pod is gone.
+//! a restart. Before a container starts, its `command` and `args` are expanded against its
+//! environment ([`expansion`]); while it runs, its probes ([`probes`]) decide whether it is
+//! started and ready, and a failed liveness or startup probe stops it (`SIGTERM`, `SIGKILL`
+//! after the grace period) so that it restarts as any exited container. Directories of pods
+//! it does not know are handled by [`orphans`]: quarantined, never deleted, and their
+//! processes stopped only once the API confirms the pod is gone.
 //!
 //! # Guarantees
 //! - At most one process per pod container: the on-disk record is written before the status
@@ -31,9 +35,11 @@
 //! - No container of a pod with its own network starts before the pod's network is set up
 //!   and recorded; until then the containers wait in `ContainerCreating` with the reason.
 
+pub mod expansion;
 pub mod logs;
 pub mod network;
 pub mod orphans;
+pub mod probes;
 pub mod process;
 pub mod status;
 pub mod volumes;
@@ -71,6 +77,8 @@ pub struct PodRunnerConfig {
     pub kubernetes_service: Option<(String, u16)>,
     /// The node's pod network; `None`: every pod shares the host's network.
     pub network: Option<network::PodNetworks>,
+    /// Where `hostPath` volumes are on this machine.
+    pub host_paths: crate::host_paths::HostPathMap,
 }
 
 /// Errors of one reconcile of one pod.
@@ -124,6 +132,11 @@ pub struct PodRunner {
     /// The pods' volumes: set-up, resync, service-account tokens.
     volumes: volumes::VolumeManager,
     exits: mpsc::UnboundedSender<()>,
+    /// The containers' probe workers.
+    probes: probes::Prober,
+    /// Containers stopped for a failed liveness or startup probe: (pod uid, container) →
+    /// (pid, when its group is killed).
+    probe_kills: BTreeMap<(String, String), (i32, Instant)>,
     /// Pids of containers this runner started and whose waiter has not recorded the exit yet:
     /// such a process that is gone has an exit code on its way, not an unknown one.
     waited: Arc<std::sync::Mutex<BTreeSet<i32>>>,
@@ -196,12 +209,14 @@ impl PodRunner {
                 &ContainerPaths::new(&pod_dir, &container.name).record,
             )
             .map_or(0, |r| r.restart_count);
-            reports.push(status::ContainerReport {
-                name: container.name.clone(),
-                image: container.image.clone().unwrap_or_default(),
+            let mut report = status::ContainerReport::new(
+                container.name.clone(),
+                container.image.clone().unwrap_or_default(),
                 state,
                 restart_count,
-            });
+            );
+            self.apply_probes(pod, &uid, container, &mut report);
+            reports.push(report);
         }
         if terminal
             && !reports
@@ -213,6 +228,62 @@ impl PodRunner {
         }
         let pod_ip = self.pod_ip(pod, &uid);
         self.report(pod, &reports, &pod_ip).await
+    }
+
+    /// Sets `started` and `ready` of a running container from its probes, and stops it when a
+    /// liveness or startup probe failed (kubelet's kill: `SIGTERM`, `SIGKILL` of its group
+    /// after the grace period); its exit then takes the restart path of any exit.
+    fn apply_probes(
+        &mut self,
+        pod: &Pod,
+        uid: &str,
+        container: &k8s_openapi::api::core::v1::Container,
+        report: &mut status::ContainerReport,
+    ) {
+        let key = (uid.to_owned(), container.name.clone());
+        let ContainerState::Running { started_at, pid } = &report.state else {
+            self.probes.stop(uid, &container.name);
+            self.probe_kills.remove(&key);
+            return;
+        };
+        let pod_ip = self.pod_ip(pod, uid);
+        let probed = self
+            .probes
+            .observe(uid, container, *pid, started_at, &pod_ip);
+        report.started = probed.started;
+        report.ready = probed.ready;
+        let Some(message) = probed.restart else {
+            return;
+        };
+        let paths = ContainerPaths::new(&self.pod_dir(uid), &container.name);
+        let Some(record) = process::read_json::<ProcessRecord>(&paths.record) else {
+            return;
+        };
+        match self.probe_kills.get(&key) {
+            Some((killed_pid, deadline)) if *killed_pid == record.pid => {
+                if Instant::now() >= *deadline {
+                    process::signal_group(&record, Signal::SIGKILL);
+                }
+            }
+            _ => {
+                info!(pod = %pod_key(pod), "{message}");
+                let grace = container
+                    .liveness_probe
+                    .as_ref()
+                    .and_then(|p| p.termination_grace_period_seconds)
+                    .or_else(|| {
+                        pod.spec
+                            .as_ref()
+                            .and_then(|s| s.termination_grace_period_seconds)
+                    })
+                    .unwrap_or(30)
+                    .max(0);
+                process::signal_main(&record, Signal::SIGTERM);
+                let deadline =
+                    Instant::now() + Duration::from_secs(u64::try_from(grace).unwrap_or(0));
+                self.probe_kills.insert(key, (record.pid, deadline));
+            }
+        }
     }
 
     /// The pod's volumes and network, ready for its containers; the message of what failed
@@ -375,6 +446,33 @@ impl PodRunner {
         self.start(pod, uid, container, prepared, &paths, 0).await
     }
 
+    /// The container's environment (empty for an image the store does not know: that one
+    /// fails with `ErrImagePull` first); `CreateContainerConfigError` when it cannot be built.
+    async fn container_env(
+        &self,
+        pod: &Pod,
+        uid: &str,
+        container: &k8s_openapi::api::core::v1::Container,
+        image: &str,
+    ) -> Result<Vec<(String, String)>, ContainerState> {
+        if !self.config.images.contains(image) {
+            return Ok(Vec::new());
+        }
+        let service = self
+            .config
+            .kubernetes_service
+            .as_ref()
+            .map(|(host, port)| (host.as_str(), *port));
+        let pod_ip = self.pod_ip(pod, uid);
+        self.volumes
+            .container_env(pod, container, service, &pod_ip)
+            .await
+            .map_err(|e| ContainerState::Waiting {
+                reason: "CreateContainerConfigError".into(),
+                message: Some(e.to_string()),
+            })
+    }
+
     async fn start(
         &mut self,
         pod: &Pod,
@@ -386,11 +484,21 @@ impl PodRunner {
     ) -> Result<ContainerState, PodRunnerError> {
         let key = (uid.to_owned(), container.name.clone());
         let image = container.image.clone().unwrap_or_default();
-        let resolved = match self.config.images.resolve(
-            &image,
+        // As kubelet: the image first (`ErrImagePull`), then the container's configuration
+        // (`CreateContainerConfigError`), whose environment expands `command` and `args`.
+        let container_env = match self.container_env(pod, uid, container, &image).await {
+            Ok(env) => env,
+            Err(waiting) => return Ok(waiting),
+        };
+        let command = expansion::expand_all(
             container.command.as_deref().unwrap_or_default(),
+            &container_env,
+        );
+        let args = expansion::expand_all(
             container.args.as_deref().unwrap_or_default(),
-        ) {
+            &container_env,
+        );
+        let resolved = match self.config.images.resolve(&image, &command, &args) {
             Ok(r) => r,
             Err(crate::images::ImageError::NotFound(_)) => {
                 let again = !self.pull_failed.insert(key);
@@ -420,26 +528,8 @@ impl PodRunner {
             }
         };
         self.pull_failed.remove(&key);
-        let service = self
-            .config
-            .kubernetes_service
-            .as_ref()
-            .map(|(host, port)| (host.as_str(), *port));
         let mut env = resolved.env.clone();
-        let pod_ip = self.pod_ip(pod, uid);
-        match self
-            .volumes
-            .container_env(pod, container, service, &pod_ip)
-            .await
-        {
-            Ok(vars) => env.extend(vars),
-            Err(e) => {
-                return Ok(ContainerState::Waiting {
-                    reason: "CreateContainerConfigError".into(),
-                    message: Some(e.to_string()),
-                });
-            }
-        }
+        env.extend(container_env);
         let sandbox = process::Sandbox {
             argv0: Some(resolved.argv0.clone()),
             mounts: volumes::bind_mounts(container, &prepared.mounts),
@@ -547,6 +637,7 @@ impl PodRunner {
     /// of its process group once the grace period is over; when nothing runs, the pod is
     /// removed.
     async fn stop_and_remove(&mut self, pod: &Pod, uid: &str) -> Result<(), PodRunnerError> {
+        self.probes.stop_pod(uid);
         let pod_dir = self.pod_dir(uid);
         let records: Vec<ProcessRecord> = pod
             .spec
@@ -689,7 +780,11 @@ fn terminated(record: Option<&ProcessRecord>, exit: ExitRecord) -> ContainerStat
 /// Runs the pod runner until the future is dropped.
 pub async fn run(client: kube::Client, config: PodRunnerConfig) {
     let (exits_tx, mut exits_rx) = mpsc::unbounded_channel();
-    let volumes = volumes::VolumeManager::new(client.clone(), config.host_ip.clone());
+    let volumes = volumes::VolumeManager::new(
+        client.clone(),
+        config.host_ip.clone(),
+        config.host_paths.clone(),
+    );
     let mut runner = PodRunner {
         config,
         client: client.clone(),
@@ -698,6 +793,8 @@ pub async fn run(client: kube::Client, config: PodRunnerConfig) {
         restart_at: BTreeMap::new(),
         pull_failed: BTreeSet::new(),
         volumes,
+        probes: probes::Prober::new(exits_tx.clone()),
+        probe_kills: BTreeMap::new(),
         exits: exits_tx,
         waited: Arc::default(),
     };
@@ -736,6 +833,8 @@ pub async fn run(client: kube::Client, config: PodRunnerConfig) {
         runner.restart_at.retain(|(uid, _), _| known.contains(uid));
         runner.pull_failed.retain(|(uid, _)| known.contains(uid));
         runner.volumes.forget(&known);
+        runner.probes.forget(&known);
+        runner.probe_kills.retain(|(uid, _), _| known.contains(uid));
         // Only here, after the initial list: before it every pod would look missing.
         orphans
             .collect(&client, orphans::Cache::Synced(&known))

@@ -91,3 +91,106 @@ async fn a_container_runs_its_command_and_sees_its_empty_dir_at_the_mount_path()
     );
     let _ = std::fs::remove_dir(&mount);
 }
+
+fn phase(p: &k8s_openapi::api::core::v1::Pod) -> Option<&str> {
+    p.status.as_ref().and_then(|s| s.phase.as_deref())
+}
+
+#[tokio::test]
+async fn command_and_args_expand_the_containers_variables_as_kubelet_does() {
+    let node = start().await;
+    let pod = create(
+        &node,
+        json!({"metadata": {"name": "expand"}, "spec": {"nodeName": NODE, "restartPolicy": "Never",
+            "containers": [{"name": "c", "image": TOOLS,
+                "command": ["sh", "-c", "echo \"node=$0 escaped=$1 unknown=$2 greeting=$3\""],
+                "args": ["$(NODE_NAME)", "$$(NODE_NAME)", "$(NOT_SET)", "$(GREETING)"],
+                "env": [{"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+                        {"name": "GREETING", "value": "hi-$(NODE_NAME)"}]}]}}),
+    )
+    .await;
+    wait_for(&node, "expand", "Succeeded", |p| {
+        phase(p) == Some("Succeeded")
+    })
+    .await;
+    let uid = pod.metadata.uid.expect("uid");
+    let paths =
+        kubevirt_node::pods::process::ContainerPaths::new(&node.config.pods_dir().join(uid), "c");
+    assert_eq!(
+        std::fs::read_to_string(&paths.log).expect("the container's log"),
+        format!("node={NODE} escaped=$(NODE_NAME) unknown=$(NOT_SET) greeting=hi-{NODE}\n")
+    );
+}
+
+#[tokio::test]
+async fn host_paths_of_node_state_live_in_the_nodes_own_directory() {
+    if test_prerequisites::available(if nix::unistd::geteuid().is_root() {
+        Ok(())
+    } else {
+        Err("mount namespaces need root".to_owned())
+    })
+    .is_none()
+    {
+        return;
+    }
+    let node = start().await;
+    let dir = format!("/var/lib/kubevirt-rs/node-test-{}", std::process::id());
+    let mount = PathBuf::from(format!("/tmp/kvrs-node-hostpath-{}", std::process::id()));
+    create(
+        &node,
+        json!({"metadata": {"name": "state"}, "spec": {"nodeName": NODE, "restartPolicy": "Never",
+            "volumes": [{"name": "state", "hostPath": {"path": dir, "type": "DirectoryOrCreate"}}],
+            "containers": [{"name": "c", "image": TOOLS,
+                "command": ["sh", "-c", "echo kept > \"$0/out\"", mount],
+                "volumeMounts": [{"name": "state", "mountPath": mount}]}]}}),
+    )
+    .await;
+    create(
+        &node,
+        json!({"metadata": {"name": "escape"}, "spec": {"nodeName": NODE, "restartPolicy": "Never",
+            "volumes": [{"name": "up", "hostPath": {"path": "/var/lib/kubelet/../../etc"}}],
+            "containers": [{"name": "c", "image": TOOLS, "command": ["sh", "-c", "true"],
+                "volumeMounts": [{"name": "up", "mountPath": mount}]}]}}),
+    )
+    .await;
+    wait_for(&node, "state", "Succeeded", |p| {
+        phase(p) == Some("Succeeded")
+    })
+    .await;
+    let resolved = node
+        .config
+        .data_dir
+        .join("root")
+        .join(dir.trim_start_matches('/'));
+    assert_eq!(
+        std::fs::read_to_string(resolved.join("out")).expect("the file in the node's own dir"),
+        "kept\n"
+    );
+    assert!(
+        !std::path::Path::new(&dir).exists(),
+        "the machine's own directory is untouched"
+    );
+    let refused = wait_for(&node, "escape", "the backstep refused", |p| {
+        waiting_message(p).is_some_and(|m| m.contains("must not contain '..'"))
+    })
+    .await;
+    assert_eq!(
+        waiting_reason(&refused).as_deref(),
+        Some("ContainerCreating")
+    );
+    let _ = std::fs::remove_dir(&mount);
+}
+
+fn waiting_message(pod: &k8s_openapi::api::core::v1::Pod) -> Option<String> {
+    pod.status
+        .as_ref()?
+        .container_statuses
+        .as_ref()?
+        .first()?
+        .state
+        .as_ref()?
+        .waiting
+        .as_ref()?
+        .message
+        .clone()
+}

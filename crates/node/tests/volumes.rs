@@ -132,6 +132,7 @@ async fn start_with(kubectl: Option<PathBuf>, slot: Option<pod_network::PodNetwo
         kubernetes_service: Some(kubernetes_service),
         pod_network,
         capacity_overrides: Default::default(),
+        host_paths: Default::default(),
     };
     tokio::spawn(kubevirt_node::run_node(
         client.clone(),

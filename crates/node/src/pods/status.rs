@@ -30,11 +30,33 @@ pub struct ContainerReport {
     pub image: String,
     pub state: ContainerState,
     pub restart_count: u32,
+    /// Running and its startup probe (if any) succeeded.
+    pub started: bool,
+    /// Started and its readiness probe (if any) succeeds.
+    pub ready: bool,
 }
 
 impl ContainerReport {
+    /// A report whose `started` and `ready` follow the state alone (a container without
+    /// probes).
+    pub fn new(name: String, image: String, state: ContainerState, restart_count: u32) -> Self {
+        let running = matches!(state, ContainerState::Running { .. });
+        Self {
+            name,
+            image,
+            state,
+            restart_count,
+            started: running,
+            ready: running,
+        }
+    }
+
     fn running(&self) -> bool {
         matches!(self.state, ContainerState::Running { .. })
+    }
+
+    fn is_ready(&self) -> bool {
+        self.running() && self.ready
     }
 }
 
@@ -84,7 +106,7 @@ pub fn pod_status(
     now: &str,
 ) -> Value {
     let phase = pod_phase(containers, restart_policy);
-    let all_ready = !containers.is_empty() && containers.iter().all(ContainerReport::running);
+    let all_ready = !containers.is_empty() && containers.iter().all(ContainerReport::is_ready);
     let statuses: Vec<Value> = containers
         .iter()
         .map(|c| {
@@ -111,8 +133,8 @@ pub fn pod_status(
                 ),
             };
             let mut s = json!({
-                "name": c.name, "image": c.image, "imageID": c.image, "ready": c.running(),
-                "started": c.running(), "restartCount": c.restart_count, "state": state
+                "name": c.name, "image": c.image, "imageID": c.image, "ready": c.is_ready(),
+                "started": c.running() && c.started, "restartCount": c.restart_count, "state": state
             });
             if let Some(id) = id {
                 s["containerID"] = json!(id);
@@ -165,17 +187,20 @@ pub fn same_report(current: Option<&Value>, wanted: &Value) -> bool {
                             reason,
                             c.get("containerID").cloned(),
                             c.get("restartCount").cloned(),
+                            c.get("ready").cloned(),
+                            c.get("started").cloned(),
                         )
                     })
                     .collect::<Vec<_>>()
             })
     };
-    let ready = |v: &Value| {
+    let condition = |v: &Value, type_: &str| {
         v.get("conditions")
             .and_then(Value::as_array)
-            .and_then(|a| a.iter().find(|c| c["type"] == "Ready"))
+            .and_then(|a| a.iter().find(|c| c["type"] == type_))
             .map(|c| c["status"].clone())
     };
+    let ready = |v: &Value| (condition(v, "Ready"), condition(v, "ContainersReady"));
     field(current, "phase") == field(wanted, "phase")
         && field(current, "podIP") == field(wanted, "podIP")
         && states(current) == states(wanted)
@@ -187,12 +212,7 @@ mod tests {
     use super::*;
 
     fn report(name: &str, state: ContainerState) -> ContainerReport {
-        ContainerReport {
-            name: name.into(),
-            image: "kubevirt-rs/virt-launcher:v0".into(),
-            state,
-            restart_count: 0,
-        }
+        ContainerReport::new(name.into(), "kubevirt-rs/virt-launcher:v0".into(), state, 0)
     }
 
     fn running(pid: i32) -> ContainerState {
@@ -263,6 +283,25 @@ mod tests {
         );
         assert_eq!(mixed["phase"], "Running");
         assert_eq!(ready(&mixed), "False");
+    }
+
+    #[test]
+    fn an_unready_running_container_makes_the_pod_unready_and_the_change_is_reported() {
+        let mut probing = report("c", running(1));
+        probing.ready = false;
+        let unready = pod_status(&[probing.clone()], "Always", true, "h", "ip", "t", "t");
+        assert_eq!(ready(&unready), "False");
+        assert_eq!(unready["containerStatuses"][0]["ready"], false);
+        assert_eq!(unready["containerStatuses"][0]["started"], true);
+        probing.ready = true;
+        let now_ready = pod_status(&[probing.clone()], "Always", true, "h", "ip", "t", "t");
+        assert_eq!(ready(&now_ready), "True");
+        assert!(!same_report(Some(&unready), &now_ready));
+        probing.started = false;
+        probing.ready = false;
+        let starting = pod_status(&[probing], "Always", true, "h", "ip", "t", "t");
+        assert_eq!(starting["containerStatuses"][0]["started"], false);
+        assert!(!same_report(Some(&unready), &starting));
     }
 
     #[test]

@@ -9,8 +9,9 @@
 //!   link per top-level name) from what [`projection`] computes of the source objects. Service
 //!   account tokens of projected volumes come from the TokenRequest API, bound to the pod, and
 //!   are renewed once 80% of their lifetime has passed ([`token`]).
-//! - `hostPath`: its path after kubelet's `type` check (`DirectoryOrCreate` and
-//!   `FileOrCreate` create it).
+//! - `hostPath`: its path as the node's [`HostPathMap`] resolves it (node-local prefixes such
+//!   as `/var/lib/kubelet` live below the node's data directory), after kubelet's `type` check
+//!   on the resolved path (`DirectoryOrCreate` and `FileOrCreate` create it).
 //!
 //! Each container gets its `volumeMounts` bind-mounted at their `mountPath` (with `subPath` and
 //! `readOnly`) in its own mount namespace ([`super::process`]). Its environment ([`env`]) has
@@ -44,6 +45,7 @@ use kube::api::Api;
 use tracing::warn;
 
 use super::process::BindMount;
+use crate::host_paths::{HostPathError, HostPathMap};
 use projection::{DEFAULT_MODE, NodeResources, SourceKind, mode_bits};
 
 /// How often the sources of a pod's volumes are read again while it runs.
@@ -82,6 +84,9 @@ pub enum SetUpError {
         #[source]
         source: std::io::Error,
     },
+    /// A `hostPath` has `..` components or leads out of its mapped directory.
+    #[error(transparent)]
+    HostPath(#[from] HostPathError),
     /// A `hostPath` is not of its declared `type`.
     #[error("hostPath type check failed: {path} is not a {expected}")]
     HostPathType { path: String, expected: String },
@@ -123,9 +128,22 @@ fn plugin_dir(pod_dir: &Path, plugin: &str, name: &str) -> PathBuf {
     pod_dir.join("volumes").join(plugin).join(name)
 }
 
-fn check_host_path(source: &HostPathVolumeSource) -> Result<PathBuf, SetUpError> {
+/// Resolves a `hostPath` through the node's [`HostPathMap`] and checks its `type` on the
+/// resolved path.
+fn host_path(source: &HostPathVolumeSource, map: &HostPathMap) -> Result<PathBuf, SetUpError> {
+    let (path, dir) = map.resolve(&source.path)?;
+    check_host_path(source, &path)?;
+    if let Some(dir) = dir {
+        // The check may have created the path: it must still be inside.
+        HostPathMap::check_inside(&source.path, &path, &dir)?;
+        return std::fs::canonicalize(&path).or(Ok(path));
+    }
+    Ok(path)
+}
+
+fn check_host_path(source: &HostPathVolumeSource, path: &Path) -> Result<(), SetUpError> {
     use std::os::unix::fs::FileTypeExt;
-    let path = PathBuf::from(&source.path);
+    let path = path.to_owned();
     let io = |source| SetUpError::Io {
         path: path.clone(),
         source,
@@ -185,11 +203,15 @@ fn check_host_path(source: &HostPathVolumeSource) -> Result<PathBuf, SetUpError>
         }
         other => return Err(wrong(other)),
     }
-    Ok(path)
+    Ok(())
 }
 
 /// Sets up a volume of the node's own (`emptyDir`, `hostPath`); `None` for other kinds.
-fn local_volume(volume: &Volume, pod_dir: &Path) -> Option<Result<PathBuf, SetUpError>> {
+fn local_volume(
+    volume: &Volume,
+    pod_dir: &Path,
+    host_paths: &HostPathMap,
+) -> Option<Result<PathBuf, SetUpError>> {
     if volume.empty_dir.is_some() {
         let dir = empty_dir_path(pod_dir, &volume.name);
         return Some(
@@ -198,7 +220,10 @@ fn local_volume(volume: &Volume, pod_dir: &Path) -> Option<Result<PathBuf, SetUp
                 .map_err(|source| SetUpError::Io { path: dir, source }),
         );
     }
-    volume.host_path.as_ref().map(check_host_path)
+    volume
+        .host_path
+        .as_ref()
+        .map(|source| host_path(source, host_paths))
 }
 
 /// The volumes of the pods of this node: sets them up, keeps the API-backed ones current,
@@ -206,6 +231,7 @@ fn local_volume(volume: &Volume, pod_dir: &Path) -> Option<Result<PathBuf, SetUp
 pub struct VolumeManager {
     client: kube::Client,
     host_ip: String,
+    host_paths: HostPathMap,
     node: NodeResources,
     tokens: token::TokenCache,
     /// When each pod's sources were last read: pod uid → instant.
@@ -251,11 +277,12 @@ fn unsupported_kind(volume: &Volume) -> &'static str {
 
 impl VolumeManager {
     /// A manager reading sources through `client`; `host_ip` is what `status.hostIP` and
-    /// `status.podIP` read.
-    pub fn new(client: kube::Client, host_ip: String) -> VolumeManager {
+    /// `status.podIP` read; `host_paths` says where `hostPath` volumes are on this machine.
+    pub fn new(client: kube::Client, host_ip: String, host_paths: HostPathMap) -> VolumeManager {
         VolumeManager {
             client,
             host_ip,
+            host_paths,
             node: NodeResources::of_this_host(),
             tokens: token::TokenCache::default(),
             synced: BTreeMap::new(),
@@ -313,7 +340,7 @@ impl VolumeManager {
                     }
                 }
                 dir
-            } else if let Some(local) = local_volume(volume, pod_dir) {
+            } else if let Some(local) = local_volume(volume, pod_dir, &self.host_paths) {
                 local.map_err(failed)?
             } else {
                 return Err(failed(SetUpError::Unsupported {
@@ -607,7 +634,7 @@ mod tests {
     fn empty_dirs_live_under_the_pod_directory_as_kubelets_do() {
         let tmp = tempfile::tempdir().expect("tempdir");
         let v = volume(json!({"name": "public", "emptyDir": {}}));
-        let path = local_volume(&v, tmp.path())
+        let path = local_volume(&v, tmp.path(), &HostPathMap::default())
             .expect("local")
             .expect("set up");
         let dir = tmp.path().join("volumes/kubernetes.io~empty-dir/public");
@@ -622,7 +649,7 @@ mod tests {
         std::fs::write(&file, b"x").expect("write");
         let set_up = |path: &Path, kind: &str| {
             let v = volume(json!({"name": "h", "hostPath": {"path": path, "type": kind}}));
-            local_volume(&v, tmp.path()).expect("local")
+            local_volume(&v, tmp.path(), &HostPathMap::default()).expect("local")
         };
         assert!(matches!(
             set_up(&file, "Directory"),
@@ -652,7 +679,7 @@ mod tests {
             "MountVolume.SetUp failed for volume \"cfg\" : configmap \"app\" not found"
         );
         let pvc = volume(json!({"name": "d", "persistentVolumeClaim": {"claimName": "c"}}));
-        assert!(local_volume(&pvc, Path::new("/nonexistent")).is_none());
+        assert!(local_volume(&pvc, Path::new("/nonexistent"), &HostPathMap::default()).is_none());
         assert_eq!(api_plugin(&pvc), None);
         assert_eq!(unsupported_kind(&pvc), "persistentVolumeClaim");
     }

@@ -111,6 +111,7 @@ async fn start_with(slot: Option<PodNetworkSlot>) -> Node {
     let config = kubevirt_node::NodeConfig {
         node_name: NODE.into(),
         data_dir: tmp.path().join("node"),
+        host_paths: kubevirt_node::HostPathMap::for_node(&tmp.path().join("node")),
         images,
         host_ip: "127.0.0.1".into(),
         cluster_ca_pem: None,

@@ -6,6 +6,9 @@
 //! `secretKeyRef`), later entries overriding earlier ones; then the service variables of the
 //! API server (`KUBERNETES_SERVICE_HOST`, `KUBERNETES_SERVICE_PORT`, `KUBERNETES_PORT…`), for
 //! names the container does not set itself, so in-cluster clients find the API server.
+//! A plain `value` has its `$(NAME)` references expanded ([`super::super::expansion`]) against
+//! the variables defined before it (`envFrom`, earlier `env` entries of any kind) and the
+//! service variables, as kubelet does; values from sources are not expanded.
 //!
 //! A missing non-optional source or key fails the container's start with kubelet's
 //! `CreateContainerConfigError` and message (`configmap "x" not found`,
@@ -190,6 +193,10 @@ pub async fn container_env(
         namespace,
         seen: BTreeMap::new(),
     };
+    let service = ctx
+        .kubernetes_service
+        .map(|(host, port)| service_env(host, port))
+        .unwrap_or_default();
     let mut env = Vec::new();
     for from in container.env_from.iter().flatten() {
         let prefix = from.prefix.as_deref().unwrap_or_default();
@@ -218,7 +225,15 @@ pub async fn container_env(
     }
     for var in container.env.iter().flatten() {
         let value = match (&var.value, &var.value_from) {
-            (Some(v), _) => Some(v.clone()),
+            // kubelet expands a plain value against what is defined so far, then the service
+            // variables; values from sources are taken as they are.
+            (Some(v), _) if !v.is_empty() => Some(super::super::expansion::expand(v, |name| {
+                env.iter()
+                    .chain(service.iter())
+                    .find(|(k, _)| k == name)
+                    .map(|(_, v)| v.as_str())
+            })),
+            (Some(_), _) => Some(String::new()),
             (None, Some(from)) => {
                 if let Some(field) = &from.field_ref {
                     super::field_value(pod, &field.field_path, ctx.host_ip, ctx.pod_ip)
@@ -249,11 +264,9 @@ pub async fn container_env(
             set(&mut env, var.name.clone(), value);
         }
     }
-    if let Some((host, port)) = ctx.kubernetes_service {
-        for (name, value) in service_env(host, port) {
-            if !env.iter().any(|(k, _)| *k == name) {
-                env.push((name, value));
-            }
+    for (name, value) in service {
+        if !env.iter().any(|(k, _)| *k == name) {
+            env.push((name, value));
         }
     }
     Ok(env)
@@ -302,6 +315,8 @@ mod tests {
                     {"name": "MEM", "valueFrom": {"resourceFieldRef": {"resource": "limits.memory", "divisor": "1Mi"}}},
                     {"name": "A", "value": "2"},
                     {"name": "KUBERNETES_SERVICE_PORT", "value": "1"},
+                    {"name": "REF", "value": "$(NODE)/$(A)/$(KUBERNETES_SERVICE_HOST)/$(LATER)/$$(A)"},
+                    {"name": "LATER", "value": "x"},
                 ]}]}
         }))
         .expect("pod");
@@ -319,6 +334,11 @@ mod tests {
             "the container's own wins"
         );
         assert_eq!(env.iter().filter(|(n, _)| n == "A").count(), 1);
+        assert_eq!(
+            get("REF"),
+            Some("node01/2/127.0.0.1/$(LATER)/$(A)"),
+            "earlier entries and service variables expand, later ones do not"
+        );
     }
 
     #[test]
