@@ -346,6 +346,10 @@ async fn start_embedded_node(
         kubernetes_service,
         pod_network,
         capacity_overrides: capacity_overrides.clone(),
+        // Each node has its own kubelet and KubeVirt state directories, as a kind node's
+        // container has; virt-handler's state directory is the server's, whose image store
+        // (`kubevirt-rs images import`) every node serves containerDisks from.
+        host_paths: host_paths(node_dir, data_dir),
     };
     tasks.push(supervise("node", cancel.clone(), move |token| {
         // The slot is held for as long as the node task lives.
@@ -365,6 +369,23 @@ async fn start_embedded_node(
     }));
     Ok(tasks)
 }
+
+/// Where the node's hostPath volumes resolve: kubelet's and KubeVirt's directories per node
+/// ([`kubevirt_node::HostPathMap::for_node`]), except virt-handler's state directory
+/// (`/var/lib/kubevirt-rs`), which is the server's data directory on every node.
+fn host_paths(node_dir: &Path, data_dir: &Path) -> kubevirt_node::HostPathMap {
+    let mut prefixes: Vec<(PathBuf, PathBuf)> = kubevirt_node::HostPathMap::for_node(node_dir)
+        .prefixes()
+        .iter()
+        .filter(|(prefix, _)| prefix != Path::new(HANDLER_STATE_DIR))
+        .cloned()
+        .collect();
+    prefixes.push((PathBuf::from(HANDLER_STATE_DIR), data_dir.to_path_buf()));
+    kubevirt_node::HostPathMap::new(prefixes)
+}
+
+/// virt-handler's state directory on a node (its DaemonSet's hostPath volume).
+const HANDLER_STATE_DIR: &str = "/var/lib/kubevirt-rs";
 
 /// The images of KubeVirt's components (and the project's launcher), all this binary.
 const PROJECT_IMAGES: [&str; 5] = [

@@ -81,6 +81,17 @@ pub struct PodRunnerConfig {
     pub host_paths: crate::host_paths::HostPathMap,
 }
 
+/// The host name of a pod with a network of its own, as kubelet gives it: `spec.hostname`, else
+/// the pod's name, cut to 63 characters (a DNS label).
+fn pod_hostname(pod: &Pod) -> String {
+    let spec_hostname = pod.spec.as_ref().and_then(|s| s.hostname.clone());
+    let name = spec_hostname
+        .filter(|h| !h.is_empty())
+        .or_else(|| pod.metadata.name.clone())
+        .unwrap_or_default();
+    name.chars().take(63).collect::<String>().trim_end_matches(['-', '.']).to_owned()
+}
+
 /// Errors of one reconcile of one pod.
 #[derive(Debug, thiserror::Error)]
 pub enum PodRunnerError {
@@ -534,6 +545,7 @@ impl PodRunner {
             argv0: Some(resolved.argv0.clone()),
             mounts: volumes::bind_mounts(container, &prepared.mounts),
             netns: prepared.netns.clone(),
+            hostname: prepared.netns.as_ref().map(|_| pod_hostname(pod)),
         };
         let (mut child, record) = process::spawn(
             &resolved.program,
@@ -826,7 +838,7 @@ pub async fn run(client: kube::Client, config: PodRunnerConfig) {
         let known: BTreeSet<String> = pods.iter().filter_map(|p| p.metadata.uid.clone()).collect();
         for pod in &pods {
             if let Err(e) = runner.reconcile(pod).await {
-                warn!(error = %e, "pod runner pass failed; retrying");
+                warn!(error = %error_chain(&e), "pod runner pass failed; retrying");
             }
         }
         runner.reported.retain(|uid, _| known.contains(uid));

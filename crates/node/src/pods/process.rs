@@ -152,6 +152,9 @@ pub struct Sandbox {
     pub mounts: Vec<BindMount>,
     /// The pod's network namespace (a `/run/netns/<name>`-style file), if it has one.
     pub netns: Option<PathBuf>,
+    /// The host name the process sees in a UTS namespace of its own (kubelet gives a pod
+    /// not in the host's network its `spec.hostname`, else its name); `None` shares the host's.
+    pub hostname: Option<String>,
 }
 
 /// Creates the mount points of `mounts` on the host file system: without a private root
@@ -185,13 +188,18 @@ fn isolate(command: &mut tokio::process::Command, sandbox: &Sandbox) -> std::io:
     };
     create_mount_points(&sandbox.mounts)?;
     let mounts = sandbox.mounts.clone();
+    let hostname = sandbox.hostname.clone();
     // SAFETY: the closure runs in the forked child before `exec`. It calls `setns`,
-    // `unshare` and `mount` only, with paths and files prepared before the fork (nix turns
-    // short paths into C strings on the stack), and takes no lock.
+    // `unshare`, `sethostname` and `mount` only, with paths, names and files prepared before
+    // the fork (nix turns short paths into C strings on the stack), and takes no lock.
     unsafe {
         command.pre_exec(move || {
             if let Some(ns) = &netns {
                 nix::sched::setns(ns, nix::sched::CloneFlags::CLONE_NEWNET)?;
+            }
+            if let Some(name) = &hostname {
+                nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWUTS)?;
+                nix::unistd::sethostname(name)?;
             }
             if mounts.is_empty() {
                 return Ok(());
