@@ -509,6 +509,41 @@ mod tests {
     }
 
     #[test]
+    fn slices_not_owned_by_the_service_or_of_a_dropped_family_are_deleted() {
+        let svc = service(json!({"clusterIP": "10.96.0.10", "ipFamilies": ["IPv4"]}));
+        let pods = [pod("a", true, &["10.0.0.1"], json!([]))];
+        let mut ours = plan(&svc, desired_groups(&svc, &pods, &any_node), &[]).create[0].clone();
+        ours.metadata.name = Some("web-abcde".into());
+        let mut foreign = ours.clone();
+        foreign.metadata.name = Some("web-zzzzz".into());
+        foreign.metadata.owner_references = None;
+        let mut v6 = ours.clone();
+        v6.metadata.name = Some("web-yyyyy".into());
+        v6.address_type = "IPv6".into();
+        let existing = [Arc::new(ours), Arc::new(foreign), Arc::new(v6)];
+        let p = plan(&svc, desired_groups(&svc, &pods, &any_node), &existing);
+        let mut deleted: Vec<String> = p.delete.iter().map(|s| s.name_any()).collect();
+        deleted.sort();
+        assert_eq!(deleted, ["web-yyyyy", "web-zzzzz"]);
+        assert!(p.create.is_empty() && p.update.is_empty());
+    }
+
+    #[test]
+    fn address_types_follow_the_families_then_the_cluster_ip() {
+        let types = |spec| {
+            address_types(&service(spec))
+                .into_iter()
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            types(json!({"ipFamilies": ["IPv6", "IPv4"]})),
+            ["IPv4", "IPv6"]
+        );
+        assert_eq!(types(json!({"clusterIP": "fd00::10"})), ["IPv6"]);
+        assert_eq!(types(json!({"clusterIP": "None"})), ["IPv4", "IPv6"]);
+    }
+
+    #[test]
     fn more_than_a_hundred_endpoints_are_cut_into_slices() {
         let svc = service(json!({"clusterIP": "10.96.0.10"}));
         let pods: Vec<_> = (0..150)

@@ -320,3 +320,41 @@ async fn write(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn slice(name: &str, rv: &str) -> Arc<EndpointSlice> {
+        let mut s = EndpointSlice::default();
+        s.metadata.name = Some(name.into());
+        s.metadata.resource_version = Some(rv.into());
+        Arc::new(s)
+    }
+
+    #[test]
+    fn the_tracker_waits_until_the_cache_shows_every_write() {
+        let tracker = Tracker::default();
+        assert!(tracker.caught_up("ns/web", &[]), "nothing written");
+        tracker.record("ns/web", "web-a".into(), Written::AtLeast("7".into()));
+        tracker.record("ns/web", "web-b".into(), Written::Deleted);
+        let b = slice("web-b", "3");
+        assert!(
+            !tracker.caught_up("ns/web", &[Arc::clone(&b)]),
+            "nothing shown yet"
+        );
+        assert!(
+            !tracker.caught_up("ns/web", &[slice("web-a", "6"), Arc::clone(&b)]),
+            "an older web-a, web-b still there"
+        );
+        assert!(
+            !tracker.caught_up("ns/web", &[slice("web-a", "6")]),
+            "web-b gone, web-a still older"
+        );
+        assert!(tracker.caught_up("ns/web", &[slice("web-a", "8")]));
+        assert!(
+            tracker.caught_up("ns/web", &[]),
+            "shown writes are forgotten"
+        );
+    }
+}
