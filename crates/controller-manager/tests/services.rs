@@ -434,3 +434,62 @@ async fn a_disruption_budget_allows_what_its_healthy_pods_exceed() {
         "InsufficientPods"
     );
 }
+
+#[tokio::test]
+async fn a_percentage_budget_counts_against_the_scale_of_the_pods_controller() {
+    let h = Harness::start().await;
+    let client = h.client();
+    let rs = serde_json::from_value(json!({
+        "metadata": {"name": "queue"},
+        "spec": {
+            "replicas": 3,
+            "selector": {"matchLabels": {"app": "queue"}},
+            "template": {
+                "metadata": {"labels": {"app": "queue"}},
+                "spec": {"nodeName": "n1", "containers": [
+                    {"name": "main", "image": "example.invalid/queue"}]}
+            }
+        }
+    }))
+    .expect("replica set");
+    Api::<k8s_openapi::api::apps::v1::ReplicaSet>::namespaced(client.clone(), NS)
+        .create(&PostParams::default(), &rs)
+        .await
+        .expect("create replica set");
+    let pdb = serde_json::from_value(json!({
+        "metadata": {"name": "queue"},
+        "spec": {"maxUnavailable": "34%", "selector": {"matchLabels": {"app": "queue"}}}
+    }))
+    .expect("pdb");
+    Api::<PodDisruptionBudget>::namespaced(client.clone(), NS)
+        .create(&PostParams::default(), &pdb)
+        .await
+        .expect("create pdb");
+    let pods = eventually("the replica set's pods", || async {
+        let pods = Api::<Pod>::namespaced(client.clone(), NS)
+            .list(&ListParams::default().labels("app=queue"))
+            .await
+            .ok()?
+            .items;
+        (pods.len() == 3).then_some(pods)
+    })
+    .await;
+    for pod in pods.iter().take(2) {
+        set_status(&client, &pod.name_any(), None, true).await;
+    }
+    // 34% of 3 rounds up to 2 unavailable: 1 must stay healthy, 2 are.
+    let status = eventually("the budget counted", || async {
+        budget_status(&client, "queue")
+            .await
+            .filter(|s| s.current_healthy == 2)
+    })
+    .await;
+    assert_eq!(
+        (
+            status.expected_pods,
+            status.desired_healthy,
+            status.disruptions_allowed
+        ),
+        (3, 1, 1)
+    );
+}
