@@ -1,11 +1,14 @@
-//! kube-controller-manager's workload controllers for the embedded Kubernetes: ReplicaSet,
-//! Deployment and DaemonSet, as far as KubeVirt's manifests (virt-api and virt-controller
-//! Deployments, the virt-handler DaemonSet) and their users need. It knows nothing of
-//! KubeVirt; on a real cluster kube-controller-manager does this and this crate is not run.
+//! kube-controller-manager's controllers for the embedded Kubernetes: ReplicaSet, Deployment
+//! and DaemonSet, EndpointSlices for Services, and PodDisruptionBudget status, as far as
+//! KubeVirt's manifests (virt-api and virt-controller Deployments behind Services, the
+//! virt-handler DaemonSet, VM Services, VMI disruption budgets) and their users need. It knows
+//! nothing of KubeVirt; on a real cluster kube-controller-manager does this and this crate is
+//! not run.
 //!
 //! Data flow:
 //! ```text
-//!  watch pods, replicasets, deployments, daemonsets, nodes, controllerrevisions (informer.rs)
+//!  watch pods, replicasets, deployments, daemonsets, nodes, controllerrevisions, services,
+//!        endpointslices, poddisruptionbudgets (informer.rs)
 //!        │ cache updated first, then each change fanned out to the controllers
 //!        ▼
 //!  replicaset.rs   ReplicaSet → pods (create from template / delete surplus, adopt, status)
@@ -13,10 +16,17 @@
 //!                  Recreate, proportional scaling, history cleanup, status and conditions)
 //!  daemonset/      DaemonSet → one pod per eligible node (node-name affinity, tolerations,
 //!                  ControllerRevisions, RollingUpdate, status)
-//!        │ writes through the API server (pods, replicasets, controllerrevisions, */status)
+//!  endpointslice/  Service with a selector → EndpointSlices of its pods (addresses, ready /
+//!                  serving / terminating, ports resolved per pod, grouped by port set)
+//!  disruption.rs   PodDisruptionBudget → status (healthy / desired / expected pods,
+//!                  disruptionsAllowed, the DisruptionAllowed condition)
+//!        │ writes through the API server (pods, replicasets, controllerrevisions,
+//!        │ endpointslices, */status)
 //!        ▼
-//!  the scheduler binds pods, the node agent runs them and reports `Ready`; the API server's
-//!  garbage collector deletes dependents of deleted owners (ownerReferences).
+//!  the scheduler binds pods, the node agent runs them and reports `Ready`; the service proxy
+//!  and the API server's Service routing read the EndpointSlices; the eviction API reads
+//!  the PDB status; the API server's garbage collector deletes dependents of deleted owners
+//!  (ownerReferences).
 //! ```
 //! Each controller is a `reconcile` and an `error_policy` on kube-rs' `applier` (one
 //! reconcile per object at a time), fed by the shared informers.
@@ -29,14 +39,16 @@
 //!   means a newer object, which triggers another reconcile).
 //!
 //! # Caveats
-//! - No Events are recorded (`ScalingReplicaSet`, `SuccessfulCreate`, …); the changes are
-//!   logged at info level instead.
+//! - No Events are recorded (`ScalingReplicaSet`, `SuccessfulCreate`, `NoPods`, …); the
+//!   changes are logged at info level instead.
 //! - The API server does not default the workload kinds; unset fields are read with kube's
 //!   defaults (replicas 1, RollingUpdate 25%/25%, revisionHistoryLimit 10,
 //!   progressDeadlineSeconds 600, DaemonSet RollingUpdate maxUnavailable 1).
 
 pub mod daemonset;
 pub mod deployment;
+pub mod disruption;
+pub mod endpointslice;
 pub mod expectations;
 mod informer;
 pub mod ownership;
@@ -47,7 +59,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet, Deployment, ReplicaSet};
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::{Node, Pod, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::Api;
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::Store;
@@ -133,6 +147,13 @@ pub enum Error {
         #[source]
         source: kube::Error,
     },
+    /// Creating, updating or deleting an EndpointSlice failed.
+    #[error("writing endpoint slice {name}")]
+    WriteEndpointSlice {
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
     /// A new ReplicaSet's name is taken by one with another template: the deployment's
     /// `collisionCount` was raised and the next pass uses another hash.
     #[error("hash collision for replica set {name}")]
@@ -157,7 +178,8 @@ impl Error {
             | Error::UpdateReplicaSet { source, .. }
             | Error::DeleteReplicaSet { source, .. }
             | Error::UpdateDeployment { source, .. }
-            | Error::WriteRevision { source, .. } => source,
+            | Error::WriteRevision { source, .. }
+            | Error::WriteEndpointSlice { source, .. } => source,
             _ => return None,
         };
         match source {
@@ -186,8 +208,13 @@ pub struct Context {
     pub daemon_sets: Store<DaemonSet>,
     pub nodes: Store<Node>,
     pub revisions: Store<ControllerRevision>,
+    pub services: Store<Service>,
+    pub endpoint_slices: Store<EndpointSlice>,
+    pub budgets: Store<PodDisruptionBudget>,
     /// Pod creations and deletions per owner (`<Kind>/<namespace>/<name>`).
     pub expectations: Expectations,
+    /// The EndpointSlice writes the slice cache does not show yet.
+    pub(crate) slice_tracker: endpointslice::Tracker,
 }
 
 /// The error policy of every controller: log, retry later (the applier's signature takes the
@@ -220,33 +247,88 @@ fn now_time() -> k8s_openapi::apimachinery::pkg::apis::meta::v1::Time {
     )
 }
 
-/// Runs the ReplicaSet, Deployment and DaemonSet controllers until `cancel` fires.
+/// The shared informers of every controller (the numbers are how many controllers read each
+/// kind's changes).
+struct Informers {
+    pods: informer::Informer<Pod>,
+    replica_sets: informer::Informer<ReplicaSet>,
+    deployments: informer::Informer<Deployment>,
+    daemon_sets: informer::Informer<DaemonSet>,
+    nodes: informer::Informer<Node>,
+    revisions: informer::Informer<ControllerRevision>,
+    services: informer::Informer<Service>,
+    endpoint_slices: informer::Informer<EndpointSlice>,
+    budgets: informer::Informer<PodDisruptionBudget>,
+}
+
+impl Informers {
+    fn spawn(client: &kube::Client, cancel: &CancellationToken) -> Informers {
+        fn all<K>(
+            client: &kube::Client,
+            n: usize,
+            cancel: &CancellationToken,
+        ) -> informer::Informer<K>
+        where
+            K: kube::Resource<DynamicType = ()>
+                + Clone
+                + std::fmt::Debug
+                + serde::de::DeserializeOwned
+                + Send
+                + Sync
+                + 'static,
+        {
+            informer::spawn(Api::<K>::all(client.clone()), n, cancel.clone())
+        }
+        Informers {
+            pods: all(client, 5, cancel),
+            replica_sets: all(client, 2, cancel),
+            deployments: all(client, 1, cancel),
+            daemon_sets: all(client, 1, cancel),
+            nodes: all(client, 1, cancel),
+            revisions: all(client, 1, cancel),
+            services: all(client, 1, cancel),
+            endpoint_slices: all(client, 1, cancel),
+            budgets: all(client, 1, cancel),
+        }
+    }
+
+    /// Waits until every cache holds its initial list.
+    async fn synced(&self) -> Result<(), kube::runtime::reflector::store::WriterDropped> {
+        self.pods.store.wait_until_ready().await?;
+        self.replica_sets.store.wait_until_ready().await?;
+        self.deployments.store.wait_until_ready().await?;
+        self.daemon_sets.store.wait_until_ready().await?;
+        self.nodes.store.wait_until_ready().await?;
+        self.revisions.store.wait_until_ready().await?;
+        self.services.store.wait_until_ready().await?;
+        self.endpoint_slices.store.wait_until_ready().await?;
+        self.budgets.store.wait_until_ready().await
+    }
+}
+
+/// Runs the ReplicaSet, Deployment, DaemonSet, EndpointSlice and disruption (PDB status)
+/// controllers until `cancel` fires.
 ///
-/// Watches (as the admin client) pods, ReplicaSets, Deployments, DaemonSets, Nodes and
-/// ControllerRevisions in all namespaces; no reconcile starts before every cache is synced.
+/// Watches pods, ReplicaSets, Deployments, DaemonSets, Nodes, ControllerRevisions, Services,
+/// EndpointSlices and PodDisruptionBudgets in all namespaces; no reconcile starts before
+/// every cache is synced.
 pub async fn run(client: kube::Client, config: Config, cancel: CancellationToken) {
-    let pods = informer::spawn(Api::<Pod>::all(client.clone()), 3, cancel.clone());
-    let replica_sets = informer::spawn(Api::<ReplicaSet>::all(client.clone()), 2, cancel.clone());
-    let deployments = informer::spawn(Api::<Deployment>::all(client.clone()), 1, cancel.clone());
-    let daemon_sets = informer::spawn(Api::<DaemonSet>::all(client.clone()), 1, cancel.clone());
-    let nodes = informer::spawn(Api::<Node>::all(client.clone()), 1, cancel.clone());
-    let revisions = informer::spawn(
-        Api::<ControllerRevision>::all(client.clone()),
-        1,
-        cancel.clone(),
-    );
-    let synced = async {
-        pods.store.wait_until_ready().await?;
-        replica_sets.store.wait_until_ready().await?;
-        deployments.store.wait_until_ready().await?;
-        daemon_sets.store.wait_until_ready().await?;
-        nodes.store.wait_until_ready().await?;
-        revisions.store.wait_until_ready().await
-    };
+    let informers = Informers::spawn(&client, &cancel);
     tokio::select! {
         () = cancel.cancelled() => return,
-        ready = synced => if ready.is_err() { return },
+        ready = informers.synced() => if ready.is_err() { return },
     }
+    let Informers {
+        pods,
+        replica_sets,
+        deployments,
+        daemon_sets,
+        nodes,
+        revisions,
+        services,
+        endpoint_slices,
+        budgets,
+    } = informers;
     info!("controller-manager caches synced; starting controllers");
     let ctx = Arc::new(Context {
         client,
@@ -256,16 +338,29 @@ pub async fn run(client: kube::Client, config: Config, cancel: CancellationToken
         daemon_sets: daemon_sets.store,
         nodes: nodes.store,
         revisions: revisions.store,
+        services: services.store,
+        endpoint_slices: endpoint_slices.store,
+        budgets: budgets.store,
         expectations: Expectations::default(),
+        slice_tracker: endpointslice::Tracker::default(),
     });
     let mut pod_rx = pods.receivers.into_iter();
     let mut rs_rx = replica_sets.receivers.into_iter();
-    let (Some(p0), Some(p1), Some(p2), Some(r0), Some(r1)) = (
+    let (Some(p0), Some(p1), Some(p2), Some(p3), Some(p4), Some(r0), Some(r1)) = (
+        pod_rx.next(),
+        pod_rx.next(),
         pod_rx.next(),
         pod_rx.next(),
         pod_rx.next(),
         rs_rx.next(),
         rs_rx.next(),
+    ) else {
+        return;
+    };
+    let (Some(svc), Some(eps), Some(pdb)) = (
+        services.receivers.into_iter().next(),
+        endpoint_slices.receivers.into_iter().next(),
+        budgets.receivers.into_iter().next(),
     ) else {
         return;
     };
@@ -295,7 +390,24 @@ pub async fn run(client: kube::Client, config: Config, cancel: CancellationToken
             controller_config.clone(),
             cancel.clone()
         ),
-        daemonset::run(ctx, ds, p2, n, cr, controller_config, cancel),
+        daemonset::run(
+            ctx.clone(),
+            ds,
+            p2,
+            n,
+            cr,
+            controller_config.clone(),
+            cancel.clone()
+        ),
+        endpointslice::run(
+            ctx.clone(),
+            svc,
+            eps,
+            p3,
+            controller_config.clone(),
+            cancel.clone()
+        ),
+        disruption::run(ctx, pdb, p4, controller_config, cancel),
     );
 }
 
