@@ -105,7 +105,9 @@ impl Drop for RunningServer {
     }
 }
 
-const NAMESPACES: &[&str] = &["default", "kube-system", "kube-public", "kubevirt"];
+/// The namespaces kube-apiserver creates itself (everything else is created by who needs it:
+/// KubeVirt's namespace by its installer).
+const NAMESPACES: &[&str] = &["default", "kube-system", "kube-public", "kube-node-lease"];
 
 async fn ensure_initial(state: &ApiState, objects: &[Value]) -> Result<(), ServerError> {
     let opts = WriteOptions {

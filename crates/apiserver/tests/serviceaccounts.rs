@@ -268,7 +268,7 @@ async fn token_requests_are_checked_as_kube_checks_them() {
 async fn namespaces_from_before_the_start_get_their_objects_too() {
     let s = TestServer::start().await;
     // The built-in namespaces exist before the controllers start.
-    for ns in ["default", "kube-system", "kube-public", "kubevirt"] {
+    for ns in ["default", "kube-system", "kube-public", "kube-node-lease"] {
         wait_for_object(
             &s,
             &format!("/api/v1/namespaces/{ns}/serviceaccounts/default"),

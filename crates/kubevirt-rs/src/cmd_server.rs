@@ -446,7 +446,9 @@ async fn serve(args: ServerArgs) -> anyhow::Result<()> {
     let mut initial_objects = vec![];
     if !args.no_kubevirt {
         info!(use_emulation, reason = %accel.reason, "acceleration");
-        initial_objects = kubevirt_crds()?;
+        initial_objects.push(json!({"apiVersion": "v1", "kind": "Namespace",
+            "metadata": {"name": KUBEVIRT_NAMESPACE}}));
+        initial_objects.extend(kubevirt_crds()?);
         initial_objects.push(default_kubevirt_cr(use_emulation, &args));
     }
     let server = kubevirt_apiserver::start(kubevirt_apiserver::Config {

@@ -89,7 +89,11 @@ fn pod_hostname(pod: &Pod) -> String {
         .filter(|h| !h.is_empty())
         .or_else(|| pod.metadata.name.clone())
         .unwrap_or_default();
-    name.chars().take(63).collect::<String>().trim_end_matches(['-', '.']).to_owned()
+    name.chars()
+        .take(63)
+        .collect::<String>()
+        .trim_end_matches(['-', '.'])
+        .to_owned()
 }
 
 /// Errors of one reconcile of one pod.

@@ -79,13 +79,14 @@ async fn start_server(
     listen: SocketAddr,
     with_crds: bool,
 ) -> anyhow::Result<RunningServer> {
+    // With KubeVirt's CRDs comes its namespace, as its install manifests bring both.
     let initial_objects = if with_crds {
-        kubevirt_api::crd::all_crds()
-            .context("generating the CRDs")?
-            .iter()
-            .map(serde_json::to_value)
-            .collect::<Result<Vec<_>, _>>()
-            .context("encoding the CRDs")?
+        let mut objects = vec![serde_json::json!({
+            "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "kubevirt"}})];
+        for crd in kubevirt_api::crd::all_crds().context("generating the CRDs")? {
+            objects.push(serde_json::to_value(crd).context("encoding the CRDs")?);
+        }
+        objects
     } else {
         Vec::new()
     };
