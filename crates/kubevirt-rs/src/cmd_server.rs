@@ -284,8 +284,10 @@ async fn start_embedded_node(
     // Pods in their own network namespaces when this process can make them, on a bridge and
     // CIDR no other node on this machine uses (the same slot again after a restart, so the
     // running pods keep their bridge); otherwise in the host's network.
-    let owner = std::fs::canonicalize(node_dir)
-        .or_else(|_| std::fs::canonicalize(data_dir).map(|d| d.join(node_name)))
+    // The owner name must be the same at every start: the data directory exists by now (the
+    // API server made it), the node's own directory may not yet on the first start.
+    let owner = std::fs::canonicalize(data_dir)
+        .map(|d| d.join("nodes").join(node_name))
         .unwrap_or_else(|_| node_dir.to_path_buf());
     let (pod_network, slot) = match kubevirt_node::PodNetworkConfig::acquire_for(
         &owner.display().to_string(),

@@ -143,14 +143,18 @@ impl ServerProcess {
         if self.subcommand == "server" {
             let log = self.data.path().join("server.log");
             let child = self.child.as_mut().context("child")?;
-            wait_until(DEADLINE, "the server to be ready", || {
+            let ready = wait_until(DEADLINE, "the server to be ready", || {
                 if let Ok(Some(status)) = child.try_wait() {
                     return Some(Err(anyhow::anyhow!("server exited early: {status}")));
                 }
                 let text = std::fs::read(&log).ok()?;
                 let text = String::from_utf8_lossy(text.get(log_start..)?);
                 text.contains(SERVER_READY).then_some(Ok(()))
-            })??;
+            });
+            match ready {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) | Err(e) => bail!("{e}\nserver log:\n{}", self.log()),
+            }
         }
         Ok(())
     }
