@@ -48,7 +48,7 @@ revision="$(git rev-parse HEAD 2>/dev/null || echo unknown)"
 
 sudo=()
 [ "$(id -u)" -eq 0 ] || sudo=(sudo)
-buildah() { "${sudo[@]}" buildah --storage-driver vfs "$@"; }
+buildah() { "${sudo[@]}" "$(type -P buildah)" --storage-driver vfs "$@"; }
 
 # Build tools, and the packages whose files go into the images (see images/*/files).
 apt_install buildah qemu-system-x86 seabios ipxe-qemu ovmf dosfstools mtools iproute2 nftables
@@ -132,7 +132,8 @@ qemu:x:107:
 nonroot-user:x:1001:
 EOF
   mkdir -p "$root/usr/bin"
-  cp "$binary" "$root/usr/bin/kubevirt-rs"
+  # Without the line tables of the release profile (a quarter of the size).
+  strip --strip-debug -o "$root/usr/bin/kubevirt-rs" "$binary"
   add_libs "$binary" "$root"
   [ -f "images/$name/files" ] || return 0
   while read -r kind rest; do
