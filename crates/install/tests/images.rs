@@ -100,8 +100,8 @@ fn every_image_of_the_manifests_has_a_containerfile_with_the_containers_command(
                 strings(&container["command"]),
                 "image {name}: the Containerfile's ENTRYPOINT is not the container's command"
             );
-            let non_root = pod_non_root
-                || container["securityContext"]["runAsNonRoot"] == Value::Bool(true);
+            let non_root =
+                pod_non_root || container["securityContext"]["runAsNonRoot"] == Value::Bool(true);
             let run_as_user = !container["securityContext"]["runAsUser"].is_null()
                 || !pod["securityContext"]["runAsUser"].is_null();
             if non_root && !run_as_user {
@@ -110,7 +110,10 @@ fn every_image_of_the_manifests_has_a_containerfile_with_the_containers_command(
                 let uid: u32 = user.parse().unwrap_or_else(|_| {
                     panic!("image {name}: USER {user} must be numeric (runAsNonRoot)")
                 });
-                assert_ne!(uid, 0, "image {name} runs as root but its pod needs non-root");
+                assert_ne!(
+                    uid, 0,
+                    "image {name} runs as root but its pod needs non-root"
+                );
             }
             checked.push(name.to_owned());
         }
