@@ -54,12 +54,19 @@ impl Drop for Component {
     }
 }
 
-/// A bare API server with the KubeVirt CRDs.
+/// A bare API server with KubeVirt's namespace (and its `kube-root-ca.crt`, as a pod there
+/// would find it) and CRDs.
 fn apiserver_with_crds() -> anyhow::Result<ServerProcess> {
     let server = ServerProcess::start(Path::new(BIN), "apiserver", &[])?;
+    server.ok(&["create", "namespace", "kubevirt"])?;
     let crds = Command::new(BIN).arg("crds").output()?;
     anyhow::ensure!(crds.status.success(), "kubevirt-rs crds failed");
     server.apply(&String::from_utf8(crds.stdout)?)?;
+    testkit::wait_until(testkit::DEADLINE, "kubevirt/kube-root-ca.crt", || {
+        server
+            .ok(&["-n", "kubevirt", "get", "configmap", "kube-root-ca.crt", "-o", "name"])
+            .ok()
+    })?;
     Ok(server)
 }
 

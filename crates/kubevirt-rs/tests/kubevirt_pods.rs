@@ -223,3 +223,81 @@ fn no_kubevirt_gives_the_bare_embedded_kubernetes() -> anyhow::Result<()> {
     .map_err(fail(&server))?;
     Ok(())
 }
+
+/// Every component runs with deploy/'s RBAC only: take `create pods` away from
+/// virt-controller's ClusterRole and its attempt to start a VM fails with kube's 403, which
+/// its log shows.
+#[test]
+fn virt_controller_without_create_pods_fails_with_a_403() -> anyhow::Result<()> {
+    let server = ServerProcess::start(Path::new(BIN), "server", &["--fake-qemu"])?;
+    let role = server.ok(&["get", "clusterrole", "kubevirt-controller", "-o", "json"])?;
+    let mut role: serde_json::Value = serde_json::from_str(&role)?;
+    let rules = role["rules"]
+        .as_array_mut()
+        .ok_or_else(|| anyhow::anyhow!("no rules in {role}"))?;
+    let mut narrowed = vec![];
+    for rule in rules.iter_mut() {
+        let core = rule["apiGroups"].as_array().is_some_and(|g| g.iter().any(|g| g == ""));
+        let Some(resources) = rule["resources"].as_array_mut() else {
+            continue;
+        };
+        if core && resources.iter().any(|r| r == "pods") {
+            resources.retain(|r| r != "pods");
+            let verbs: Vec<serde_json::Value> = rule["verbs"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|v| *v != "create")
+                .cloned()
+                .collect();
+            narrowed.push(serde_json::json!({"apiGroups": [""], "resources": ["pods"], "verbs": verbs}));
+        }
+    }
+    anyhow::ensure!(!narrowed.is_empty(), "no rule grants pods: {role}");
+    rules.extend(narrowed);
+    let path = server.data_dir().join("narrowed-role.json");
+    std::fs::write(&path, serde_json::to_vec(&role)?)?;
+    server.ok(&["replace", "-f", &path.display().to_string()])?;
+    let can = server.kubectl(&[
+        "auth",
+        "can-i",
+        "create",
+        "pods",
+        "--as",
+        "system:serviceaccount:kubevirt:kubevirt-controller",
+    ]);
+    assert_eq!(String::from_utf8_lossy(&can.stdout).trim(), "no");
+
+    server.apply(
+        r"apiVersion: kubevirt.io/v1
+kind: VirtualMachine
+metadata:
+  name: no-pod
+spec:
+  runStrategy: Always
+  template:
+    spec:
+      domain:
+        memory: {guest: 128Mi}
+        devices: {}
+",
+    )?;
+    let forbidden = r#"User "system:serviceaccount:kubevirt:kubevirt-controller" cannot create resource "pods""#;
+    wait_until(DEADLINE, "virt-controller's 403", || {
+        let logs = server.kubectl(&[
+            "-n",
+            "kubevirt",
+            "logs",
+            "-l",
+            "kubevirt.io=virt-controller",
+            "--tail=-1",
+        ]);
+        String::from_utf8_lossy(&logs.stdout)
+            .contains(forbidden)
+            .then_some(())
+    })
+    .map_err(fail(&server))?;
+    let pods = server.ok(&["get", "pods", "-o", "name"])?;
+    assert!(pods.is_empty(), "no launcher pod without the right: {pods}");
+    Ok(())
+}

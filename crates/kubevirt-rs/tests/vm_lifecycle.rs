@@ -278,6 +278,37 @@ fn a_masquerade_guest_gets_its_address_by_dhcp_and_is_reached_through_the_pod_ip
         jsonpath(&server, "vmi/web", "{.status.interfaces[0].ipAddress}"),
         pod_ip
     );
+    // A Service in front of the VM (as `virtctl expose` makes one) gets the launcher pod as
+    // its ready endpoint, on the guest's port.
+    server.apply(
+        r"apiVersion: v1
+kind: Service
+metadata:
+  name: web-svc
+spec:
+  selector:
+    vm.kubevirt.io/name: web
+  ports:
+  - name: http
+    port: 80
+    targetPort: 8080
+",
+    )?;
+    let endpoint = wait_until(DEADLINE, "the Service's endpoint", || {
+        let got = server
+            .ok(&[
+                "get",
+                "endpointslices",
+                "-l",
+                "kubernetes.io/service-name=web-svc",
+                "-o",
+                "jsonpath={.items[0].endpoints[*].addresses[0]} \
+                 {.items[0].endpoints[*].conditions.ready} {.items[0].ports[0].port}",
+            ])
+            .unwrap_or_default();
+        got.starts_with(&pod_ip).then_some(got)
+    })?;
+    assert_eq!(endpoint, format!("{pod_ip} true 8080"));
     server.ok(&["delete", "vm", "web", "--wait=false"])?;
     Ok(())
 }

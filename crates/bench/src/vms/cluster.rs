@@ -94,6 +94,9 @@ fn qemu_pids(data_dir: &Path) -> Vec<u32> {
         .collect()
 }
 
+/// KubeVirt's components, each the container of that name in its pods.
+const COMPONENTS: [&str; 3] = ["virt-api", "virt-controller", "virt-handler"];
+
 /// The launcher directory (the `public` emptyDir) inside a pod directory.
 pub const LAUNCHER_DIR_IN_POD_DIR: &str = "volumes/kubernetes.io~empty-dir/public";
 
@@ -171,6 +174,22 @@ impl Cluster {
             .filter_map(|d| procfs::pid_from_file(&d.join("compute.json")))
             .filter_map(|pid| Some((procfs::rss_kib(pid)?, procfs::rss_anon_kib(pid)?)))
             .collect()
+    }
+
+    /// RSS (KiB) of each running KubeVirt component pod, by container name (`virt-api`,
+    /// `virt-controller`, `virt-handler`): one entry per replica.
+    pub fn component_rss_kib(&self) -> std::collections::BTreeMap<String, Vec<u64>> {
+        let mut by_component = std::collections::BTreeMap::<String, Vec<u64>>::new();
+        for dir in pod_dirs(self.data_dir()) {
+            for component in COMPONENTS {
+                if let Some(rss) = procfs::pid_from_file(&dir.join(format!("{component}.json")))
+                    .and_then(procfs::rss_kib)
+                {
+                    by_component.entry(component.to_owned()).or_default().push(rss);
+                }
+            }
+        }
+        by_component
     }
 
     /// Memory of every live QEMU.

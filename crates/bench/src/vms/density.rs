@@ -50,6 +50,8 @@ pub struct BatchResult {
     pub requests: RequestCounts,
     pub label_sync: Option<Percentiles>,
     pub server_rss_kib: u64,
+    /// RSS per replica of each KubeVirt component pod.
+    pub components_rss_kib: std::collections::BTreeMap<String, Vec<u64>>,
     /// `(RSS, RssAnon)` per launcher.
     pub launcher_rss_kib: Vec<(u64, u64)>,
     pub qemu: Vec<super::procfs::QemuMemory>,
@@ -157,6 +159,7 @@ pub async fn run(cluster: &Cluster, batch: &Batch) -> anyhow::Result<BatchResult
         // Let launchers and QEMU settle after the start.
         tokio::time::sleep(Duration::from_secs(2)).await;
         result.server_rss_kib = cluster.server_rss_kib();
+        result.components_rss_kib = cluster.component_rss_kib();
         result.launcher_rss_kib = cluster.launcher_rss_kib();
         result.qemu = cluster.qemu_memory(batch.guest_mib);
     }

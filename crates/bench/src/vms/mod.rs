@@ -73,6 +73,8 @@ struct MemoryRow {
     server: &'static str,
     n: usize,
     server_rss_kib: u64,
+    /// RSS per replica of each KubeVirt component.
+    components_kib: std::collections::BTreeMap<String, Vec<u64>>,
     launcher_kib: Vec<(u64, u64)>,
     qemu: Vec<procfs::QemuMemory>,
 }
@@ -93,6 +95,7 @@ impl Results {
                 server,
                 n: result.count,
                 server_rss_kib: result.server_rss_kib,
+                components_kib: result.components_rss_kib.clone(),
                 launcher_kib: result.launcher_rss_kib.clone(),
                 qemu: result.qemu.clone(),
             });
@@ -125,6 +128,7 @@ async fn idle_memory(cluster: &Cluster, server: &'static str, results: &mut Resu
         server,
         n: 0,
         server_rss_kib: cluster.server_rss_kib(),
+        components_kib: cluster.component_rss_kib(),
         launcher_kib: Vec::new(),
         qemu: Vec::new(),
     });
@@ -380,8 +384,10 @@ fn memory_section(out: &mut String, results: &Results) {
     let _ = writeln!(out, "\n### Memory (RSS)\n");
     let _ = writeln!(
         out,
-        "Server = the whole control plane in one process (API server, virt-api, \
-         virt-controller, virt-handler, scheduler, pod runner). Per VM: averages; launcher private = \
+        "Server = the embedded Kubernetes in one process (API server, scheduler, \
+         controller-manager, node agent, service proxy); virt-api, virt-controller and \
+         virt-handler are pods of their own, each column the average RSS of one replica \
+         (2, 2 and 1 of them). Per VM: averages; launcher private = \
          `RssAnon` (its file pages are the shared `kubevirt-rs` binary). QEMU \
          overhead = QEMU RSS − guest RAM actually touched; the TCG part is its translation \
          cache, which KVM does not have. KubeVirt anchors: virt-controller ≈ 60 MB + virt-api \
@@ -391,6 +397,9 @@ fn memory_section(out: &mut String, results: &Results) {
         "guests",
         "N",
         "server MiB",
+        "virt-api MiB",
+        "virt-controller MiB",
+        "virt-handler MiB",
         "launcher MiB/VM",
         "launcher private MiB/VM",
         "QEMU MiB/VM",
@@ -413,10 +422,17 @@ fn memory_section(out: &mut String, results: &Results) {
                 mib(avg(&m.launcher_kib.iter().map(f).collect::<Vec<_>>()))
             }
         };
+        let component = |name: &str| match m.components_kib.get(name) {
+            Some(replicas) if !replicas.is_empty() => mib(avg(replicas)),
+            _ => "–".to_owned(),
+        };
         t.row(vec![
             m.server.to_owned(),
             m.n.to_string(),
             mib(m.server_rss_kib),
+            component("virt-api"),
+            component("virt-controller"),
+            component("virt-handler"),
             launcher(|(rss, _)| *rss),
             launcher(|(_, anon)| *anon),
             q(|x| x.rss_kib),
