@@ -64,7 +64,15 @@ fn apiserver_with_crds() -> anyhow::Result<ServerProcess> {
     server.apply(&String::from_utf8(crds.stdout)?)?;
     testkit::wait_until(testkit::DEADLINE, "kubevirt/kube-root-ca.crt", || {
         server
-            .ok(&["-n", "kubevirt", "get", "configmap", "kube-root-ca.crt", "-o", "name"])
+            .ok(&[
+                "-n",
+                "kubevirt",
+                "get",
+                "configmap",
+                "kube-root-ca.crt",
+                "-o",
+                "name",
+            ])
             .ok()
     })?;
     Ok(server)

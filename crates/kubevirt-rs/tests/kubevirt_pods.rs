@@ -232,12 +232,15 @@ fn virt_controller_without_create_pods_fails_with_a_403() -> anyhow::Result<()> 
     let server = ServerProcess::start(Path::new(BIN), "server", &["--fake-qemu"])?;
     let role = server.ok(&["get", "clusterrole", "kubevirt-controller", "-o", "json"])?;
     let mut role: serde_json::Value = serde_json::from_str(&role)?;
+    let shown = role.to_string();
     let rules = role["rules"]
         .as_array_mut()
-        .ok_or_else(|| anyhow::anyhow!("no rules in {role}"))?;
+        .ok_or_else(|| anyhow::anyhow!("no rules in {shown}"))?;
     let mut narrowed = vec![];
     for rule in rules.iter_mut() {
-        let core = rule["apiGroups"].as_array().is_some_and(|g| g.iter().any(|g| g == ""));
+        let core = rule["apiGroups"]
+            .as_array()
+            .is_some_and(|g| g.iter().any(|g| g == ""));
         let Some(resources) = rule["resources"].as_array_mut() else {
             continue;
         };
@@ -250,10 +253,12 @@ fn virt_controller_without_create_pods_fails_with_a_403() -> anyhow::Result<()> 
                 .filter(|v| *v != "create")
                 .cloned()
                 .collect();
-            narrowed.push(serde_json::json!({"apiGroups": [""], "resources": ["pods"], "verbs": verbs}));
+            narrowed.push(
+                serde_json::json!({"apiGroups": [""], "resources": ["pods"], "verbs": verbs}),
+            );
         }
     }
-    anyhow::ensure!(!narrowed.is_empty(), "no rule grants pods: {role}");
+    anyhow::ensure!(!narrowed.is_empty(), "no rule grants pods: {shown}");
     rules.extend(narrowed);
     let path = server.data_dir().join("narrowed-role.json");
     std::fs::write(&path, serde_json::to_vec(&role)?)?;

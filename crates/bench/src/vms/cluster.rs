@@ -185,7 +185,10 @@ impl Cluster {
                 if let Some(rss) = procfs::pid_from_file(&dir.join(format!("{component}.json")))
                     .and_then(procfs::rss_kib)
                 {
-                    by_component.entry(component.to_owned()).or_default().push(rss);
+                    by_component
+                        .entry(component.to_owned())
+                        .or_default()
+                        .push(rss);
                 }
             }
         }
