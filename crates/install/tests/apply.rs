@@ -306,4 +306,47 @@ fn check_users(kc: &Path) {
         "alice",
         &["create", "virtualmachines.kubevirt.io", "-n", "default"]
     ));
+    // Bound to KubeVirt's own view role only, in one namespace: VMs there, nothing else.
+    let (ok, text) = kubectl(
+        kc,
+        &[
+            "create",
+            "rolebinding",
+            "carol-kubevirt-view",
+            "--clusterrole",
+            "kubevirt.io:view",
+            "--user",
+            "carol",
+            "-n",
+            "demo",
+        ],
+    );
+    assert!(ok, "{text}");
+    assert!(can_i(
+        kc,
+        "carol",
+        &["list", "virtualmachines.kubevirt.io", "-n", "demo"]
+    ));
+    assert!(!can_i(
+        kc,
+        "carol",
+        &["list", "virtualmachines.kubevirt.io", "-n", "default"]
+    ));
+    assert!(!can_i(kc, "carol", &["create", "pods", "-n", "demo"]));
+    assert!(!can_i(
+        kc,
+        "carol",
+        &["delete", "virtualmachines.kubevirt.io", "-n", "demo"]
+    ));
+    // A service account nobody bound can do nothing (beyond discovery and reviews).
+    let nobody = "system:serviceaccount:demo:nobody";
+    for args in [
+        &["list", "virtualmachines.kubevirt.io", "-n", "demo"][..],
+        &["get", "pods", "-n", "demo"],
+        &["create", "pods", "-n", "demo"],
+        &["list", "secrets", "-n", "demo"],
+        &["list", "nodes"],
+    ] {
+        assert!(!can_i(kc, nobody, args), "{nobody} may {args:?}");
+    }
 }
