@@ -306,6 +306,12 @@ fn check_users(kc: &Path) {
         "alice",
         &["create", "virtualmachines.kubevirt.io", "-n", "default"]
     ));
+    check_narrow_users(kc);
+}
+
+/// A user bound to `kubevirt.io:view` only (in namespace `demo`, which exists), and a service
+/// account bound to nothing.
+fn check_narrow_users(kc: &Path) {
     // Bound to KubeVirt's own view role only, in one namespace: VMs there, nothing else.
     let (ok, text) = kubectl(
         kc,
