@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The project's main command: installs what is missing, builds kubevirt-rs, builds the
 # test guest, starts `kubevirt-rs server` on this machine, applies the demo VM and waits
-# until it runs. Leaves the server in the foreground; Ctrl-C stops it (the guests keep
+# until it runs. Leaves the server in the foreground; Ctrl-C stops it (the guests and KubeVirt's pods keep
 # running until their VMs are stopped; see README).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -39,6 +39,13 @@ kubectl get --raw /readyz >/dev/null
 
 step "applying the demo VM (examples/vm-demo.yaml)"
 if [ -f examples/vm-demo.yaml ]; then
+  # KubeVirt's components start as pods after the API server: admission works once virt-api
+  # has a ready endpoint (a server-side dry run passes through the webhooks).
+  for _ in $(seq 1 600); do
+    kubectl apply --dry-run=server -f examples/vm-demo.yaml >/dev/null 2>&1 && break
+    kill -0 $SERVER 2>/dev/null || { echo "server exited" >&2; exit 1; }
+    sleep 0.2
+  done
   kubectl apply -f examples/vm-demo.yaml
   kubectl wait vm/demo --for=condition=Ready --timeout=180s || kubectl get vm,vmi,pods -o wide
   POD=$(kubectl get pods -l vm.kubevirt.io/name=demo -o jsonpath='{.items[0].metadata.name}')
