@@ -144,27 +144,24 @@ pub fn storage_live_migratable(vmi: &VirtualMachineInstance) -> Value {
 mod tests {
     use super::*;
 
-    fn vmi(spec: Value, annotations: Value) -> VirtualMachineInstance {
+    fn vmi(spec: &Value) -> VirtualMachineInstance {
         serde_json::from_value(json!({
-            "metadata": {"name": "demo", "namespace": "default", "annotations": annotations},
+            "metadata": {"name": "demo", "namespace": "default"},
             "spec": spec,
         }))
         .unwrap()
     }
 
-    fn pod_vmi(interface: Value) -> VirtualMachineInstance {
-        vmi(
-            json!({
-                "domain": {"devices": {"interfaces": [interface]}},
-                "networks": [{"name": "default", "pod": {}}]
-            }),
-            json!({}),
-        )
+    fn pod_vmi(interface: &Value) -> VirtualMachineInstance {
+        vmi(&json!({
+            "domain": {"devices": {"interfaces": [interface]}},
+            "networks": [{"name": "default", "pod": {}}]
+        }))
     }
 
     #[test]
     fn a_migratable_vmi_gets_true_conditions_without_reason_message_or_times() {
-        let v = pod_vmi(json!({"name": "default", "masquerade": {}}));
+        let v = pod_vmi(&json!({"name": "default", "masquerade": {}}));
         assert_eq!(
             live_migratable(&v),
             json!({"type": "LiveMigratable", "status": "True"})
@@ -177,12 +174,12 @@ mod tests {
 
     #[test]
     fn the_pod_network_needs_its_interface_and_a_bridge_needs_the_allow_annotation() {
-        let missing = pod_vmi(json!({"name": "other", "masquerade": {}}));
+        let missing = pod_vmi(&json!({"name": "other", "masquerade": {}}));
         assert_eq!(
             live_migratable(&missing)["message"],
             "no primary interface found for network default"
         );
-        let mut bridge = pod_vmi(json!({"name": "default", "bridge": {}}));
+        let mut bridge = pod_vmi(&json!({"name": "default", "bridge": {}}));
         assert_eq!(
             live_migratable(&bridge)["reason"],
             "InterfaceNotLiveMigratable"
@@ -197,20 +194,17 @@ mod tests {
 
     #[test]
     fn live_migratable_reports_the_first_blocker_and_storage_all_but_disks() {
-        let v = vmi(
-            json!({
-                "domain": {
-                    "devices": {
-                        "interfaces": [{"name": "default", "bridge": {}}],
-                        "hostDevices": [{"name": "h", "deviceName": "example.com/dev"}]
-                    },
-                    "launchSecurity": {"sev": {}}
+        let v = vmi(&json!({
+            "domain": {
+                "devices": {
+                    "interfaces": [{"name": "default", "bridge": {}}],
+                    "hostDevices": [{"name": "h", "deviceName": "example.com/dev"}]
                 },
-                "networks": [{"name": "default", "pod": {}}],
-                "volumes": [{"name": "hd", "hostDisk": {"path": "/d.img", "type": "Disk"}}]
-            }),
-            json!({}),
-        );
+                "launchSecurity": {"sev": {}}
+            },
+            "networks": [{"name": "default", "pod": {}}],
+            "volumes": [{"name": "hd", "hostDisk": {"path": "/d.img", "type": "Disk"}}]
+        }));
         let live = live_migratable(&v);
         assert_eq!(live["status"], "False");
         assert_eq!(live["reason"], "InterfaceNotLiveMigratable");
@@ -222,13 +216,10 @@ mod tests {
              migratable plugin to connect to the pod network, HostDeviceNotLiveMigratable: VMI \
              specifies non-migratable generic PCI host device, SEVNotLiveMigratable: VMI uses SEV"
         );
-        let disk_only = vmi(
-            json!({
-                "domain": {"devices": {}},
-                "volumes": [{"name": "hd", "hostDisk": {"path": "/d.img", "type": "Disk"}}]
-            }),
-            json!({}),
-        );
+        let disk_only = vmi(&json!({
+            "domain": {"devices": {}},
+            "volumes": [{"name": "hd", "hostDisk": {"path": "/d.img", "type": "Disk"}}]
+        }));
         assert_eq!(
             live_migratable(&disk_only),
             json!({"type": "LiveMigratable", "status": "False", "reason": "DisksNotLiveMigratable",
@@ -243,7 +234,7 @@ mod tests {
             let list: Vec<Value> = (0..n)
                 .map(|i| json!({"name": format!("g{i}"), "deviceName": "nvidia.com/x"}))
                 .collect();
-            vmi(json!({"domain": {"devices": {"gpus": list}}}), json!({}))
+            vmi(&json!({"domain": {"devices": {"gpus": list}}}))
         };
         assert_eq!(
             live_migratable(&gpus(1))["message"],
