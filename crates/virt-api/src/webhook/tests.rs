@@ -251,3 +251,56 @@ fn service_account_names_are_upstreams() {
     assert!(sas.contains("system:serviceaccount:kubevirt:kubevirt-controller"));
     assert_eq!(sas.len(), 4);
 }
+
+#[tokio::test]
+async fn vm_data_volume_templates_need_a_name_and_a_referencing_volume() {
+    let h = start().await;
+    let blank = json!({"pvc": {"accessModes": ["ReadWriteOnce"]}, "source": {"blank": {}}});
+    let vm = json!({
+        "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",
+        "metadata": {"name": "vm", "namespace": "default"},
+        "spec": {
+            "runStrategy": "Halted",
+            "dataVolumeTemplates": [
+                {"metadata": {}, "spec": blank.clone()},
+                {"metadata": {"name": "unused"}, "spec": blank},
+            ],
+            "template": {"spec": vmi()["spec"].clone()}
+        }
+    });
+    let (status, body) = post(&h, paths::VM_VALIDATE, review("CREATE", &vm)).await;
+    assert_eq!(status, 200);
+    let resp: Value = serde_json::from_slice(&body).unwrap();
+    let r = &resp["response"];
+    assert_eq!(r["allowed"], false);
+    assert_eq!(r["status"]["code"], 422);
+    let causes: Vec<(String, String, String)> = r["status"]["details"]["causes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            let s = |k: &str| c[k].as_str().unwrap_or_default().to_owned();
+            (s("reason"), s("field"), s("message"))
+        })
+        .collect();
+    let want = |field: &str, message: &str| {
+        (
+            "FieldValueRequired".to_owned(),
+            field.to_owned(),
+            message.to_owned(),
+        )
+    };
+    assert_eq!(
+        causes,
+        [
+            want(
+                "spec.dataVolumeTemplate[0].name",
+                "'name' field must not be empty for DataVolumeTemplate entry spec.dataVolumeTemplate[0].name."
+            ),
+            want(
+                "spec.dataVolumeTemplate[1]",
+                "DataVolumeTemplate entry spec.dataVolumeTemplate[1] must be referenced in the VMI template's 'volumes' list"
+            ),
+        ]
+    );
+}

@@ -58,14 +58,18 @@ pub fn backoff_applies(strategy: &RunStrategy) -> bool {
 }
 
 /// The new `status.startFailure` given the current one, the VMI and the run strategy.
+///
+/// `strategy` is `None` when the VM's run strategy cannot be resolved (`running` and
+/// `runStrategy` both set): as upstream's `shouldClearStartFailure`, the record is then kept
+/// (and a new early failure still counted) rather than cleared.
 pub fn next_start_failure(
     current: Option<&VirtualMachineStartFailure>,
     vmi: Option<&VirtualMachineInstance>,
-    strategy: &RunStrategy,
+    strategy: Option<&RunStrategy>,
     now: Timestamp,
     rng: &mut impl Rng,
 ) -> Option<VirtualMachineStartFailure> {
-    if vmi.is_some_and(vmi_reached_running) || !backoff_applies(strategy) {
+    if vmi.is_some_and(vmi_reached_running) || strategy.is_some_and(|s| !backoff_applies(s)) {
         return None;
     }
     let Some(vmi) = vmi else {
@@ -176,8 +180,14 @@ mod tests {
     fn a_failed_vmi_that_never_ran_starts_the_count_at_one() {
         let mut rng = StdRng::seed_from_u64(3);
         let failed = vmi("123", VirtualMachineInstancePhase::Failed, false);
-        let f =
-            next_start_failure(None, Some(&failed), &RunStrategy::Always, now(), &mut rng).unwrap();
+        let f = next_start_failure(
+            None,
+            Some(&failed),
+            Some(&RunStrategy::Always),
+            now(),
+            &mut rng,
+        )
+        .unwrap();
         assert_eq!(f.consecutive_fail_count, Some(1));
         assert_eq!(f.last_failed_vmi_uid.as_deref(), Some("123"));
         let left = backoff_time_left(Some(&f), now());
@@ -196,7 +206,7 @@ mod tests {
         let next = next_start_failure(
             Some(&current),
             Some(&same),
-            &RunStrategy::Always,
+            Some(&RunStrategy::Always),
             now(),
             &mut rng,
         );
@@ -205,7 +215,7 @@ mod tests {
         let next = next_start_failure(
             Some(&current),
             Some(&other),
-            &RunStrategy::RerunOnFailure,
+            Some(&RunStrategy::RerunOnFailure),
             now(),
             &mut rng,
         )
@@ -233,8 +243,30 @@ mod tests {
             (None, RunStrategy::Once, true),
         ];
         for (vmi, strategy, kept) in cases {
-            let next = next_start_failure(Some(&current), vmi, &strategy, now(), &mut rng);
+            let next = next_start_failure(Some(&current), vmi, Some(&strategy), now(), &mut rng);
             assert_eq!(next.is_some(), kept, "{strategy:?}");
         }
+    }
+
+    #[test]
+    fn an_unresolvable_run_strategy_keeps_the_start_failure_and_still_counts_early_failures() {
+        let mut rng = StdRng::seed_from_u64(3);
+        let current = VirtualMachineStartFailure {
+            consecutive_fail_count: Some(1),
+            last_failed_vmi_uid: Some("123".into()),
+            retry_after_timestamp: None,
+        };
+        let kept = next_start_failure(Some(&current), None, None, now(), &mut rng);
+        assert_eq!(kept.as_ref(), Some(&current));
+        let failed = vmi("456", VirtualMachineInstancePhase::Failed, false);
+        let next =
+            next_start_failure(Some(&current), Some(&failed), None, now(), &mut rng).unwrap();
+        assert_eq!(next.consecutive_fail_count, Some(2));
+        let running = vmi("789", VirtualMachineInstancePhase::Running, true);
+        assert_eq!(
+            next_start_failure(Some(&current), Some(&running), None, now(), &mut rng),
+            None,
+            "a VMI that ran still clears it"
+        );
     }
 }

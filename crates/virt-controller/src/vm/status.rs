@@ -118,7 +118,7 @@ pub fn compute_status(input: &StatusInput<'_>, rng: &mut impl Rng) -> VirtualMac
     status.start_failure = next_start_failure(
         status.start_failure.as_ref(),
         vmi,
-        &effective,
+        strategy.as_ref(),
         input.now,
         rng,
     );

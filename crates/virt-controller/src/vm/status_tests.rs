@@ -585,3 +585,15 @@ fn the_status_patch_adds_a_missing_status_and_guards_popped_requests() {
         ])
     );
 }
+
+#[test]
+fn a_run_strategy_error_keeps_the_start_failure() {
+    let mut vm = crash_looping(RunStrategy::Always);
+    vm.spec.running = Some(true);
+    let status = status_of(&input(&vm, None));
+    assert_eq!(
+        status.start_failure,
+        vm.status.as_ref().unwrap().start_failure,
+        "upstream's shouldClearStartFailure is false when the run strategy errs"
+    );
+}

@@ -9,7 +9,8 @@
 //!
 //! Handler-owned fields: `phase` from Scheduled on (never `reason`, as upstream),
 //! `phaseTransitionTimestamps` (appended on each phase change), `interfaces`, `machine`,
-//! `currentCPUTopology`, `memory`, and the conditions `LiveMigratable`, `Paused`,
+//! `currentCPUTopology`, `memory`, and the conditions `LiveMigratable`,
+//! `StorageLiveMigratable`, `Paused`,
 //! `SoftwareEmulation` and `Synchronized` (the last only while a sync fails).
 
 use kubevirt_api::v1::{VirtualMachineInstance, VirtualMachineInstancePhase as Phase};
@@ -112,40 +113,14 @@ fn set_condition(conditions: &mut Vec<Value>, type_: &str, new: Option<Value>) {
     }
 }
 
-fn live_migratable(vmi: &VirtualMachineInstance, now: &str) -> Value {
-    let spec = &vmi.spec;
-    let bridge_on_pod = spec.domain.devices.interfaces.iter().any(|i| {
-        i.binding_method.bridge.is_some()
-            && spec
-                .networks
-                .iter()
-                .any(|n| n.name == i.name && n.network_source.pod.is_some())
-    });
-    if bridge_on_pod {
-        return condition(
-            "LiveMigratable",
-            "False",
-            "InterfaceNotLiveMigratable",
-            "cannot migrate VMI which does not use masquerade or a migratable plugin to connect to the pod network",
-            now,
-        );
+/// Upstream's `UpdateCondition`: appended when missing, replaced only when status or reason
+/// changed.
+fn update_condition(conditions: &mut Vec<Value>, new: Value) {
+    match conditions.iter_mut().find(|c| c["type"] == new["type"]) {
+        Some(old) if old["status"] == new["status"] && old["reason"] == new["reason"] => {}
+        Some(old) => *old = new,
+        None => conditions.push(new),
     }
-    let host_disk = spec.volumes.iter().find(|v| {
-        v.volume_source
-            .host_disk
-            .as_ref()
-            .is_some_and(|h| h.shared != Some(true))
-    });
-    if host_disk.is_some() {
-        return condition(
-            "LiveMigratable",
-            "False",
-            "DisksNotLiveMigratable",
-            "cannot migrate VMI with non-shared HostDisk",
-            now,
-        );
-    }
-    condition("LiveMigratable", "True", "", "", now)
 }
 
 fn mib_quantity(bytes: u64) -> String {
@@ -188,27 +163,39 @@ pub fn desired_status(
         set_condition(&mut conditions, "Synchronized", None);
     }
     if let Observation::Domain(domain) = observation {
-        let paused = (domain.state == DomainState::Paused).then(|| {
+        // As upstream's `updatePausedConditions`: added once while paused (an existing
+        // condition is left alone), removed once the domain runs again.
+        let has_paused = conditions.iter().any(|c| c["type"] == "Paused");
+        if domain.state != DomainState::Paused {
+            set_condition(&mut conditions, "Paused", None);
+        } else if !has_paused {
             // The launcher tells a `pause` command (User) from QEMU stopping on its own
-            // (Emulator: in practice a disk with `werror=stop` hitting an I/O error).
-            let (reason, message) = if domain.reason == StateReason::User {
-                ("PausedByUser", "VMI was paused by user")
-            } else {
-                (
+            // (Emulator: in practice a disk with `werror=stop` hitting an I/O error); any
+            // other reason adds no condition, as upstream's default case.
+            let paused = match domain.reason {
+                StateReason::User => Some(("PausedByUser", "VMI was paused by user")),
+                StateReason::Emulator => Some((
                     "PausedIOError",
                     "VMI was paused, low-level IO error detected",
-                )
+                )),
+                _ => None,
             };
-            condition("Paused", "True", reason, message, now)
-        });
-        set_condition(&mut conditions, "Paused", paused);
+            if let Some((reason, message)) = paused {
+                set_condition(
+                    &mut conditions,
+                    "Paused",
+                    Some(condition("Paused", "True", reason, message, now)),
+                );
+            }
+        }
     }
     if phase == Phase::Running {
         set_condition(
             &mut conditions,
             "LiveMigratable",
-            Some(live_migratable(vmi, now)),
+            Some(migratable::live_migratable(vmi)),
         );
+        update_condition(&mut conditions, migratable::storage_live_migratable(vmi));
         let tcg = facts.spec.as_ref().is_some_and(|s| s.accel == Accel::Tcg);
         let emulation = tcg.then(|| {
             condition(
@@ -330,6 +317,8 @@ pub fn status_patch(vmi: &VirtualMachineInstance, desired: &Value) -> Option<Val
     }
     changed.then_some(Value::Array(ops))
 }
+
+mod migratable;
 
 #[cfg(test)]
 mod tests;

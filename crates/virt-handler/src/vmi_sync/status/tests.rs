@@ -418,3 +418,50 @@ fn bridge_on_the_pod_network_is_not_live_migratable() {
         "no SoftwareEmulation condition under KVM"
     );
 }
+
+#[test]
+fn an_existing_paused_condition_is_kept_and_an_unknown_pause_reason_adds_none() {
+    let vmi = scheduled_vmi();
+    let running = with_status(
+        vmi.clone(),
+        &desired_status(
+            &vmi,
+            &domain(DomainState::Running, StateReason::Booted),
+            &facts(Accel::Kvm),
+            NOW,
+        ),
+    );
+    let unknown = desired_status(
+        &running,
+        &domain(DomainState::Paused, StateReason::Unknown),
+        &facts(Accel::Kvm),
+        NOW,
+    );
+    let paused_cond = |s: &Value| {
+        s["conditions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["type"] == "Paused")
+            .cloned()
+    };
+    assert_eq!(paused_cond(&unknown), None, "upstream's default case");
+    let by_user = with_status(
+        running.clone(),
+        &desired_status(
+            &running,
+            &domain(DomainState::Paused, StateReason::User),
+            &facts(Accel::Kvm),
+            NOW,
+        ),
+    );
+    let later = desired_status(
+        &by_user,
+        &domain(DomainState::Paused, StateReason::Emulator),
+        &facts(Accel::Kvm),
+        "2026-11-30T10:05:00Z",
+    );
+    let kept = paused_cond(&later).unwrap();
+    assert_eq!(kept["reason"], "PausedByUser");
+    assert_eq!(kept["lastTransitionTime"], NOW);
+}

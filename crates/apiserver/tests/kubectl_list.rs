@@ -1,0 +1,80 @@
+//! The real kubectl against the server: `kubectl create -f` of a `v1` `List` (what `kubectl
+//! get -o json` prints for several objects) passes kubectl's client-side validation, as
+//! against kube-apiserver. Skipped when kubectl is not installed.
+
+mod common;
+
+use common::TestServer;
+use serde_json::json;
+
+/// Runs kubectl with the server's admin kubeconfig; (success, stdout, stderr).
+async fn kubectl(s: &TestServer, args: Vec<String>) -> (bool, String, String) {
+    let kubeconfig = s.server.kubeconfig.clone();
+    tokio::task::spawn_blocking(move || {
+        let out = std::process::Command::new("kubectl")
+            .args(&args)
+            .env("KUBECONFIG", &kubeconfig)
+            .env("KUBECACHEDIR", kubeconfig.with_extension("cache"))
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    })
+    .await
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_creates_the_items_of_a_v1_list_with_client_side_validation() {
+    if test_prerequisites::available(test_prerequisites::command("kubectl", "kubernetes-client"))
+        .is_none()
+    {
+        return;
+    }
+    let s = TestServer::start().await;
+    let cm = |name: &str| {
+        json!({"apiVersion": "v1", "kind": "ConfigMap",
+               "metadata": {"name": name, "namespace": "default"}, "data": {"k": name}})
+    };
+    let list = json!({
+        "apiVersion": "v1", "kind": "List", "metadata": {"resourceVersion": ""},
+        "items": [cm("first"), cm("second")]
+    });
+    let file = s.dir.path().join("list.json");
+    std::fs::write(&file, serde_json::to_vec(&list).unwrap()).unwrap();
+    let file = file.to_string_lossy().into_owned();
+    // `kubectl create` validates by default (strict): a List has no PATCH operation in
+    // `/openapi/v3/api/v1`, so kubectl checks it against `/openapi/v2` instead.
+    let (ok, out, err) = kubectl(&s, vec!["create".into(), "-f".into(), file.clone()]).await;
+    assert!(ok, "kubectl create -f list: {err}");
+    assert!(out.contains("configmap/first created"), "{out}");
+    assert!(out.contains("configmap/second created"), "{out}");
+    for name in ["first", "second"] {
+        let got = s
+            .request(
+                "GET",
+                &format!("/api/v1/namespaces/default/configmaps/{name}"),
+                None,
+            )
+            .await;
+        assert_eq!(got.status, 200);
+        assert_eq!(got.json()["data"]["k"], name);
+    }
+    // `--validate=strict` (the default spelled out) and `apply` of the same List work too.
+    let (ok, out, err) = kubectl(
+        &s,
+        vec![
+            "apply".into(),
+            "--validate=strict".into(),
+            "-f".into(),
+            file.clone(),
+        ],
+    )
+    .await;
+    assert!(ok, "kubectl apply -f list: {err}");
+    assert!(out.contains("configmap/first"), "{out}");
+    s.stop().await;
+}

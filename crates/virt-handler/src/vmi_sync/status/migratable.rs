@@ -1,0 +1,248 @@
+//! The `LiveMigratable` and `StorageLiveMigratable` conditions, as upstream's
+//! `calculateLiveMigrationCondition` and `calculateLiveStorageMigrationCondition`.
+//!
+//! Checks this handler can make from the VMI alone, in upstream's order: the pod network's
+//! interface, host devices and GPUs, SEV/TDX, Hyper-V passthrough, then (for
+//! `LiveMigratable` only) non-shared host disks.
+//!
+//! # Caveats
+//! - Network binding plugins are not read from the cluster configuration, so a plugin
+//!   binding counts as not migratable; a single GPU counts as the `VGPULiveMigration`
+//!   feature gate being off.
+//! - The CPU host-model, TSC-frequency and PVC access-mode checks are not made (the handler
+//!   has no node labels and writes no `volumeStatus` claim info).
+
+use kubevirt_api::v1::VirtualMachineInstance;
+use serde_json::{Value, json};
+
+/// Upstream `AllowPodBridgeNetworkLiveMigrationAnnotation`.
+const ALLOW_POD_BRIDGE_MIGRATION: &str = "kubevirt.io/allow-pod-bridge-network-live-migration";
+
+/// Upstream's `VerifyVMIMigratable`: `Err(message)` when the pod network's interface
+/// cannot be migrated.
+fn network_blocker(vmi: &VirtualMachineInstance) -> Result<(), String> {
+    let ifaces = &vmi.spec.domain.devices.interfaces;
+    if ifaces.is_empty() {
+        return Ok(());
+    }
+    let Some(pod) = vmi
+        .spec
+        .networks
+        .iter()
+        .find(|n| n.network_source.pod.is_some())
+    else {
+        return Ok(());
+    };
+    let Some(primary) = ifaces.iter().find(|i| i.name == pod.name) else {
+        return Err(format!(
+            "no primary interface found for network {}",
+            pod.name
+        ));
+    };
+    let method = &primary.binding_method;
+    let allowed_bridge = method.bridge.is_some()
+        && vmi
+            .metadata
+            .annotations
+            .as_ref()
+            .is_some_and(|a| a.contains_key(ALLOW_POD_BRIDGE_MIGRATION));
+    if method.masquerade.is_some() || method.passt_binding.is_some() || allowed_bridge {
+        return Ok(());
+    }
+    Err("cannot migrate VMI which does not use masquerade or a migratable plugin to connect to the pod network".into())
+}
+
+/// Upstream's `vmiContainsNonMigratablePCIHostDevices`.
+fn host_device_blocker(vmi: &VirtualMachineInstance) -> Option<&'static str> {
+    let devices = &vmi.spec.domain.devices;
+    if !devices.host_devices.is_empty() {
+        return Some("VMI specifies non-migratable generic PCI host device");
+    }
+    match devices.gpus.len() {
+        0 => None,
+        1 => Some("VMI specifies a GPU but feature gate VGPULiveMigration is not enabled"),
+        _ => Some("VMI specifies too many GPUs"),
+    }
+}
+
+/// `(reason, message)` of every check that fails, in upstream's order, disks excluded.
+fn blockers(vmi: &VirtualMachineInstance) -> Vec<(&'static str, String)> {
+    let mut out = Vec::new();
+    if let Err(message) = network_blocker(vmi) {
+        out.push(("InterfaceNotLiveMigratable", message));
+    }
+    if let Some(message) = host_device_blocker(vmi) {
+        out.push(("HostDeviceNotLiveMigratable", message.to_owned()));
+    }
+    let security = vmi.spec.domain.launch_security.as_ref();
+    if security.is_some_and(|s| s.sev.is_some()) {
+        out.push(("SEVNotLiveMigratable", "VMI uses SEV".to_owned()));
+    } else if security.is_some_and(|s| s.tdx.is_some()) {
+        out.push(("TDXNotLiveMigratable", "VMI uses TDX".to_owned()));
+    }
+    let passthrough = vmi
+        .spec
+        .domain
+        .features
+        .as_ref()
+        .and_then(|f| f.hyperv_passthrough.as_ref())
+        .is_some_and(|h| h.enabled == Some(true));
+    if passthrough {
+        out.push((
+            "HypervPassthroughNotLiveMigratable",
+            "VMI uses hyperv passthrough".to_owned(),
+        ));
+    }
+    out
+}
+
+fn cond(type_: &str, blocker: Option<(&str, String)>) -> Value {
+    match blocker {
+        None => json!({"type": type_, "status": "True"}),
+        Some((reason, message)) => {
+            json!({"type": type_, "status": "False", "reason": reason, "message": message})
+        }
+    }
+}
+
+/// The `LiveMigratable` condition: the first failing check, as upstream (no timestamps, as
+/// upstream's condition carries none).
+pub fn live_migratable(vmi: &VirtualMachineInstance) -> Value {
+    let non_shared_host_disk = vmi.spec.volumes.iter().any(|v| {
+        v.volume_source
+            .host_disk
+            .as_ref()
+            .is_some_and(|h| h.shared != Some(true))
+    });
+    let first = blockers(vmi).into_iter().next().or_else(|| {
+        non_shared_host_disk.then(|| {
+            (
+                "DisksNotLiveMigratable",
+                "cannot migrate VMI with non-shared HostDisk".to_owned(),
+            )
+        })
+    });
+    cond("LiveMigratable", first)
+}
+
+/// The `StorageLiveMigratable` condition: every failing check, joined as
+/// `Reason: message, …` under reason `NotMigratable`, as upstream.
+pub fn storage_live_migratable(vmi: &VirtualMachineInstance) -> Value {
+    let all = blockers(vmi);
+    let joined = (!all.is_empty()).then(|| {
+        let message = all
+            .iter()
+            .map(|(r, m)| format!("{r}: {m}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        ("NotMigratable", message)
+    });
+    cond("StorageLiveMigratable", joined)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vmi(spec: &Value) -> VirtualMachineInstance {
+        serde_json::from_value(json!({
+            "metadata": {"name": "demo", "namespace": "default"},
+            "spec": spec,
+        }))
+        .unwrap()
+    }
+
+    fn pod_vmi(interface: &Value) -> VirtualMachineInstance {
+        vmi(&json!({
+            "domain": {"devices": {"interfaces": [interface]}},
+            "networks": [{"name": "default", "pod": {}}]
+        }))
+    }
+
+    #[test]
+    fn a_migratable_vmi_gets_true_conditions_without_reason_message_or_times() {
+        let v = pod_vmi(&json!({"name": "default", "masquerade": {}}));
+        assert_eq!(
+            live_migratable(&v),
+            json!({"type": "LiveMigratable", "status": "True"})
+        );
+        assert_eq!(
+            storage_live_migratable(&v),
+            json!({"type": "StorageLiveMigratable", "status": "True"})
+        );
+    }
+
+    #[test]
+    fn the_pod_network_needs_its_interface_and_a_bridge_needs_the_allow_annotation() {
+        let missing = pod_vmi(&json!({"name": "other", "masquerade": {}}));
+        assert_eq!(
+            live_migratable(&missing)["message"],
+            "no primary interface found for network default"
+        );
+        let mut bridge = pod_vmi(&json!({"name": "default", "bridge": {}}));
+        assert_eq!(
+            live_migratable(&bridge)["reason"],
+            "InterfaceNotLiveMigratable"
+        );
+        bridge.metadata.annotations = Some(
+            [(ALLOW_POD_BRIDGE_MIGRATION.to_owned(), String::new())]
+                .into_iter()
+                .collect(),
+        );
+        assert_eq!(live_migratable(&bridge)["status"], "True");
+    }
+
+    #[test]
+    fn live_migratable_reports_the_first_blocker_and_storage_all_but_disks() {
+        let v = vmi(&json!({
+            "domain": {
+                "devices": {
+                    "interfaces": [{"name": "default", "bridge": {}}],
+                    "hostDevices": [{"name": "h", "deviceName": "example.com/dev"}]
+                },
+                "launchSecurity": {"sev": {}}
+            },
+            "networks": [{"name": "default", "pod": {}}],
+            "volumes": [{"name": "hd", "hostDisk": {"path": "/d.img", "type": "Disk"}}]
+        }));
+        let live = live_migratable(&v);
+        assert_eq!(live["status"], "False");
+        assert_eq!(live["reason"], "InterfaceNotLiveMigratable");
+        let storage = storage_live_migratable(&v);
+        assert_eq!(storage["reason"], "NotMigratable");
+        assert_eq!(
+            storage["message"],
+            "InterfaceNotLiveMigratable: cannot migrate VMI which does not use masquerade or a \
+             migratable plugin to connect to the pod network, HostDeviceNotLiveMigratable: VMI \
+             specifies non-migratable generic PCI host device, SEVNotLiveMigratable: VMI uses SEV"
+        );
+        let disk_only = vmi(&json!({
+            "domain": {"devices": {}},
+            "volumes": [{"name": "hd", "hostDisk": {"path": "/d.img", "type": "Disk"}}]
+        }));
+        assert_eq!(
+            live_migratable(&disk_only),
+            json!({"type": "LiveMigratable", "status": "False", "reason": "DisksNotLiveMigratable",
+                   "message": "cannot migrate VMI with non-shared HostDisk"})
+        );
+        assert_eq!(storage_live_migratable(&disk_only)["status"], "True");
+    }
+
+    #[test]
+    fn gpus_block_migration_as_upstream_with_the_vgpu_gate_off() {
+        let gpus = |n: usize| {
+            let list: Vec<Value> = (0..n)
+                .map(|i| json!({"name": format!("g{i}"), "deviceName": "nvidia.com/x"}))
+                .collect();
+            vmi(&json!({"domain": {"devices": {"gpus": list}}}))
+        };
+        assert_eq!(
+            live_migratable(&gpus(1))["message"],
+            "VMI specifies a GPU but feature gate VGPULiveMigration is not enabled"
+        );
+        assert_eq!(
+            live_migratable(&gpus(2))["message"],
+            "VMI specifies too many GPUs"
+        );
+    }
+}
