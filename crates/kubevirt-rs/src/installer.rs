@@ -24,10 +24,15 @@
 //! reach the components' arguments as upstream's operator puts them there (and
 //! `kubectl -n kubevirt get deploy virt-controller -o jsonpath=…args` shows them).
 //!
+//! The same functions serve `kubevirt-rs server` (which calls [`start`] and [`wait_ready`])
+//! and `kubevirt-rs operator` ([`crate::cmd_operator`], which calls [`target_config`],
+//! [`install`], [`issue_certificates`], [`not_ready`] and [`uninstall`] from its reconcile):
+//! the CR's `spec.imageRegistry`, `imageTag`, `imagePullPolicy` and `customizeComponents.flags`
+//! shape the rendering in both.
+//!
 //! # Caveats
-//! `customizeComponents.patches`, install strategies, versions and the CR's status belong to
-//! the operator and are not done here; the CRDs and the CR itself are the API server's initial
-//! objects.
+//! `customizeComponents.patches` and install strategies are not done; the CRDs are the API
+//! server's initial objects (or applied from `deploy/`), never installed or deleted here.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -48,6 +53,15 @@ use crate::kubevirt_ca::{self, KubeVirtCa};
 const INITIAL_OBJECT_FILES: [&str; 2] = ["10-crds.yaml", "60-kubevirt-cr.yaml"];
 /// The files with KubeVirt's namespace, accounts and roles.
 const RBAC_FILES: [&str; 2] = ["00-namespace.yaml", "20-rbac.yaml"];
+/// The components' certificate Secrets (upstream's names).
+const CERTIFICATE_SECRETS: [&str; 4] = [
+    "kubevirt-virt-api-certs",
+    "kubevirt-virt-handler-server-certs",
+    "kubevirt-virt-handler-certs",
+    "kubevirt-controller-certs",
+];
+/// The ConfigMap with the CA bundle.
+const CA_BUNDLE: &str = "kubevirt-ca";
 
 /// The CR's `spec.customizeComponents.flags`, as arguments per component.
 fn extra_args(cr: Option<&KubeVirt>) -> kubevirt_install::ComponentArgs {
@@ -60,6 +74,31 @@ fn extra_args(cr: Option<&KubeVirt>) -> kubevirt_install::ComponentArgs {
         controller: kubevirt_install::flags_to_args(&flags.controller),
         handler: kubevirt_install::flags_to_args(&flags.handler),
     }
+}
+
+/// What `base` becomes for the CR `cr`, as upstream's operator derives its target deployment
+/// configuration: `spec.imageRegistry`, `spec.imageTag` and `spec.imagePullPolicy` replace
+/// the defaults and `customizeComponents.flags` become the components' extra arguments.
+#[must_use]
+pub fn target_config(
+    base: &kubevirt_install::InstallConfig,
+    cr: Option<&KubeVirt>,
+) -> kubevirt_install::InstallConfig {
+    let mut config = base.clone();
+    if let Some(spec) = cr.map(|cr| &cr.spec) {
+        let set = |value: &Option<String>| value.clone().filter(|v| !v.is_empty());
+        if let Some(registry) = set(&spec.image_registry) {
+            config.image_registry = registry;
+        }
+        if let Some(tag) = set(&spec.image_tag) {
+            config.image_tag = tag;
+        }
+        if let Some(policy) = set(&spec.image_pull_policy) {
+            config.image_pull_policy = policy;
+        }
+    }
+    config.extra_args = extra_args(cr);
+    config
 }
 
 /// Applies every object of `groups` whose file `select` accepts, in order.
@@ -121,24 +160,28 @@ fn tls_secret(namespace: &str, name: &str, (cert, key): (String, String), ca: &s
 
 /// Issues the components' certificates into their Secrets and publishes the CA; returns the
 /// CA (PEM).
-async fn issue_certificates(admin: &kube::Client, namespace: &str) -> anyhow::Result<String> {
+///
+/// # Errors
+/// When the CA cannot be loaded or created, or the API server refuses a write.
+pub async fn issue_certificates(admin: &kube::Client, namespace: &str) -> anyhow::Result<String> {
     let ca = KubeVirtCa::load_or_create(admin.clone(), namespace).await?;
     let handler_names = vec![virt_api::subresources::HANDLER_SERVER_NAME.to_owned()];
+    let [api, handler_server, handler_client, controller] = CERTIFICATE_SECRETS;
     let secrets = [
         (
-            "kubevirt-virt-api-certs",
+            api,
             ca.issue_serving(kubevirt_ca::service_names("virt-api", namespace))?,
         ),
         (
-            "kubevirt-virt-handler-server-certs",
+            handler_server,
             ca.issue_serving_as("kubevirt.io:system:node:virt-handler", handler_names)?,
         ),
         (
-            "kubevirt-virt-handler-certs",
+            handler_client,
             ca.issue_client("kubevirt.io:system:client:virt-handler")?,
         ),
         (
-            "kubevirt-controller-certs",
+            controller,
             ca.issue_serving(kubevirt_ca::service_names("virt-controller", namespace))?,
         ),
     ];
@@ -153,7 +196,7 @@ async fn issue_certificates(admin: &kube::Client, namespace: &str) -> anyhow::Re
     let bundle = json!({
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": {"name": "kubevirt-ca", "namespace": namespace},
+        "metadata": {"name": CA_BUNDLE, "namespace": namespace},
         "data": {"ca-bundle": ca.cert_pem},
     });
     crate::cmd_api::create_or_replace_dynamic(admin.clone(), bundle)
@@ -163,16 +206,13 @@ async fn issue_certificates(admin: &kube::Client, namespace: &str) -> anyhow::Re
 }
 
 /// Applies the components' objects (everything but the namespace, the RBAC, the CRDs and the
-/// CR) rendered with `args`, trusting `ca_pem`.
+/// CR) rendered from `config`, trusting `ca_pem`.
 async fn apply_components(
     admin: &kube::Client,
-    base: &kubevirt_install::InstallConfig,
-    args: kubevirt_install::ComponentArgs,
+    config: &kubevirt_install::InstallConfig,
     ca_pem: &str,
 ) -> anyhow::Result<()> {
-    let mut config = base.clone();
-    config.extra_args = args;
-    let groups = kubevirt_install::manifests(&config).context("rendering deploy/")?;
+    let groups = kubevirt_install::manifests(config).context("rendering deploy/")?;
     apply_groups(
         admin,
         groups,
@@ -194,6 +234,30 @@ pub async fn install_rbac(
     apply_groups(admin, groups, |file| RBAC_FILES.contains(&file), None).await
 }
 
+/// Installs everything once, in upstream's order: the namespace, accounts and RBAC, the
+/// certificates (issued now) and the CA bundle, then the components rendered from `config`
+/// (a [`target_config`]). Returns the CA (PEM) the registration objects trust.
+///
+/// # Errors
+/// When the API server refuses an object.
+pub async fn install(
+    admin: &kube::Client,
+    config: &kubevirt_install::InstallConfig,
+) -> anyhow::Result<String> {
+    install_rbac(admin, config).await?;
+    let ca = issue_certificates(admin, &config.namespace).await?;
+    apply_components(admin, config, &ca).await?;
+    Ok(ca)
+}
+
+/// How often the components' certificates are issued again: at 80% of their life.
+#[must_use]
+pub fn renewal_period() -> Duration {
+    Duration::from_secs(
+        u64::try_from(kubevirt_ca::LEAF_LIFETIME.whole_seconds() * 4 / 5).unwrap_or(3600),
+    )
+}
+
 /// Installs KubeVirt (see the module documentation) and keeps it installed until `cancel`:
 /// the CR's flags re-render the workloads, certificates are renewed. Returns once the first
 /// installation is applied.
@@ -206,7 +270,6 @@ pub async fn start(
     cancel: CancellationToken,
 ) -> anyhow::Result<tokio::task::JoinHandle<()>> {
     let namespace = base.namespace.clone();
-    install_rbac(&admin, &base).await?;
     let crs = Api::<KubeVirt>::namespaced(admin.clone(), &namespace);
     // The first rendering from the CR as it is now; later ones follow its changes.
     let mut current = crs
@@ -215,22 +278,22 @@ pub async fn start(
         .context("reading the KubeVirt CR")?
         .items;
     current.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
-    let mut applied_args = extra_args(current.first());
-    let mut flags = kubevirt_api::cluster_config::subscribe(crs, extra_args).receiver();
-    let mut ca = issue_certificates(&admin, &namespace).await?;
-    apply_components(&admin, &base, applied_args.clone(), &ca).await?;
+    let mut applied = target_config(&base, current.first());
+    let mut wanted_configs = {
+        let base = base.clone();
+        kubevirt_api::cluster_config::subscribe(crs, move |cr| target_config(&base, cr)).receiver()
+    };
+    let mut ca = install(&admin, &applied).await?;
     let mut applied_ca = ca.clone();
     info!(namespace, "KubeVirt installed");
-    let renew_every = Duration::from_secs(
-        u64::try_from(kubevirt_ca::LEAF_LIFETIME.whole_seconds() * 4 / 5).unwrap_or(3600),
-    );
+    let renew_every = renewal_period();
     Ok(tokio::spawn(async move {
         let mut renewal =
             tokio::time::interval_at(tokio::time::Instant::now() + renew_every, renew_every);
         loop {
             tokio::select! {
                 () = cancel.cancelled() => return,
-                changed = flags.changed() => {
+                changed = wanted_configs.changed() => {
                     if changed.is_err() {
                         return;
                     }
@@ -242,12 +305,12 @@ pub async fn start(
                     }
                 }
             }
-            let wanted = flags.borrow_and_update().clone();
-            if wanted != applied_args || ca != applied_ca {
-                match apply_components(&admin, &base, wanted.clone(), &ca).await {
+            let wanted = wanted_configs.borrow_and_update().clone();
+            if wanted != applied || ca != applied_ca {
+                match apply_components(&admin, &wanted, &ca).await {
                     Ok(()) => {
-                        info!(flags = ?wanted, "KubeVirt's components re-rendered");
-                        applied_args = wanted;
+                        info!(flags = ?wanted.extra_args, "KubeVirt's components re-rendered");
+                        applied = wanted;
                         applied_ca.clone_from(&ca);
                     }
                     Err(e) => warn!(
@@ -260,59 +323,80 @@ pub async fn start(
     }))
 }
 
-/// Waits until virt-api and virt-controller are Available, virt-handler runs Ready on
-/// `nodes` nodes and virt-api's Service has a ready endpoint (so admission works), logging
-/// what is still missing every few seconds.
-pub async fn wait_ready(admin: &kube::Client, namespace: &str, nodes: usize) {
+/// What of KubeVirt's components is not ready yet, by component (empty when all are):
+/// virt-api and virt-controller are Available with every replica updated, virt-handler is
+/// Ready on every node it is scheduled to and on at least `nodes` of them, and virt-api's
+/// Service has a ready endpoint (so admission works). One look, no waiting.
+pub async fn not_ready(
+    admin: &kube::Client,
+    namespace: &str,
+    nodes: usize,
+) -> BTreeMap<&'static str, &'static str> {
     let deployments: Api<Deployment> = Api::namespaced(admin.clone(), namespace);
     let daemonsets: Api<DaemonSet> = Api::namespaced(admin.clone(), namespace);
     let slices: Api<EndpointSlice> = Api::namespaced(admin.clone(), namespace);
-    let started = tokio::time::Instant::now();
-    let mut reported = started;
-    loop {
-        let mut missing = BTreeMap::new();
-        for name in ["virt-api", "virt-controller"] {
-            let available = deployments
-                .get_opt(name)
-                .await
-                .ok()
-                .flatten()
-                .is_some_and(|d| {
-                    let wanted = d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
-                    let status = d.status.unwrap_or_default();
-                    status.available_replicas.unwrap_or(0) >= wanted
-                        && status.updated_replicas.unwrap_or(0) >= wanted
-                });
-            if !available {
-                missing.insert(name, "not Available");
-            }
-        }
-        let handlers = daemonsets
-            .get_opt("virt-handler")
+    let mut missing = BTreeMap::new();
+    for name in ["virt-api", "virt-controller"] {
+        let available = deployments
+            .get_opt(name)
             .await
             .ok()
             .flatten()
-            .and_then(|d| d.status)
-            .is_some_and(|s| {
-                usize::try_from(s.number_ready).unwrap_or(0) >= nodes
-                    && s.number_ready == s.desired_number_scheduled
-            });
-        if !handlers {
-            missing.insert("virt-handler", "not Ready on every node");
+            .is_some_and(|d| deployment_ready(&d));
+        if !available {
+            missing.insert(name, "not Available");
         }
-        let endpoint = slices
-            .list(&ListParams::default().labels("kubernetes.io/service-name=virt-api"))
-            .await
-            .is_ok_and(|list| {
-                list.items.iter().any(|s| {
-                    s.endpoints
-                        .iter()
-                        .any(|e| e.conditions.as_ref().and_then(|c| c.ready) != Some(false))
-                })
-            });
-        if !endpoint {
-            missing.insert("virt-api Service", "without a ready endpoint");
-        }
+    }
+    let handlers = daemonsets
+        .get_opt("virt-handler")
+        .await
+        .ok()
+        .flatten()
+        .is_some_and(|d| daemonset_ready(&d, nodes));
+    if !handlers {
+        missing.insert("virt-handler", "not Ready on every node");
+    }
+    let endpoint = slices
+        .list(&ListParams::default().labels("kubernetes.io/service-name=virt-api"))
+        .await
+        .is_ok_and(|list| {
+            list.items.iter().any(|s| {
+                s.endpoints
+                    .iter()
+                    .any(|e| e.conditions.as_ref().and_then(|c| c.ready) != Some(false))
+            })
+        });
+    if !endpoint {
+        missing.insert("virt-api Service", "without a ready endpoint");
+    }
+    missing
+}
+
+/// Whether a Deployment has all its wanted replicas updated and available.
+fn deployment_ready(d: &Deployment) -> bool {
+    let wanted = d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
+    let status = d.status.clone().unwrap_or_default();
+    status.available_replicas.unwrap_or(0) >= wanted
+        && status.updated_replicas.unwrap_or(0) >= wanted
+}
+
+/// Whether a DaemonSet runs Ready on every node it is scheduled to, and on at least
+/// `nodes` (at least one; upstream's operator counts a DaemonSet scheduled nowhere as not
+/// ready).
+fn daemonset_ready(d: &DaemonSet, nodes: usize) -> bool {
+    d.status.as_ref().is_some_and(|s| {
+        usize::try_from(s.number_ready).unwrap_or(0) >= nodes.max(1)
+            && s.number_ready == s.desired_number_scheduled
+    })
+}
+
+/// Waits until [`not_ready`] finds nothing missing, logging what is still missing every few
+/// seconds.
+pub async fn wait_ready(admin: &kube::Client, namespace: &str, nodes: usize) {
+    let started = tokio::time::Instant::now();
+    let mut reported = started;
+    loop {
+        let missing = not_ready(admin, namespace, nodes).await;
         if missing.is_empty() {
             info!(
                 seconds = started.elapsed().as_secs_f32(),
@@ -325,6 +409,118 @@ pub async fn wait_ready(admin: &kube::Client, namespace: &str, nodes: usize) {
             reported = tokio::time::Instant::now();
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Upstream's deletion order (`apply.DeleteAll`): workloads, then registration objects,
+/// Services, RBAC, accounts, Secrets and ConfigMaps; a kind not named goes last.
+const DELETION_ORDER: [&str; 14] = [
+    "DaemonSet",
+    "PodDisruptionBudget",
+    "Deployment",
+    "ValidatingWebhookConfiguration",
+    "MutatingWebhookConfiguration",
+    "APIService",
+    "Service",
+    "ClusterRoleBinding",
+    "ClusterRole",
+    "RoleBinding",
+    "Role",
+    "ServiceAccount",
+    "Secret",
+    "ConfigMap",
+];
+
+/// The objects [`install`] creates that an uninstallation deletes, in [`DELETION_ORDER`]:
+/// everything rendered but the namespace, the PriorityClass (upstream ships both with the
+/// operator), the CRDs and the CR, and the operator's own account and RBAC
+/// (`kubevirt-operator…`); plus the certificate Secrets, the CA Secret and the CA bundle.
+///
+/// # Errors
+/// When the manifests do not render (a bug).
+pub fn installed_objects(config: &kubevirt_install::InstallConfig) -> anyhow::Result<Vec<Value>> {
+    let namespace = &config.namespace;
+    let mut objects: Vec<Value> = kubevirt_install::manifests(config)
+        .context("rendering deploy/")?
+        .into_iter()
+        .filter(|g| !INITIAL_OBJECT_FILES.contains(&g.file))
+        .flat_map(|g| g.objects)
+        .filter(|o| !matches!(o["kind"].as_str(), Some("Namespace" | "PriorityClass")))
+        .filter(|o| {
+            !o["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .starts_with("kubevirt-operator")
+        })
+        .collect();
+    for name in CERTIFICATE_SECRETS
+        .into_iter()
+        .chain([kubevirt_ca::CA_SECRET])
+    {
+        objects.push(json!({"apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": name, "namespace": namespace}}));
+    }
+    objects.push(json!({"apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": CA_BUNDLE, "namespace": namespace}}));
+    let rank = |o: &Value| {
+        let kind = o["kind"].as_str().unwrap_or_default();
+        DELETION_ORDER
+            .iter()
+            .position(|k| *k == kind)
+            .unwrap_or(DELETION_ORDER.len())
+    };
+    // A stable sort: within a kind, deploy/'s order.
+    objects.sort_by_key(rank);
+    Ok(objects)
+}
+
+/// Deletes what [`install`] created ([`installed_objects`]), in upstream's order; returns how
+/// many of them still existed (0: the uninstallation is complete). Workloads are deleted
+/// with background propagation: their pods go with the garbage collector.
+///
+/// # Errors
+/// When a deletion fails otherwise than with NotFound.
+pub async fn uninstall(
+    admin: &kube::Client,
+    config: &kubevirt_install::InstallConfig,
+) -> anyhow::Result<usize> {
+    let mut existed = 0;
+    for object in installed_objects(config)? {
+        let what = format!(
+            "{} {}",
+            object["kind"].as_str().unwrap_or("object"),
+            object["metadata"]["name"].as_str().unwrap_or_default()
+        );
+        if delete_dynamic(admin.clone(), object)
+            .await
+            .with_context(|| format!("deleting {what}"))?
+        {
+            info!(object = what, "deleted");
+            existed += 1;
+        }
+    }
+    Ok(existed)
+}
+
+/// Deletes `object` (by kind, namespace and name); whether it existed.
+async fn delete_dynamic(client: kube::Client, object: Value) -> anyhow::Result<bool> {
+    use kube::api::{ApiResource, DeleteParams, DynamicObject, GroupVersionKind};
+    let obj: DynamicObject = serde_json::from_value(object).context("decoding the object")?;
+    let types = obj.types.context("object without apiVersion/kind")?;
+    let (group, version) = types
+        .api_version
+        .split_once('/')
+        .unwrap_or(("", &types.api_version));
+    let ar = ApiResource::from_gvk(&GroupVersionKind::gvk(group, version, &types.kind));
+    let api: Api<DynamicObject> = match obj.metadata.namespace.as_deref() {
+        Some(ns) => Api::namespaced_with(client, ns, &ar),
+        None => Api::all_with(client, &ar),
+    };
+    let name = obj.metadata.name.unwrap_or_default();
+    match api.delete(&name, &DeleteParams::background()).await {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(false),
+        Err(e) => Err(e.into()),
     }
 }
 
@@ -366,5 +562,59 @@ mod tests {
         );
         assert!(args.api.is_empty() && args.handler.is_empty());
         assert_eq!(extra_args(None), kubevirt_install::ComponentArgs::default());
+    }
+
+    #[test]
+    fn the_crs_images_and_pull_policy_replace_the_defaults() {
+        let base = kubevirt_install::InstallConfig::default();
+        let cr: KubeVirt = serde_json::from_value(json!({
+            "apiVersion": "kubevirt.io/v1", "kind": "KubeVirt",
+            "metadata": {"name": "kubevirt", "namespace": "kubevirt"},
+            "spec": {"imageRegistry": "registry.example.com/kv", "imageTag": "v9",
+                     "imagePullPolicy": "Always"}
+        }))
+        .unwrap();
+        let config = target_config(&base, Some(&cr));
+        assert_eq!(
+            config.image("virt-api"),
+            "registry.example.com/kv/virt-api:v9"
+        );
+        assert_eq!(config.image_pull_policy, "Always");
+        assert_eq!(target_config(&base, None), base);
+    }
+
+    #[test]
+    fn an_uninstallation_deletes_workloads_first_and_keeps_the_namespace_and_the_operator() {
+        let objects = installed_objects(&kubevirt_install::InstallConfig::default()).unwrap();
+        let kinds: Vec<&str> = objects
+            .iter()
+            .map(|o| o["kind"].as_str().unwrap())
+            .collect();
+        assert_eq!(kinds.first(), Some(&"DaemonSet"));
+        let position = |kind: &str| kinds.iter().position(|k| *k == kind).unwrap();
+        assert!(position("Deployment") < position("ValidatingWebhookConfiguration"));
+        assert!(position("APIService") < position("ClusterRole"));
+        assert!(position("ServiceAccount") < position("Secret"));
+        assert!(
+            !kinds
+                .iter()
+                .any(|k| matches!(*k, "Namespace" | "PriorityClass" | "KubeVirt"))
+        );
+        assert!(!kinds.contains(&"CustomResourceDefinition"));
+        let names: Vec<&str> = objects
+            .iter()
+            .map(|o| o["metadata"]["name"].as_str().unwrap())
+            .collect();
+        assert!(
+            !names.iter().any(|n| n.starts_with("kubevirt-operator")),
+            "{names:?}"
+        );
+        for secret in [
+            "kubevirt-ca",
+            "kubevirt-virt-api-certs",
+            "kubevirt-controller-certs",
+        ] {
+            assert!(names.contains(&secret), "{secret}");
+        }
     }
 }

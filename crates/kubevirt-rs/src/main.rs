@@ -12,6 +12,7 @@ mod cmd_handler;
 mod cmd_images;
 mod cmd_launcher;
 mod cmd_manifests;
+mod cmd_operator;
 mod cmd_server;
 mod installer;
 mod kube_config;
@@ -39,6 +40,10 @@ enum Command {
     Api(cmd_api::ApiArgs),
     /// Run virt-controller (VM and VMI controllers behind the `virt-controller` Lease).
     Controller(cmd_controller::ControllerArgs),
+    /// Run virt-operator: install KubeVirt for the KubeVirt CR of its namespace, keep it
+    /// installed, report the CR's status and uninstall on its deletion (behind the
+    /// `virt-operator` Lease).
+    Operator(cmd_operator::OperatorArgs),
     /// Run virt-handler for this node.
     Handler(cmd_handler::HandlerArgs),
     /// Run one VMI's launcher (the launcher pod's `compute` container).
@@ -109,6 +114,7 @@ fn main() -> anyhow::Result<()> {
         Command::Api(args) => cmd_api::run(args)?,
         Command::Controller(args) => cmd_controller::run(args)?,
         Command::Handler(args) => cmd_handler::run(args)?,
+        Command::Operator(args) => cmd_operator::run(args)?,
         Command::Launcher(args) => cmd_launcher::run(args)?,
         Command::GuestConsoleLog(args) => cmd_console_log::run(&args)?,
         Command::Images(args) => cmd_images::run(args)?,
