@@ -771,7 +771,7 @@ struct Prepared {
 }
 
 /// `error` and its sources, `: `-separated, for a status message.
-fn error_chain(error: &dyn std::error::Error) -> String {
+pub(crate) fn error_chain(error: &dyn std::error::Error) -> String {
     let mut text = error.to_string();
     let mut source = error.source();
     while let Some(cause) = source {

@@ -236,8 +236,10 @@ pub async fn register(
 async fn heartbeat(api: &Api<Node>, node_name: &str) -> Result<(), RegistrationError> {
     let now = crate::now_rfc3339();
     let name = node_name.to_owned();
+    // The Node itself, as kubelet reads it: `nodes/status` is only patched (kube's
+    // `system:node` role has no `get` on it).
     let node = api
-        .get_status(node_name)
+        .get(node_name)
         .await
         .map_err(|e| RegistrationError::Get(name.clone(), e))?;
     let mut conditions = node
@@ -301,7 +303,7 @@ pub async fn run(
             () = tokio::time::sleep(HEARTBEAT_INTERVAL) => {}
         }
         if let Err(e) = heartbeat(&api, &node_name).await {
-            warn!(error = %e, "node heartbeat failed; retrying on the next tick");
+            warn!(error = %crate::pods::error_chain(&e), "node heartbeat failed; retrying on the next tick");
         }
     }
 }
