@@ -4,28 +4,8 @@
 
 mod common;
 
-use common::TestServer;
+use common::{TestServer, kubectl};
 use serde_json::json;
-
-/// Runs kubectl with the server's admin kubeconfig; (success, stdout, stderr).
-async fn kubectl(s: &TestServer, args: Vec<String>) -> (bool, String, String) {
-    let kubeconfig = s.server.kubeconfig.clone();
-    tokio::task::spawn_blocking(move || {
-        let out = std::process::Command::new("kubectl")
-            .args(&args)
-            .env("KUBECONFIG", &kubeconfig)
-            .env("KUBECACHEDIR", kubeconfig.with_extension("cache"))
-            .output()
-            .unwrap();
-        (
-            out.status.success(),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        )
-    })
-    .await
-    .unwrap()
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_creates_the_items_of_a_v1_list_with_client_side_validation() {
@@ -48,8 +28,9 @@ async fn kubectl_creates_the_items_of_a_v1_list_with_client_side_validation() {
     let file = file.to_string_lossy().into_owned();
     // `kubectl create` validates by default (strict): a List has no PATCH operation in
     // `/openapi/v3/api/v1`, so kubectl checks it against `/openapi/v2` instead.
-    let (ok, out, err) = kubectl(&s, vec!["create".into(), "-f".into(), file.clone()]).await;
-    assert!(ok, "kubectl create -f list: {err}");
+    let admin = s.server.kubeconfig.clone();
+    let (code, out, err) = kubectl(admin.clone(), &["create", "-f", &file]).await;
+    assert_eq!(code, 0, "kubectl create -f list: {err}");
     assert!(out.contains("configmap/first created"), "{out}");
     assert!(out.contains("configmap/second created"), "{out}");
     for name in ["first", "second"] {
@@ -64,17 +45,8 @@ async fn kubectl_creates_the_items_of_a_v1_list_with_client_side_validation() {
         assert_eq!(got.json()["data"]["k"], name);
     }
     // `--validate=strict` (the default spelled out) and `apply` of the same List work too.
-    let (ok, out, err) = kubectl(
-        &s,
-        vec![
-            "apply".into(),
-            "--validate=strict".into(),
-            "-f".into(),
-            file.clone(),
-        ],
-    )
-    .await;
-    assert!(ok, "kubectl apply -f list: {err}");
+    let (code, out, err) = kubectl(admin, &["apply", "--validate=strict", "-f", &file]).await;
+    assert_eq!(code, 0, "kubectl apply -f list: {err}");
     assert!(out.contains("configmap/first"), "{out}");
     s.stop().await;
 }

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
-use common::{Reply, TestServer, read};
+use common::{Reply, TestServer, kubectl, read};
 use kubevirt_apiserver::client::{self, TlsOptions};
 use kubevirt_apiserver::pki::{KubeAuth, kubeconfig_yaml};
 use serde_json::{Value, json};
@@ -668,26 +668,6 @@ async fn access_reviews_answer_as_the_authorizer_decides_and_bad_ones_name_the_f
     );
     // Reviews are never stored.
     assert_eq!(s.request("GET", path, None).await.status, 405);
-}
-
-/// Runs kubectl with `kubeconfig`; (exit code, stdout, stderr).
-async fn kubectl(kubeconfig: std::path::PathBuf, args: &[&str]) -> (i32, String, String) {
-    let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
-    tokio::task::spawn_blocking(move || {
-        let out = std::process::Command::new("kubectl")
-            .args(&args)
-            .env("KUBECONFIG", &kubeconfig)
-            .env("KUBECACHEDIR", kubeconfig.with_extension("cache"))
-            .output()
-            .unwrap();
-        (
-            out.status.code().unwrap_or(-1),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        )
-    })
-    .await
-    .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use axum::body::Body;
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-use common::{Reply, TestServer, read};
+use common::{Reply, TestServer, kubectl, read};
 use http_body_util::BodyExt;
 use kubevirt_apiserver::client::{self, TlsOptions};
 use serde_json::{Value, json};
@@ -306,29 +306,6 @@ async fn namespaces_from_before_the_start_get_their_objects_too() {
     assert!(left.is_empty(), "{left:?}");
 }
 
-/// Runs kubectl with `kubeconfig`; (success, stdout, stderr).
-async fn kubectl(kubeconfig: std::path::PathBuf, args: Vec<String>) -> (bool, String, String) {
-    tokio::task::spawn_blocking(move || {
-        let out = std::process::Command::new("kubectl")
-            .args(&args)
-            .env("KUBECONFIG", &kubeconfig)
-            .env("KUBECACHEDIR", kubeconfig.with_extension("cache"))
-            .output()
-            .unwrap();
-        (
-            out.status.success(),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        )
-    })
-    .await
-    .unwrap()
-}
-
-fn strings(args: &[&str]) -> Vec<String> {
-    args.iter().map(|a| (*a).to_owned()).collect()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_create_token_and_auth_whoami_agree() {
     if test_prerequisites::available(test_prerequisites::command("kubectl", "kubernetes-client"))
@@ -340,12 +317,9 @@ async fn kubectl_create_token_and_auth_whoami_agree() {
     create_namespace(&s, "team").await;
     wait_for_object(&s, "/api/v1/namespaces/team/serviceaccounts/default").await;
     let admin = s.server.kubeconfig.clone();
-    let (ok, token, err) = kubectl(
-        admin.clone(),
-        strings(&["create", "token", "default", "-n", "team"]),
-    )
-    .await;
-    assert!(ok, "kubectl create token: {err}");
+    let (code, token, err) =
+        kubectl(admin.clone(), &["create", "token", "default", "-n", "team"]).await;
+    assert_eq!(code, 0, "kubectl create token: {err}");
     let token = token.trim().to_owned();
 
     let ca = read(&s.dir.path().join("pki/ca.crt"));
@@ -361,12 +335,12 @@ async fn kubectl_create_token_and_auth_whoami_agree() {
         std::fs::write(&path, yaml).unwrap();
         path
     };
-    let (ok, out, err) = kubectl(
+    let (code, out, err) = kubectl(
         as_token("kubeconfig-sa", &token),
-        strings(&["auth", "whoami", "-o", "json"]),
+        &["auth", "whoami", "-o", "json"],
     )
     .await;
-    assert!(ok, "kubectl auth whoami: {err}");
+    assert_eq!(code, 0, "kubectl auth whoami: {err}");
     let who: Value = serde_json::from_str(&out).unwrap();
     assert_eq!(
         who["status"]["userInfo"]["username"],
@@ -378,16 +352,16 @@ async fn kubectl_create_token_and_auth_whoami_agree() {
             .unwrap()
             .contains(&json!("system:serviceaccounts:team"))
     );
-    let (ok, _, err) = kubectl(
+    let (code, _, err) = kubectl(
         as_token("kubeconfig-bad", "bogus.token.value"),
-        strings(&["auth", "whoami"]),
+        &["auth", "whoami"],
     )
     .await;
-    assert!(!ok);
+    assert_ne!(code, 0);
     assert!(err.contains("Unauthorized"), "{err}");
     // The admin's certificate, for comparison.
-    let (ok, out, err) = kubectl(admin, strings(&["auth", "whoami"])).await;
-    assert!(ok, "{err}");
+    let (code, out, err) = kubectl(admin, &["auth", "whoami"]).await;
+    assert_eq!(code, 0, "{err}");
     assert!(
         out.contains("kubernetes-admin") && out.contains("system:masters"),
         "{out}"

@@ -253,3 +253,23 @@ impl Backend {
         format!("https://{}{path}", self.addr)
     }
 }
+
+/// Runs kubectl with `kubeconfig`; (exit code, stdout, stderr).
+pub async fn kubectl(kubeconfig: std::path::PathBuf, args: &[&str]) -> (i32, String, String) {
+    let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
+    tokio::task::spawn_blocking(move || {
+        let out = std::process::Command::new("kubectl")
+            .args(&args)
+            .env("KUBECONFIG", &kubeconfig)
+            .env("KUBECACHEDIR", kubeconfig.with_extension("cache"))
+            .output()
+            .unwrap();
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    })
+    .await
+    .unwrap()
+}
