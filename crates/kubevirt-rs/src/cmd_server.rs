@@ -75,13 +75,14 @@ fn parse_capacity(s: &str) -> Result<std::collections::BTreeMap<String, String>,
         .collect()
 }
 
-/// The namespace KubeVirt's components and CR live in.
-const KUBEVIRT_NAMESPACE: &str = "kubevirt";
-
 /// The initial `KubeVirt` CR: software emulation where KVM is not really usable, and the
 /// server's virt-controller flags as `customizeComponents.flags.controller` (which the
 /// installer renders into virt-controller's arguments).
-fn default_kubevirt_cr(use_emulation: bool, args: &ServerArgs) -> serde_json::Value {
+fn default_kubevirt_cr(
+    namespace: &str,
+    use_emulation: bool,
+    args: &ServerArgs,
+) -> serde_json::Value {
     let mut controller_flags = serde_json::Map::new();
     for (flag, value) in [
         ("additional-launcher-labels-sync", &args.labels_sync),
@@ -102,7 +103,7 @@ fn default_kubevirt_cr(use_emulation: bool, args: &ServerArgs) -> serde_json::Va
     json!({
         "apiVersion": "kubevirt.io/v1",
         "kind": "KubeVirt",
-        "metadata": {"name": "kubevirt", "namespace": KUBEVIRT_NAMESPACE},
+        "metadata": {"name": "kubevirt", "namespace": namespace},
         "spec": {
             "configuration": {"developerConfiguration": {"useEmulation": use_emulation}},
             "customizeComponents": customize
@@ -445,13 +446,19 @@ pub fn run(args: ServerArgs) -> anyhow::Result<()> {
 async fn serve(args: ServerArgs) -> anyhow::Result<()> {
     let accel = virt_launcher::accel::detect_accel(virt_launcher::accel::AccelMode::Auto);
     let use_emulation = args.use_emulation || accel.accel == virt_launcher::spec::Accel::Tcg;
+    // KubeVirt's namespace (and so its CR's) is the one its manifests are rendered for.
+    let install = kubevirt_install::InstallConfig::default();
     let mut initial_objects = vec![];
     if !args.no_kubevirt {
         info!(use_emulation, reason = %accel.reason, "acceleration");
         initial_objects.push(json!({"apiVersion": "v1", "kind": "Namespace",
-            "metadata": {"name": KUBEVIRT_NAMESPACE}}));
+            "metadata": {"name": install.namespace}}));
         initial_objects.extend(kubevirt_crds()?);
-        initial_objects.push(default_kubevirt_cr(use_emulation, &args));
+        initial_objects.push(default_kubevirt_cr(
+            &install.namespace,
+            use_emulation,
+            &args,
+        ));
     }
     let server = kubevirt_apiserver::start(kubevirt_apiserver::Config {
         data_dir: args.data_dir.clone(),
@@ -462,7 +469,6 @@ async fn serve(args: ServerArgs) -> anyhow::Result<()> {
     .context("starting the API server")?;
     let cancel = CancellationToken::new();
     let data_dir = args.data_dir.clone();
-    let install = kubevirt_install::InstallConfig::default();
 
     let node_name = args
         .node_name
