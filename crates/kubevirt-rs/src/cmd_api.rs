@@ -13,9 +13,9 @@
 //! `kubevirt-virt-api-certs`, mounted at `/etc/virt-api/certificates` (`tls.crt`, `tls.key`,
 //! and here also `ca.crt`); virt-api reads it from there and follows its renewals, and then
 //! registers nothing: whoever issued the Secret (the operator upstream, the embedded server's
-//! [`crate::installer`] here) owns the registration objects. Otherwise `--tls-cert-file`/
+//! [`virt_operator::installer`] here) owns the registration objects. Otherwise `--tls-cert-file`/
 //! `--tls-key-file` when given, else one issued at start (and every 19 hours) from the KubeVirt
-//! CA that [`kubevirt_ca`] keeps in the Secret `kubevirt-ca`; in those two cases virt-api
+//! CA that [`certificates`] keeps in the Secret `kubevirt-ca`; in those two cases virt-api
 //! registers itself.
 //!
 //! Towards virt-handler virt-api presents the client certificate of the Secret
@@ -46,7 +46,7 @@ use tracing::{info, warn};
 use virt_api::subresources::NodeClientConfig;
 use virt_api::webhook::WebhookTarget;
 
-use crate::kubevirt_ca::{self, KubeVirtCa};
+use virt_operator::certificates::{self, KubeVirtCa};
 
 #[derive(Args)]
 pub struct ApiArgs {
@@ -114,7 +114,7 @@ pub(crate) enum Serving {
         key_pem: Vec<u8>,
         ca_bundle_pem: Vec<u8>,
     },
-    /// Issued from the `kubevirt-ca` Secret (see [`kubevirt_ca`]), and rotated.
+    /// Issued from the `kubevirt-ca` Secret (see [`certificates`]), and rotated.
     KubeVirtCa,
     /// `tls.crt`, `tls.key` and `ca.crt` of a mounted Secret, followed as they are renewed.
     Mounted(PathBuf),
@@ -173,41 +173,6 @@ where
         Some(existing) => {
             typed.meta_mut().resource_version = existing.meta().resource_version.clone();
             api.replace(&name, &PostParams::default(), &typed).await?;
-        }
-    }
-    Ok(())
-}
-
-/// Creates or replaces an object of a kind without a Rust type (such as an APIService), in
-/// its namespace when it names one.
-pub(crate) async fn create_or_replace_dynamic(
-    client: kube::Client,
-    object: serde_json::Value,
-) -> anyhow::Result<()> {
-    use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
-    let obj: DynamicObject = serde_json::from_value(object).context("decoding the object")?;
-    let types = obj
-        .types
-        .clone()
-        .context("object without apiVersion/kind")?;
-    let (group, version) = types
-        .api_version
-        .split_once('/')
-        .unwrap_or(("", &types.api_version));
-    let ar = ApiResource::from_gvk(&GroupVersionKind::gvk(group, version, &types.kind));
-    let api: Api<DynamicObject> = match obj.metadata.namespace.as_deref() {
-        Some(ns) => Api::namespaced_with(client, ns, &ar),
-        None => Api::all_with(client, &ar),
-    };
-    let name = obj.metadata.name.clone().unwrap_or_default();
-    match api.get_opt(&name).await? {
-        None => {
-            api.create(&PostParams::default(), &obj).await?;
-        }
-        Some(existing) => {
-            let mut obj = obj;
-            obj.metadata.resource_version = existing.metadata.resource_version;
-            api.replace(&name, &PostParams::default(), &obj).await?;
         }
     }
     Ok(())
@@ -298,7 +263,7 @@ async fn register(
             svc
         }
     };
-    create_or_replace_dynamic(client.clone(), api_service)
+    virt_operator::apply::create_or_replace_dynamic(client.clone(), api_service)
         .await
         .context("registering the subresource APIService")
 }
@@ -309,7 +274,7 @@ fn serving_names(target: &WebhookTarget) -> Vec<String> {
         WebhookTarget::Url(url) => url_host(url).into_iter().collect(),
         WebhookTarget::Service {
             namespace, name, ..
-        } => kubevirt_ca::service_names(name, namespace),
+        } => certificates::service_names(name, namespace),
     }
 }
 
@@ -324,7 +289,7 @@ fn rotate(
     cancel: CancellationToken,
 ) -> tokio::task::JoinHandle<()> {
     let period = Duration::from_secs(
-        u64::try_from(kubevirt_ca::LEAF_LIFETIME.whole_seconds() * 4 / 5).unwrap_or(3600),
+        u64::try_from(certificates::LEAF_LIFETIME.whole_seconds() * 4 / 5).unwrap_or(3600),
     );
     tokio::spawn(async move {
         loop {

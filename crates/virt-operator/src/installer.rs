@@ -25,7 +25,7 @@
 //! `kubectl -n kubevirt get deploy virt-controller -o jsonpath=…args` shows them).
 //!
 //! The same functions serve `kubevirt-rs server` (which calls [`start`] and [`wait_ready`])
-//! and `kubevirt-rs operator` ([`crate::cmd_operator`], which calls [`target_config`],
+//! and `kubevirt-rs operator` ([`crate::kubevirt`], which calls [`target_config`],
 //! [`install`], [`issue_certificates`], [`not_ready`] and [`uninstall`] from its reconcile):
 //! the CR's `spec.imageRegistry`, `imageTag`, `imagePullPolicy` and `customizeComponents.flags`
 //! shape the rendering in both.
@@ -47,7 +47,7 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::kubevirt_ca::{self, KubeVirtCa};
+use crate::certificates::{self, KubeVirtCa};
 
 /// The files of `deploy/` that are the API server's initial objects instead.
 const INITIAL_OBJECT_FILES: [&str; 2] = ["10-crds.yaml", "60-kubevirt-cr.yaml"];
@@ -118,7 +118,7 @@ async fn apply_groups(
                 object["kind"].as_str().unwrap_or("object"),
                 object["metadata"]["name"].as_str().unwrap_or_default()
             );
-            crate::cmd_api::create_or_replace_dynamic(admin.clone(), object)
+            crate::apply::create_or_replace_dynamic(admin.clone(), object)
                 .await
                 .with_context(|| format!("installing {what}"))?;
         }
@@ -170,7 +170,7 @@ pub async fn issue_certificates(admin: &kube::Client, namespace: &str) -> anyhow
     let secrets = [
         (
             api,
-            ca.issue_serving(kubevirt_ca::service_names("virt-api", namespace))?,
+            ca.issue_serving(certificates::service_names("virt-api", namespace))?,
         ),
         (
             handler_server,
@@ -182,11 +182,11 @@ pub async fn issue_certificates(admin: &kube::Client, namespace: &str) -> anyhow
         ),
         (
             controller,
-            ca.issue_serving(kubevirt_ca::service_names("virt-controller", namespace))?,
+            ca.issue_serving(certificates::service_names("virt-controller", namespace))?,
         ),
     ];
     for (name, pair) in secrets {
-        crate::cmd_api::create_or_replace_dynamic(
+        crate::apply::create_or_replace_dynamic(
             admin.clone(),
             tls_secret(namespace, name, pair, &ca.cert_pem),
         )
@@ -199,7 +199,7 @@ pub async fn issue_certificates(admin: &kube::Client, namespace: &str) -> anyhow
         "metadata": {"name": CA_BUNDLE, "namespace": namespace},
         "data": {"ca-bundle": ca.cert_pem},
     });
-    crate::cmd_api::create_or_replace_dynamic(admin.clone(), bundle)
+    crate::apply::create_or_replace_dynamic(admin.clone(), bundle)
         .await
         .context("writing ConfigMap kubevirt-ca")?;
     Ok(ca.cert_pem)
@@ -254,7 +254,7 @@ pub async fn install(
 #[must_use]
 pub fn renewal_period() -> Duration {
     Duration::from_secs(
-        u64::try_from(kubevirt_ca::LEAF_LIFETIME.whole_seconds() * 4 / 5).unwrap_or(3600),
+        u64::try_from(certificates::LEAF_LIFETIME.whole_seconds() * 4 / 5).unwrap_or(3600),
     )
 }
 
@@ -455,7 +455,7 @@ pub fn installed_objects(config: &kubevirt_install::InstallConfig) -> anyhow::Re
         .collect();
     for name in CERTIFICATE_SECRETS
         .into_iter()
-        .chain([kubevirt_ca::CA_SECRET])
+        .chain([certificates::CA_SECRET])
     {
         objects.push(json!({"apiVersion": "v1", "kind": "Secret",
             "metadata": {"name": name, "namespace": namespace}}));
