@@ -14,6 +14,12 @@
 //! | `50-virt-handler.yaml` | virt-handler DaemonSet | [`virt_handler`] |
 //! | `60-kubevirt-cr.yaml` | the default `KubeVirt` CR | [`kubevirt_cr`] |
 //!
+//! These groups are the full rendering, by component. Upstream's two-step install splits it
+//! ([`deploy_files`], the files of `deploy/`): `kubevirt-operator.yaml`
+//! ([`virt_operator::objects`]: namespace, `KubeVirt` CRD, the operator's RBAC and Deployment)
+//! and `kubevirt-cr.yaml`; the rest is the operator's install strategy ([`install_strategy`]),
+//! in upstream's order.
+//!
 //! [`render_yaml`] turns a group into a multi-document YAML stream; [`kustomization_yaml`]
 //! lists the files. Objects are `serde_json::Value`s of typed objects, so a caller (the
 //! embedded server, the operator) can apply them with a dynamic client.
@@ -33,6 +39,7 @@ pub mod rbac;
 pub mod virt_api;
 pub mod virt_controller;
 pub mod virt_handler;
+pub mod virt_operator;
 
 mod meta;
 mod pod;
@@ -252,6 +259,70 @@ pub fn manifests(config: &InstallConfig) -> Result<Vec<Group>, InstallError> {
             objects: kubevirt_cr::objects(config)?,
         },
     ])
+}
+
+/// The files of `deploy/`: `kubevirt-operator.yaml` and `kubevirt-cr.yaml`.
+///
+/// # Errors
+///
+/// [`InstallError`] if an object cannot be generated or encoded.
+pub fn deploy_files(config: &InstallConfig) -> Result<Vec<Group>, InstallError> {
+    Ok(vec![
+        Group {
+            file: "kubevirt-operator.yaml",
+            objects: virt_operator::objects(config)?,
+        },
+        Group {
+            file: "kubevirt-cr.yaml",
+            objects: kubevirt_cr::objects(config)?,
+        },
+    ])
+}
+
+/// Upstream's order of the install strategy's kinds (`reconcile.go` `Sync`): CRDs, accounts
+/// and RBAC, Services, then the workloads (virt-handler's DaemonSet before the Deployments),
+/// and the registration objects and disruption budgets last. A kind not named goes last.
+pub const STRATEGY_ORDER: [&str; 13] = [
+    "CustomResourceDefinition",
+    "ServiceAccount",
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "Role",
+    "RoleBinding",
+    "Service",
+    "DaemonSet",
+    "Deployment",
+    "ValidatingWebhookConfiguration",
+    "MutatingWebhookConfiguration",
+    "APIService",
+    "PodDisruptionBudget",
+];
+
+/// The install strategy: every object the operator installs for `config` (everything of
+/// [`manifests`] but the operator's own manifest and the CR), in [`STRATEGY_ORDER`]; within a
+/// kind, virt-controller's Deployment before virt-api's (upstream rolls the controller first).
+///
+/// # Errors
+///
+/// [`InstallError`] if an object cannot be generated or encoded.
+pub fn install_strategy(config: &InstallConfig) -> Result<Vec<Value>, InstallError> {
+    let mut objects: Vec<Value> = manifests(config)?
+        .into_iter()
+        .flat_map(|g| g.objects)
+        .filter(|o| o["kind"] != "KubeVirt" && !virt_operator::is_operator_object(o))
+        .collect();
+    let rank = |o: &Value| {
+        let kind = o["kind"].as_str().unwrap_or_default();
+        let position = STRATEGY_ORDER
+            .iter()
+            .position(|k| *k == kind)
+            .unwrap_or(STRATEGY_ORDER.len());
+        let api_last = o["metadata"]["name"] == "virt-api" && kind == "Deployment";
+        (position, api_last)
+    };
+    // A stable sort: within a kind, the rendering's order.
+    objects.sort_by_key(rank);
+    Ok(objects)
 }
 
 /// Objects as a multi-document YAML stream, each document starting with `---`.

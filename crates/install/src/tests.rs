@@ -23,7 +23,7 @@ fn deploy_dir() -> PathBuf {
 
 /// The files `deploy/` must hold: each group's and the kustomization.
 fn expected_files() -> BTreeMap<String, String> {
-    let groups = manifests(&InstallConfig::default()).unwrap();
+    let groups = deploy_files(&InstallConfig::default()).unwrap();
     let mut files: BTreeMap<String, String> = groups
         .iter()
         .map(|g| (g.file.to_owned(), render_file(g).unwrap()))
@@ -139,7 +139,7 @@ fn kubectl_kustomize_renders_the_deploy_directory() {
         serde_saphyr::from_multiple(&String::from_utf8(out.stdout).unwrap()).unwrap();
     let key = |o: &Value| meta::describe(o);
     let got: BTreeSet<String> = rendered.iter().map(key).collect();
-    let want: BTreeSet<String> = manifests(&InstallConfig::default())
+    let want: BTreeSet<String> = deploy_files(&InstallConfig::default())
         .unwrap()
         .iter()
         .flat_map(|g| g.objects.iter().map(key))
@@ -188,6 +188,61 @@ fn groups_come_in_upstreams_order_with_the_namespace_first_and_the_cr_last() {
     assert_eq!(cr["kind"], "KubeVirt");
     assert_eq!(cr["metadata"]["namespace"], "kubevirt");
     assert_eq!(groups[1].objects.len(), 6, "the six KubeVirt CRDs");
+}
+
+#[test]
+fn the_operator_manifest_the_strategy_and_the_cr_split_the_rendering_in_upstreams_order() {
+    let config = InstallConfig::default();
+    let files = deploy_files(&config).unwrap();
+    let names: Vec<_> = files.iter().map(|g| g.file).collect();
+    assert_eq!(names, ["kubevirt-operator.yaml", "kubevirt-cr.yaml"]);
+    let operator = &files[0].objects;
+    assert_eq!(operator[0]["kind"], "Namespace");
+    let crds: Vec<_> = operator
+        .iter()
+        .filter(|o| o["kind"] == "CustomResourceDefinition")
+        .map(|o| o["metadata"]["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(crds, ["kubevirts.kubevirt.io"]);
+    let deployment = find(operator, "Deployment", "virt-operator");
+    assert_eq!(deployment["spec"]["replicas"], 2);
+    assert_eq!(
+        deployment["spec"]["template"]["spec"]["serviceAccountName"],
+        "kubevirt-operator"
+    );
+    find(operator, "ClusterRole", "kubevirt-operator");
+    find(operator, "RoleBinding", "kubevirt-operator-rolebinding");
+    assert_eq!(files[1].objects[0]["kind"], "KubeVirt");
+
+    let strategy = install_strategy(&config).unwrap();
+    let key = |o: &Value| meta::describe(o);
+    let mut together: Vec<String> = operator
+        .iter()
+        .chain(&strategy)
+        .chain(&files[1].objects)
+        .map(key)
+        .collect();
+    let mut all: Vec<String> = all_objects(&config).iter().map(key).collect();
+    all.push("Deployment kubevirt/virt-operator".into());
+    together.sort();
+    all.sort();
+    assert_eq!(together, all, "every object in exactly one place");
+    let kinds: Vec<&str> = strategy
+        .iter()
+        .map(|o| o["kind"].as_str().unwrap())
+        .collect();
+    assert_eq!(kinds.first(), Some(&"CustomResourceDefinition"));
+    assert_eq!(kinds.last(), Some(&"PodDisruptionBudget"));
+    let at = |kind: &str, name: &str| {
+        strategy
+            .iter()
+            .position(|o| o["kind"] == kind && o["metadata"]["name"] == name)
+            .unwrap()
+    };
+    assert!(at("ServiceAccount", "kubevirt-handler") < at("ClusterRole", "kubevirt-handler"));
+    assert!(at("DaemonSet", "virt-handler") < at("Deployment", "virt-controller"));
+    assert!(at("Deployment", "virt-controller") < at("Deployment", "virt-api"));
+    assert!(at("Deployment", "virt-api") < at("APIService", "v1.subresources.kubevirt.io"));
 }
 
 #[test]

@@ -137,38 +137,33 @@ async fn deploy_applies_to_an_api_server_and_its_rbac_is_least_privilege() {
     server.stop().await;
 }
 
-/// Applies `deploy/` and checks the workloads and the CR are there.
+/// Applies `deploy/` as a user does (`kubectl apply -f kubevirt-operator.yaml`, then
+/// `-f kubevirt-cr.yaml`), then the install strategy the operator would install; checks the
+/// operator's Deployment, the CR and the workloads are there.
 fn apply_deploy(kc: &Path) {
-    // The files in the kustomization's order, as a user without server-side apply
-    // would apply them (the CR's kind exists only once its CRD is established).
     let kustomization = std::fs::read_to_string(deploy_dir().join("kustomization.yaml")).unwrap();
-    for file in kustomization.lines().filter_map(|l| l.strip_prefix("- ")) {
-        let path = deploy_dir().join(file);
-        // `create` for the CRDs (too large for client-side apply's annotation), `apply`
-        // for the rest (the embedded server has the `kubevirt` namespace already).
-        let verb = if file == "10-crds.yaml" {
-            "create"
-        } else {
-            "apply"
-        };
-        let (ok, text) = kubectl(kc, &[verb, "-f", path.to_str().unwrap()]);
-        assert!(ok, "kubectl {verb} -f {file}: {text}");
-        if file == "10-crds.yaml" {
-            let (ok, text) = kubectl(
-                kc,
-                &[
-                    "wait",
-                    "--for",
-                    "condition=Established",
-                    "crd",
-                    "--all",
-                    "--timeout",
-                    "60s",
-                ],
-            );
-            assert!(ok, "{text}");
-        }
-    }
+    let files: Vec<&str> = kustomization
+        .lines()
+        .filter_map(|l| l.strip_prefix("- "))
+        .collect();
+    assert_eq!(files, ["kubevirt-operator.yaml", "kubevirt-cr.yaml"]);
+    let path = |file: &str| deploy_dir().join(file).display().to_string();
+    let (ok, text) = kubectl(kc, &["apply", "-f", &path(files[0])]);
+    assert!(ok, "kubectl apply -f {}: {text}", files[0]);
+    let (ok, text) = kubectl(
+        kc,
+        &[
+            "wait",
+            "--for",
+            "condition=Established",
+            "crd/kubevirts.kubevirt.io",
+            "--timeout",
+            "60s",
+        ],
+    );
+    assert!(ok, "{text}");
+    let (ok, text) = kubectl(kc, &["apply", "-f", &path(files[1])]);
+    assert!(ok, "kubectl apply -f {}: {text}", files[1]);
     let (ok, text) = kubectl(
         kc,
         &[
@@ -176,6 +171,20 @@ fn apply_deploy(kc: &Path) {
         ],
     );
     assert!(ok && text.contains("kubevirt.io/kubevirt"), "{text}");
+
+    // What the operator installs is accepted too (`create`: the CRDs are larger than
+    // client-side apply's annotation allows).
+    let strategy =
+        kubevirt_install::install_strategy(&kubevirt_install::InstallConfig::default()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let strategy_file = dir.path().join("strategy.yaml");
+    std::fs::write(
+        &strategy_file,
+        kubevirt_install::render_yaml(&strategy).unwrap(),
+    )
+    .unwrap();
+    let (ok, text) = kubectl(kc, &["create", "-f", strategy_file.to_str().unwrap()]);
+    assert!(ok, "kubectl create -f <install strategy>: {text}");
     let (ok, text) = kubectl(
         kc,
         &[
@@ -189,6 +198,7 @@ fn apply_deploy(kc: &Path) {
     );
     assert!(ok, "{text}");
     for name in [
+        "deployment.apps/virt-operator",
         "deployment.apps/virt-api",
         "deployment.apps/virt-controller",
         "daemonset.apps/virt-handler",

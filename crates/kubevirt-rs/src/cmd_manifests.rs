@@ -1,5 +1,6 @@
-//! `kubevirt-rs manifests`: KubeVirt's install manifests (crates/install) as one
-//! multi-document YAML stream, or as the files of `deploy/` with `--output-dir`.
+//! `kubevirt-rs manifests`: KubeVirt's install manifests (crates/install: the operator's
+//! manifest and the CR) as one multi-document YAML stream, or as the files of `deploy/` with
+//! `--output-dir`.
 
 use std::path::PathBuf;
 
@@ -42,7 +43,7 @@ pub fn run(args: ManifestsArgs) -> anyhow::Result<()> {
         launcher_image: args.launcher_image,
         ..defaults
     };
-    let groups = kubevirt_install::manifests(&config).context("generating the manifests")?;
+    let groups = kubevirt_install::deploy_files(&config).context("generating the manifests")?;
     let Some(dir) = args.output_dir else {
         let objects: Vec<_> = groups.into_iter().flat_map(|g| g.objects).collect();
         print!("{}", kubevirt_install::render_yaml(&objects)?);

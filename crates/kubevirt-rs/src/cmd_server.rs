@@ -1,14 +1,16 @@
 //! `kubevirt-rs server`: the whole stack on one machine.
 //!
-//! Wiring only. First the embedded Kubernetes, in this process: the API server (with the
-//! KubeVirt CRDs and a `KubeVirt` CR carrying the server's KubeVirt flags), the scheduler and
-//! the workload controllers, and per node its node agent (kubelet's role, with an image store
-//! holding this binary as the project's images) and service proxy. Then KubeVirt onto it from
-//! `deploy/`'s manifests, as onto any cluster ([`virt_operator::installer`]): virt-api and
-//! virt-controller as Deployments and virt-handler as a DaemonSet, each pod a process of its
-//! own with its own service account, run by the node agents. The two halves meet only at the
-//! Kubernetes API. The server is ready once KubeVirt's components are (`--no-kubevirt`: once
-//! the embedded Kubernetes is). Embedded components that stop with an error are restarted
+//! Wiring only. First the embedded Kubernetes, in this process: the API server, the scheduler
+//! and the workload controllers, and per node its node agent (kubelet's role, with an image
+//! store holding this binary as the project's images) and service proxy. Then KubeVirt onto it
+//! exactly as a user installs it on any cluster: `deploy/kubevirt-operator.yaml` and
+//! `deploy/kubevirt-cr.yaml` through the API (the CR carrying the server's KubeVirt flags);
+//! virt-operator, a Deployment, installs the rest from its install strategy
+//! ([`virt_operator::installer`]): the CRDs, virt-api and virt-controller as Deployments and
+//! virt-handler as a DaemonSet, each pod a process of its own with its own service account, run
+//! by the node agents. The two halves meet only at the Kubernetes API. The server is ready once
+//! the CR is Available and KubeVirt's components pass the readiness checks (`--no-kubevirt`:
+//! once the embedded Kubernetes is). Embedded components that stop with an error are restarted
 //! after a second; KubeVirt's pods are restarted by their node agent.
 
 use std::net::SocketAddr;
@@ -75,14 +77,15 @@ fn parse_capacity(s: &str) -> Result<std::collections::BTreeMap<String, String>,
         .collect()
 }
 
-/// The initial `KubeVirt` CR: software emulation where KVM is not really usable, and the
-/// server's virt-controller flags as `customizeComponents.flags.controller` (which the
-/// installer renders into virt-controller's arguments).
+/// The initial `KubeVirt` CR: `deploy/kubevirt-cr.yaml`'s, with software emulation where KVM
+/// is not really usable and the server's virt-controller flags as
+/// `customizeComponents.flags.controller` (which the operator renders into virt-controller's
+/// arguments).
 fn default_kubevirt_cr(
-    namespace: &str,
+    install: &kubevirt_install::InstallConfig,
     use_emulation: bool,
     args: &ServerArgs,
-) -> serde_json::Value {
+) -> anyhow::Result<serde_json::Value> {
     let mut controller_flags = serde_json::Map::new();
     for (flag, value) in [
         ("additional-launcher-labels-sync", &args.labels_sync),
@@ -95,28 +98,87 @@ fn default_kubevirt_cr(
             controller_flags.insert(flag.into(), value.as_str().into());
         }
     }
-    let customize = if controller_flags.is_empty() {
-        json!({})
-    } else {
-        json!({"flags": {"controller": controller_flags}})
-    };
-    json!({
-        "apiVersion": "kubevirt.io/v1",
-        "kind": "KubeVirt",
-        "metadata": {"name": "kubevirt", "namespace": namespace},
-        "spec": {
-            "configuration": {"developerConfiguration": {"useEmulation": use_emulation}},
-            "customizeComponents": customize
-        }
-    })
+    let mut cr = kubevirt_install::kubevirt_cr::objects(install)
+        .context("rendering the KubeVirt CR")?
+        .remove(0);
+    let spec = &mut cr["spec"];
+    spec["configuration"]["developerConfiguration"]["useEmulation"] = json!(use_emulation);
+    if !controller_flags.is_empty() {
+        spec["customizeComponents"]["flags"] = json!({"controller": controller_flags});
+    }
+    Ok(cr)
 }
 
-pub fn kubevirt_crds() -> anyhow::Result<Vec<serde_json::Value>> {
-    kubevirt_api::crd::all_crds()
-        .context("generating the KubeVirt CRDs")?
-        .iter()
-        .map(|c| serde_json::to_value(c).context("serializing a CRD"))
-        .collect()
+/// Installs KubeVirt as a user does (`kubectl apply -f deploy/kubevirt-operator.yaml`, then
+/// `-f deploy/kubevirt-cr.yaml`): the operator's manifest, then, once the `KubeVirt` kind is
+/// served, the CR (created only when missing, so a restart keeps the user's changes).
+async fn install_kubevirt(
+    admin: &kube::Client,
+    install: &kubevirt_install::InstallConfig,
+    cr: serde_json::Value,
+) -> anyhow::Result<()> {
+    for object in kubevirt_install::virt_operator::objects(install)
+        .context("rendering the operator's manifest")?
+    {
+        virt_operator::apply::create_or_replace_dynamic(admin.clone(), object)
+            .await
+            .context("applying kubevirt-operator.yaml")?;
+    }
+    let crs: kube::Api<kubevirt_api::v1::KubeVirt> =
+        kube::Api::namespaced(admin.clone(), &install.namespace);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let existing = loop {
+        match crs.list(&kube::api::ListParams::default()).await {
+            Ok(list) => break list.items,
+            Err(e) if tokio::time::Instant::now() > deadline => {
+                return Err(e).context("the KubeVirt kind is not served");
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    };
+    if existing.is_empty() {
+        virt_operator::apply::create_or_replace_dynamic(admin.clone(), cr)
+            .await
+            .context("applying kubevirt-cr.yaml")?;
+    }
+    Ok(())
+}
+
+/// Waits until the KubeVirt CR is `Available=True` and the components pass the readiness
+/// checks ([`virt_operator::installer::not_ready`]), logging what is missing every few seconds.
+async fn wait_kubevirt_ready(admin: &kube::Client, namespace: &str, nodes: usize) {
+    let crs: kube::Api<kubevirt_api::v1::KubeVirt> =
+        kube::Api::namespaced(admin.clone(), namespace);
+    let started = tokio::time::Instant::now();
+    let mut reported = started;
+    loop {
+        let available = crs
+            .list(&kube::api::ListParams::default())
+            .await
+            .is_ok_and(|list| {
+                list.items.iter().any(|kv| {
+                    kv.status.as_ref().is_some_and(|s| {
+                        s.conditions.iter().any(|c| {
+                            c.type_ == kubevirt_api::v1::KubeVirtConditionType::Available
+                                && c.status == kubevirt_api::v1::ConditionStatus::True
+                        })
+                    })
+                })
+            });
+        let missing = virt_operator::installer::not_ready(admin, namespace, nodes).await;
+        if available && missing.is_empty() {
+            info!(
+                seconds = started.elapsed().as_secs_f32(),
+                "KubeVirt is Available"
+            );
+            return;
+        }
+        if reported.elapsed() >= Duration::from_secs(5) {
+            info!(available, ?missing, "waiting for KubeVirt");
+            reported = tokio::time::Instant::now();
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
 pub(crate) async fn client_from(kubeconfig: &Path) -> anyhow::Result<kube::Client> {
@@ -448,22 +510,13 @@ async fn serve(args: ServerArgs) -> anyhow::Result<()> {
     let use_emulation = args.use_emulation || accel.accel == virt_launcher::spec::Accel::Tcg;
     // KubeVirt's namespace (and so its CR's) is the one its manifests are rendered for.
     let install = kubevirt_install::InstallConfig::default();
-    let mut initial_objects = vec![];
     if !args.no_kubevirt {
         info!(use_emulation, reason = %accel.reason, "acceleration");
-        initial_objects.push(json!({"apiVersion": "v1", "kind": "Namespace",
-            "metadata": {"name": install.namespace}}));
-        initial_objects.extend(kubevirt_crds()?);
-        initial_objects.push(default_kubevirt_cr(
-            &install.namespace,
-            use_emulation,
-            &args,
-        ));
     }
     let server = kubevirt_apiserver::start(kubevirt_apiserver::Config {
         data_dir: args.data_dir.clone(),
         listen: args.listen,
-        initial_objects,
+        initial_objects: Vec::new(),
     })
     .await
     .context("starting the API server")?;
@@ -496,13 +549,10 @@ async fn serve(args: ServerArgs) -> anyhow::Result<()> {
 
     if !args.no_kubevirt {
         let admin = client_from(&data_dir.join("kubeconfig")).await?;
-        tasks.push(
-            virt_operator::installer::start(admin.clone(), install.clone(), cancel.clone())
-                .await
-                .context("installing KubeVirt")?,
-        );
+        let cr = default_kubevirt_cr(&install, use_emulation, &args)?;
+        install_kubevirt(&admin, &install, cr).await?;
         tokio::select! {
-            () = virt_operator::installer::wait_ready(&admin, &install.namespace, nodes) => {}
+            () = wait_kubevirt_ready(&admin, &install.namespace, nodes) => {}
             () = crate::shutdown_signal() => {
                 cancel.cancel();
                 server.stop().await;

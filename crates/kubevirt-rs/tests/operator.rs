@@ -1,60 +1,26 @@
-//! `kubevirt-rs operator` installs KubeVirt onto a bare embedded Kubernetes
-//! (`kubevirt-rs server --no-kubevirt`, node agents but no KubeVirt) for the KubeVirt CR of
-//! `deploy/`, reports upstream's status on the CR, and uninstalls on the CR's deletion.
+//! Upstream's two-step install onto a bare embedded Kubernetes (`kubevirt-rs server
+//! --no-kubevirt`, node agents but no KubeVirt): plain `kubectl apply -f
+//! deploy/kubevirt-operator.yaml` and `-f deploy/kubevirt-cr.yaml`; virt-operator, as the
+//! Deployment of that manifest, installs its install strategy (CRDs included), reports
+//! upstream's status, applies `customizeComponents.patches`, prunes what left the strategy,
+//! refuses to uninstall while a VM exists under `BlockUninstallIfWorkloadsExist`, and
+//! uninstalls on the CR's deletion.
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
 use std::time::Duration;
 
-use anyhow::Context;
 use testkit::{ServerProcess, wait_until};
 
 const BIN: &str = env!("CARGO_BIN_EXE_kubevirt-rs");
 /// Installing (images are this binary, but pods start one after another on two cores).
-const INSTALL_DEADLINE: Duration = Duration::from_secs(180);
+const INSTALL_DEADLINE: Duration = Duration::from_secs(240);
 
-fn deploy(file: &str) -> PathBuf {
+fn deploy(file: &str) -> String {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../../deploy")
         .join(file)
-}
-
-/// The operator process, killed on drop; its stderr goes to `log`.
-struct Operator {
-    child: Child,
-    log: PathBuf,
-}
-
-impl Operator {
-    fn start(server: &ServerProcess) -> anyhow::Result<Operator> {
-        let log = server.data_dir().join("operator.log");
-        let file = std::fs::File::create(&log).context("operator log")?;
-        let child = Command::new(BIN)
-            .arg("operator")
-            .arg("--kubeconfig")
-            .arg(server.kubeconfig())
-            .args(["--namespace", "kubevirt"])
-            .env(
-                "RUST_LOG",
-                std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
-            )
-            .stdout(Stdio::null())
-            .stderr(file)
-            .spawn()
-            .context("starting kubevirt-rs operator")?;
-        Ok(Operator { child, log })
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-}
-
-impl Drop for Operator {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+        .display()
+        .to_string()
 }
 
 fn jsonpath(server: &ServerProcess, args: &[&str], path: &str) -> String {
@@ -64,38 +30,44 @@ fn jsonpath(server: &ServerProcess, args: &[&str], path: &str) -> String {
     server.ok(&all).unwrap_or_default()
 }
 
+const KV: [&str; 5] = ["-n", "kubevirt", "get", "kubevirt", "kubevirt"];
+
+const VM: &str = "apiVersion: kubevirt.io/v1\nkind: VirtualMachine\nmetadata:\n  name: keeps-kubevirt\n  namespace: default\nspec:\n  runStrategy: Halted\n  template:\n    spec:\n      domain:\n        devices: {}\n        resources: {requests: {memory: 64Mi}}\n";
+
 #[test]
-fn the_operator_deploys_kubevirt_for_its_cr_reports_status_and_uninstalls_on_deletion()
+fn kubectl_apply_of_deploy_installs_kubevirt_through_the_operator_and_deleting_the_cr_removes_it()
 -> anyhow::Result<()> {
     let server = ServerProcess::start(Path::new(BIN), "server", &["--no-kubevirt"])?;
-    server.ok(&["create", "namespace", "kubevirt"])?;
-    server.ok(&["apply", "-f", &deploy("10-crds.yaml").display().to_string()])?;
-    wait_until(INSTALL_DEADLINE, "the KubeVirt CRD to be served", || {
-        server
-            .kubectl(&["get", "kubevirts", "-n", "kubevirt"])
-            .status
-            .success()
-            .then_some(())
-    })?;
-    let operator = Operator::start(&server)?;
     let fail = |e: anyhow::Error| {
+        let operator = server.kubectl(&[
+            "-n",
+            "kubevirt",
+            "logs",
+            "deployment/virt-operator",
+            "--tail",
+            "80",
+        ]);
         anyhow::anyhow!(
             "{e}\n--- operator log ---\n{}\n--- server log ---\n{}",
-            operator.log(),
+            String::from_utf8_lossy(&operator.stdout),
             server.log()
         )
     };
+    server.ok(&["apply", "-f", &deploy("kubevirt-operator.yaml")])?;
     server.ok(&[
-        "apply",
-        "-f",
-        &deploy("60-kubevirt-cr.yaml").display().to_string(),
+        "wait",
+        "--for",
+        "condition=Established",
+        "crd/kubevirts.kubevirt.io",
+        "--timeout",
+        "60s",
     ])?;
-    let kv = ["-n", "kubevirt", "get", "kubevirt", "kubevirt"];
+    server.ok(&["apply", "-f", &deploy("kubevirt-cr.yaml")])?;
 
     // Deploying first (the components take seconds to become ready), then Deployed.
     let mut phases = Vec::new();
     wait_until(INSTALL_DEADLINE, "phase Deployed", || {
-        let phase = jsonpath(&server, &kv, "{.status.phase}");
+        let phase = jsonpath(&server, &KV, "{.status.phase}");
         if phases.last() != Some(&phase) {
             phases.push(phase.clone());
         }
@@ -106,17 +78,77 @@ fn the_operator_deploys_kubevirt_for_its_cr_reports_status_and_uninstalls_on_del
         phases.iter().any(|p| p == "Deploying"),
         "phases seen: {phases:?}"
     );
-    assert!(
-        !phases
-            .iter()
-            .skip_while(|p| *p != "Deploying")
-            .any(|p| p.is_empty()),
-        "{phases:?}"
-    );
-
     assert_deployed(&server);
+    assert_install_strategy(&server)?;
 
-    // Deletion: the operator uninstalls, then lets the CR go.
+    patches_reach_their_resource_and_pruning_follows(&server, &fail)?;
+    a_vm_blocks_the_uninstallation(&server, &fail)?;
+    // … until it is gone.
+    server.ok(&["-n", "default", "delete", "vm", "keeps-kubevirt"])?;
+    wait_until(INSTALL_DEADLINE, "the CR to disappear", || {
+        let out = server.kubectl(&KV);
+        (!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("NotFound"))
+            .then_some(())
+    })
+    .map_err(fail)?;
+    assert_uninstalled(&server)
+}
+
+type Fail<'a> = &'a dyn Fn(anyhow::Error) -> anyhow::Error;
+
+/// A patch of the CR reaches its resource; an object of the operator's that left the strategy
+/// is pruned on that reinstallation.
+fn patches_reach_their_resource_and_pruning_follows(
+    server: &ServerProcess,
+    fail: Fail<'_>,
+) -> anyhow::Result<()> {
+    server.apply(
+        "apiVersion: v1\nkind: Service\nmetadata:\n  name: left-the-strategy\n  namespace: kubevirt\n  labels: {app.kubernetes.io/managed-by: virt-operator}\nspec:\n  ports: [{port: 80}]\n",
+    )?;
+    server.ok(&[
+        "-n",
+        "kubevirt",
+        "patch",
+        "kubevirt",
+        "kubevirt",
+        "--type",
+        "merge",
+        "-p",
+        r#"{"spec":{"customizeComponents":{"patches":[{"resourceType":"Deployment","resourceName":"virt-controller","type":"strategic","patch":"{\"metadata\":{\"labels\":{\"patched-by\":\"customize-components\"}}}"}]}}}"#,
+    ])?;
+    wait_until(INSTALL_DEADLINE, "the patch on virt-controller", || {
+        let label = jsonpath(
+            server,
+            &["-n", "kubevirt", "get", "deployment", "virt-controller"],
+            "{.metadata.labels.patched-by}",
+        );
+        (label == "customize-components").then_some(())
+    })
+    .map_err(fail)?;
+    wait_until(INSTALL_DEADLINE, "the stale Service to be pruned", || {
+        let out = server.kubectl(&["-n", "kubevirt", "get", "service", "left-the-strategy"]);
+        (!out.status.success()).then_some(())
+    })
+    .map_err(fail)?;
+
+    Ok(())
+}
+
+/// With `BlockUninstallIfWorkloadsExist`, a VM keeps the CR and its components, with
+/// upstream's message.
+fn a_vm_blocks_the_uninstallation(server: &ServerProcess, fail: Fail<'_>) -> anyhow::Result<()> {
+    server.apply(VM)?;
+    server.ok(&[
+        "-n",
+        "kubevirt",
+        "patch",
+        "kubevirt",
+        "kubevirt",
+        "--type",
+        "merge",
+        "-p",
+        r#"{"spec":{"uninstallStrategy":"BlockUninstallIfWorkloadsExist"}}"#,
+    ])?;
     server.ok(&[
         "-n",
         "kubevirt",
@@ -125,13 +157,71 @@ fn the_operator_deploys_kubevirt_for_its_cr_reports_status_and_uninstalls_on_del
         "kubevirt",
         "--wait=false",
     ])?;
-    wait_until(INSTALL_DEADLINE, "the CR to disappear", || {
-        let out = server.kubectl(&kv);
-        (!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("NotFound"))
-            .then_some(())
+    let synchronized = r#"{.status.conditions[?(@.type=="Synchronized")].reason}: {.status.conditions[?(@.type=="Synchronized")].message}"#;
+    wait_until(INSTALL_DEADLINE, "the uninstallation to be refused", || {
+        let text = jsonpath(server, &KV, synchronized);
+        text.starts_with("DeletionFailed: ").then_some(text)
     })
-    .map_err(fail)?;
-    assert_uninstalled(&server)
+    .map_err(fail)
+    .map(|text| {
+        assert!(
+            text.contains(
+                "Rejecting the uninstall request, since there are still Virtual Machines present."
+            ),
+            "{text}"
+        );
+    })?;
+    server.ok(&["-n", "kubevirt", "get", "deployment", "virt-api"])?;
+    Ok(())
+}
+
+/// The install strategy ConfigMap carries upstream's label and annotations, and its
+/// identifier is the CR's `observedDeploymentID`; the operator installed the CRDs.
+fn assert_install_strategy(server: &ServerProcess) -> anyhow::Result<()> {
+    let names = jsonpath(
+        server,
+        &[
+            "-n",
+            "kubevirt",
+            "get",
+            "configmap",
+            "-l",
+            "kubevirt.io/install-strategy",
+        ],
+        "{.items[*].metadata.name}",
+    );
+    assert!(names.starts_with("kubevirt-install-strategy-"), "{names:?}");
+    assert!(!names.contains(' '), "one strategy: {names:?}");
+    let cm = ["-n", "kubevirt", "get", "configmap", names.as_str()];
+    let version = jsonpath(
+        server,
+        &cm,
+        r"{.metadata.annotations.kubevirt\.io/install-strategy-version} {.metadata.annotations.kubevirt\.io/install-strategy-registry}",
+    );
+    assert_eq!(
+        version,
+        format!("{} kubevirt-rs", env!("CARGO_PKG_VERSION"))
+    );
+    let id = jsonpath(
+        server,
+        &cm,
+        r"{.metadata.annotations.kubevirt\.io/install-strategy-identifier}",
+    );
+    assert!(!id.is_empty());
+    assert_eq!(jsonpath(server, &KV, "{.status.observedDeploymentID}"), id);
+    let crd = jsonpath(
+        server,
+        &["get", "crd", "virtualmachines.kubevirt.io"],
+        r"{.metadata.labels.app\.kubernetes\.io/managed-by}",
+    );
+    assert_eq!(crd, "virt-operator");
+    let operators = jsonpath(
+        server,
+        &["-n", "kubevirt", "get", "deployment", "virt-operator"],
+        "{.status.readyReplicas}/{.spec.replicas}",
+    );
+    assert_eq!(operators, "2/2");
+    Ok(())
 }
 
 /// The CR's status is upstream's for a complete deployment, and the components run.
@@ -211,8 +301,23 @@ fn assert_uninstalled(server: &ServerProcess) -> anyhow::Result<()> {
         let out = server.kubectl(&["get", kind, name]);
         assert!(!out.status.success(), "{kind} {name} is gone");
     }
-    // The namespace and the CRDs stay (they are not the operator's).
+    // The strategy's CRDs and ConfigMap go; the operator's manifest stays (the user
+    // deletes it with `kubectl delete -f deploy/kubevirt-operator.yaml`).
+    let out = server.kubectl(&["get", "crd", "virtualmachines.kubevirt.io"]);
+    assert!(!out.status.success(), "the VM CRD is gone");
+    let strategies = server.ok(&[
+        "-n",
+        "kubevirt",
+        "get",
+        "configmap",
+        "-l",
+        "kubevirt.io/install-strategy",
+        "-o",
+        "name",
+    ])?;
+    assert!(strategies.trim().is_empty(), "{strategies}");
     server.ok(&["get", "namespace", "kubevirt"])?;
     server.ok(&["get", "crd", "kubevirts.kubevirt.io"])?;
+    server.ok(&["-n", "kubevirt", "get", "deployment", "virt-operator"])?;
     Ok(())
 }

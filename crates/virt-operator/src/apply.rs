@@ -1,8 +1,10 @@
-//! Writing rendered objects to the API server: create, or replace on the `resourceVersion`
-//! read, for objects given as JSON (any kind, with or without a Rust type).
+//! Writing rendered objects to the API server: create, or update with a JSON patch (see
+//! [`create_or_replace_dynamic`]), for objects given as JSON (any kind, with or without a Rust
+//! type).
 
 use anyhow::Context;
-use kube::api::{Api, PostParams};
+use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
+use serde_json::json;
 
 /// Creates or replaces an object of a kind without a Rust type (such as an APIService), in
 /// its namespace when it names one.
@@ -34,10 +36,40 @@ pub async fn create_or_replace_dynamic(
             api.create(&PostParams::default(), &obj).await?;
         }
         Some(existing) => {
-            let mut obj = obj;
-            obj.metadata.resource_version = existing.metadata.resource_version;
-            api.replace(&name, &PostParams::default(), &obj).await?;
+            let desired = serde_json::to_value(&obj).context("encoding the object")?;
+            let ops = update_ops(&existing.metadata, &desired);
+            let patch: json_patch::Patch =
+                serde_json::from_value(serde_json::Value::Array(ops)).context("the update")?;
+            api.patch(&name, &PatchParams::default(), &Patch::Json::<()>(patch))
+                .await?;
         }
     }
     Ok(())
+}
+
+/// The JSON patch that makes an existing object what `desired` says, as upstream's operator
+/// updates (it holds `patch`, not `update`, on most kinds): its labels and annotations added
+/// to the existing ones, every other top-level field but `status` replaced.
+fn update_ops(existing: &ObjectMeta, desired: &serde_json::Value) -> Vec<serde_json::Value> {
+    let mut ops = Vec::new();
+    for (key, current) in [
+        ("labels", existing.labels.clone()),
+        ("annotations", existing.annotations.clone()),
+    ] {
+        let mut merged = current.unwrap_or_default();
+        if let Some(wanted) = desired["metadata"][key].as_object() {
+            for (k, v) in wanted {
+                merged.insert(k.clone(), v.as_str().unwrap_or_default().to_owned());
+            }
+        }
+        ops.push(json!({"op": "add", "path": format!("/metadata/{key}"), "value": merged}));
+    }
+    if let Some(fields) = desired.as_object() {
+        for (key, value) in fields {
+            if !matches!(key.as_str(), "apiVersion" | "kind" | "metadata" | "status") {
+                ops.push(json!({"op": "add", "path": format!("/{key}"), "value": value}));
+            }
+        }
+    }
+    ops
 }

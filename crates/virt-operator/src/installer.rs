@@ -1,16 +1,24 @@
-//! KubeVirt installed onto a cluster from `deploy/`'s manifests ([`kubevirt_install`]), the
-//! part of upstream's virt-operator the embedded server needs until the operator exists:
+//! KubeVirt installed onto a cluster from its install strategy ([`crate::strategy`]), as
+//! upstream's virt-operator does (`pkg/virt-operator/resource/apply`):
 //!
 //! ```text
-//!  KubeVirt CR ──(customizeComponents.flags)──► InstallConfig.extra_args
-//!        │                                           │ kubevirt_install::manifests
+//!  KubeVirt CR ──(imageTag, imageRegistry, customizeComponents.flags)──► InstallConfig
+//!        │                                           │ strategy::StrategyCache::ensure
 //!        ▼                                           ▼
-//!  KubeVirt CA (Secret kubevirt-ca) ──► component Secrets, ConfigMap kubevirt-ca,
-//!                                        caBundle of the webhooks and the APIService
-//!                                                    │ create or replace, in deploy/'s order
+//!  customizeComponents.patches ─────────► the strategy's objects, patched (customize.rs)
+//!                                                    │ create or replace, upstream's order:
 //!                                                    ▼
-//!              Deployments virt-api, virt-controller; DaemonSet virt-handler (pods)
+//!   CRDs, ServiceAccounts, RBAC, Services ─► KubeVirt CA (Secret kubevirt-ca) and the
+//!   component Secrets, ConfigMap kubevirt-ca ─► DaemonSet virt-handler, Deployments
+//!   virt-controller, virt-api ─► webhooks and APIServices (caBundle) ─► PDBs
+//!                                                    │ prune
+//!                                                    ▼
+//!            objects labelled managed-by virt-operator that left the strategy are deleted
 //! ```
+//!
+//! Every installed object carries upstream's operator metadata: the label
+//! `app.kubernetes.io/managed-by: virt-operator` and the annotations
+//! `kubevirt.io/install-strategy-{version,registry,identifier}`.
 //!
 //! Certificates: the Secrets `kubevirt-virt-api-certs` (virt-api's serving certificate for
 //! its Service names), `kubevirt-virt-handler-server-certs` (virt-handler's, for
@@ -20,21 +28,11 @@
 //! the CA in the ConfigMap `kubevirt-ca` only, which is also written). They are issued again at
 //! 80% of their life; the pods follow the mounted files.
 //!
-//! A change of the CR's `customizeComponents.flags` re-renders the workloads, so the flags
-//! reach the components' arguments as upstream's operator puts them there (and
-//! `kubectl -n kubevirt get deploy virt-controller -o jsonpath=…args` shows them).
-//!
-//! The same functions serve `kubevirt-rs server` (which calls [`start`] and [`wait_ready`])
-//! and `kubevirt-rs operator` ([`crate::kubevirt`], which calls [`target_config`],
-//! [`install`], [`issue_certificates`], [`not_ready`] and [`uninstall`] from its reconcile):
-//! the CR's `spec.imageRegistry`, `imageTag`, `imagePullPolicy` and `customizeComponents.flags`
-//! shape the rendering in both.
-//!
-//! # Caveats
-//! `customizeComponents.patches` and install strategies are not done; the CRDs are the API
-//! server's initial objects (or applied from `deploy/`), never installed or deleted here.
+//! [`crate::kubevirt`] calls [`target_config`], [`install`], [`prune`], [`not_ready`] and
+//! [`uninstall`] from its reconcile; `kubevirt-rs server` applies `deploy/` and waits with
+//! [`wait_ready`].
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use anyhow::Context;
@@ -42,17 +40,14 @@ use base64::Engine;
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Api, ListParams};
-use kubevirt_api::v1::KubeVirt;
+use kubevirt_api::v1::{CustomizeComponentsPatch, KubeVirt};
 use serde_json::{Value, json};
-use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::info;
 
+use crate::apply::create_or_replace_dynamic;
 use crate::certificates::{self, KubeVirtCa};
+use crate::strategy::{self, Strategy};
 
-/// The files of `deploy/` that are the API server's initial objects instead.
-const INITIAL_OBJECT_FILES: [&str; 2] = ["10-crds.yaml", "60-kubevirt-cr.yaml"];
-/// The files with KubeVirt's namespace, accounts and roles.
-const RBAC_FILES: [&str; 2] = ["00-namespace.yaml", "20-rbac.yaml"];
 /// The components' certificate Secrets (upstream's names).
 const CERTIFICATE_SECRETS: [&str; 4] = [
     "kubevirt-virt-api-certs",
@@ -101,29 +96,14 @@ pub fn target_config(
     config
 }
 
-/// Applies every object of `groups` whose file `select` accepts, in order.
-async fn apply_groups(
-    admin: &kube::Client,
-    groups: Vec<kubevirt_install::Group>,
-    select: impl Fn(&str) -> bool,
-    ca_pem: Option<&str>,
-) -> anyhow::Result<()> {
-    for group in groups.into_iter().filter(|g| select(g.file)) {
-        for mut object in group.objects {
-            if let Some(ca) = ca_pem {
-                trust_ca(&mut object, ca);
-            }
-            let what = format!(
-                "{} {}",
-                object["kind"].as_str().unwrap_or("object"),
-                object["metadata"]["name"].as_str().unwrap_or_default()
-            );
-            crate::apply::create_or_replace_dynamic(admin.clone(), object)
-                .await
-                .with_context(|| format!("installing {what}"))?;
-        }
-    }
-    Ok(())
+/// The CR's `spec.customizeComponents.patches`.
+#[must_use]
+pub fn target_patches(cr: &KubeVirt) -> Vec<CustomizeComponentsPatch> {
+    cr.spec
+        .customize_components
+        .as_ref()
+        .map(|c| c.patches.clone())
+        .unwrap_or_default()
 }
 
 /// Sets the `caBundle` of webhook configurations and APIServices to `ca_pem`.
@@ -186,7 +166,7 @@ pub async fn issue_certificates(admin: &kube::Client, namespace: &str) -> anyhow
         ),
     ];
     for (name, pair) in secrets {
-        crate::apply::create_or_replace_dynamic(
+        create_or_replace_dynamic(
             admin.clone(),
             tls_secret(namespace, name, pair, &ca.cert_pem),
         )
@@ -199,55 +179,149 @@ pub async fn issue_certificates(admin: &kube::Client, namespace: &str) -> anyhow
         "metadata": {"name": CA_BUNDLE, "namespace": namespace},
         "data": {"ca-bundle": ca.cert_pem},
     });
-    crate::apply::create_or_replace_dynamic(admin.clone(), bundle)
+    create_or_replace_dynamic(admin.clone(), bundle)
         .await
         .context("writing ConfigMap kubevirt-ca")?;
     Ok(ca.cert_pem)
 }
 
-/// Applies the components' objects (everything but the namespace, the RBAC, the CRDs and the
-/// CR) rendered from `config`, trusting `ca_pem`.
-async fn apply_components(
-    admin: &kube::Client,
-    config: &kubevirt_install::InstallConfig,
-    ca_pem: &str,
-) -> anyhow::Result<()> {
-    let groups = kubevirt_install::manifests(config).context("rendering deploy/")?;
-    apply_groups(
-        admin,
-        groups,
-        |file| !INITIAL_OBJECT_FILES.contains(&file) && !RBAC_FILES.contains(&file),
-        Some(ca_pem),
+/// The kinds installed before the certificates (upstream: CRDs, RBAC, then Services, then the
+/// components with their certificates).
+const BEFORE_CERTIFICATES: [&str; 7] = [
+    "CustomResourceDefinition",
+    "ServiceAccount",
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "Role",
+    "RoleBinding",
+    "Service",
+];
+
+/// Upstream's operator metadata (see the module documentation).
+fn inject_metadata(object: &mut Value, strategy: &Strategy) {
+    let metadata = &mut object["metadata"];
+    metadata["labels"][strategy::MANAGED_BY_LABEL] = json!(strategy::MANAGED_BY);
+    for (key, value) in [
+        (strategy::VERSION_ANNOTATION, &strategy.version),
+        (strategy::REGISTRY_ANNOTATION, &strategy.registry),
+        (strategy::IDENTIFIER_ANNOTATION, &strategy.id),
+    ] {
+        metadata["annotations"][key] = json!(value);
+    }
+}
+
+fn describe(object: &Value) -> String {
+    format!(
+        "{} {}",
+        object["kind"].as_str().unwrap_or("object"),
+        object["metadata"]["name"].as_str().unwrap_or_default()
     )
-    .await
 }
 
-/// Installs `deploy/`'s namespace, ServiceAccounts and RBAC.
+/// Installs `strategy` (the install strategy of `config`, a [`target_config`]) with
+/// `patches` applied, in upstream's order (see the module documentation). Returns the CA
+/// (PEM) the registration objects trust.
 ///
 /// # Errors
-/// When the API server refuses an object.
-pub async fn install_rbac(
-    admin: &kube::Client,
-    config: &kubevirt_install::InstallConfig,
-) -> anyhow::Result<()> {
-    let groups = kubevirt_install::manifests(config).context("rendering deploy/")?;
-    apply_groups(admin, groups, |file| RBAC_FILES.contains(&file), None).await
-}
-
-/// Installs everything once, in upstream's order: the namespace, accounts and RBAC, the
-/// certificates (issued now) and the CA bundle, then the components rendered from `config`
-/// (a [`target_config`]). Returns the CA (PEM) the registration objects trust.
-///
-/// # Errors
-/// When the API server refuses an object.
+/// When a patch does not apply (nothing is written then) or the API server refuses an object.
 pub async fn install(
     admin: &kube::Client,
     config: &kubevirt_install::InstallConfig,
+    strategy: &Strategy,
+    patches: &[CustomizeComponentsPatch],
 ) -> anyhow::Result<String> {
-    install_rbac(admin, config).await?;
+    let mut objects: Vec<Value> = strategy.objects.as_ref().clone();
+    crate::customize::apply(&mut objects, patches)?;
+    for object in &mut objects {
+        inject_metadata(object, strategy);
+    }
+    let split = objects
+        .iter()
+        .position(|o| !BEFORE_CERTIFICATES.contains(&o["kind"].as_str().unwrap_or_default()))
+        .unwrap_or(objects.len());
+    let (first, rest) = objects.split_at_mut(split);
+    for object in first {
+        let what = describe(object);
+        create_or_replace_dynamic(admin.clone(), object.clone())
+            .await
+            .with_context(|| format!("installing {what}"))?;
+    }
     let ca = issue_certificates(admin, &config.namespace).await?;
-    apply_components(admin, config, &ca).await?;
+    for object in rest {
+        trust_ca(object, &ca);
+        let what = describe(object);
+        create_or_replace_dynamic(admin.clone(), object.clone())
+            .await
+            .with_context(|| format!("installing {what}"))?;
+    }
     Ok(ca)
+}
+
+/// `(kind, namespace, name)` of an object.
+fn identity(object: &Value) -> (String, String, String) {
+    let text = |v: &Value| v.as_str().unwrap_or_default().to_owned();
+    (
+        text(&object["kind"]),
+        text(&object["metadata"]["namespace"]),
+        text(&object["metadata"]["name"]),
+    )
+}
+
+/// Deletes the objects labelled as the operator's that `strategy` no longer has (upstream's
+/// `deleteObjectsNotInInstallStrategy`), for every kind of the strategy; never the operator's
+/// own manifest. Returns how many were deleted.
+///
+/// # Errors
+/// When listing or deleting fails.
+pub async fn prune(
+    admin: &kube::Client,
+    config: &kubevirt_install::InstallConfig,
+    strategy: &Strategy,
+) -> anyhow::Result<usize> {
+    use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
+    let wanted: BTreeSet<_> = strategy.objects.iter().map(identity).collect();
+    let mut kinds: Vec<(String, String)> = Vec::new();
+    for object in strategy.objects.iter() {
+        let kind = (
+            object["apiVersion"].as_str().unwrap_or_default().to_owned(),
+            object["kind"].as_str().unwrap_or_default().to_owned(),
+        );
+        if !kinds.contains(&kind) {
+            kinds.push(kind);
+        }
+    }
+    let selector = format!("{}={}", strategy::MANAGED_BY_LABEL, strategy::MANAGED_BY);
+    let mut deleted = 0;
+    for (api_version, kind) in kinds {
+        let (group, version) = api_version.split_once('/').unwrap_or(("", &api_version));
+        let ar = ApiResource::from_gvk(&GroupVersionKind::gvk(group, version, &kind));
+        let api: Api<DynamicObject> = Api::all_with(admin.clone(), &ar);
+        let listed = api
+            .list(&ListParams::default().labels(&selector))
+            .await
+            .with_context(|| format!("listing {kind}s"))?;
+        for item in listed.items {
+            let mut object = serde_json::to_value(&item).context("encoding an object")?;
+            object["apiVersion"] = json!(api_version);
+            object["kind"] = json!(kind);
+            let (_, namespace, name) = identity(&object);
+            let ours = namespace.is_empty() || namespace == config.namespace;
+            if !ours
+                || wanted.contains(&identity(&object))
+                || kubevirt_install::virt_operator::is_operator_object(&object)
+            {
+                continue;
+            }
+            if delete_dynamic(admin.clone(), object).await? {
+                info!(
+                    kind,
+                    namespace, name, "pruned: no longer in the install strategy"
+                );
+                deleted += 1;
+            }
+        }
+    }
+    Ok(deleted)
 }
 
 /// How often the components' certificates are issued again: at 80% of their life.
@@ -256,71 +330,6 @@ pub fn renewal_period() -> Duration {
     Duration::from_secs(
         u64::try_from(certificates::LEAF_LIFETIME.whole_seconds() * 4 / 5).unwrap_or(3600),
     )
-}
-
-/// Installs KubeVirt (see the module documentation) and keeps it installed until `cancel`:
-/// the CR's flags re-render the workloads, certificates are renewed. Returns once the first
-/// installation is applied.
-///
-/// # Errors
-/// When the first installation fails.
-pub async fn start(
-    admin: kube::Client,
-    base: kubevirt_install::InstallConfig,
-    cancel: CancellationToken,
-) -> anyhow::Result<tokio::task::JoinHandle<()>> {
-    let namespace = base.namespace.clone();
-    let crs = Api::<KubeVirt>::namespaced(admin.clone(), &namespace);
-    // The first rendering from the CR as it is now; later ones follow its changes.
-    let mut current = crs
-        .list(&ListParams::default())
-        .await
-        .context("reading the KubeVirt CR")?
-        .items;
-    current.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
-    let mut applied = target_config(&base, current.first());
-    let mut wanted_configs = {
-        let base = base.clone();
-        kubevirt_api::cluster_config::subscribe(crs, move |cr| target_config(&base, cr)).receiver()
-    };
-    let mut ca = install(&admin, &applied).await?;
-    let mut applied_ca = ca.clone();
-    info!(namespace, "KubeVirt installed");
-    let renew_every = renewal_period();
-    Ok(tokio::spawn(async move {
-        let mut renewal =
-            tokio::time::interval_at(tokio::time::Instant::now() + renew_every, renew_every);
-        loop {
-            tokio::select! {
-                () = cancel.cancelled() => return,
-                changed = wanted_configs.changed() => {
-                    if changed.is_err() {
-                        return;
-                    }
-                }
-                _ = renewal.tick() => {
-                    match issue_certificates(&admin, &namespace).await {
-                        Ok(renewed) => ca = renewed,
-                        Err(e) => warn!(error = format!("{e:#}"), "renewing KubeVirt's certificates"),
-                    }
-                }
-            }
-            let wanted = wanted_configs.borrow_and_update().clone();
-            if wanted != applied || ca != applied_ca {
-                match apply_components(&admin, &wanted, &ca).await {
-                    Ok(()) => {
-                        info!(flags = ?wanted.extra_args, "KubeVirt's components re-rendered");
-                        applied = wanted;
-                        applied_ca.clone_from(&ca);
-                    }
-                    Err(e) => warn!(
-                        error = format!("{e:#}"),
-                        "re-rendering KubeVirt's components"
-                    ),
-                }
-            }
-        }
-    }))
 }
 
 /// What of KubeVirt's components is not ready yet, by component (empty when all are):
@@ -413,8 +422,9 @@ pub async fn wait_ready(admin: &kube::Client, namespace: &str, nodes: usize) {
 }
 
 /// Upstream's deletion order (`apply.DeleteAll`): workloads, then registration objects,
-/// Services, RBAC, accounts, Secrets and ConfigMaps; a kind not named goes last.
-const DELETION_ORDER: [&str; 14] = [
+/// Services, RBAC, accounts, Secrets and ConfigMaps, and the CRDs last; a kind not named goes
+/// before the CRDs.
+const DELETION_ORDER: [&str; 15] = [
     "DaemonSet",
     "PodDisruptionBudget",
     "Deployment",
@@ -429,30 +439,23 @@ const DELETION_ORDER: [&str; 14] = [
     "ServiceAccount",
     "Secret",
     "ConfigMap",
+    "CustomResourceDefinition",
 ];
 
 /// The objects [`install`] creates that an uninstallation deletes, in [`DELETION_ORDER`]:
-/// everything rendered but the namespace, the PriorityClass (upstream ships both with the
-/// operator), the CRDs and the CR, and the operator's own account and RBAC
-/// (`kubevirt-operator…`); plus the certificate Secrets, the CA Secret and the CA bundle.
+/// the install strategy's (never the operator's own manifest: the namespace, the `KubeVirt`
+/// CRD, the operator's account, RBAC and Deployment), the certificate Secrets, the CA Secret,
+/// the CA bundle and the install strategy ConfigMaps (`strategies`, by name).
 ///
 /// # Errors
 /// When the manifests do not render (a bug).
-pub fn installed_objects(config: &kubevirt_install::InstallConfig) -> anyhow::Result<Vec<Value>> {
+pub fn installed_objects(
+    config: &kubevirt_install::InstallConfig,
+    strategies: &[String],
+) -> anyhow::Result<Vec<Value>> {
     let namespace = &config.namespace;
-    let mut objects: Vec<Value> = kubevirt_install::manifests(config)
-        .context("rendering deploy/")?
-        .into_iter()
-        .filter(|g| !INITIAL_OBJECT_FILES.contains(&g.file))
-        .flat_map(|g| g.objects)
-        .filter(|o| !matches!(o["kind"].as_str(), Some("Namespace" | "PriorityClass")))
-        .filter(|o| {
-            !o["metadata"]["name"]
-                .as_str()
-                .unwrap_or_default()
-                .starts_with("kubevirt-operator")
-        })
-        .collect();
+    let mut objects =
+        kubevirt_install::install_strategy(config).context("rendering the install strategy")?;
     for name in CERTIFICATE_SECRETS
         .into_iter()
         .chain([certificates::CA_SECRET])
@@ -460,18 +463,37 @@ pub fn installed_objects(config: &kubevirt_install::InstallConfig) -> anyhow::Re
         objects.push(json!({"apiVersion": "v1", "kind": "Secret",
             "metadata": {"name": name, "namespace": namespace}}));
     }
-    objects.push(json!({"apiVersion": "v1", "kind": "ConfigMap",
-        "metadata": {"name": CA_BUNDLE, "namespace": namespace}}));
+    for name in std::iter::once(CA_BUNDLE).chain(strategies.iter().map(String::as_str)) {
+        objects.push(json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": name, "namespace": namespace}}));
+    }
     let rank = |o: &Value| {
         let kind = o["kind"].as_str().unwrap_or_default();
-        DELETION_ORDER
-            .iter()
-            .position(|k| *k == kind)
-            .unwrap_or(DELETION_ORDER.len())
+        match DELETION_ORDER.iter().position(|k| *k == kind) {
+            Some(p) if kind == "CustomResourceDefinition" => p + 1,
+            Some(p) => p,
+            None => DELETION_ORDER.len() - 1,
+        }
     };
-    // A stable sort: within a kind, deploy/'s order.
+    // A stable sort: within a kind, the strategy's order.
     objects.sort_by_key(rank);
     Ok(objects)
+}
+
+/// The names of the install strategy ConfigMaps of `namespace`.
+async fn strategy_config_maps(
+    admin: &kube::Client,
+    namespace: &str,
+) -> anyhow::Result<Vec<String>> {
+    let api: Api<k8s_openapi::api::core::v1::ConfigMap> = Api::namespaced(admin.clone(), namespace);
+    Ok(api
+        .list(&ListParams::default().labels(strategy::STRATEGY_LABEL))
+        .await
+        .context("listing the install strategies")?
+        .items
+        .into_iter()
+        .filter_map(|cm| cm.metadata.name)
+        .collect())
 }
 
 /// Deletes what [`install`] created ([`installed_objects`]), in upstream's order; returns how
@@ -485,7 +507,8 @@ pub async fn uninstall(
     config: &kubevirt_install::InstallConfig,
 ) -> anyhow::Result<usize> {
     let mut existed = 0;
-    for object in installed_objects(config)? {
+    let strategies = strategy_config_maps(admin, &config.namespace).await?;
+    for object in installed_objects(config, &strategies)? {
         let what = format!(
             "{} {}",
             object["kind"].as_str().unwrap_or("object"),
@@ -584,35 +607,43 @@ mod tests {
     }
 
     #[test]
-    fn an_uninstallation_deletes_workloads_first_and_keeps_the_namespace_and_the_operator() {
-        let objects = installed_objects(&kubevirt_install::InstallConfig::default()).unwrap();
+    fn an_uninstallation_deletes_workloads_first_the_crds_last_and_keeps_the_operator() {
+        let strategies = vec!["kubevirt-install-strategy-abcde".to_owned()];
+        let objects =
+            installed_objects(&kubevirt_install::InstallConfig::default(), &strategies).unwrap();
         let kinds: Vec<&str> = objects
             .iter()
             .map(|o| o["kind"].as_str().unwrap())
             .collect();
         assert_eq!(kinds.first(), Some(&"DaemonSet"));
+        assert_eq!(kinds.last(), Some(&"CustomResourceDefinition"));
         let position = |kind: &str| kinds.iter().position(|k| *k == kind).unwrap();
         assert!(position("Deployment") < position("ValidatingWebhookConfiguration"));
         assert!(position("APIService") < position("ClusterRole"));
         assert!(position("ServiceAccount") < position("Secret"));
+        assert!(position("ConfigMap") < position("CustomResourceDefinition"));
         assert!(
             !kinds
                 .iter()
                 .any(|k| matches!(*k, "Namespace" | "PriorityClass" | "KubeVirt"))
         );
-        assert!(!kinds.contains(&"CustomResourceDefinition"));
         let names: Vec<&str> = objects
             .iter()
             .map(|o| o["metadata"]["name"].as_str().unwrap())
             .collect();
         assert!(
-            !names.iter().any(|n| n.starts_with("kubevirt-operator")),
+            !names
+                .iter()
+                .any(|n| n.starts_with("kubevirt-operator") || *n == "virt-operator"),
             "{names:?}"
         );
+        assert!(!names.contains(&"kubevirts.kubevirt.io"));
+        assert!(names.contains(&"virtualmachines.kubevirt.io"));
         for secret in [
             "kubevirt-ca",
             "kubevirt-virt-api-certs",
             "kubevirt-controller-certs",
+            "kubevirt-install-strategy-abcde",
         ] {
             assert!(names.contains(&secret), "{secret}");
         }

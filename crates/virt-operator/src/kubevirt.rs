@@ -1,8 +1,8 @@
 //! virt-operator's KubeVirt controller (upstream's `pkg/virt-operator/kubevirt.go`), which
 //! `kubevirt-rs operator` runs against any API server. It elects a leader on the Lease `virt-operator` in
 //! its namespace; the leader watches the KubeVirt CRs there and, for the CR, installs and keeps
-//! installed exactly what [`crate::installer`] installs for `kubevirt-rs server` (RBAC,
-//! certificates, workloads), reports upstream's status on the CR and uninstalls on deletion.
+//! installs its install strategy ([`crate::strategy`], [`crate::installer`]: CRDs,
+//! RBAC, certificates, workloads), reports upstream's status on the CR and uninstalls on deletion.
 //!
 //! ```text
 //!  KubeVirt CR ─┐      Deployments, DaemonSets (namespace) ─┐
@@ -35,9 +35,9 @@
 //! - Upstream refuses the CR's DELETE in its admission webhook while workloads exist; here the
 //!   CR is already terminating and waits (the operator runs no webhook yet).
 //! - Only the oldest CR of the namespace is installed; any other gets `ExistingDeployment`.
-//! - No install strategies (ConfigMaps, dumper Jobs), no `customizeComponents.patches`, no
-//!   update path (a changed rendering is applied at once, not in upstream's order), and the
-//!   CRDs are not the operator's (not installed nor deleted).
+//! - The install strategy is generated in-process, not dumped by a Job ([`crate::strategy`]).
+//! - No update path yet: a changed configuration is applied at once in the install order,
+//!   not rolled in upstream's update order, and launchers are not marked outdated.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -48,8 +48,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::runtime::watcher;
 use kubevirt_api::v1::{
-    ConditionStatus, KubeVirt, KubeVirtCondition, KubeVirtConditionType, KubeVirtPhase,
-    KubeVirtStatus, VirtualMachine, VirtualMachineInstance, VirtualMachineInstanceReplicaSet,
+    ConditionStatus, CustomizeComponentsPatch, KubeVirt, KubeVirtCondition, KubeVirtConditionType,
+    KubeVirtPhase, KubeVirtStatus, VirtualMachine, VirtualMachineInstance,
+    VirtualMachineInstanceReplicaSet,
 };
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
@@ -160,6 +161,7 @@ async fn run_controller(client: kube::Client, namespace: &str, cancel: Cancellat
         deployments: deployments.handle(),
         daemonsets: daemonsets.handle(),
         applied: Mutex::new(None),
+        strategies: crate::strategy::StrategyCache::default(),
         recorder: EventRecorder::new(client.clone(), "virt-operator"),
     });
     let (deployment_handle, daemonset_handle) = (deployments.handle(), daemonsets.handle());
@@ -215,6 +217,8 @@ fn key_of(kv: &KubeVirt) -> Option<String> {
 struct Applied {
     uid: String,
     config: kubevirt_install::InstallConfig,
+    patches: Vec<CustomizeComponentsPatch>,
+    deployment_id: String,
     at: tokio::time::Instant,
 }
 
@@ -226,6 +230,7 @@ struct Context {
     deployments: InformerHandle<Deployment>,
     daemonsets: InformerHandle<DaemonSet>,
     applied: Mutex<Option<Applied>>,
+    strategies: crate::strategy::StrategyCache,
     recorder: EventRecorder,
 }
 
@@ -337,10 +342,14 @@ impl Context {
         }
         set_finalizer(finalizers);
         let uid = kv.metadata.uid.clone().unwrap_or_default();
-        if let Err(e) = self.apply_if_needed(&uid, &config).await {
-            conditions_failed_error(&mut status.conditions, &format!("{e:#}"));
-            return Err(OperatorError::Install(e));
-        }
+        let patches = crate::installer::target_patches(kv);
+        let deployment_id = match self.apply_if_needed(&uid, &config, &patches).await {
+            Ok(id) => id,
+            Err(e) => {
+                conditions_failed_error(&mut status.conditions, &format!("{e:#}"));
+                return Err(OperatorError::Install(e));
+            }
+        };
         set_condition(
             &mut status.conditions,
             KubeVirtConditionType::Created,
@@ -355,30 +364,35 @@ impl Context {
         }
         status.observed_kube_virt_version = status.target_kube_virt_version.clone();
         status.observed_kube_virt_registry = status.target_kube_virt_registry.clone();
+        status.observed_deployment_id = Some(deployment_id);
         status.phase = Some(KubeVirtPhase::Deployed);
         conditions_available(&mut status.conditions);
         status.observed_generation = kv.metadata.generation;
         Ok(Action::RequeueAfter(crate::installer::renewal_period()))
     }
 
-    /// Installs `config` for the CR `uid` unless it is installed already: the first time, on a
-    /// change of the rendering, when the certificates are due for renewal, or when a workload
-    /// is missing.
+    /// Installs `config`'s install strategy with `patches` for the CR `uid` unless it is
+    /// installed already (the first time, on a change of the configuration or the patches,
+    /// when the certificates are due for renewal, or when a workload is missing), then prunes
+    /// what left the strategy. Returns the strategy's deployment ID.
     async fn apply_if_needed(
         &self,
         uid: &str,
         config: &kubevirt_install::InstallConfig,
-    ) -> anyhow::Result<()> {
+        patches: &[CustomizeComponentsPatch],
+    ) -> anyhow::Result<String> {
         let current = self
             .applied
             .lock()
             .map_err(|_| anyhow::anyhow!("poisoned state"))?
             .as_ref()
-            .is_some_and(|a| {
+            .filter(|a| {
                 a.uid == uid
                     && a.config == *config
+                    && a.patches == patches
                     && a.at.elapsed() < crate::installer::renewal_period()
-            });
+            })
+            .map(|a| a.deployment_id.clone());
         let workloads_present = ["virt-api", "virt-controller"]
             .iter()
             .all(|name| self.deployments.get(Some(&self.namespace), name).is_some())
@@ -386,20 +400,31 @@ impl Context {
                 .daemonsets
                 .get(Some(&self.namespace), "virt-handler")
                 .is_some();
-        if current && workloads_present {
-            return Ok(());
+        if let Some(id) = current.filter(|_| workloads_present) {
+            return Ok(id);
         }
-        crate::installer::install(&self.client, config).await?;
-        info!(namespace = %self.namespace, version = %config.image_tag, "KubeVirt installed");
+        let strategy = self.strategies.ensure(&self.client, config).await?;
+        crate::installer::install(&self.client, config, &strategy, patches).await?;
+        let pruned = crate::installer::prune(&self.client, config, &strategy).await?;
+        info!(
+            namespace = %self.namespace,
+            version = %config.image_tag,
+            strategy = %strategy.config_map,
+            id = %strategy.id,
+            pruned,
+            "KubeVirt installed"
+        );
         *self
             .applied
             .lock()
             .map_err(|_| anyhow::anyhow!("poisoned state"))? = Some(Applied {
             uid: uid.to_owned(),
             config: config.clone(),
+            patches: patches.to_vec(),
+            deployment_id: strategy.id.clone(),
             at: tokio::time::Instant::now(),
         });
-        Ok(())
+        Ok(strategy.id)
     }
 
     /// Upstream's `syncDeletion` (see the module documentation).

@@ -16,5 +16,7 @@
 
 pub mod apply;
 pub mod certificates;
+pub mod customize;
 pub mod installer;
 pub mod kubevirt;
+pub mod strategy;

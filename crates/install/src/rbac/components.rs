@@ -453,6 +453,9 @@ fn operator_role_rules() -> Vec<PolicyRule> {
             &["create"],
         ),
         rule(&["coordination.k8s.io"], &["leases"], ALL_WRITE),
+        // kubevirt-rs: the operator's readiness check includes a ready endpoint of virt-api's
+        // Service (admission works), which upstream's operator does not look at.
+        rule(&["discovery.k8s.io"], &["endpointslices"], GET_LIST_WATCH),
     ];
     rules.extend(api_role_rules());
     rules.extend(controller_role_rules());
