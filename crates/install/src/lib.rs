@@ -1,8 +1,8 @@
 //! `kubevirt-install`: KubeVirt's install manifests, generated from code.
 //!
 //! An [`InstallConfig`] (namespace, images, pull policy, replicas, extra flags per component)
-//! goes in; typed k8s-openapi objects come out, grouped as the files of `deploy/` and in
-//! upstream's install order ([`manifests`]):
+//! goes in; typed k8s-openapi objects come out, in groups by component (named as the numbered
+//! files `deploy/` once held) and in upstream's install order ([`manifests`]):
 //!
 //! | file | objects | module |
 //! |---|---|---|

@@ -55,7 +55,8 @@ fn kubevirt_runs_as_pods_and_a_killed_leader_hands_over() -> anyhow::Result<()> 
         ],
     )?;
 
-    // Ready means the components are: both Deployments 2/2, the handler on the node.
+    // Ready means the components are: the three Deployments 2/2 (the operator's, then the
+    // two it installs), the handler on the node.
     let ready = get(
         &server,
         &["deploy"],
@@ -63,7 +64,7 @@ fn kubevirt_runs_as_pods_and_a_killed_leader_hands_over() -> anyhow::Result<()> 
     );
     assert_eq!(
         ready.trim(),
-        "virt-api=2/2 virt-controller=2/2",
+        "virt-api=2/2 virt-controller=2/2 virt-operator=2/2",
         "{}",
         server.log()
     );
@@ -108,7 +109,7 @@ fn kubevirt_runs_as_pods_and_a_killed_leader_hands_over() -> anyhow::Result<()> 
         );
         pids.insert(pid);
     }
-    assert_eq!(pids.len(), 5, "five component processes: {pods}");
+    assert_eq!(pids.len(), 7, "seven component processes: {pods}");
 
     // The seed article's check: the CR's controller flag is in the Deployment's args.
     let args = get(
