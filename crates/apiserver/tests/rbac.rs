@@ -917,3 +917,37 @@ async fn the_controller_manager_may_run_the_endpointslice_and_disruption_control
     assert!(!allowed("policy", "poddisruptionbudgets", "", "delete").await);
     assert!(!allowed("", "secrets", "", "get").await);
 }
+
+/// The certificates the server issues for its own outgoing connections (to node log
+/// servers, to aggregated API backends) are their subject and nothing more here: a copy
+/// of either is refused what only the admin certificate may do.
+#[tokio::test]
+async fn the_servers_outgoing_certificates_are_no_administrators() {
+    let s = TestServer::start().await;
+    let pki = s.dir.path().join("pki");
+    for (file, user) in [
+        ("apiserver-kubelet-client", "kube-apiserver-kubelet-client"),
+        ("front-proxy-client", "front-proxy-client"),
+        ("admin", "kubernetes-admin"),
+    ] {
+        let identity = (
+            read(&pki.join(format!("{file}.crt"))),
+            read(&pki.join(format!("{file}.key"))),
+        );
+        let client = tls(&s, Some(identity));
+        let who = send(
+            &s,
+            &client,
+            "POST",
+            "/apis/authentication.k8s.io/v1/selfsubjectreviews",
+            &[],
+            Some(&json!({"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"})),
+        )
+        .await;
+        assert_eq!(who.status, 201, "{file}");
+        assert_eq!(who.json()["status"]["userInfo"]["username"], user);
+        let secrets = send(&s, &client, "GET", "/api/v1/secrets", &[], None).await;
+        let want = if file == "admin" { 200 } else { 403 };
+        assert_eq!(secrets.status, want, "{file}");
+    }
+}
