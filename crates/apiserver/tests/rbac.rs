@@ -1039,3 +1039,24 @@ async fn the_servers_outgoing_certificates_are_no_administrators() {
         assert_eq!(secrets.status, want, "{file}");
     }
 }
+
+/// A serving certificate of the cluster CA (the API server's own, or a node's) has one use:
+/// presented as a client certificate it is refused at the handshake, so it is no identity.
+#[tokio::test]
+async fn a_serving_certificate_is_no_client_identity() {
+    let s = TestServer::start().await;
+    let pki = s.dir.path().join("pki");
+    let node_serving =
+        kubevirt_apiserver::pki::issue_serving_cert(s.dir.path(), vec!["127.0.0.1".into()])
+            .unwrap();
+    let api_serving = (read(&pki.join("server.crt")), read(&pki.join("server.key")));
+    for (what, identity) in [("node", node_serving), ("API server", api_serving)] {
+        let req = http::Request::builder()
+            .method("GET")
+            .uri(s.url("/api/v1/secrets"))
+            .body(Body::empty())
+            .unwrap();
+        let answer = client::send(tls(&s, Some(identity)), req).await;
+        assert!(answer.is_err(), "{what}: {:?}", answer.map(|r| r.status()));
+    }
+}
