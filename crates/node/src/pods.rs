@@ -742,7 +742,7 @@ impl PodRunner {
     }
 }
 
-/// Rotates a running container's log past [`MAX_LOG_BYTES`] (keeping `<log>.1`), as kubelet
+/// Rotates a running container's log past [`MAX_LOG_BYTES`] (keeping five files), as kubelet
 /// caps container logs; the size check is one `stat`, the copy runs off the runtime threads.
 async fn cap_log(log: &std::path::Path) {
     use private_fs::log_rotation::{MAX_LOG_BYTES, rotate_if_larger};
