@@ -1,5 +1,10 @@
 //! Prometheus metrics served at `/metrics`: requests by verb, resource, subresource and
-//! code; request latency; in-flight watches; store commit latency.
+//! code; request latency; in-flight watches; store commit latency; stored objects that
+//! failed to decode (kube's `apiserver_storage_decode_errors_total`).
+//!
+//! # Caveats
+//! The decode-error counter is process-wide (every server of the process reports the
+//! same figures): it is counted where records are decoded, which has no server at hand.
 
 use std::time::Duration;
 
@@ -34,6 +39,31 @@ pub struct LatencyLabels {
 pub struct WatchLabels {
     pub group: String,
     pub resource: String,
+}
+
+/// Labels of decode errors: the resource as kube's storage labels it (`group/resource`,
+/// `resource` alone for the core group).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DecodeErrorLabels {
+    pub resource: String,
+}
+
+static DECODE_ERRORS: std::sync::LazyLock<Family<DecodeErrorLabels, Counter>> =
+    std::sync::LazyLock::new(Family::default);
+
+/// Counts one stored object under `key` (`/registry/<group>/<resource>/…`) that could not
+/// be decoded.
+pub fn decode_error(key: &str) {
+    let mut parts = key.trim_start_matches("/registry/").split('/');
+    let (group, resource) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+    let resource = if group == "core" || group.is_empty() {
+        resource.to_owned()
+    } else {
+        format!("{resource}.{group}")
+    };
+    DECODE_ERRORS
+        .get_or_create(&DecodeErrorLabels { resource })
+        .inc();
 }
 
 type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
@@ -78,6 +108,11 @@ impl Default for Metrics {
             "apiserver_storage_commit_duration_seconds",
             "Store write latency (durable commit included)",
             commit.clone(),
+        );
+        registry.register(
+            "apiserver_storage_decode_errors",
+            "Stored objects that could not be decoded, by resource (skipped by lists and watches)",
+            DECODE_ERRORS.clone(),
         );
         Metrics {
             registry,

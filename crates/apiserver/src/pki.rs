@@ -6,8 +6,8 @@
 //! `pki/front-proxy-client.{crt,key}` (CN `front-proxy-client`: the server's identity
 //! towards aggregated API backends, which trust the `X-Remote-User`/`X-Remote-Group`
 //! headers of a client presenting it), `pki/apiserver-kubelet-client.{crt,key}` (CN
-//! `kube-apiserver-kubelet-client`, O `system:masters`: the server's identity towards node
-//! log servers, see [`crate::logs`]), `tokens`
+//! `kube-apiserver-kubelet-client`, no O: the server's identity towards node log servers,
+//! see [`crate::logs`]), `tokens`
 //! (`token,user` lines), `kubeconfig` (admin, client certificate) and
 //! `kubeconfig-{controller,handler,api}` (bearer tokens). Every file is written atomically
 //! (temporary file + rename); keys and tokens are mode 0600.
@@ -15,10 +15,12 @@
 //! # Identities
 //! A client certificate of this CA authenticates to the API server as its subject (CN user,
 //! O groups; see [`crate::auth`]): the admin certificate as `kubernetes-admin` in
-//! `system:masters` (all rights), the kubelet client certificate likewise in
-//! `system:masters` (it is only presented to node log servers and, by virt-api, to
-//! virt-handler), the front-proxy certificate as `front-proxy-client` with no groups and so
-//! no rights. The tokens-file users of [`COMPONENTS`] are bound to `cluster-admin` by the
+//! `system:masters` (all rights); the kubelet client certificate as
+//! `kube-apiserver-kubelet-client` and the front-proxy certificate as `front-proxy-client`,
+//! both with no groups and so no rights here: each has one use (client authentication
+//! towards node log servers, respectively aggregated API backends), and a copy of either
+//! grants nothing on the API server. Every leaf has one extended key usage (server or
+//! client authentication). The tokens-file users of [`COMPONENTS`] are bound to `cluster-admin` by the
 //! bootstrap policy ([`crate::rbac::bootstrap`]).
 //!
 //! # Lifetimes
@@ -387,7 +389,7 @@ pub fn load_or_create(data_dir: &Path) -> Result<Pki, PkiError> {
         &dir,
         &issuer,
         "kube-apiserver-kubelet-client",
-        Some("system:masters"),
+        None,
         "apiserver-kubelet-client",
         "kubelet client certificate",
     )?;

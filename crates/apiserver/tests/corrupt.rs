@@ -90,4 +90,16 @@ async fn a_corrupt_row_is_skipped_by_lists_and_watches_of_its_kind() {
         watch("1").await,
         ["ADDED a", "ADDED b", "ADDED c", "DELETED b"]
     );
+
+    // Each skip is reported as kube reports undecodable objects.
+    let metrics = s.request("GET", "/metrics", None).await;
+    assert_eq!(metrics.status, 200);
+    let text = String::from_utf8_lossy(&metrics.body);
+    let count = text
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("apiserver_storage_decode_errors_total{resource=\"configmaps\"} ")
+        })
+        .and_then(|n| n.trim().parse::<u64>().ok());
+    assert!(count.is_some_and(|n| n >= 1), "{text}");
 }

@@ -917,3 +917,146 @@ async fn the_controller_manager_may_run_the_endpointslice_and_disruption_control
     assert!(!allowed("policy", "poddisruptionbudgets", "", "delete").await);
     assert!(!allowed("", "secrets", "", "get").await);
 }
+
+/// `kubectl auth can-i` about a subresource answers as the real request is decided: a node
+/// may patch its Node's status but not read it through the subresource, and the review
+/// says the same for both (kubectl's `nodes/status` names a Node called `status`; the
+/// subresource is `--subresource`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_auth_can_i_about_a_subresource_agrees_with_the_request() {
+    if test_prerequisites::available(test_prerequisites::command("kubectl", "kubernetes-client"))
+        .is_none()
+    {
+        return;
+    }
+    let s = TestServer::start().await;
+    let admin = s.server.kubeconfig.clone();
+    let node = json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "x"}});
+    assert_eq!(
+        s.request("POST", "/api/v1/nodes", Some(&node)).await.status,
+        201
+    );
+    let node_user = ["--as=system:node:x", "--as-group=system:nodes"];
+    let can_i = |verb: &'static str, sub: Option<&'static str>| {
+        let admin = admin.clone();
+        async move {
+            let mut args = vec!["auth", "can-i", verb, "nodes"];
+            if let Some(sub) = sub {
+                args.push(sub);
+            }
+            args.extend(node_user);
+            let (code, out, err) = kubectl(admin, &args).await;
+            assert!(code == 0 || code == 1, "{err}");
+            out.trim().to_owned()
+        }
+    };
+    assert_eq!(can_i("get", Some("--subresource=status")).await, "no");
+    assert_eq!(can_i("patch", Some("--subresource=status")).await, "yes");
+    assert_eq!(can_i("get", None).await, "yes");
+    assert_eq!(can_i("delete", Some("--subresource=status")).await, "no");
+    // The real requests, impersonated the same way.
+    let (code, _, err) = kubectl(
+        admin.clone(),
+        &[
+            "get",
+            "--raw",
+            "/api/v1/nodes/x/status",
+            node_user[0],
+            node_user[1],
+        ],
+    )
+    .await;
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("Forbidden") || err.contains("forbidden"),
+        "{err}"
+    );
+    // (kubectl patch reads the subresource first, so the patch is sent as it is.)
+    let pki = s.dir.path().join("pki");
+    let as_admin = tls(
+        &s,
+        Some((read(&pki.join("admin.crt")), read(&pki.join("admin.key")))),
+    );
+    let req = http::Request::builder()
+        .method("PATCH")
+        .uri(s.url("/api/v1/nodes/x/status"))
+        .header("content-type", "application/merge-patch+json")
+        .header("impersonate-user", "system:node:x")
+        .header("impersonate-group", "system:nodes")
+        .body(Body::from(r#"{"status":{"phase":"Running"}}"#))
+        .unwrap();
+    let patched = common::send(&as_admin, req).await;
+    assert_eq!(
+        patched.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&patched.body)
+    );
+    let (code, _, err) = kubectl(
+        admin,
+        &[
+            "get",
+            "--raw",
+            "/api/v1/nodes/x",
+            node_user[0],
+            node_user[1],
+        ],
+    )
+    .await;
+    assert_eq!(code, 0, "{err}");
+}
+
+/// The certificates the server issues for its own outgoing connections (to node log
+/// servers, to aggregated API backends) are their subject and nothing more here: a copy
+/// of either is refused what only the admin certificate may do.
+#[tokio::test]
+async fn the_servers_outgoing_certificates_are_no_administrators() {
+    let s = TestServer::start().await;
+    let pki = s.dir.path().join("pki");
+    for (file, user) in [
+        ("apiserver-kubelet-client", "kube-apiserver-kubelet-client"),
+        ("front-proxy-client", "front-proxy-client"),
+        ("admin", "kubernetes-admin"),
+    ] {
+        let identity = (
+            read(&pki.join(format!("{file}.crt"))),
+            read(&pki.join(format!("{file}.key"))),
+        );
+        let client = tls(&s, Some(identity));
+        let who = send(
+            &s,
+            &client,
+            "POST",
+            "/apis/authentication.k8s.io/v1/selfsubjectreviews",
+            &[],
+            Some(&json!({"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"})),
+        )
+        .await;
+        assert_eq!(who.status, 201, "{file}");
+        assert_eq!(who.json()["status"]["userInfo"]["username"], user);
+        let secrets = send(&s, &client, "GET", "/api/v1/secrets", &[], None).await;
+        let want = if file == "admin" { 200 } else { 403 };
+        assert_eq!(secrets.status, want, "{file}");
+    }
+}
+
+/// A serving certificate of the cluster CA (the API server's own, or a node's) has one use:
+/// presented as a client certificate it is refused at the handshake, so it is no identity.
+#[tokio::test]
+async fn a_serving_certificate_is_no_client_identity() {
+    let s = TestServer::start().await;
+    let pki = s.dir.path().join("pki");
+    let node_serving =
+        kubevirt_apiserver::pki::issue_serving_cert(s.dir.path(), vec!["127.0.0.1".into()])
+            .unwrap();
+    let api_serving = (read(&pki.join("server.crt")), read(&pki.join("server.key")));
+    for (what, identity) in [("node", node_serving), ("API server", api_serving)] {
+        let req = http::Request::builder()
+            .method("GET")
+            .uri(s.url("/api/v1/secrets"))
+            .body(Body::empty())
+            .unwrap();
+        let answer = client::send(tls(&s, Some(identity)), req).await;
+        assert!(answer.is_err(), "{what}: {:?}", answer.map(|r| r.status()));
+    }
+}

@@ -75,6 +75,7 @@ async fn serve(args: LauncherArgs) -> anyhow::Result<()> {
     opts.base_dir = Some(args.pod_dir.clone());
     opts.fake_qemu = args.fake_qemu;
     opts.qemu_log_path = Some(layout.qemu_log());
+    opts.vmi_uid = Some(args.uid.clone());
     tracing::info!(vmi = %format!("{}/{}", args.namespace, args.name), uid = %args.uid, "launcher starting");
     let mut launcher = tokio::spawn(run_launcher(opts));
     tokio::select! {

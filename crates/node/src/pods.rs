@@ -29,6 +29,10 @@
 //! - A container whose image the store does not know never starts a process: it waits with
 //!   `ErrImagePull`, then `ImagePullBackOff`.
 //! - A pod status is written only when phase, pod IP, container states or readiness change.
+//! - A stopped pod is deleted once: until the cache drops it (or 10 s pass) it is not
+//!   released or deleted again, however many passes run meanwhile.
+//! - A watch event reconciles the pod it names; exits, probe results and a 1 s tick
+//!   reconcile every pod.
 //! - A container that ends while this runner is its parent is reported with its real exit
 //!   code: between its end and the waiter's exit record it still shows as running, never as
 //!   `ContainerStatusUnknown` (which is for processes re-adopted after a restart).
@@ -139,6 +143,10 @@ pub struct PodRunner {
     /// it was sent: while the cache still shows that version, the write has not come back
     /// yet and is not repeated.
     reported: BTreeMap<String, (Option<String>, serde_json::Value)>,
+    /// Pods removed from the API (deleted, or found gone) whose removal the cache has not
+    /// shown yet: pod uid → when. Until the cache drops them, or [`REMOVAL_RETRY`] passes,
+    /// they are not stopped, released or deleted again.
+    removed: BTreeMap<String, Instant>,
     /// Containers waiting to be restarted: (pod uid, container) → when.
     restart_at: BTreeMap<(String, String), Instant>,
     /// Containers whose image could not be resolved once already (the next report says
@@ -198,6 +206,13 @@ impl PodRunner {
         };
         let Some(spec) = &pod.spec else { return Ok(()) };
         if pod.metadata.deletion_timestamp.is_some() {
+            if self
+                .removed
+                .get(&uid)
+                .is_some_and(|at| at.elapsed() < REMOVAL_RETRY)
+            {
+                return Ok(());
+            }
             return self.stop_and_remove(pod, &uid).await;
         }
         let pod_dir = self.pod_dir(&uid);
@@ -722,11 +737,12 @@ impl PodRunner {
             }
         }
         let _ = std::fs::remove_dir_all(pod_dir);
+        self.removed.insert(uid.to_owned(), Instant::now());
         Ok(())
     }
 }
 
-/// Rotates a running container's log past [`MAX_LOG_BYTES`] (keeping `<log>.1`), as kubelet
+/// Rotates a running container's log past [`MAX_LOG_BYTES`] (keeping five files), as kubelet
 /// caps container logs; the size check is one `stat`, the copy runs off the runtime threads.
 async fn cap_log(log: &std::path::Path) {
     use private_fs::log_rotation::{MAX_LOG_BYTES, rotate_if_larger};
@@ -793,6 +809,41 @@ fn terminated(record: Option<&ProcessRecord>, exit: ExitRecord) -> ContainerStat
     }
 }
 
+/// How long a removed pod that the cache still shows is left alone before its removal is
+/// tried again (its watch event is normally a few milliseconds away).
+const REMOVAL_RETRY: Duration = Duration::from_secs(10);
+
+/// Which pods the next pass reconciles.
+enum Wake {
+    /// Every pod of the node.
+    All,
+    /// The pods with these uids (watch events named them).
+    Some(BTreeSet<String>),
+}
+
+impl Wake {
+    fn note(&mut self, event: &watcher::Event<Pod>) {
+        let Wake::Some(uids) = self else { return };
+        match event {
+            watcher::Event::Apply(pod)
+            | watcher::Event::Delete(pod)
+            | watcher::Event::InitApply(pod) => {
+                if let Some(uid) = &pod.metadata.uid {
+                    uids.insert(uid.clone());
+                }
+            }
+            watcher::Event::Init | watcher::Event::InitDone => *self = Wake::All,
+        }
+    }
+
+    fn includes(&self, pod: &Pod) -> bool {
+        match self {
+            Wake::All => true,
+            Wake::Some(uids) => pod.metadata.uid.as_ref().is_some_and(|u| uids.contains(u)),
+        }
+    }
+}
+
 /// Runs the pod runner until the future is dropped.
 pub async fn run(client: kube::Client, config: PodRunnerConfig) {
     let (exits_tx, mut exits_rx) = mpsc::unbounded_channel();
@@ -806,6 +857,7 @@ pub async fn run(client: kube::Client, config: PodRunnerConfig) {
         client: client.clone(),
         kill_deadlines: BTreeMap::new(),
         reported: BTreeMap::new(),
+        removed: BTreeMap::new(),
         restart_at: BTreeMap::new(),
         pull_failed: BTreeSet::new(),
         volumes,
@@ -823,15 +875,27 @@ pub async fn run(client: kube::Client, config: PodRunnerConfig) {
         .default_backoff()
         .reflect(writer)
         .boxed();
-    // Re-adopted processes are not our children: poll them (and grace deadlines) periodically.
+    // Re-adopted processes are not our children: poll them (and grace deadlines, restart
+    // back-offs, volume resyncs) periodically with a pass over every pod.
     let mut tick = tokio::time::interval(Duration::from_secs(1));
+    // kubelet's pod workers: a watch event wakes the pod it names only, so a burst of N pods
+    // costs N reconciles, not N passes over N pods; exits, probe results and the tick wake all.
+    let mut wake = Wake::All;
     loop {
         tokio::select! {
-            event = events.next() => if event.is_none() { return },
-            _ = exits_rx.recv() => {},
-            _ = tick.tick() => {},
+            event = events.next() => match event {
+                None => return,
+                Some(Ok(event)) => wake.note(&event),
+                Some(Err(_)) => {}
+            },
+            _ = exits_rx.recv() => wake = Wake::All,
+            _ = tick.tick() => wake = Wake::All,
         }
-        while let Some(Some(_)) = futures::FutureExt::now_or_never(events.next()) {}
+        while let Some(Some(event)) = futures::FutureExt::now_or_never(events.next()) {
+            if let Ok(event) = event {
+                wake.note(&event);
+            }
+        }
         // Not ready until the initial list is in; blocking here would stop the watcher.
         match futures::FutureExt::now_or_never(store.wait_until_ready()) {
             None => continue,
@@ -840,11 +904,15 @@ pub async fn run(client: kube::Client, config: PodRunnerConfig) {
         }
         let pods: Vec<Arc<Pod>> = store.state();
         let known: BTreeSet<String> = pods.iter().filter_map(|p| p.metadata.uid.clone()).collect();
-        for pod in &pods {
+        let woken = std::mem::replace(&mut wake, Wake::Some(BTreeSet::new()));
+        for pod in pods.iter().filter(|p| woken.includes(p)) {
             if let Err(e) = runner.reconcile(pod).await {
                 warn!(error = %error_chain(&e), "pod runner pass failed; retrying");
+                // Retried with the next pass over every pod (at the latest the tick).
+                wake = Wake::All;
             }
         }
+        runner.removed.retain(|uid, _| known.contains(uid));
         runner.reported.retain(|uid, _| known.contains(uid));
         runner.restart_at.retain(|(uid, _), _| known.contains(uid));
         runner.pull_failed.retain(|(uid, _)| known.contains(uid));

@@ -1,5 +1,6 @@
 //! The Node object, as kubelet keeps it: registration, capacity, addresses, `nodeInfo`, the
-//! `Ready` condition and its heartbeat.
+//! `Ready` condition and its heartbeat. Capacity: CPUs, memory, `ephemeral-storage` (the size
+//! of the filesystem of `/`) and pods.
 //!
 //! Data flow: [`HostFacts::read`] reads a few files of this machine once; the pure
 //! [`node_status`] turns them into the status; [`run`] creates the Node when it is missing
@@ -37,6 +38,9 @@ pub struct HostFacts {
     pub machine_id: String,
     /// `/proc/sys/kernel/random/boot_id`.
     pub boot_id: String,
+    /// Size of the filesystem of `/` in bytes (kubelet reports the one of its root
+    /// directory as `ephemeral-storage`), when `statvfs` answers.
+    pub ephemeral_storage_bytes: Option<u64>,
     /// Resources reported instead of what the host has (see [`crate::NodeConfig`]).
     pub capacity_overrides: BTreeMap<String, String>,
 }
@@ -73,12 +77,16 @@ impl HostFacts {
             os_image,
             machine_id: read_trimmed("/etc/machine-id"),
             boot_id: read_trimmed("/proc/sys/kernel/random/boot_id"),
+            ephemeral_storage_bytes: nix::sys::statvfs::statvfs("/")
+                .ok()
+                .and_then(|fs| fs.blocks().checked_mul(fs.fragment_size())),
             capacity_overrides: BTreeMap::new(),
         }
     }
 }
 
-/// Capacity (= allocatable) kubelet reports: CPUs, memory and pods, then the overrides.
+/// Capacity (= allocatable) kubelet reports: CPUs, memory, ephemeral storage (when known)
+/// and pods, then the overrides.
 pub fn node_capacity(facts: &HostFacts) -> BTreeMap<String, String> {
     let mut capacity = BTreeMap::from([
         ("cpu".to_owned(), facts.cpus.max(1).to_string()),
@@ -88,6 +96,12 @@ pub fn node_capacity(facts: &HostFacts) -> BTreeMap<String, String> {
         ),
         ("pods".to_owned(), "110".to_owned()),
     ]);
+    if let Some(bytes) = facts.ephemeral_storage_bytes {
+        capacity.insert(
+            "ephemeral-storage".to_owned(),
+            format!("{}Ki", bytes / 1024),
+        );
+    }
     capacity.extend(facts.capacity_overrides.clone());
     capacity
 }
@@ -311,6 +325,25 @@ pub async fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ephemeral_storage_is_reported_when_known() {
+        let mut facts = HostFacts {
+            cpus: 1,
+            ..HostFacts::default()
+        };
+        assert!(!node_capacity(&facts).contains_key("ephemeral-storage"));
+        facts.ephemeral_storage_bytes = Some(10 << 30);
+        assert_eq!(
+            node_capacity(&facts)["ephemeral-storage"],
+            format!("{}Ki", 10 << 20)
+        );
+        assert!(
+            HostFacts::read()
+                .ephemeral_storage_bytes
+                .is_some_and(|b| b > 0)
+        );
+    }
 
     #[test]
     fn overrides_replace_what_the_host_has() {

@@ -367,11 +367,15 @@ async fn the_network_of_a_pod_deleted_while_the_agent_was_down_is_released_with_
         return;
     };
     let mut node = common::start_networked().await;
+    // The node keeps one pod: with none at all it would take every pod's absence for a
+    // lost store and stop no launcher.
+    create(&node, sleeper(&node, "stays", &json!({}))).await;
     create(&node, sleeper(&node, "gone", &json!({}))).await;
     let pod = wait_for(&node, "gone", "running", |p| {
         phase(p) == Some("Running") && pod_ip(p).is_some()
     })
     .await;
+    wait_for(&node, "stays", "running", |p| phase(p) == Some("Running")).await;
     let (netns, ip) = (netns_file(&node, &uid(&pod)), pod_ip(&pod).expect("ip"));
     assert!(netns.exists() && reservation(&node, ip).exists());
     // Removed from the API while no agent watches (as a force-deletion during a restart).

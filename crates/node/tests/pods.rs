@@ -194,3 +194,87 @@ fn waiting_message(pod: &k8s_openapi::api::core::v1::Pod) -> Option<String> {
         .message
         .clone()
 }
+
+/// `apiserver_request_total` for `DELETE pods` with `code`.
+async fn pod_deletes(node: &common::Node, code: u16) -> u64 {
+    let request = http::Request::get("/metrics")
+        .body(Vec::new())
+        .expect("request");
+    let text = node.client.request_text(request).await.expect("metrics");
+    let series = format!(
+        "apiserver_request_total{{verb=\"DELETE\",group=\"\",resource=\"pods\",subresource=\"\",code=\"{code}\"}} "
+    );
+    text.lines()
+        .find_map(|l| l.strip_prefix(&series))
+        .map_or(0, |n| n.trim().parse().expect("a count"))
+}
+
+#[tokio::test]
+async fn a_burst_of_deleted_pods_is_removed_with_one_delete_each() {
+    const PODS: usize = 30;
+    let node = start().await;
+    for i in 0..PODS {
+        create(
+            &node,
+            json!({"metadata": {"name": format!("burst-{i}")}, "spec": {"nodeName": NODE,
+                "containers": [{"name": "c", "image": TOOLS, "command": ["sh", "-c", "exec sleep 600"]}]}}),
+        )
+        .await;
+    }
+    let api =
+        kube::Api::<k8s_openapi::api::core::v1::Pod>::namespaced(node.client.clone(), "default");
+    testkit::wait_until_async(
+        std::time::Duration::from_secs(60),
+        "every pod Running",
+        || {
+            let api = &api;
+            async move {
+                let pods = api.list(&Default::default()).await.ok()?;
+                (pods
+                    .items
+                    .iter()
+                    .filter(|p| phase(p) == Some("Running"))
+                    .count()
+                    == PODS)
+                    .then_some(())
+            }
+        },
+    )
+    .await
+    .expect("the pods run");
+    let (ok_before, gone_before) = (pod_deletes(&node, 200).await, pod_deletes(&node, 404).await);
+    // All at once, with kubelet's part (stop, then remove) left to the node.
+    let deletes = (0..PODS).map(|i| {
+        let api = api.clone();
+        async move {
+            api.delete(&format!("burst-{i}"), &Default::default())
+                .await
+                .map(|_| ())
+        }
+    });
+    for result in futures::future::join_all(deletes).await {
+        result.expect("delete");
+    }
+    testkit::wait_until_async(
+        std::time::Duration::from_secs(60),
+        "every pod removed",
+        || {
+            let api = &api;
+            async move {
+                api.list(&Default::default())
+                    .await
+                    .ok()
+                    .filter(|l| l.items.is_empty())
+            }
+        },
+    )
+    .await
+    .expect("the pods are removed");
+    let node_deletes = pod_deletes(&node, 200).await - ok_before - PODS as u64;
+    let repeated = pod_deletes(&node, 404).await - gone_before;
+    assert_eq!(
+        (node_deletes, repeated),
+        (PODS as u64, 0),
+        "the node removes each stopped pod with one DELETE and never deletes a removed pod again"
+    );
+}

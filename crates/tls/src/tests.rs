@@ -319,3 +319,111 @@ async fn shutdown_lets_the_request_in_flight_finish_and_stops_accepting() {
         "the listener is closed"
     );
 }
+
+/// A response body fed by a channel: the handler's stream of a watch or `logs -f`.
+struct ChannelBody(tokio::sync::mpsc::Receiver<Bytes>);
+
+impl hyper::body::Body for ChannelBody {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, Infallible>>> {
+        self.0
+            .poll_recv(cx)
+            .map(|chunk| chunk.map(|c| Ok(hyper::body::Frame::data(c))))
+    }
+}
+
+/// Longer than the idle timeout of the servers below (100 ms), by a wide margin.
+const QUIET: Duration = Duration::from_millis(500);
+
+#[tokio::test]
+async fn a_streamed_response_quiet_for_longer_than_the_idle_timeout_is_not_cut() {
+    let ca = ca("ca");
+    let (cert, key) = leaf(&ca, "server");
+    let resolver = SwappableCert::from_pem(cert.as_bytes(), key.as_bytes()).unwrap();
+    let config = server_config(resolver, &ClientAuth::None).unwrap();
+    let options = ServeOptions {
+        header_read_timeout: Duration::from_millis(100),
+        ..ServeOptions::default()
+    };
+    let service = tower::service_fn(|_req: Request<Incoming>| async {
+        let (tx, rx) = tokio::sync::mpsc::channel(1);
+        tokio::spawn(async move {
+            let _ = tx.send(Bytes::from_static(b"first ")).await;
+            tokio::time::sleep(QUIET).await;
+            let _ = tx.send(Bytes::from_static(b"second")).await;
+        });
+        Ok::<_, Infallible>(Response::new(ChannelBody(rx)))
+    });
+    let server = start(config, service, options).await;
+    let stream = connect(server.addr, &ca, None).await.unwrap();
+    assert_eq!(get(stream).await.unwrap(), "first second");
+    server.shutdown.cancel();
+    server.task.await.unwrap();
+}
+
+#[tokio::test]
+async fn an_upgraded_connection_quiet_for_longer_than_the_idle_timeout_is_not_cut() {
+    let ca = ca("ca");
+    let (cert, key) = leaf(&ca, "server");
+    let resolver = SwappableCert::from_pem(cert.as_bytes(), key.as_bytes()).unwrap();
+    let config = server_config(resolver, &ClientAuth::None).unwrap();
+    let options = ServeOptions {
+        header_read_timeout: Duration::from_millis(100),
+        ..ServeOptions::default()
+    };
+    // An exec/attach/port-forward stream: after `101`, echo what the client sends.
+    let service = tower::service_fn(|mut req: Request<Incoming>| async move {
+        let upgrade = hyper::upgrade::on(&mut req);
+        tokio::spawn(async move {
+            let mut io = TokioIo::new(upgrade.await.unwrap());
+            let mut buf = [0u8; 64];
+            loop {
+                match io.read(&mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => {
+                        if io.write_all(&buf[..n]).await.is_err() {
+                            break;
+                        }
+                    }
+                }
+            }
+        });
+        let resp = Response::builder()
+            .status(101)
+            .header("connection", "upgrade")
+            .header("upgrade", "SPDY/3.1")
+            .body(Empty::<Bytes>::new())
+            .unwrap();
+        Ok::<_, Infallible>(resp)
+    });
+    let server = start(config, service, options).await;
+    let stream = connect(server.addr, &ca, None).await.unwrap();
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .unwrap();
+    tokio::spawn(conn.with_upgrades());
+    let req = Request::get("/exec")
+        .header("connection", "upgrade")
+        .header("upgrade", "SPDY/3.1")
+        .body(Empty::<Bytes>::new())
+        .unwrap();
+    let resp = sender.send_request(req).await.unwrap();
+    assert_eq!(resp.status(), 101);
+    let mut io = TokioIo::new(hyper::upgrade::on(resp).await.unwrap());
+    for round in ["one", "two"] {
+        // Silence longer than the idle timeout, then the stream still answers.
+        tokio::time::sleep(QUIET).await;
+        io.write_all(round.as_bytes()).await.unwrap();
+        let mut buf = vec![0u8; round.len()];
+        io.read_exact(&mut buf).await.unwrap();
+        assert_eq!(buf, round.as_bytes());
+    }
+    drop(io);
+    server.shutdown.cancel();
+    server.task.await.unwrap();
+}

@@ -5,9 +5,12 @@
 //! patch) or the pure [`validate`] functions (field-path [`validate::Cause`]s, answered as one
 //! 422 `Invalid` status), both driven by a [`ClusterConfig`] derived from the `KubeVirt` CR.
 //! The validators take no I/O. The API server proxies `subresources.kubevirt.io` (an aggregated
-//! APIService, [`subresources::api_service`]) to [`subresources`]: start, stop, restart, pause,
-//! unpause, soft reboot, migrate, add/remove volume, guest OS info, console and VNC, the last
-//! ones relayed to the virt-handler of the VMI's node.
+//! APIService, [`subresources::api_service`]) to [`subresources`]: on VMs `start`, `stop`,
+//! `restart`, `migrate`, `addvolume`, `removevolume`; on VMIs `pause`, `unpause`, `softreboot`,
+//! `addvolume`, `removevolume`, `guestosinfo`, `userlist`, `filesystemlist`, `console` and
+//! `vnc` (pause, unpause, soft reboot, console and VNC relayed to the virt-handler of the
+//! VMI's node; the three guest-agent ones answer upstream's "VMI does not have guest agent
+//! connected", as the launcher has no agent channel); plus `version` and `healthz`.
 //!
 //! Entry points for the binary: [`server::run_virt_api_server`] (webhooks and subresources on
 //! one HTTPS listener, as upstream's virt-api serves them on port 8443), or

@@ -1,6 +1,7 @@
 //! virt-handler: KubeVirt's agent on each node.
 //!
-//! Data flow: [`run_handler`] labels this node's Node and keeps its heartbeat ([`node`]),
+//! Data flow: [`run_handler`] labels this node's Node from QEMU's answers and keeps its
+//! heartbeat ([`node`]),
 //! follows the VMIs scheduled here through their launchers ([`vmi_sync`], with the
 //! VMI → launcher spec conversion in [`launcher_spec`] and images from the local store in
 //! [`images`]), and serves its REST API ([`rest`]: console, VNC, pause, unpause,
@@ -128,7 +129,18 @@ pub async fn run_handler(
         ),
         None => None,
     };
-    let node = node::run_node_agent(client.clone(), config.node_name.clone(), cancel.clone());
+    let obsolete = kubevirt_api::cluster_config::subscribe(kube::Api::all(client.clone()), |kv| {
+        node::cpu::obsolete_models(
+            kv.and_then(|kv| kv.spec.configuration.as_ref())
+                .map(|c| &c.obsolete_cpu_models),
+        )
+    });
+    let node = node::run_node_agent(
+        client.clone(),
+        config.node_name.clone(),
+        obsolete,
+        cancel.clone(),
+    );
     let vmis = vmi_sync::run(client.clone(), sync, vmi_writer, cancel.clone());
     tokio::join!(node, vmis);
     Ok(())

@@ -19,7 +19,8 @@
 //! # Guarantees
 //! Only clients presenting a certificate signed by the cluster CA are served (virt-api's).
 //! Paths are built from a pod UID of the VMI's status in canonical form, never from request
-//! text.
+//! text, and a request reaches a launcher only after that launcher reported the VMI's UID in
+//! its hello (else the VMI is "not on this node").
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -42,6 +43,7 @@ use kubevirt_api::v1::VirtualMachineInstance;
 use virt_launcher::pod_layout::PodLayout;
 use virt_launcher::protocol::{Command, LauncherClient};
 
+use crate::vmi_sync::link::LauncherLink;
 use crate::vmi_sync::worker::active_pod_dir;
 
 /// The Node annotation that tells virt-api where this node's handler serves (`host:port`).
@@ -136,14 +138,34 @@ const PLAIN_STREAM_PROTOCOL: &str = "plain.kubevirt.io";
 const CACHE_READY: Duration = Duration::from_secs(10);
 
 /// The launcher directory of the VMI's active pod on this node, from the cache of this
-/// node's VMIs (no API call).
-async fn pod_dir(state: &RestState, namespace: &str, name: &str) -> Option<PathBuf> {
+/// node's VMIs (no API call), once the launcher there has said it runs this VMI: an
+/// `activePods` key naming another VMI's pod must not open that VMI's console.
+async fn pod_dir(state: &RestState, namespace: &str, name: &str) -> Result<PathBuf, Response> {
+    let not_here = || not_on_node(namespace, name);
     tokio::time::timeout(CACHE_READY, state.vmis.wait_until_ready())
         .await
-        .ok()?
-        .ok()?;
-    let vmi = state.vmis.get(&ObjectRef::new(name).within(namespace))?;
-    active_pod_dir(&vmi, &state.node_name, &state.kubelet_pods_dir)
+        .map_err(|_| not_here())?
+        .map_err(|_| not_here())?;
+    let vmi = state
+        .vmis
+        .get(&ObjectRef::new(name).within(namespace))
+        .ok_or_else(not_here)?;
+    let dir =
+        active_pod_dir(&vmi, &state.node_name, &state.kubelet_pods_dir).ok_or_else(not_here)?;
+    match LauncherLink::connect(&PodLayout::new(&dir).launcher_socket()).await {
+        Ok(link) if link.vmi_uid().is_some() && link.vmi_uid() == vmi.metadata.uid.as_deref() => {
+            Ok(dir)
+        }
+        Ok(link) => {
+            tracing::warn!(vmi = %format!("{namespace}/{name}"), launcher_vmi = ?link.vmi_uid(), dir = %dir.display(), "the launcher of the VMI's active pod does not run this VMI");
+            Err(not_here())
+        }
+        Err(e) => Err((
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("talking to the launcher: {e}"),
+        )
+            .into_response()),
+    }
 }
 
 fn not_on_node(namespace: &str, name: &str) -> Response {
@@ -202,8 +224,9 @@ async fn stream_socket(
     missing: &'static str,
     upgrade: WebSocketUpgrade,
 ) -> Response {
-    let Some(dir) = pod_dir(state, namespace, pod).await else {
-        return not_on_node(namespace, pod);
+    let dir = match pod_dir(state, namespace, pod).await {
+        Ok(dir) => dir,
+        Err(response) => return response,
     };
     let path = dir.join(socket_name);
     if !path.exists() {
@@ -280,8 +303,9 @@ async fn launcher_command(
             return (StatusCode::NOT_FOUND, format!("unknown command {other}")).into_response();
         }
     };
-    let Some(dir) = pod_dir(&state, &namespace, &pod).await else {
-        return not_on_node(&namespace, &pod);
+    let dir = match pod_dir(&state, &namespace, &pod).await {
+        Ok(dir) => dir,
+        Err(response) => return response,
     };
     let result = match LauncherClient::connect(&PodLayout::new(&dir).launcher_socket()).await {
         Ok(mut client) => client.request(command).await,
@@ -509,6 +533,53 @@ mod tests {
                 format!("VMI default/{name} does not run on this node")
             );
         }
+    }
+
+    /// A launcher (fake QEMU) for `vmi_uid` in `POD_UID`'s launcher directory below `pods`,
+    /// listening once the returned task runs; wait with [`wait_socket`].
+    fn launcher_in_pod(pods: &std::path::Path, vmi_uid: &str) -> tokio::task::JoinHandle<()> {
+        let dir = crate::vmi_sync::worker::launcher_dir_on_host(pods, POD_UID);
+        std::fs::create_dir_all(&dir).expect("launcher dir");
+        let mut opts = virt_launcher::LauncherOptions::new(PodLayout::new(&dir).launcher_socket());
+        opts.fake_qemu = true;
+        opts.discover_pod_network = false;
+        opts.vmi_uid = Some(vmi_uid.to_owned());
+        tokio::spawn(async move {
+            let _ = virt_launcher::run_launcher(opts).await;
+        })
+    }
+
+    async fn wait_socket(pods: &std::path::Path) {
+        let socket = PodLayout::new(crate::vmi_sync::worker::launcher_dir_on_host(pods, POD_UID))
+            .launcher_socket();
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while LauncherLink::connect(&socket).await.is_err() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the launcher never listened"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn a_launcher_of_another_vmi_is_never_reached_through_this_vmis_active_pod() {
+        let pods = tempfile::tempdir().expect("tempdir");
+        let mut intruder = vmi("intruder", "node01");
+        intruder.metadata.uid = Some("11111111-2222-4333-8444-555555555555".into());
+        let mut owner = vmi("owner", "node01");
+        owner.metadata.uid = Some("99999999-2222-4333-8444-555555555555".into());
+        let launcher = launcher_in_pod(pods.path(), "99999999-2222-4333-8444-555555555555");
+        wait_socket(pods.path()).await;
+        let app = router_with(vec![intruder, owner], pods.path());
+        let (status, body) = put(app.clone(), "intruder", "pause").await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
+        assert_eq!(body, "VMI default/intruder does not run on this node");
+        // The launcher's own VMI reaches it (the fake domain has not started: refused).
+        let (status, body) = put(app, "owner", "pause").await;
+        assert_ne!(status, StatusCode::NOT_FOUND, "{body}");
+        assert!(!body.starts_with("talking to the launcher"), "{body}");
+        launcher.abort();
     }
 
     #[tokio::test]

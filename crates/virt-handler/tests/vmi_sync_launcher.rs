@@ -92,8 +92,9 @@ impl Cluster {
         Api::namespaced(self.client.clone(), "default")
     }
 
-    /// Creates a VMI as the VMI controller leaves it at Scheduled (CRD not served yet → retry).
-    async fn create_scheduled_vmi(&self, name: &str, pod_uid: &str) -> anyhow::Result<()> {
+    /// Creates a VMI as the VMI controller leaves it at Scheduled (CRD not served yet → retry);
+    /// returns its UID.
+    async fn create_scheduled_vmi(&self, name: &str, pod_uid: &str) -> anyhow::Result<String> {
         let vmi: VirtualMachineInstance = serde_json::from_value(json!({
             "apiVersion": "kubevirt.io/v1",
             "kind": "VirtualMachineInstance",
@@ -132,7 +133,7 @@ impl Cluster {
         let start = Instant::now();
         loop {
             match self.vmis().create(&PostParams::default(), &vmi).await {
-                Ok(_) => return Ok(()),
+                Ok(created) => return created.metadata.uid.context("the created VMI's uid"),
                 Err(e) if start.elapsed() < DEADLINE => {
                     tracing::debug!(error = %e, "CRD not served yet");
                     tokio::time::sleep(Duration::from_millis(100)).await;
@@ -187,11 +188,17 @@ fn import_guest(data: &Path, kernel: &Path, initrd: &Path) -> anyhow::Result<()>
     Ok(())
 }
 
-/// Starts a launcher for `pod_dir` in this process, as the pod runner would in its own.
-fn spawn_launcher(pod_dir: &Path, fake: bool) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+/// Starts a launcher of the VMI `vmi_uid` for `pod_dir` in this process, as the pod runner
+/// would in its own.
+fn spawn_launcher(
+    pod_dir: &Path,
+    vmi_uid: &str,
+    fake: bool,
+) -> anyhow::Result<tokio::task::JoinHandle<()>> {
     std::fs::create_dir_all(pod_dir)?;
     let mut opts = LauncherOptions::new(pod_dir.join("launcher.sock"));
     opts.fake_qemu = fake;
+    opts.vmi_uid = Some(vmi_uid.to_owned());
     opts.base_dir = Some(pod_dir.to_owned());
     Ok(tokio::spawn(async move {
         let _ = virt_launcher::run_launcher(opts).await;
@@ -225,10 +232,10 @@ async fn fake_launchers_drive_vmis_to_running_succeeded_and_failed_and_survive_a
         &files.join("initramfs.cpio.gz"),
     )?;
 
-    cluster.create_scheduled_vmi("alpha", POD_ALPHA).await?;
-    cluster.create_scheduled_vmi("beta", POD_BETA).await?;
-    let launcher_a = spawn_launcher(&cluster.pod_dir(POD_ALPHA), true)?;
-    let launcher_b = spawn_launcher(&cluster.pod_dir(POD_BETA), true)?;
+    let alpha = cluster.create_scheduled_vmi("alpha", POD_ALPHA).await?;
+    let beta = cluster.create_scheduled_vmi("beta", POD_BETA).await?;
+    let launcher_a = spawn_launcher(&cluster.pod_dir(POD_ALPHA), &alpha, true)?;
+    let launcher_b = spawn_launcher(&cluster.pod_dir(POD_BETA), &beta, true)?;
 
     let cancel = CancellationToken::new();
     let handler = tokio::spawn(vmi_sync::run(
@@ -331,8 +338,8 @@ async fn fake_launchers_drive_vmis_to_running_succeeded_and_failed_and_survive_a
 async fn a_missing_image_is_reported_as_a_sync_condition_and_the_vmi_stays_scheduled()
 -> anyhow::Result<()> {
     let cluster = Cluster::start().await?;
-    cluster.create_scheduled_vmi("gamma", POD_GAMMA).await?;
-    let launcher = spawn_launcher(&cluster.pod_dir(POD_GAMMA), true)?;
+    let gamma = cluster.create_scheduled_vmi("gamma", POD_GAMMA).await?;
+    let launcher = spawn_launcher(&cluster.pod_dir(POD_GAMMA), &gamma, true)?;
     let cancel = CancellationToken::new();
     let handler = tokio::spawn(vmi_sync::run(
         cluster.client.clone(),
@@ -367,6 +374,69 @@ async fn a_missing_image_is_reported_as_a_sync_condition_and_the_vmi_stays_sched
     Ok(())
 }
 
+#[tokio::test]
+async fn an_active_pod_key_naming_another_vmis_launcher_gets_no_spec() -> anyhow::Result<()> {
+    let cluster = Cluster::start().await?;
+    let files = cluster.data.join("guest-src");
+    std::fs::create_dir_all(&files)?;
+    std::fs::write(files.join("vmlinux"), "kernel")?;
+    std::fs::write(files.join("initramfs.cpio.gz"), "initrd")?;
+    import_guest(
+        &cluster.data,
+        &files.join("vmlinux"),
+        &files.join("initramfs.cpio.gz"),
+    )?;
+    // The launcher in POD_ALPHA is "victim"'s; "intruder"'s status names that pod (whoever
+    // may patch a VMI's status can write any key). The victim's own status names a pod with
+    // no launcher yet, so nothing else starts the domain.
+    let victim = cluster.create_scheduled_vmi("victim", POD_BETA).await?;
+    cluster.create_scheduled_vmi("intruder", POD_ALPHA).await?;
+    let launcher = spawn_launcher(&cluster.pod_dir(POD_ALPHA), &victim, true)?;
+    let cancel = CancellationToken::new();
+    let handler = tokio::spawn(vmi_sync::run(
+        cluster.client.clone(),
+        cluster.sync_config(),
+        kube::runtime::reflector::store().1,
+        cancel.clone(),
+    ));
+    let intruder = cluster
+        .wait_vmi("intruder", "a Synchronized=False condition", |v| {
+            v["status"]["conditions"]
+                .as_array()
+                .is_some_and(|c| c.iter().any(|c| c["type"] == "Synchronized"))
+        })
+        .await?;
+    assert_eq!(intruder["status"]["phase"], "Scheduled");
+    let condition = intruder["status"]["conditions"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["type"] == "Synchronized").cloned())
+        .context("condition")?;
+    assert_eq!(condition["status"], "False");
+    assert!(
+        condition["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("does not run this VMI")),
+        "{condition}"
+    );
+    // The launcher was never given the intruder's spec: its domain has not started.
+    let mut client =
+        LauncherClient::connect(&cluster.pod_dir(POD_ALPHA).join("launcher.sock")).await?;
+    let status: virt_launcher::protocol::DomainStatus = serde_json::from_value(
+        client
+            .request(Command::Status)
+            .await?
+            .map_err(anyhow::Error::msg)?,
+    )?;
+    assert_eq!(status.state, virt_launcher::protocol::DomainState::Pending);
+    release(&cluster, "victim").await?;
+    release(&cluster, "intruder").await?;
+    cancel.cancel();
+    handler.await?;
+    launcher.abort();
+    cluster.stop().await;
+    Ok(())
+}
+
 /// Kills QEMU (by its pid file) when the test ends, even on failure.
 struct QemuGuard(PathBuf);
 
@@ -390,10 +460,10 @@ async fn a_real_tcg_guest_boots_to_running_and_powers_off_on_delete() -> anyhow:
     };
     let cluster = Cluster::start().await?;
     import_guest(&cluster.data, &guest.kernel(), &guest.initrd())?;
-    cluster.create_scheduled_vmi("real", POD_REAL).await?;
+    let real = cluster.create_scheduled_vmi("real", POD_REAL).await?;
     let pod = cluster.pod_dir(POD_REAL);
     let _qemu = QemuGuard(pod.join("qemu.pid"));
-    let launcher = spawn_launcher(&pod, false)?;
+    let launcher = spawn_launcher(&pod, &real, false)?;
     let cancel = CancellationToken::new();
     let handler = tokio::spawn(vmi_sync::run(
         cluster.client.clone(),

@@ -59,6 +59,13 @@ pub struct Hello {
     /// reports the pod IP in `status.interfaces`. Older peers ignore the field.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod_interface: Option<PodInterface>,
+    /// The UID of the VMI the launcher runs (its `--uid`), present in the launcher's hello
+    /// when it was started for one. The handler finds a launcher through
+    /// `status.activePods`, which whoever may patch the VMI's status writes: it only talks
+    /// to a launcher whose reported UID is the VMI's, so a key naming another VMI's pod never
+    /// gets this VMI's spec. Older peers ignore the field.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vmi_uid: Option<String>,
 }
 
 impl Hello {
@@ -67,6 +74,7 @@ impl Hello {
         Self {
             version: PROTOCOL_VERSION,
             pod_interface: None,
+            vmi_uid: None,
         }
     }
 }
@@ -534,6 +542,20 @@ mod tests {
         assert_eq!(
             line,
             "{\"hello\":{\"version\":1,\"podInterface\":{\"name\":\"eth0\",\"mac\":\"0a:58:0a:f5:00:07\",\"ipAddresses\":[\"10.245.0.7\"],\"mtu\":1500}}}\n"
+        );
+        assert_eq!(UpMessage::decode(&line).unwrap(), UpMessage::Hello(hello));
+    }
+
+    #[test]
+    fn a_launcher_hello_carries_the_uid_of_its_vmi() {
+        let hello = Hello {
+            vmi_uid: Some("6f1b2a34-5c6d-4e7f-8a9b-0c1d2e3f4a5b".into()),
+            ..Hello::current()
+        };
+        let line = UpMessage::Hello(hello.clone()).encode();
+        assert_eq!(
+            line,
+            "{\"hello\":{\"version\":1,\"vmiUid\":\"6f1b2a34-5c6d-4e7f-8a9b-0c1d2e3f4a5b\"}}\n"
         );
         assert_eq!(UpMessage::decode(&line).unwrap(), UpMessage::Hello(hello));
     }

@@ -66,11 +66,13 @@ pub fn decode_record(record: &Record) -> Result<Value, ApiError> {
 }
 
 /// [`decode_record`] for lists and watches: an undecodable record is skipped with a
-/// warning naming its key, so one corrupt row does not fail every list of its kind.
+/// warning naming its key (and counted, see [`crate::metrics::decode_error`]), so one
+/// corrupt row does not fail every list of its kind.
 pub fn decode_listed(record: &Record) -> Option<Value> {
     match decode_record(record) {
         Ok(value) => Some(value),
         Err(error) => {
+            crate::metrics::decode_error(&record.key);
             tracing::warn!(
                 key = record.key,
                 revision = record.revision,

@@ -22,9 +22,15 @@
 //!   (CNI DEL and its namespace deleted, [`super::network`]), so an orphan's address returns to
 //!   the pool; when that fails the directory stays and the release is retried on the next pass.
 //!
+//! - No launcher is stopped while the informer shows *no* pod bound to this node: that is what
+//!   a lost or replaced store, or a node renamed after its old pods were deleted, looks like
+//!   (every pod confirmed gone at once). The launchers are left running with a loud warning
+//!   naming each; an operator who really deleted every pod stops them by hand.
+//!
 //! # Caveats
-//! - A lost store still ends in the launchers being stopped (their pods are confirmed gone),
-//!   as kubelet would; the disks stay in quarantine.
+//! - A store restored from an older backup, where this node still has some pods, is not
+//!   recognised: launchers of pods missing from it are stopped (their disks stay in
+//!   quarantine).
 //! - Quarantine is not cleaned up automatically.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -213,6 +219,11 @@ impl Orphans {
                     &uid,
                     "cannot confirm that the pod of this running launcher is gone; leaving it running",
                     &why,
+                ),
+                Lookup::Gone if known.is_empty() => self.warn_once(
+                    &uid,
+                    "the pod of this running launcher is gone, but so is every pod of this node (a lost store or a renamed node?); leaving it running",
+                    "stop it by hand if its pod was really deleted",
                 ),
                 Lookup::Gone => self.stop(&uid, &alive),
             }
@@ -451,24 +462,46 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn no_launcher_is_stopped_while_no_pod_is_bound_to_this_node() {
+        // A lost store: the pods of both launchers are gone, and the node has no pod at all.
+        let f = Fixture::start().await;
+        let (first, second) = (missing_pod(), missing_pod());
+        let mut a = f.running_launcher(&first, true).await;
+        let mut b = f.running_launcher(&second, true).await;
+        let mut orphans = Orphans::new(f.state_dir());
+        for _ in 0..2 {
+            orphans
+                .collect(&f.client, Cache::Synced(&BTreeSet::new()))
+                .await;
+        }
+        assert!(still_running(&mut a) && still_running(&mut b));
+        assert!(
+            orphans.kill_deadlines.is_empty(),
+            "no launcher was signalled"
+        );
+        assert!(f.state_dir().join(&first.uid).is_dir());
+        assert!(f.state_dir().join(&second.uid).is_dir());
+        let _ = a.kill().await;
+        let _ = b.kill().await;
+    }
+
+    #[tokio::test]
     async fn a_launcher_whose_pod_is_confirmed_gone_is_stopped_and_its_directory_quarantined() {
         use std::os::unix::process::ExitStatusExt;
         let f = Fixture::start().await;
         let pod = missing_pod();
         let mut launcher = f.running_launcher(&pod, true).await;
         let mut orphans = Orphans::new(f.state_dir());
-        orphans
-            .collect(&f.client, Cache::Synced(&BTreeSet::new()))
-            .await;
+        // The node runs another pod: the store is not empty for this node.
+        let other = BTreeSet::from([uuid::Uuid::new_v4().to_string()]);
+        orphans.collect(&f.client, Cache::Synced(&other)).await;
         let status = launcher.wait().await.expect("wait");
         assert_eq!(status.signal(), Some(15), "stopped with SIGTERM first");
         assert!(
             f.state_dir().join(&pod.uid).is_dir(),
             "kept until it has stopped"
         );
-        orphans
-            .collect(&f.client, Cache::Synced(&BTreeSet::new()))
-            .await;
+        orphans.collect(&f.client, Cache::Synced(&other)).await;
         assert!(!f.state_dir().join(&pod.uid).exists());
         assert!(
             f.state_dir()

@@ -24,12 +24,11 @@
 //!
 //! # Device resources
 //! As upstream, the `compute` container asks for `devices.kubevirt.io/kvm` unless guests are
-//! emulated, and for `devices.kubevirt.io/tun` whenever the VMI has interfaces or the pod
-//! interface is attached automatically. Not yet requested, unlike upstream: the 50M
-//! `ephemeral-storage` overhead (the embedded node reports no `ephemeral-storage` capacity, so
-//! such a pod would never fit there) and `devices.kubevirt.io/vhost-net` for virtio interfaces
-//! under KVM (virt-handler does not advertise it yet); both follow once their capacity is
-//! reported.
+//! emulated, for `devices.kubevirt.io/tun` whenever the VMI has interfaces or the pod
+//! interface is attached automatically, for `devices.kubevirt.io/vhost-net` when an interface
+//! is virtio and guests are not emulated (virt-handler advertises all three), and for the VMI's
+//! `ephemeral-storage` plus [`EPHEMERAL_STORAGE_OVERHEAD`] (50M; the embedded node reports its
+//! root filesystem as `ephemeral-storage` capacity, as kubelet does).
 //!
 //! # Network annotations
 //! Upstream's Multus annotations: `k8s.v1.cni.cncf.io/networks` for secondary Multus networks,
@@ -69,6 +68,10 @@ pub const GUEST_CONSOLE_LOG_CONTAINER_NAME: &str = "guest-console-log";
 pub const KVM_RESOURCE: &str = "devices.kubevirt.io/kvm";
 /// Extended resource that grants `/dev/net/tun` (the pod network's tap devices).
 pub const TUN_RESOURCE: &str = "devices.kubevirt.io/tun";
+/// Extended resource that grants `/dev/vhost-net` (in-kernel virtio-net).
+pub const VHOST_NET_RESOURCE: &str = "devices.kubevirt.io/vhost-net";
+/// Upstream's ephemeral-storage overhead of the `compute` container, in bytes (`50M`).
+pub const EPHEMERAL_STORAGE_OVERHEAD: u64 = 50_000_000;
 /// Prefix of the pod interface upstream names a secondary Multus network by.
 const HASHED_POD_INTERFACE_PREFIX: &str = "pod";
 /// Hex digits of the network name's SHA-256 in that interface name (15 - len("-nic")).
@@ -520,6 +523,19 @@ fn compute_resources(
             bytes_quantity(parse_bytes(memory)? + overhead),
         );
     }
+    // Upstream's ephemeral-storage overhead, added to the VMI's request (and limit, if any).
+    let storage = "ephemeral-storage";
+    let requested_storage = vmi_requests.get(storage).map(parse_bytes).transpose()?;
+    requests.insert(
+        storage.to_owned(),
+        decimal_quantity(requested_storage.unwrap_or(0) + EPHEMERAL_STORAGE_OVERHEAD),
+    );
+    if let Some(limit) = vmi_limits.get(storage) {
+        limits.insert(
+            storage.to_owned(),
+            decimal_quantity(parse_bytes(limit)? + EPHEMERAL_STORAGE_OVERHEAD),
+        );
+    }
     // Extended resources must appear in limits; requests then default to the same.
     let mut device = |resource: &str| {
         requests.insert(resource.to_owned(), Quantity("1".to_owned()));
@@ -527,6 +543,9 @@ fn compute_resources(
     };
     if requires_tun(vmi) {
         device(TUN_RESOURCE);
+    }
+    if requires_vhost_net(vmi, config.use_emulation) {
+        device(VHOST_NET_RESOURCE);
     }
     if !config.use_emulation {
         device(KVM_RESOURCE);
@@ -543,6 +562,17 @@ fn compute_resources(
 fn requires_tun(vmi: &VirtualMachineInstance) -> bool {
     let devices = &vmi.spec.domain.devices;
     !devices.interfaces.is_empty() || devices.autoattach_pod_interface != Some(false)
+}
+
+/// Upstream's `RequiresVirtioNetDevice`: a virtio interface (the default model) and guests
+/// not emulated (under emulation QEMU's userland virtio-net is used instead).
+fn requires_vhost_net(vmi: &VirtualMachineInstance, use_emulation: bool) -> bool {
+    !use_emulation
+        && vmi.spec.domain.devices.interfaces.iter().any(|i| {
+            i.model
+                .as_deref()
+                .is_none_or(|m| m.is_empty() || m == "virtio")
+        })
 }
 
 /// One element of the Multus `k8s.v1.cni.cncf.io/networks` list, in the field order (and
@@ -693,6 +723,12 @@ fn parse_bytes(q: &Quantity) -> Result<u64, TemplateError> {
 fn bytes_quantity(bytes: u64) -> Quantity {
     // Every u64 fits, so the fallback is never taken.
     ExactQuantity::from_value(i128::from(bytes), Format::BinarySi)
+        .map_or_else(|_| Quantity(bytes.to_string()), Quantity::from)
+}
+
+/// `bytes` as a canonical decimal-SI quantity (`50M`, `1123741824`).
+fn decimal_quantity(bytes: u64) -> Quantity {
+    ExactQuantity::from_value(i128::from(bytes), Format::DecimalSi)
         .map_or_else(|_| Quantity(bytes.to_string()), Quantity::from)
 }
 
@@ -875,6 +911,48 @@ mod tests {
             assert_eq!(res["limits"][TUN_RESOURCE], want, "{case}");
             assert_eq!(res["requests"][TUN_RESOURCE], want, "{case}");
         }
+    }
+
+    #[test]
+    fn vhost_net_is_requested_for_virtio_interfaces_unless_emulated() {
+        // (case, vmi patch, emulated, vhost-net requested)
+        let iface = |model: serde_json::Value| {
+            json!({"spec": {"domain": {"devices": {"interfaces":
+                [{"name": "default", "masquerade": {}, "model": model}]}}}})
+        };
+        let cases = [
+            ("default model", iface(json!(null)), false, true),
+            ("virtio", iface(json!("virtio")), false, true),
+            ("e1000", iface(json!("e1000")), false, false),
+            ("virtio, emulated", iface(json!("virtio")), true, false),
+            ("no interfaces", json!({}), false, false),
+        ];
+        for (case, patch, emulation, vhost) in cases {
+            let config = LauncherPodConfig {
+                use_emulation: emulation,
+                ..LauncherPodConfig::default()
+            };
+            let pod = render(&vmi(patch), &config);
+            let res = &pod["spec"]["containers"][0]["resources"];
+            let want = if vhost { json!("1") } else { json!(null) };
+            assert_eq!(res["limits"][VHOST_NET_RESOURCE], want, "{case}");
+            assert_eq!(res["requests"][VHOST_NET_RESOURCE], want, "{case}");
+        }
+    }
+
+    #[test]
+    fn the_compute_container_requests_upstreams_ephemeral_storage_overhead() {
+        let pod = render(&vmi(json!({})), &LauncherPodConfig::default());
+        let res = &pod["spec"]["containers"][0]["resources"];
+        assert_eq!(res["requests"]["ephemeral-storage"], "50M");
+        assert_eq!(res["limits"]["ephemeral-storage"], json!(null));
+        let own = vmi(json!({"spec": {"domain": {"resources": {
+            "requests": {"ephemeral-storage": "1G"},
+            "limits": {"ephemeral-storage": "2G"}}}}}));
+        let pod = render(&own, &LauncherPodConfig::default());
+        let res = &pod["spec"]["containers"][0]["resources"];
+        assert_eq!(res["requests"]["ephemeral-storage"], "1050M");
+        assert_eq!(res["limits"]["ephemeral-storage"], "2050M");
     }
 
     #[test]

@@ -22,6 +22,7 @@ pub struct LauncherLink {
     reader: tokio::task::JoinHandle<()>,
     next_id: u64,
     pod_interface: Option<PodInterface>,
+    vmi_uid: Option<String>,
 }
 
 impl Drop for LauncherLink {
@@ -56,11 +57,12 @@ impl LauncherLink {
         {
             return Err(ProtocolError::Closed);
         }
-        let pod_interface = match UpMessage::decode(&line)? {
+        let (pod_interface, vmi_uid) = match UpMessage::decode(&line)? {
             UpMessage::Hello(Hello {
                 version: PROTOCOL_VERSION,
                 pod_interface,
-            }) => pod_interface,
+                vmi_uid,
+            }) => (pod_interface, vmi_uid),
             UpMessage::Hello(Hello { version, .. }) => {
                 return Err(ProtocolError::Version { peer: version });
             }
@@ -96,12 +98,19 @@ impl LauncherLink {
             reader,
             next_id: 1,
             pod_interface,
+            vmi_uid,
         })
     }
 
     /// The pod interface the launcher reported in its hello (it has its own network).
     pub fn pod_interface(&self) -> Option<&PodInterface> {
         self.pod_interface.as_ref()
+    }
+
+    /// The UID of the VMI the launcher says it runs (`None` from a launcher started without
+    /// one).
+    pub fn vmi_uid(&self) -> Option<&str> {
+        self.vmi_uid.as_deref()
     }
 
     /// Sends `command`; its ack arrives later through [`Self::recv`] with the returned id.

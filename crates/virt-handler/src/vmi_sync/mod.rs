@@ -16,6 +16,9 @@
 //!   `Pending`, so a restarted handler re-attaches by reconnecting.
 //! - Status patches test the phase they expect, so they never overwrite a concurrent
 //!   transition (the worker recomputes on the next VMI update).
+//! - A VMI's spec goes only to its own launcher: `activePods` keys must be canonical pod
+//!   UIDs (they become a path below the pods directory) and the launcher found there must
+//!   report the VMI's UID in its hello; otherwise the VMI gets `Synchronized=False`.
 //!
 //! # Caveats
 //! - "Launcher gone" is decided from the socket: connecting fails while the VMI is Running,

@@ -79,6 +79,20 @@ pub fn launcher_dir_on_host(kubelet_pods_dir: &Path, pod_uid: &str) -> PathBuf {
         .join(LAUNCHER_VOLUME)
 }
 
+/// Whether the launcher behind `link` runs `vmi`: it reported `vmi`'s UID in its hello.
+///
+/// The pod directory named by an `activePods` key exists only for a pod this node runs, and
+/// its launcher was started with the UID of the VMI the pod was made for (`--uid`); a key
+/// naming another VMI's pod on this node therefore reaches a launcher that reports another
+/// UID, and one that reports none is not trusted either.
+fn serves(link: &LauncherLink, vmi: &VirtualMachineInstance) -> bool {
+    reports_vmi(link.vmi_uid(), vmi)
+}
+
+fn reports_vmi(reported: Option<&str>, vmi: &VirtualMachineInstance) -> bool {
+    matches!((reported, vmi.metadata.uid.as_deref()), (Some(r), Some(u)) if r == u)
+}
+
 /// Whether `key` is a UUID written as Kubernetes writes pod UIDs (`8-4-4-4-12` lower-case hex).
 fn is_canonical_uuid(key: &str) -> bool {
     uuid::Uuid::try_parse(key).is_ok_and(|u| u.hyphenated().to_string() == key)
@@ -163,6 +177,21 @@ impl Follow {
                 continue;
             };
             match LauncherLink::connect(&PodLayout::new(&dir).launcher_socket()).await {
+                Ok(link) if !serves(&link, &self.current) => {
+                    // Not this VMI's launcher: never send it this VMI's spec. The key stays
+                    // wrong until `activePods` changes, so wait for a VMI update.
+                    let message = format!(
+                        "the launcher in the pod directory {} does not run this VMI",
+                        dir.display()
+                    );
+                    warn!(vmi = %name(&self.current), launcher_vmi = ?link.vmi_uid(), "{message}");
+                    drop(link);
+                    self.observe(Observation::SyncFailed("SyncFailed".into(), message))
+                        .await;
+                    if !self.wait_change(None).await {
+                        return;
+                    }
+                }
                 Ok(link) => {
                     connected_once = true;
                     match self.session(link, &dir).await {
@@ -535,6 +564,23 @@ mod tests {
         assert_eq!(mode(&pod.join("disks")), 0o700);
         assert_eq!(mode(&pod.join("disks/root.img")), 0o600);
         assert_eq!(mode(&pod.join("disks/empty.img")), 0o600);
+    }
+
+    #[test]
+    fn only_a_launcher_reporting_the_vmis_uid_serves_it() {
+        let mut vmi = vmi_with_active_pods(&[]);
+        vmi.metadata.uid = Some("11111111-2222-4333-8444-555555555555".into());
+        assert!(reports_vmi(
+            Some("11111111-2222-4333-8444-555555555555"),
+            &vmi
+        ));
+        assert!(!reports_vmi(
+            Some("99999999-2222-4333-8444-555555555555"),
+            &vmi
+        ));
+        assert!(!reports_vmi(None, &vmi));
+        vmi.metadata.uid = None;
+        assert!(!reports_vmi(None, &vmi));
     }
 
     #[test]

@@ -23,6 +23,7 @@ async fn serve_inner(domain: &Domain, stream: UnixStream) -> std::io::Result<()>
         &mut write,
         &UpMessage::Hello(Hello {
             pod_interface: domain.pod_interface().cloned(),
+            vmi_uid: domain.vmi_uid().map(str::to_owned),
             ..Hello::current()
         }),
     )

@@ -108,6 +108,11 @@ impl Domain {
         self.pod_interface.as_ref()
     }
 
+    /// The UID of the VMI this launcher runs, when it was given one.
+    pub(super) fn vmi_uid(&self) -> Option<&str> {
+        self.opts.vmi_uid.as_deref()
+    }
+
     pub(super) fn subscribe(&self) -> watch::Receiver<DomainStatus> {
         self.shared.status.subscribe()
     }

@@ -50,6 +50,9 @@ pub struct LauncherOptions {
     /// Look for the pod interface in an own network namespace at start (on by default; off
     /// in tests that must not see the machine's network).
     pub discover_pod_network: bool,
+    /// The UID of the VMI this launcher runs, reported in its hello so that a handler talks
+    /// only to the launcher of the VMI it follows ([`crate::protocol::Hello::vmi_uid`]).
+    pub vmi_uid: Option<String>,
 }
 
 /// The pod interface the masquerade binding serves (upstream's primary pod interface).
@@ -68,6 +71,7 @@ impl LauncherOptions {
             linger: Duration::from_secs(10),
             qmp_timeout: Duration::from_secs(30),
             discover_pod_network: true,
+            vmi_uid: None,
         }
     }
 

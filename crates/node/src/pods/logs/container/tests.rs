@@ -143,6 +143,40 @@ async fn a_large_log_is_sent_in_bounded_chunks() {
     assert_eq!(joined(&frames), content);
 }
 
+/// A 1 GiB log (sparse: it takes no disk) is never read whole: `tailLines` reads from its
+/// end, and a plain request is answered chunk by chunk as the client reads (the first
+/// frames arrive, at most [`CHUNK`] bytes each, and the client can stop after them).
+#[tokio::test]
+async fn a_gibibyte_log_is_tailed_from_its_end_and_streamed_in_chunks() {
+    const GIB: u64 = 1 << 30;
+    let node = Node::new();
+    {
+        let file = std::fs::File::create(node.log()).unwrap();
+        file.set_len(GIB).unwrap();
+    }
+    node.append(b"\nbefore last\nlast line\n");
+    let (status, frames) = node.get("tailLines=2").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(joined(&frames), b"before last\nlast line\n");
+
+    let (status, frames) = node.get("limitBytes=100000").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(joined(&frames).len(), 100_000);
+    assert!(frames.iter().all(|f| f.len() <= CHUNK));
+
+    let (status, mut body) = node.open("").await;
+    assert_eq!(status, StatusCode::OK);
+    let mut received = 0;
+    for _ in 0..16 {
+        let frame = body.next().await.expect("a frame").unwrap();
+        assert!(frame.len() <= CHUNK, "a frame of {} bytes", frame.len());
+        assert!(frame.iter().all(|b| *b == 0));
+        received += frame.len();
+    }
+    assert!(received <= 16 * CHUNK);
+    drop(body);
+}
+
 #[tokio::test]
 async fn limit_bytes_caps_the_answer() {
     let node = Node::new();
