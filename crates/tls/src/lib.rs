@@ -28,7 +28,9 @@ pub use client::{
     ServerTrust, client_config, client_config_following, danger_accept_any_server_certificate,
 };
 pub use pem::{PemError, certificates_from_pem, private_key_from_pem};
-pub use serve::{PeerCertificates, ServeOptions, SpawnError, serve, spawn_serving};
+pub use serve::{
+    PeerCertificates, ServeOptions, SpawnError, serve, spawn_serving, spawn_serving_cert,
+};
 pub use server::{ClientAuth, ConfigError, SwappableCert, self_signed_pem, server_config};
 
 /// The ALPN protocols our servers and clients offer: HTTP/1.1 only (upgrades for
