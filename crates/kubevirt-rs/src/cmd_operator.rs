@@ -243,7 +243,8 @@ fn key_of(kv: &KubeVirt) -> Option<String> {
 struct Applied {
     uid: String,
     config: kubevirt_install::InstallConfig,
-    at: tokio::time::Instant,
+    /// When the certificates want their next pass.
+    renew_at: tokio::time::Instant,
 }
 
 struct Context {
@@ -386,7 +387,16 @@ impl Context {
         status.phase = Some(KubeVirtPhase::Deployed);
         conditions_available(&mut status.conditions);
         status.observed_generation = kv.metadata.generation;
-        Ok(Action::RequeueAfter(crate::installer::renewal_period()))
+        let renew_at = self
+            .applied
+            .lock()
+            .map_err(|_| OperatorError::Install(anyhow::anyhow!("poisoned state")))?
+            .as_ref()
+            .map(|a| a.renew_at);
+        let renew_in = renew_at.map_or(NOT_READY_REQUEUE, |at| {
+            at.saturating_duration_since(tokio::time::Instant::now())
+        });
+        Ok(Action::RequeueAfter(renew_in))
     }
 
     /// Installs `config` for the CR `uid` unless it is installed already: the first time, on a
@@ -403,9 +413,7 @@ impl Context {
             .map_err(|_| anyhow::anyhow!("poisoned state"))?
             .as_ref()
             .is_some_and(|a| {
-                a.uid == uid
-                    && a.config == *config
-                    && a.at.elapsed() < crate::installer::renewal_period()
+                a.uid == uid && a.config == *config && tokio::time::Instant::now() < a.renew_at
             });
         let workloads_present = ["virt-api", "virt-controller"]
             .iter()
@@ -417,7 +425,7 @@ impl Context {
         if current && workloads_present {
             return Ok(());
         }
-        crate::installer::install(&self.client, config).await?;
+        let issued = crate::installer::install(&self.client, config).await?;
         info!(namespace = %self.namespace, version = %config.image_tag, "KubeVirt installed");
         *self
             .applied
@@ -425,7 +433,7 @@ impl Context {
             .map_err(|_| anyhow::anyhow!("poisoned state"))? = Some(Applied {
             uid: uid.to_owned(),
             config: config.clone(),
-            at: tokio::time::Instant::now(),
+            renew_at: tokio::time::Instant::now() + issued.renew_in(),
         });
         Ok(())
     }

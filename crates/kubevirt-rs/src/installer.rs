@@ -16,9 +16,11 @@
 //! its Service names), `kubevirt-virt-handler-server-certs` (virt-handler's, for
 //! [`virt_api::subresources::HANDLER_SERVER_NAME`]), `kubevirt-virt-handler-certs` (virt-api's
 //! client certificate towards the handler) and `kubevirt-controller-certs`, each a
-//! `kubernetes.io/tls` Secret with `tls.crt`, `tls.key` and the CA as `ca.crt` (upstream keeps
-//! the CA in the ConfigMap `kubevirt-ca` only, which is also written). They are issued again at
-//! 80% of their life; the pods follow the mounted files.
+//! `kubernetes.io/tls` Secret with `tls.crt`, `tls.key` and the CA bundle as `ca.crt` (upstream
+//! keeps the bundle in the ConfigMap `kubevirt-ca` only, which is also written). Their
+//! lifetimes and renewal times are [`kubevirt_ca`]'s; each pass is scheduled at the
+//! certificates' own next renewal time ([`Issued::next_renewal`]), and the pods follow the
+//! mounted files per handshake.
 //!
 //! A change of the CR's `customizeComponents.flags` re-renders the workloads, so the flags
 //! reach the components' arguments as upstream's operator puts them there (and
@@ -62,6 +64,8 @@ const CERTIFICATE_SECRETS: [&str; 4] = [
 ];
 /// The ConfigMap with the CA bundle.
 const CA_BUNDLE: &str = "kubevirt-ca";
+/// How soon a failed certificate pass is tried again.
+const CERTIFICATE_RETRY: Duration = Duration::from_secs(5);
 
 /// The CR's `spec.customizeComponents.flags`, as arguments per component.
 fn extra_args(cr: Option<&KubeVirt>) -> kubevirt_install::ComponentArgs {
@@ -142,8 +146,8 @@ fn trust_ca(object: &mut Value, ca_pem: &str) {
     }
 }
 
-/// A `kubernetes.io/tls` Secret with the CA beside the pair.
-fn tls_secret(namespace: &str, name: &str, (cert, key): (String, String), ca: &str) -> Value {
+/// A `kubernetes.io/tls` Secret with the CA bundle beside the pair.
+fn tls_secret(namespace: &str, name: &str, (cert, key): (&str, &str), ca: &str) -> Value {
     let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
     json!({
         "apiVersion": "v1",
@@ -154,55 +158,140 @@ fn tls_secret(namespace: &str, name: &str, (cert, key): (String, String), ca: &s
             "labels": {"app.kubernetes.io/managed-by": "virt-operator"},
         },
         "type": "kubernetes.io/tls",
-        "data": {"tls.crt": b64(&cert), "tls.key": b64(&key), "ca.crt": b64(ca)},
+        "data": {"tls.crt": b64(cert), "tls.key": b64(key), "ca.crt": b64(ca)},
     })
 }
 
-/// Issues the components' certificates into their Secrets and publishes the CA; returns the
-/// CA (PEM).
+/// What a pass of [`issue_certificates`] leaves behind.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Issued {
+    /// The CA bundle (PEM) the registration objects and the components trust: the current CA
+    /// first, then each previous CA until it expires.
+    pub ca_bundle: String,
+    /// When the next pass has work: the earliest renewal time of the CA and of the leaves, or
+    /// the expiry of a previous CA still in the bundle.
+    pub next_renewal: time::OffsetDateTime,
+}
+
+impl Issued {
+    /// How long until [`Issued::next_renewal`] (zero when it has come), plus a little so
+    /// the pass that wakes then finds the work due.
+    #[must_use]
+    pub fn renew_in(&self) -> Duration {
+        let left = self.next_renewal - time::OffsetDateTime::now_utc();
+        Duration::try_from(left).unwrap_or(Duration::ZERO) + Duration::from_millis(50)
+    }
+}
+
+/// A `data` entry of a Secret, as text.
+fn secret_text(secret: &k8s_openapi::api::core::v1::Secret, key: &str) -> Option<String> {
+    let bytes = &secret.data.as_ref()?.get(key)?.0;
+    String::from_utf8(bytes.clone()).ok()
+}
+
+/// Brings the CA, the CA bundle and the components' certificates up to date, as upstream's
+/// operator does in each sync (CA, then bundle, then the leaves), with the lifetimes of the
+/// CR's `spec.certificateRotateStrategy.selfSigned`: a leaf is issued again only when it is
+/// due ([`kubevirt_ca::leaf_renewal`]: near its end, or not signed by the current CA), an
+/// object is written only when it changes.
 ///
 /// # Errors
-/// When the CA cannot be loaded or created, or the API server refuses a write.
-pub async fn issue_certificates(admin: &kube::Client, namespace: &str) -> anyhow::Result<String> {
-    let ca = KubeVirtCa::load_or_create(admin.clone(), namespace).await?;
-    let handler_names = vec![virt_api::subresources::HANDLER_SERVER_NAME.to_owned()];
-    let [api, handler_server, handler_client, controller] = CERTIFICATE_SECRETS;
-    let secrets = [
-        (
-            api,
-            ca.issue_serving(kubevirt_ca::service_names("virt-api", namespace))?,
-        ),
-        (
-            handler_server,
-            ca.issue_serving_as("kubevirt.io:system:node:virt-handler", handler_names)?,
-        ),
-        (
-            handler_client,
-            ca.issue_client("kubevirt.io:system:client:virt-handler")?,
-        ),
-        (
-            controller,
-            ca.issue_serving(kubevirt_ca::service_names("virt-controller", namespace))?,
-        ),
-    ];
-    for (name, pair) in secrets {
+/// When the CA cannot be loaded or created, or the API server refuses a read or a write.
+pub async fn issue_certificates(admin: &kube::Client, namespace: &str) -> anyhow::Result<Issued> {
+    use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+    let lifetimes = kubevirt_ca::Lifetimes::of_namespace(admin, namespace).await?;
+    let ca = KubeVirtCa::load_or_rotate(admin.clone(), namespace, &lifetimes).await?;
+    let now = time::OffsetDateTime::now_utc();
+    let configmaps: Api<ConfigMap> = Api::namespaced(admin.clone(), namespace);
+    let previous = configmaps
+        .get_opt(CA_BUNDLE)
+        .await
+        .context("reading ConfigMap kubevirt-ca")?
+        .and_then(|cm| cm.data?.get("ca-bundle").cloned())
+        .unwrap_or_default();
+    let bundle = kubevirt_ca::merge_bundle(&ca.cert_pem, &previous, now);
+    if bundle != previous {
+        let object = json!({
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": CA_BUNDLE, "namespace": namespace},
+            "data": {"ca-bundle": bundle},
+        });
+        crate::cmd_api::create_or_replace_dynamic(admin.clone(), object)
+            .await
+            .context("writing ConfigMap kubevirt-ca")?;
+        info!(namespace, "KubeVirt CA bundle published");
+    }
+    let mut next = ca.renewal();
+    for block in kubevirt_ca::pem_blocks(&bundle).iter().skip(1) {
+        if let Some((_, not_after)) = kubevirt_ca::validity_of(block.as_bytes()) {
+            next = next.min(not_after);
+        }
+    }
+    let secrets: Api<Secret> = Api::namespaced(admin.clone(), namespace);
+    for name in CERTIFICATE_SECRETS {
+        let existing = secrets
+            .get_opt(name)
+            .await
+            .with_context(|| format!("reading Secret {namespace}/{name}"))?;
+        let pair = existing.as_ref().and_then(|s| {
+            let (cert, key) = (secret_text(s, "tls.crt")?, secret_text(s, "tls.key")?);
+            let due =
+                kubevirt_ca::leaf_renewal(cert.as_bytes(), ca.cert_pem.as_bytes(), &lifetimes)?;
+            (due > now).then_some((cert, key, due))
+        });
+        let kept = pair.is_some();
+        let (cert, key) = match pair {
+            Some((cert, key, due)) => {
+                next = next.min(due);
+                (cert, key)
+            }
+            None => {
+                let (cert, key) = issue_leaf(&ca, name, namespace)?;
+                if let Some(due) =
+                    kubevirt_ca::leaf_renewal(cert.as_bytes(), ca.cert_pem.as_bytes(), &lifetimes)
+                {
+                    next = next.min(due);
+                }
+                (cert, key)
+            }
+        };
+        let bundle_current = existing
+            .as_ref()
+            .and_then(|s| secret_text(s, "ca.crt"))
+            .is_some_and(|c| c == bundle);
+        if kept && bundle_current {
+            continue;
+        }
         crate::cmd_api::create_or_replace_dynamic(
             admin.clone(),
-            tls_secret(namespace, name, pair, &ca.cert_pem),
+            tls_secret(namespace, name, (&cert, &key), &bundle),
         )
         .await
         .with_context(|| format!("writing Secret {namespace}/{name}"))?;
+        if !kept {
+            info!(namespace, secret = name, "certificate issued");
+        }
     }
-    let bundle = json!({
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": {"name": CA_BUNDLE, "namespace": namespace},
-        "data": {"ca-bundle": ca.cert_pem},
-    });
-    crate::cmd_api::create_or_replace_dynamic(admin.clone(), bundle)
-        .await
-        .context("writing ConfigMap kubevirt-ca")?;
-    Ok(ca.cert_pem)
+    Ok(Issued {
+        ca_bundle: bundle,
+        next_renewal: next,
+    })
+}
+
+/// The certificate of the component Secret `name` (upstream's subjects and names).
+fn issue_leaf(ca: &KubeVirtCa, name: &str, namespace: &str) -> anyhow::Result<(String, String)> {
+    let [api, handler_server, handler_client, _controller] = CERTIFICATE_SECRETS;
+    if name == api {
+        ca.issue_serving(kubevirt_ca::service_names("virt-api", namespace))
+    } else if name == handler_server {
+        let names = vec![virt_api::subresources::HANDLER_SERVER_NAME.to_owned()];
+        ca.issue_serving_as("kubevirt.io:system:node:virt-handler", names)
+    } else if name == handler_client {
+        ca.issue_client("kubevirt.io:system:client:virt-handler")
+    } else {
+        ca.issue_serving(kubevirt_ca::service_names("virt-controller", namespace))
+    }
 }
 
 /// Applies the components' objects (everything but the namespace, the RBAC, the CRDs and the
@@ -236,26 +325,19 @@ pub async fn install_rbac(
 
 /// Installs everything once, in upstream's order: the namespace, accounts and RBAC, the
 /// certificates (issued now) and the CA bundle, then the components rendered from `config`
-/// (a [`target_config`]). Returns the CA (PEM) the registration objects trust.
+/// (a [`target_config`]). Returns the certificates' state: the CA bundle the registration
+/// objects trust and when the certificates want the next pass.
 ///
 /// # Errors
 /// When the API server refuses an object.
 pub async fn install(
     admin: &kube::Client,
     config: &kubevirt_install::InstallConfig,
-) -> anyhow::Result<String> {
+) -> anyhow::Result<Issued> {
     install_rbac(admin, config).await?;
-    let ca = issue_certificates(admin, &config.namespace).await?;
-    apply_components(admin, config, &ca).await?;
-    Ok(ca)
-}
-
-/// How often the components' certificates are issued again: at 80% of their life.
-#[must_use]
-pub fn renewal_period() -> Duration {
-    Duration::from_secs(
-        u64::try_from(kubevirt_ca::LEAF_LIFETIME.whole_seconds() * 4 / 5).unwrap_or(3600),
-    )
+    let issued = issue_certificates(admin, &config.namespace).await?;
+    apply_components(admin, config, &issued.ca_bundle).await?;
+    Ok(issued)
 }
 
 /// Installs KubeVirt (see the module documentation) and keeps it installed until `cancel`:
@@ -283,14 +365,15 @@ pub async fn start(
         let base = base.clone();
         kubevirt_api::cluster_config::subscribe(crs, move |cr| target_config(&base, cr)).receiver()
     };
-    let mut ca = install(&admin, &applied).await?;
+    let issued = install(&admin, &applied).await?;
+    let mut renew_in = issued.renew_in();
+    let mut ca = issued.ca_bundle;
     let mut applied_ca = ca.clone();
     info!(namespace, "KubeVirt installed");
-    let renew_every = renewal_period();
     Ok(tokio::spawn(async move {
-        let mut renewal =
-            tokio::time::interval_at(tokio::time::Instant::now() + renew_every, renew_every);
         loop {
+            // Woken at the certificates' own next renewal time (or by a change of the CR,
+            // which may change their lifetimes).
             tokio::select! {
                 () = cancel.cancelled() => return,
                 changed = wanted_configs.changed() => {
@@ -298,11 +381,16 @@ pub async fn start(
                         return;
                     }
                 }
-                _ = renewal.tick() => {
-                    match issue_certificates(&admin, &namespace).await {
-                        Ok(renewed) => ca = renewed,
-                        Err(e) => warn!(error = format!("{e:#}"), "renewing KubeVirt's certificates"),
-                    }
+                () = tokio::time::sleep(renew_in) => {}
+            }
+            match issue_certificates(&admin, &namespace).await {
+                Ok(issued) => {
+                    renew_in = issued.renew_in();
+                    ca = issued.ca_bundle;
+                }
+                Err(e) => {
+                    renew_in = CERTIFICATE_RETRY;
+                    warn!(error = format!("{e:#}"), "renewing KubeVirt's certificates");
                 }
             }
             let wanted = wanted_configs.borrow_and_update().clone();
