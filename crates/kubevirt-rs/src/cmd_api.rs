@@ -13,9 +13,9 @@
 //! `kubevirt-virt-api-certs`, mounted at `/etc/virt-api/certificates` (`tls.crt`, `tls.key`,
 //! and here also `ca.crt`); virt-api reads it from there and follows its renewals, and then
 //! registers nothing: whoever issued the Secret (the operator upstream, the embedded server's
-//! [`crate::installer`] here) owns the registration objects. Otherwise `--tls-cert-file`/
+//! [`virt_operator::installer`] here) owns the registration objects. Otherwise `--tls-cert-file`/
 //! `--tls-key-file` when given, else one issued at start (and again at its renewal time) from
-//! the KubeVirt CA that [`kubevirt_ca`] keeps in the Secret `kubevirt-ca`; in those two cases virt-api
+//! the KubeVirt CA that [`certificates`] keeps in the Secret `kubevirt-ca`; in those two cases virt-api
 //! registers itself.
 //!
 //! Towards virt-handler virt-api presents the client certificate of the Secret
@@ -46,7 +46,7 @@ use tracing::{info, warn};
 use virt_api::subresources::{NodeClientConfig, NodeCredentials};
 use virt_api::webhook::WebhookTarget;
 
-use crate::kubevirt_ca::{self, KubeVirtCa};
+use virt_operator::certificates::{self, KubeVirtCa};
 
 #[derive(Args)]
 pub struct ApiArgs {
@@ -114,7 +114,7 @@ pub(crate) enum Serving {
         key_pem: Vec<u8>,
         ca_bundle_pem: Vec<u8>,
     },
-    /// Issued from the `kubevirt-ca` Secret (see [`kubevirt_ca`]), and rotated.
+    /// Issued from the `kubevirt-ca` Secret (see [`certificates`]), and rotated.
     KubeVirtCa,
     /// `tls.crt`, `tls.key` and `ca.crt` of a mounted Secret, followed as they are renewed.
     Mounted(PathBuf),
@@ -173,41 +173,6 @@ where
         Some(existing) => {
             typed.meta_mut().resource_version = existing.meta().resource_version.clone();
             api.replace(&name, &PostParams::default(), &typed).await?;
-        }
-    }
-    Ok(())
-}
-
-/// Creates or replaces an object of a kind without a Rust type (such as an APIService), in
-/// its namespace when it names one.
-pub(crate) async fn create_or_replace_dynamic(
-    client: kube::Client,
-    object: serde_json::Value,
-) -> anyhow::Result<()> {
-    use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
-    let obj: DynamicObject = serde_json::from_value(object).context("decoding the object")?;
-    let types = obj
-        .types
-        .clone()
-        .context("object without apiVersion/kind")?;
-    let (group, version) = types
-        .api_version
-        .split_once('/')
-        .unwrap_or(("", &types.api_version));
-    let ar = ApiResource::from_gvk(&GroupVersionKind::gvk(group, version, &types.kind));
-    let api: Api<DynamicObject> = match obj.metadata.namespace.as_deref() {
-        Some(ns) => Api::namespaced_with(client, ns, &ar),
-        None => Api::all_with(client, &ar),
-    };
-    let name = obj.metadata.name.clone().unwrap_or_default();
-    match api.get_opt(&name).await? {
-        None => {
-            api.create(&PostParams::default(), &obj).await?;
-        }
-        Some(existing) => {
-            let mut obj = obj;
-            obj.metadata.resource_version = existing.metadata.resource_version;
-            api.replace(&name, &PostParams::default(), &obj).await?;
         }
     }
     Ok(())
@@ -298,7 +263,7 @@ async fn register(
             svc
         }
     };
-    create_or_replace_dynamic(client.clone(), api_service)
+    virt_operator::apply::create_or_replace_dynamic(client.clone(), api_service)
         .await
         .context("registering the subresource APIService")
 }
@@ -309,11 +274,11 @@ fn serving_names(target: &WebhookTarget) -> Vec<String> {
         WebhookTarget::Url(url) => url_host(url).into_iter().collect(),
         WebhookTarget::Service {
             namespace, name, ..
-        } => kubevirt_ca::service_names(name, namespace),
+        } => certificates::service_names(name, namespace),
     }
 }
 
-/// At the serving certificate's renewal time ([`kubevirt_ca::leaf_renewal`]): a new one
+/// At the serving certificate's renewal time ([`certificates::leaf_renewal`]): a new one
 /// from the (possibly renewed) CA, swapped in, and the registration objects trusting that CA.
 fn rotate(
     client: kube::Client,
@@ -324,11 +289,10 @@ fn rotate(
     first: (Vec<u8>, Vec<u8>),
     cancel: CancellationToken,
 ) -> tokio::task::JoinHandle<()> {
-    let lifetimes = kubevirt_ca::Lifetimes::default();
+    let lifetimes = certificates::Lifetimes::default();
     let renew_in = move |(leaf, ca): &(Vec<u8>, Vec<u8>)| {
-        kubevirt_ca::leaf_renewal(leaf, ca, &lifetimes).map_or(Duration::from_secs(5), |at| {
-            Duration::try_from(at - time::OffsetDateTime::now_utc()).unwrap_or(Duration::ZERO)
-        })
+        certificates::leaf_renewal(leaf, ca, &lifetimes)
+            .map_or(Duration::from_secs(5), certificates::until)
     };
     tokio::spawn(async move {
         let mut wait = renew_in(&first);

@@ -4,7 +4,7 @@
 //! KubeVirt CRDs and a `KubeVirt` CR carrying the server's KubeVirt flags), the scheduler and
 //! the workload controllers, and per node its node agent (kubelet's role, with an image store
 //! holding this binary as the project's images) and service proxy. Then KubeVirt onto it from
-//! `deploy/`'s manifests, as onto any cluster ([`crate::installer`]): virt-api and
+//! `deploy/`'s manifests, as onto any cluster ([`virt_operator::installer`]): virt-api and
 //! virt-controller as Deployments and virt-handler as a DaemonSet, each pod a process of its
 //! own with its own service account, run by the node agents. The two halves meet only at the
 //! Kubernetes API. The server is ready once KubeVirt's components are (`--no-kubevirt`: once
@@ -497,12 +497,12 @@ async fn serve(args: ServerArgs) -> anyhow::Result<()> {
     if !args.no_kubevirt {
         let admin = client_from(&data_dir.join("kubeconfig")).await?;
         tasks.push(
-            crate::installer::start(admin.clone(), install.clone(), cancel.clone())
+            virt_operator::installer::start(admin.clone(), install.clone(), cancel.clone())
                 .await
                 .context("installing KubeVirt")?,
         );
         tokio::select! {
-            () = crate::installer::wait_ready(&admin, &install.namespace, nodes) => {}
+            () = virt_operator::installer::wait_ready(&admin, &install.namespace, nodes) => {}
             () = crate::shutdown_signal() => {
                 cancel.cancel();
                 server.stop().await;

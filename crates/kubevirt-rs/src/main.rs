@@ -14,9 +14,7 @@ mod cmd_launcher;
 mod cmd_manifests;
 mod cmd_operator;
 mod cmd_server;
-mod installer;
 mod kube_config;
-mod kubevirt_ca;
 
 #[derive(Parser)]
 #[command(name = "kubevirt-rs", about = "KubeVirt, in Rust", version)]

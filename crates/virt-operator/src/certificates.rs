@@ -204,6 +204,13 @@ pub fn leaf_renewal(
     })
 }
 
+/// How long until `at` (zero when it has come).
+#[must_use]
+pub fn until(at: time::OffsetDateTime) -> std::time::Duration {
+    std::time::Duration::try_from(at - time::OffsetDateTime::now_utc())
+        .unwrap_or(std::time::Duration::ZERO)
+}
+
 /// When the CA `ca_pem` must be replaced (`None`: now, it does not parse).
 #[must_use]
 pub fn ca_renewal(ca_pem: &[u8], lifetimes: &Lifetimes) -> Option<time::OffsetDateTime> {

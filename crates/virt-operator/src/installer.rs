@@ -18,7 +18,7 @@
 //! client certificate towards the handler) and `kubevirt-controller-certs`, each a
 //! `kubernetes.io/tls` Secret with `tls.crt`, `tls.key` and the CA bundle as `ca.crt` (upstream
 //! keeps the bundle in the ConfigMap `kubevirt-ca` only, which is also written). Their
-//! lifetimes and renewal times are [`kubevirt_ca`]'s; each pass is scheduled at the
+//! lifetimes and renewal times are [`certificates`]'s; each pass is scheduled at the
 //! certificates' own next renewal time ([`Issued::next_renewal`]), and the pods follow the
 //! mounted files per handshake.
 //!
@@ -27,7 +27,7 @@
 //! `kubectl -n kubevirt get deploy virt-controller -o jsonpath=…args` shows them).
 //!
 //! The same functions serve `kubevirt-rs server` (which calls [`start`] and [`wait_ready`])
-//! and `kubevirt-rs operator` ([`crate::cmd_operator`], which calls [`target_config`],
+//! and `kubevirt-rs operator` ([`crate::kubevirt`], which calls [`target_config`],
 //! [`install`], [`issue_certificates`], [`not_ready`] and [`uninstall`] from its reconcile):
 //! the CR's `spec.imageRegistry`, `imageTag`, `imagePullPolicy` and `customizeComponents.flags`
 //! shape the rendering in both.
@@ -49,7 +49,7 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::kubevirt_ca::{self, KubeVirtCa};
+use crate::certificates::{self, KubeVirtCa};
 
 /// The files of `deploy/` that are the API server's initial objects instead.
 const INITIAL_OBJECT_FILES: [&str; 2] = ["10-crds.yaml", "60-kubevirt-cr.yaml"];
@@ -122,7 +122,7 @@ async fn apply_groups(
                 object["kind"].as_str().unwrap_or("object"),
                 object["metadata"]["name"].as_str().unwrap_or_default()
             );
-            crate::cmd_api::create_or_replace_dynamic(admin.clone(), object)
+            crate::apply::create_or_replace_dynamic(admin.clone(), object)
                 .await
                 .with_context(|| format!("installing {what}"))?;
         }
@@ -178,8 +178,7 @@ impl Issued {
     /// the pass that wakes then finds the work due.
     #[must_use]
     pub fn renew_in(&self) -> Duration {
-        let left = self.next_renewal - time::OffsetDateTime::now_utc();
-        Duration::try_from(left).unwrap_or(Duration::ZERO) + Duration::from_millis(50)
+        certificates::until(self.next_renewal) + Duration::from_millis(50)
     }
 }
 
@@ -192,14 +191,14 @@ fn secret_text(secret: &k8s_openapi::api::core::v1::Secret, key: &str) -> Option
 /// Brings the CA, the CA bundle and the components' certificates up to date, as upstream's
 /// operator does in each sync (CA, then bundle, then the leaves), with the lifetimes of the
 /// CR's `spec.certificateRotateStrategy.selfSigned`: a leaf is issued again only when it is
-/// due ([`kubevirt_ca::leaf_renewal`]: near its end, or not signed by the current CA), an
+/// due ([`certificates::leaf_renewal`]: near its end, or not signed by the current CA), an
 /// object is written only when it changes.
 ///
 /// # Errors
 /// When the CA cannot be loaded or created, or the API server refuses a read or a write.
 pub async fn issue_certificates(admin: &kube::Client, namespace: &str) -> anyhow::Result<Issued> {
     use k8s_openapi::api::core::v1::{ConfigMap, Secret};
-    let lifetimes = kubevirt_ca::Lifetimes::of_namespace(admin, namespace).await?;
+    let lifetimes = certificates::Lifetimes::of_namespace(admin, namespace).await?;
     let ca = KubeVirtCa::load_or_rotate(admin.clone(), namespace, &lifetimes).await?;
     let now = time::OffsetDateTime::now_utc();
     let configmaps: Api<ConfigMap> = Api::namespaced(admin.clone(), namespace);
@@ -209,7 +208,7 @@ pub async fn issue_certificates(admin: &kube::Client, namespace: &str) -> anyhow
         .context("reading ConfigMap kubevirt-ca")?
         .and_then(|cm| cm.data?.get("ca-bundle").cloned())
         .unwrap_or_default();
-    let bundle = kubevirt_ca::merge_bundle(&ca.cert_pem, &previous, now);
+    let bundle = certificates::merge_bundle(&ca.cert_pem, &previous, now);
     if bundle != previous {
         let object = json!({
             "apiVersion": "v1",
@@ -217,14 +216,14 @@ pub async fn issue_certificates(admin: &kube::Client, namespace: &str) -> anyhow
             "metadata": {"name": CA_BUNDLE, "namespace": namespace},
             "data": {"ca-bundle": bundle},
         });
-        crate::cmd_api::create_or_replace_dynamic(admin.clone(), object)
+        crate::apply::create_or_replace_dynamic(admin.clone(), object)
             .await
             .context("writing ConfigMap kubevirt-ca")?;
         info!(namespace, "KubeVirt CA bundle published");
     }
     let mut next = ca.renewal();
-    for block in kubevirt_ca::pem_blocks(&bundle).iter().skip(1) {
-        if let Some((_, not_after)) = kubevirt_ca::validity_of(block.as_bytes()) {
+    for block in certificates::pem_blocks(&bundle).iter().skip(1) {
+        if let Some((_, not_after)) = certificates::validity_of(block.as_bytes()) {
             next = next.min(not_after);
         }
     }
@@ -237,7 +236,7 @@ pub async fn issue_certificates(admin: &kube::Client, namespace: &str) -> anyhow
         let pair = existing.as_ref().and_then(|s| {
             let (cert, key) = (secret_text(s, "tls.crt")?, secret_text(s, "tls.key")?);
             let due =
-                kubevirt_ca::leaf_renewal(cert.as_bytes(), ca.cert_pem.as_bytes(), &lifetimes)?;
+                certificates::leaf_renewal(cert.as_bytes(), ca.cert_pem.as_bytes(), &lifetimes)?;
             (due > now).then_some((cert, key, due))
         });
         let kept = pair.is_some();
@@ -249,7 +248,7 @@ pub async fn issue_certificates(admin: &kube::Client, namespace: &str) -> anyhow
             None => {
                 let (cert, key) = issue_leaf(&ca, name, namespace)?;
                 if let Some(due) =
-                    kubevirt_ca::leaf_renewal(cert.as_bytes(), ca.cert_pem.as_bytes(), &lifetimes)
+                    certificates::leaf_renewal(cert.as_bytes(), ca.cert_pem.as_bytes(), &lifetimes)
                 {
                     next = next.min(due);
                 }
@@ -263,7 +262,7 @@ pub async fn issue_certificates(admin: &kube::Client, namespace: &str) -> anyhow
         if kept && bundle_current {
             continue;
         }
-        crate::cmd_api::create_or_replace_dynamic(
+        crate::apply::create_or_replace_dynamic(
             admin.clone(),
             tls_secret(namespace, name, (&cert, &key), &bundle),
         )
@@ -283,14 +282,14 @@ pub async fn issue_certificates(admin: &kube::Client, namespace: &str) -> anyhow
 fn issue_leaf(ca: &KubeVirtCa, name: &str, namespace: &str) -> anyhow::Result<(String, String)> {
     let [api, handler_server, handler_client, _controller] = CERTIFICATE_SECRETS;
     if name == api {
-        ca.issue_serving(kubevirt_ca::service_names("virt-api", namespace))
+        ca.issue_serving(certificates::service_names("virt-api", namespace))
     } else if name == handler_server {
         let names = vec![virt_api::subresources::HANDLER_SERVER_NAME.to_owned()];
         ca.issue_serving_as("kubevirt.io:system:node:virt-handler", names)
     } else if name == handler_client {
         ca.issue_client("kubevirt.io:system:client:virt-handler")
     } else {
-        ca.issue_serving(kubevirt_ca::service_names("virt-controller", namespace))
+        ca.issue_serving(certificates::service_names("virt-controller", namespace))
     }
 }
 
@@ -543,7 +542,7 @@ pub fn installed_objects(config: &kubevirt_install::InstallConfig) -> anyhow::Re
         .collect();
     for name in CERTIFICATE_SECRETS
         .into_iter()
-        .chain([kubevirt_ca::CA_SECRET])
+        .chain([certificates::CA_SECRET])
     {
         objects.push(json!({"apiVersion": "v1", "kind": "Secret",
             "metadata": {"name": name, "namespace": namespace}}));

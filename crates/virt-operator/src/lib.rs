@@ -1,0 +1,20 @@
+//! virt-operator (upstream's `pkg/virt-operator`): installs KubeVirt onto a cluster and keeps
+//! it installed for the KubeVirt CR.
+//!
+//! ```text
+//!  kubevirt::run ──(Lease virt-operator)──► KubeVirt controller (kubevirt.rs)
+//!        │ reconcile: status, finalizer, conditions
+//!        ▼
+//!  installer.rs ──renders── kubevirt_install (deploy/) ──► apply.rs ──► API server
+//!        │
+//!        └── certificates.rs: the KubeVirt CA and the components' certificates
+//! ```
+//!
+//! `kubevirt-rs operator` runs [`kubevirt::run`]; `kubevirt-rs server` calls
+//! [`installer::start`] and [`installer::wait_ready`]; virt-api (`kubevirt-rs api`) issues its
+//! own serving certificate from [`certificates::KubeVirtCa`] when nothing is mounted.
+
+pub mod apply;
+pub mod certificates;
+pub mod installer;
+pub mod kubevirt;
