@@ -1,5 +1,4 @@
-//! A minimal stand-in for virt-operator's certificate management, until the operator exists:
-//! the KubeVirt CA in the Secret `kubevirt-ca` of KubeVirt's namespace (upstream's name and
+//! virt-operator's certificate management: the KubeVirt CA in the Secret `kubevirt-ca` of KubeVirt's namespace (upstream's name and
 //! layout: a `kubernetes.io/tls` Secret with `tls.crt` and `tls.key`, subject `kubevirt.io`),
 //! created when missing, and the components' serving and client certificates issued from it
 //! (virt-api's own, when it runs without mounted certificates, and the installer's
