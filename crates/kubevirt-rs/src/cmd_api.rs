@@ -14,8 +14,8 @@
 //! and here also `ca.crt`); virt-api reads it from there and follows its renewals, and then
 //! registers nothing: whoever issued the Secret (the operator upstream, the embedded server's
 //! [`virt_operator::installer`] here) owns the registration objects. Otherwise `--tls-cert-file`/
-//! `--tls-key-file` when given, else one issued at start (and every 19 hours) from the KubeVirt
-//! CA that [`certificates`] keeps in the Secret `kubevirt-ca`; in those two cases virt-api
+//! `--tls-key-file` when given, else one issued at start (and again at its renewal time) from
+//! the KubeVirt CA that [`certificates`] keeps in the Secret `kubevirt-ca`; in those two cases virt-api
 //! registers itself.
 //!
 //! Towards virt-handler virt-api presents the client certificate of the Secret
@@ -43,7 +43,7 @@ use kube::api::{Api, PostParams};
 use kubevirt_tls::SwappableCert;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
-use virt_api::subresources::NodeClientConfig;
+use virt_api::subresources::{NodeClientConfig, NodeCredentials};
 use virt_api::webhook::WebhookTarget;
 
 use virt_operator::certificates::{self, KubeVirtCa};
@@ -278,36 +278,47 @@ fn serving_names(target: &WebhookTarget) -> Vec<String> {
     }
 }
 
-/// Every 80% of a leaf's life: a new serving certificate from the (possibly renewed) CA,
-/// swapped in, and the registration objects trusting that CA.
+/// At the serving certificate's renewal time ([`certificates::leaf_renewal`]): a new one
+/// from the (possibly renewed) CA, swapped in, and the registration objects trusting that CA.
 fn rotate(
     client: kube::Client,
     namespace: String,
     target: WebhookTarget,
     cert: std::sync::Arc<SwappableCert>,
     webhooks: bool,
+    first: (Vec<u8>, Vec<u8>),
     cancel: CancellationToken,
 ) -> tokio::task::JoinHandle<()> {
-    let period = Duration::from_secs(
-        u64::try_from(certificates::LEAF_LIFETIME.whole_seconds() * 4 / 5).unwrap_or(3600),
-    );
+    let lifetimes = certificates::Lifetimes::default();
+    let renew_in = move |(leaf, ca): &(Vec<u8>, Vec<u8>)| {
+        certificates::leaf_renewal(leaf, ca, &lifetimes)
+            .map_or(Duration::from_secs(5), certificates::until)
+    };
     tokio::spawn(async move {
+        let mut wait = renew_in(&first);
         loop {
             tokio::select! {
                 () = cancel.cancelled() => return,
-                () = tokio::time::sleep(period) => {}
+                () = tokio::time::sleep(wait) => {}
             }
             let result = async {
                 let ca = KubeVirtCa::load_or_create(client.clone(), &namespace).await?;
                 let (c, k) = ca.issue_serving(serving_names(&target))?;
                 cert.swap_pem(c.as_bytes(), k.as_bytes())
                     .context("swapping the serving certificate")?;
-                register(&client, ca.cert_pem.as_bytes(), &target, webhooks).await
+                register(&client, ca.cert_pem.as_bytes(), &target, webhooks).await?;
+                anyhow::Ok((c.into_bytes(), ca.cert_pem.into_bytes()))
             }
             .await;
             match result {
-                Ok(()) => info!("virt-api serving certificate rotated"),
-                Err(e) => warn!(error = format!("{e:#}"), "rotating virt-api's certificate"),
+                Ok(issued) => {
+                    info!("virt-api serving certificate rotated");
+                    wait = renew_in(&issued);
+                }
+                Err(e) => {
+                    warn!(error = format!("{e:#}"), "rotating virt-api's certificate");
+                    wait = Duration::from_secs(5);
+                }
             }
         }
     })
@@ -362,19 +373,17 @@ pub(crate) async fn start(
             )
         }
         Serving::Mounted(dir) => {
-            let files = MountedCert::read(&dir)?;
-            let parts = (
-                files.cert.clone(),
-                files.key.clone(),
-                files.ca.clone(),
-                false,
-            );
-            mounted = Some((dir, files));
-            parts
+            let ca = read(&dir.join("ca.crt"))?;
+            mounted = Some(dir);
+            (Vec::new(), Vec::new(), ca, false)
         }
     };
-    let cert =
-        SwappableCert::from_pem(&cert_pem, &key_pem).context("virt-api's serving certificate")?;
+    let cert = match &mounted {
+        // Followed per handshake: the renewals the operator writes are served at once.
+        Some(dir) => SwappableCert::following_files(&dir.join("tls.crt"), &dir.join("tls.key")),
+        None => SwappableCert::from_pem(&cert_pem, &key_pem),
+    }
+    .context("virt-api's serving certificate")?;
     let (addr, server) = virt_api::server::run_virt_api_server(
         virt_api::server::VirtApiServerConfig {
             listen: setup.listen,
@@ -401,11 +410,9 @@ pub(crate) async fn start(
             target.clone(),
             cert.clone(),
             !setup.subresources_only,
+            (cert_pem.clone(), ca_bundle.clone()),
             cancel.clone(),
         )
-    });
-    let rotation = rotation.or_else(|| {
-        mounted.map(|(dir, files)| follow_mounted(dir, files, cert.clone(), cancel.clone()))
     });
     if register_self {
         let registrar = setup.registrar.unwrap_or_else(|| client.clone());
@@ -417,56 +424,6 @@ pub(crate) async fn start(
     Ok(VirtApi {
         server,
         _rotation: rotation,
-    })
-}
-
-/// The files of a mounted `kubernetes.io/tls` Secret.
-#[derive(PartialEq, Eq)]
-struct MountedCert {
-    cert: Vec<u8>,
-    key: Vec<u8>,
-    ca: Vec<u8>,
-}
-
-impl MountedCert {
-    fn read(dir: &std::path::Path) -> anyhow::Result<MountedCert> {
-        Ok(MountedCert {
-            cert: read(&dir.join("tls.crt"))?,
-            key: read(&dir.join("tls.key"))?,
-            ca: read(&dir.join("ca.crt"))?,
-        })
-    }
-}
-
-/// How often a mounted certificate is checked for a renewal (the node agent re-syncs Secret
-/// volumes about as often).
-const MOUNTED_CHECK_PERIOD: Duration = Duration::from_secs(10);
-
-/// Swaps in the mounted certificate whenever its files change.
-fn follow_mounted(
-    dir: PathBuf,
-    mut current: MountedCert,
-    cert: std::sync::Arc<SwappableCert>,
-    cancel: CancellationToken,
-) -> tokio::task::JoinHandle<()> {
-    tokio::spawn(async move {
-        loop {
-            tokio::select! {
-                () = cancel.cancelled() => return,
-                () = tokio::time::sleep(MOUNTED_CHECK_PERIOD) => {}
-            }
-            match MountedCert::read(&dir) {
-                Ok(files) if files != current => match cert.swap_pem(&files.cert, &files.key) {
-                    Ok(()) => {
-                        info!(dir = %dir.display(), "virt-api serving certificate renewed");
-                        current = files;
-                    }
-                    Err(e) => warn!(error = %e, "a renewed serving certificate is unusable"),
-                },
-                Ok(_) => {}
-                Err(e) => warn!(error = format!("{e:#}"), "reading the serving certificate"),
-            }
-        }
     })
 }
 
@@ -489,20 +446,17 @@ pub fn run(args: ApiArgs) -> anyhow::Result<()> {
     let handler_dir = &args.handler_certificates_dir;
     let node_endpoint = match (&args.handler_cert_file, &args.handler_key_file) {
         (Some(cert), Some(key)) => Some(NodeClientConfig {
-            client_cert_pem: read(cert)?,
-            client_key_pem: read(key)?,
-            server_ca_pem: None,
+            credentials: NodeCredentials::Pem {
+                client_cert_pem: read(cert)?,
+                client_key_pem: read(key)?,
+                server_ca_pem: None,
+            },
             server_name: None,
         }),
-        _ if handler_dir.join("tls.crt").exists() => {
-            let files = MountedCert::read(handler_dir)?;
-            Some(NodeClientConfig {
-                client_cert_pem: files.cert,
-                client_key_pem: files.key,
-                server_ca_pem: Some(files.ca),
-                server_name: Some(virt_api::subresources::HANDLER_SERVER_NAME.to_owned()),
-            })
-        }
+        _ if handler_dir.join("tls.crt").exists() => Some(NodeClientConfig {
+            credentials: NodeCredentials::Mounted(handler_dir.clone()),
+            server_name: Some(virt_api::subresources::HANDLER_SERVER_NAME.to_owned()),
+        }),
         _ => None,
     };
     let advertise = match (args.advertise_url, &serving) {

@@ -4,7 +4,8 @@
 //! Its REST server (console, VNC, pause for virt-api) presents the certificate of the Secret
 //! `kubevirt-virt-handler-server-certs` when mounted (`tls.crt`, `tls.key`) and accepts the
 //! client certificates its `ca.crt` signed (virt-api's `kubevirt-virt-handler-certs`), as
-//! upstream; without it a self-signed certificate, accepting clients of the cluster CA.
+//! upstream, both followed per handshake so renewals take effect at once; without it a
+//! self-signed certificate, accepting clients of the cluster CA.
 
 use std::path::PathBuf;
 
@@ -43,44 +44,29 @@ pub struct HandlerArgs {
     pub server_certificates_dir: PathBuf,
 }
 
-/// The REST server's certificate, key and client CA from a mounted Secret, if it is there.
-fn mounted_server_certs(
-    dir: &std::path::Path,
-) -> anyhow::Result<Option<(String, String, Vec<u8>)>> {
-    if !dir.join("tls.crt").exists() {
-        return Ok(None);
-    }
-    let read = |file: &str| {
-        std::fs::read_to_string(dir.join(file))
-            .with_context(|| format!("reading {}", dir.join(file).display()))
-    };
-    Ok(Some((
-        read("tls.crt")?,
-        read("tls.key")?,
-        read("ca.crt")?.into_bytes(),
-    )))
-}
-
 pub fn run(args: HandlerArgs) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Runtime::new().context("starting the tokio runtime")?;
     runtime.block_on(async move {
         let kube_config = crate::kube_config::load(args.kubeconfig.as_deref()).await?;
-        let rest = match mounted_server_certs(&args.server_certificates_dir)? {
-            Some((cert, key, client_ca)) => Some(virt_handler::rest::RestConfig {
+        let rest = if args.server_certificates_dir.join("tls.crt").exists() {
+            // Followed per handshake: the operator's renewals are served at once.
+            Some(virt_handler::rest::RestConfig {
                 listen: args.listen,
-                client_ca_pem: client_ca,
-                serving_cert: Some((cert, key)),
+                tls: virt_handler::rest::RestTls::Mounted(args.server_certificates_dir.clone()),
                 advertise_ip: args.pod_ip_address,
-            }),
+            })
+        } else {
             // virt-api's client certificates are verified against the cluster CA.
-            None => crate::kube_config::cluster_ca_pem(&kube_config).map(|ca| {
+            crate::kube_config::cluster_ca_pem(&kube_config).map(|ca| {
                 virt_handler::rest::RestConfig {
                     listen: args.listen,
-                    client_ca_pem: ca,
-                    serving_cert: None,
+                    tls: virt_handler::rest::RestTls::Pem {
+                        client_ca_pem: ca,
+                        serving_cert: None,
+                    },
                     advertise_ip: args.pod_ip_address,
                 }
-            }),
+            })
         };
         let client = kube::Client::try_from(kube_config).context("client")?;
         let config = virt_handler::HandlerConfig {

@@ -1,5 +1,6 @@
 //! Client configuration: whom to trust and who we are.
 
+use std::path::Path;
 use std::sync::Arc;
 
 use rustls::client::WebPkiServerVerifier;
@@ -16,6 +17,9 @@ use crate::server::{ConfigError, root_store};
 pub enum ServerTrust<'a> {
     /// The certificate must chain to this PEM CA bundle and name the server.
     CaPem(&'a [u8]),
+    /// As [`ServerTrust::CaPem`], with the bundle of this PEM file as it is at each
+    /// handshake (a renewed bundle is trusted from the next handshake on).
+    CaFile(&'a Path),
     /// Any certificate is accepted; see [`danger_accept_any_server_certificate`].
     DangerAcceptAny,
 }
@@ -30,14 +34,7 @@ pub fn client_config(
     identity: Option<(&[u8], &[u8])>,
 ) -> Result<rustls::ClientConfig, ConfigError> {
     let provider = crate::provider();
-    let verifier: Arc<dyn ServerCertVerifier> = match trust {
-        ServerTrust::CaPem(ca) => {
-            WebPkiServerVerifier::builder_with_provider(Arc::new(root_store(ca)?), provider.clone())
-                .build()
-                .map_err(ConfigError::ServerVerifier)?
-        }
-        ServerTrust::DangerAcceptAny => danger_accept_any_server_certificate(),
-    };
+    let verifier = verifier(trust, &provider)?;
     let builder = rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .map_err(ConfigError::ProtocolVersions)?
@@ -54,6 +51,49 @@ pub fn client_config(
     };
     config.alpn_protocols = vec![crate::ALPN_HTTP1.to_vec()];
     Ok(config)
+}
+
+/// A client configuration verifying servers as `trust` says and presenting the client
+/// certificate and key of the two PEM files `identity` as they are at each handshake (a
+/// renewed pair is presented from the next handshake on; a pair that does not match yet is
+/// not, the previous one is presented meanwhile), offering HTTP/1.1 by ALPN.
+///
+/// # Errors
+/// When the CA bundle or the identity is unusable now.
+pub fn client_config_following(
+    trust: &ServerTrust<'_>,
+    identity: (&Path, &Path),
+) -> Result<rustls::ClientConfig, ConfigError> {
+    let provider = crate::provider();
+    let verifier = verifier(trust, &provider)?;
+    let identity = crate::verify::FollowedIdentity::new(identity.0, identity.1)?;
+    let mut config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(ConfigError::ProtocolVersions)?
+        .dangerous()
+        .with_custom_certificate_verifier(verifier)
+        .with_client_cert_resolver(Arc::new(identity));
+    config.alpn_protocols = vec![crate::ALPN_HTTP1.to_vec()];
+    Ok(config)
+}
+
+/// The server certificate verifier of `trust`.
+fn verifier(
+    trust: &ServerTrust<'_>,
+    provider: &Arc<CryptoProvider>,
+) -> Result<Arc<dyn ServerCertVerifier>, ConfigError> {
+    Ok(match trust {
+        ServerTrust::CaFile(path) => Arc::new(crate::verify::FollowedServerVerifier::new(
+            path,
+            provider.clone(),
+        )?),
+        ServerTrust::CaPem(ca) => {
+            WebPkiServerVerifier::builder_with_provider(Arc::new(root_store(ca)?), provider.clone())
+                .build()
+                .map_err(ConfigError::ServerVerifier)?
+        }
+        ServerTrust::DangerAcceptAny => danger_accept_any_server_certificate(),
+    })
 }
 
 /// A verifier that accepts every server certificate (the handshake signature is still

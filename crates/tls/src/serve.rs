@@ -268,7 +268,32 @@ where
     };
     let cert = crate::SwappableCert::from_pem(cert_pem.as_bytes(), key_pem.as_bytes())
         .map_err(|e| tls_err(&e))?;
-    let tls = crate::server_config(cert, client_auth).map_err(|e| tls_err(&e))?;
+    spawn_serving_cert(listen, cert, client_auth, service).await
+}
+
+/// As [`spawn_serving`], presenting `cert` (a certificate that may follow its files, see
+/// [`crate::SwappableCert::following_files`]).
+///
+/// # Errors
+/// [`SpawnError`] when the TLS set-up or the bind fails.
+pub async fn spawn_serving_cert<S, B>(
+    listen: std::net::SocketAddr,
+    cert: Arc<crate::SwappableCert>,
+    client_auth: &crate::ClientAuth,
+    service: S,
+) -> Result<(std::net::SocketAddr, tokio::task::JoinHandle<()>), SpawnError>
+where
+    S: Service<Request<Incoming>, Response = Response<B>, Error = Infallible>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    B: Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let tls =
+        crate::server_config(cert, client_auth).map_err(|e| SpawnError::Tls(e.to_string()))?;
     let listener = TcpListener::bind(listen)
         .await
         .map_err(|e| SpawnError::Bind(listen, e))?;

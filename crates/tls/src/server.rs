@@ -2,15 +2,19 @@
 //!
 //! # Guarantees
 //! [`SwappableCert::swap`] takes effect for every handshake that starts after it returns;
-//! connections already established keep the certificate they were served.
+//! connections already established keep the certificate they were served. A certificate
+//! that follows its files ([`SwappableCert::following_files`]) and a client CA bundle that
+//! follows its file ([`ClientAuth::RequiredFile`]) are looked at on every handshake (see
+//! [`crate::follow`]).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, PoisonError, RwLock};
 
 use rustls::RootCertStore;
 use rustls::server::{ClientHello, ResolvesServerCert, WebPkiClientVerifier};
 use rustls::sign::CertifiedKey;
 
+use crate::follow::Followed;
 use crate::pem::{self, PemError};
 
 /// Failures to build a TLS configuration.
@@ -43,10 +47,12 @@ pub enum ConfigError {
 }
 
 /// A server certificate resolver whose certificate and key can be replaced while serving
-/// (certificate rotation without restart).
+/// (certificate rotation without restart): swapped in by the caller, or read again from
+/// their files whenever those change.
 #[derive(Debug)]
 pub struct SwappableCert {
     current: RwLock<Arc<CertifiedKey>>,
+    files: Option<Followed<CertifiedKey>>,
 }
 
 impl SwappableCert {
@@ -57,6 +63,24 @@ impl SwappableCert {
     pub fn from_pem(cert_pem: &[u8], key_pem: &[u8]) -> Result<Arc<Self>, ConfigError> {
         Ok(Arc::new(Self {
             current: RwLock::new(certified_key(cert_pem, key_pem)?),
+            files: None,
+        }))
+    }
+
+    /// A resolver serving the certificate chain and key of the two PEM files as they are at
+    /// each handshake: a renewal written to them (in place, or by switching a volume's
+    /// `..data` link) is served from the next handshake on; a pair that does not match yet
+    /// (one file written, not the other) is not, the previous pair is served meanwhile.
+    ///
+    /// # Errors
+    /// When a file cannot be read now or its content is unusable.
+    pub fn following_files(cert: &Path, key: &Path) -> Result<Arc<Self>, ConfigError> {
+        let files = Followed::new(vec![cert.to_owned(), key.to_owned()], |c| {
+            certified_key(&c[0], &c[1])
+        })?;
+        Ok(Arc::new(Self {
+            current: RwLock::new(files.current()),
+            files: Some(files),
         }))
     }
 
@@ -78,13 +102,17 @@ impl SwappableCert {
         Ok(())
     }
 
-    /// Serves `key` to the next handshakes.
+    /// Serves `key` to the next handshakes (of a resolver made from PEM; one that follows its
+    /// files serves what they hold).
     pub fn swap(&self, key: Arc<CertifiedKey>) {
         *self.current.write().unwrap_or_else(PoisonError::into_inner) = key;
     }
 
     /// The certificate and key currently served.
     pub fn current(&self) -> Arc<CertifiedKey> {
+        if let Some(files) = &self.files {
+            return files.current();
+        }
         self.current
             .read()
             .unwrap_or_else(PoisonError::into_inner)
@@ -99,7 +127,10 @@ impl ResolvesServerCert for SwappableCert {
 }
 
 /// A certificate chain with its signing key, checked to belong together.
-fn certified_key(cert_pem: &[u8], key_pem: &[u8]) -> Result<Arc<CertifiedKey>, ConfigError> {
+pub(crate) fn certified_key(
+    cert_pem: &[u8],
+    key_pem: &[u8],
+) -> Result<Arc<CertifiedKey>, ConfigError> {
     let certs = pem::certificates_from_pem(cert_pem)?;
     let key = pem::private_key_from_pem(key_pem)?;
     let signing = crate::provider()
@@ -122,6 +153,9 @@ pub enum ClientAuth {
     /// Every client must present a certificate chaining to this PEM CA bundle; the
     /// handshake fails otherwise.
     Required(Vec<u8>),
+    /// As [`ClientAuth::Required`], with the CA bundle of this PEM file as it is at each
+    /// handshake (a renewed bundle is trusted from the next handshake on).
+    RequiredFile(PathBuf),
 }
 
 /// The trust store of a PEM CA bundle.
@@ -148,6 +182,9 @@ pub fn server_config(
         .map_err(ConfigError::ProtocolVersions)?;
     let builder = match client_auth {
         ClientAuth::None => builder.with_no_client_auth(),
+        ClientAuth::RequiredFile(path) => builder.with_client_cert_verifier(Arc::new(
+            crate::verify::FollowedClientVerifier::new(path, provider)?,
+        )),
         ClientAuth::Optional(ca) | ClientAuth::Required(ca) => {
             let verifier =
                 WebPkiClientVerifier::builder_with_provider(Arc::new(root_store(ca)?), provider);

@@ -427,3 +427,159 @@ async fn an_upgraded_connection_quiet_for_longer_than_the_idle_timeout_is_not_cu
     server.shutdown.cancel();
     server.task.await.unwrap();
 }
+
+mod following {
+    //! Certificates and bundles followed in files, written as a volume writer does.
+
+    use super::*;
+    use std::path::Path;
+
+    /// Writes `files` into a new directory of `dir` and switches `dir/..data` to it
+    /// atomically, the top-level names being links through `..data` (a Secret volume).
+    fn publish(dir: &Path, generation: u32, files: &[(&str, &str)]) {
+        let target = format!("..gen{generation}");
+        std::fs::create_dir(dir.join(&target)).unwrap();
+        for (name, content) in files {
+            std::fs::write(dir.join(&target).join(name), content).unwrap();
+            let link = dir.join(name);
+            if std::fs::symlink_metadata(&link).is_err() {
+                std::os::unix::fs::symlink(format!("..data/{name}"), link).unwrap();
+            }
+        }
+        std::os::unix::fs::symlink(&target, dir.join("..data_tmp")).unwrap();
+        std::fs::rename(dir.join("..data_tmp"), dir.join("..data")).unwrap();
+    }
+
+    fn der(pem: &str) -> Vec<u8> {
+        certificates_from_pem(pem.as_bytes()).unwrap()[0].to_vec()
+    }
+
+    #[tokio::test]
+    async fn a_renewal_published_by_switching_the_data_link_is_served_at_the_next_handshake() {
+        let ca = ca("ca");
+        let dir = tempfile::tempdir().unwrap();
+        let first = leaf(&ca, "first");
+        publish(
+            dir.path(),
+            1,
+            &[("tls.crt", &first.0), ("tls.key", &first.1)],
+        );
+        let resolver = SwappableCert::following_files(
+            &dir.path().join("tls.crt"),
+            &dir.path().join("tls.key"),
+        )
+        .unwrap();
+        let config = server_config(resolver, &ClientAuth::None).unwrap();
+        let server = start(config, tower::service_fn(hello), ServeOptions::default()).await;
+        let before = connect(server.addr, &ca, None).await.unwrap();
+        assert_eq!(served_leaf(&before), der(&first.0));
+
+        let second = leaf(&ca, "second");
+        publish(
+            dir.path(),
+            2,
+            &[("tls.crt", &second.0), ("tls.key", &second.1)],
+        );
+        let after = connect(server.addr, &ca, None).await.unwrap();
+        assert_eq!(served_leaf(&after), der(&second.0));
+        assert_eq!(get(before).await.unwrap(), "anonymous");
+    }
+
+    #[tokio::test]
+    async fn a_certificate_written_before_its_key_is_not_served_until_the_key_follows() {
+        let ca = ca("ca");
+        let dir = tempfile::tempdir().unwrap();
+        let (crt, key) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
+        let first = leaf(&ca, "first");
+        std::fs::write(&crt, &first.0).unwrap();
+        std::fs::write(&key, &first.1).unwrap();
+        let resolver = SwappableCert::following_files(&crt, &key).unwrap();
+        let config = server_config(resolver, &ClientAuth::None).unwrap();
+        let server = start(config, tower::service_fn(hello), ServeOptions::default()).await;
+
+        let second = leaf(&ca, "second");
+        std::fs::write(&crt, &second.0).unwrap();
+        let half = connect(server.addr, &ca, None).await.unwrap();
+        assert_eq!(served_leaf(&half), der(&first.0), "the old pair meanwhile");
+        std::fs::write(&key, &second.1).unwrap();
+        let whole = connect(server.addr, &ca, None).await.unwrap();
+        assert_eq!(served_leaf(&whole), der(&second.0));
+    }
+
+    #[tokio::test]
+    async fn a_client_ca_file_is_trusted_as_it_is_at_each_handshake() {
+        let (old_ca, new_ca) = (ca("old"), ca("new"));
+        let dir = tempfile::tempdir().unwrap();
+        let bundle = dir.path().join("ca.crt");
+        std::fs::write(&bundle, &old_ca.pem).unwrap();
+        let (cert, key) = leaf(&old_ca, "server");
+        let resolver = SwappableCert::from_pem(cert.as_bytes(), key.as_bytes()).unwrap();
+        let config = server_config(resolver, &ClientAuth::RequiredFile(bundle.clone())).unwrap();
+        let server = start(config, tower::service_fn(hello), ServeOptions::default()).await;
+        // The client of the new CA is refused while the bundle holds the old CA only.
+        assert!(refused(server.addr, &old_ca, leaf(&new_ca, "new-client")).await);
+        assert!(!refused(server.addr, &old_ca, leaf(&old_ca, "old-client")).await);
+
+        // The bundle grows to both CAs (old kept for the leaves it signed): both accepted.
+        std::fs::write(&bundle, format!("{}{}", new_ca.pem, old_ca.pem)).unwrap();
+        assert!(!refused(server.addr, &old_ca, leaf(&new_ca, "new-client")).await);
+        assert!(!refused(server.addr, &old_ca, leaf(&old_ca, "old-client")).await);
+
+        // The old CA leaves the bundle: its clients are refused from the next handshake on.
+        std::fs::write(&bundle, &new_ca.pem).unwrap();
+        assert!(refused(server.addr, &old_ca, leaf(&old_ca, "old-client")).await);
+        assert!(!refused(server.addr, &old_ca, leaf(&new_ca, "new-client")).await);
+    }
+
+    /// Whether a client presenting `identity` (and trusting `trust`) is refused.
+    async fn refused(addr: SocketAddr, trust: &Ca, identity: (String, String)) -> bool {
+        match connect(addr, trust, Some(&identity)).await {
+            Ok(stream) => get(stream).await.is_err(),
+            Err(_) => true,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_following_client_presents_its_renewed_identity_and_trusts_the_renewed_bundle() {
+        let (old_ca, new_ca) = (ca("old"), ca("new"));
+        let dir = tempfile::tempdir().unwrap();
+        let (crt, key, bundle) = (
+            dir.path().join("tls.crt"),
+            dir.path().join("tls.key"),
+            dir.path().join("ca.crt"),
+        );
+        let old_client = leaf(&old_ca, "client");
+        std::fs::write(&crt, &old_client.0).unwrap();
+        std::fs::write(&key, &old_client.1).unwrap();
+        std::fs::write(&bundle, &old_ca.pem).unwrap();
+        let client =
+            Arc::new(client_config_following(&ServerTrust::CaFile(&bundle), (&crt, &key)).unwrap());
+        // A server of the new CA, accepting clients of either CA.
+        let (cert, skey) = leaf(&new_ca, "server");
+        let resolver = SwappableCert::from_pem(cert.as_bytes(), skey.as_bytes()).unwrap();
+        let both = format!("{}{}", old_ca.pem, new_ca.pem).into_bytes();
+        let config = server_config(resolver, &ClientAuth::Required(both)).unwrap();
+        let server = start(config, tower::service_fn(hello), ServeOptions::default()).await;
+        let dial = || {
+            let client = client.clone();
+            async move {
+                let tcp = TcpStream::connect(server.addr).await?;
+                TlsConnector::from(client)
+                    .connect(ServerName::try_from("localhost").unwrap(), tcp)
+                    .await
+            }
+        };
+        assert!(
+            dial().await.is_err(),
+            "the new CA's server is not trusted with the old bundle"
+        );
+        let new_client = leaf(&new_ca, "client");
+        std::fs::write(&crt, &new_client.0).unwrap();
+        std::fs::write(&key, &new_client.1).unwrap();
+        std::fs::write(&bundle, &new_ca.pem).unwrap();
+        let stream = dial().await.unwrap();
+        let presented = stream.get_ref().1.peer_certificates().is_some();
+        assert!(presented);
+        assert_eq!(get(stream).await.unwrap(), "client with 1 certificate(s)");
+    }
+}

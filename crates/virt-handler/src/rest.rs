@@ -54,13 +54,28 @@ pub const ENDPOINT_ANNOTATION: &str = "kubevirt-rs.io/virt-handler-endpoint";
 pub struct RestConfig {
     /// Listen address (port 0 picks a free port).
     pub listen: SocketAddr,
-    /// The cluster CA (PEM) whose client certificates are accepted.
-    pub client_ca_pem: Vec<u8>,
-    /// Certificate and key (PEM) to present (self-signed when `None`).
-    pub serving_cert: Option<(String, String)>,
+    /// The serving certificate and the CA of the accepted client certificates.
+    pub tls: RestTls,
     /// The address announced on the Node in place of the listen address's (a pod's IP, when
     /// listening on every address of the pod's network).
     pub advertise_ip: Option<std::net::IpAddr>,
+}
+
+/// Where the REST server's certificate and its client CA come from.
+#[derive(Debug, Clone)]
+pub enum RestTls {
+    /// PEM material, fixed for the life of the process.
+    Pem {
+        /// The CA (PEM) whose client certificates are accepted (the cluster CA).
+        client_ca_pem: Vec<u8>,
+        /// Certificate and key (PEM) to present (self-signed when `None`).
+        serving_cert: Option<(String, String)>,
+    },
+    /// `tls.crt` and `tls.key` (presented) and `ca.crt` (the CA bundle virt-api's client
+    /// certificates must chain to) of a mounted Secret (`kubevirt-virt-handler-server-certs`),
+    /// as they are at each handshake: renewals are served and trusted from the next
+    /// connection on, and a client certificate of a CA that left the bundle is refused.
+    Mounted(std::path::PathBuf),
 }
 
 /// Errors starting the REST server.
@@ -370,13 +385,7 @@ pub async fn serve(
         kubelet_pods_dir: kubelet_pods_dir.to_owned(),
         sessions: Sessions::default(),
     };
-    let (addr, task) = serve_router(
-        config.listen,
-        &config.client_ca_pem,
-        router(state),
-        config.serving_cert.as_ref(),
-    )
-    .await?;
+    let (addr, task) = serve_router(config.listen, &config.tls, router(state)).await?;
     let server = RestServer { addr, task };
     let announced = config
         .advertise_ip
@@ -411,22 +420,43 @@ async fn announce(
     }
 }
 
-/// Serves `app` over TLS on `listen` (clients must present a certificate of
-/// `cluster_ca_pem`) until the task is dropped; returns the bound address. Without a
-/// `serving` certificate a self-signed one is made, as kubelet does by default.
+/// Serves `app` over TLS on `listen` (clients must present a certificate of the client CA
+/// of `tls`) until the task is dropped; returns the bound address. Without a serving
+/// certificate a self-signed one is made, as kubelet does by default.
 async fn serve_router(
     listen: SocketAddr,
-    cluster_ca_pem: &[u8],
+    tls: &RestTls,
     app: Router,
-    serving: Option<&(String, String)>,
 ) -> Result<(SocketAddr, tokio::task::JoinHandle<()>), RestError> {
-    kubevirt_tls::spawn_serving(
-        listen,
-        serving,
-        &kubevirt_tls::ClientAuth::Required(cluster_ca_pem.to_vec()),
-        app,
-    )
-    .await
+    match tls {
+        RestTls::Pem {
+            client_ca_pem,
+            serving_cert,
+        } => {
+            kubevirt_tls::spawn_serving(
+                listen,
+                serving_cert.as_ref(),
+                &kubevirt_tls::ClientAuth::Required(client_ca_pem.clone()),
+                app,
+            )
+            .await
+        }
+        RestTls::Mounted(dir) => {
+            let cert = kubevirt_tls::SwappableCert::following_files(
+                &dir.join("tls.crt"),
+                &dir.join("tls.key"),
+            )
+            .map_err(|e| kubevirt_tls::SpawnError::Tls(e.to_string()))
+            .map_err(RestError::Serve)?;
+            kubevirt_tls::spawn_serving_cert(
+                listen,
+                cert,
+                &kubevirt_tls::ClientAuth::RequiredFile(dir.join("ca.crt")),
+                app,
+            )
+            .await
+        }
+    }
     .map_err(RestError::Serve)
 }
 

@@ -1,21 +1,27 @@
-//! A minimal stand-in for virt-operator's certificate management, until the operator exists:
-//! the KubeVirt CA in the Secret `kubevirt-ca` of KubeVirt's namespace (upstream's name and
+//! virt-operator's certificate management: the KubeVirt CA in the Secret `kubevirt-ca` of KubeVirt's namespace (upstream's name and
 //! layout: a `kubernetes.io/tls` Secret with `tls.crt` and `tls.key`, subject `kubevirt.io`),
 //! created when missing, and the components' serving and client certificates issued from it
 //! (virt-api's own, when it runs without mounted certificates, and the installer's
 //! [`crate::installer`] Secrets).
 //!
+//! Lifecycle (upstream's `pkg/virt-operator/resource/apply/certificates.go`): the CA lives
+//! `spec.certificateRotateStrategy.selfSigned.ca.duration` (7 days) and is replaced
+//! `ca.renewBefore` (a fifth of its life) before it ends; leaves live `server.duration`
+//! (24 hours) and are renewed `server.renewBefore` (a fifth) before they end, at once when the
+//! current CA did not sign them, and no later than half the CA's `renewBefore` before the CA
+//! ends ([`Lifetimes`], [`leaf_renewal`]). The bundle keeps each previous CA until it expires
+//! ([`merge_bundle`]): a certificate it signed is never valid longer than it, so every client
+//! with either bundle keeps verifying every certificate still served.
+//!
 //! # Guarantees
-//! Several virt-api processes starting at once agree on one CA: the Secret is created with
+//! Several writers starting at once agree on one CA: the Secret is created with
 //! `create` (the loser of a race reads the winner's) and renewed with `replace` on the
 //! `resourceVersion` it read (a conflict reads the Secret again).
 //!
 //! # Caveats
-//! A CA with less than a fifth of its lifetime ([`CA_LIFETIME`], upstream's 7 days) left is
-//! replaced, and the registration objects then trust the new CA only (upstream's operator keeps
-//! the old one in the bundle until every leaf it signed has expired); a replica still serving
-//! a leaf of the old CA is refused until its next rotation. Leaves live [`LEAF_LIFETIME`]
-//! (upstream's 24 hours).
+//! A renewed leaf reaches a pod when its node agent next syncs the Secret volume, so
+//! `renewBefore` must be longer than that sync period (10 s in our node agent, about a minute
+//! in kubelet).
 
 use anyhow::{Context, bail};
 use k8s_openapi::ByteString;
@@ -32,15 +38,236 @@ pub const CA_SECRET: &str = "kubevirt-ca";
 pub const CA_LIFETIME: time::Duration = time::Duration::days(7);
 /// How long a serving certificate is valid (upstream's default).
 pub const LEAF_LIFETIME: time::Duration = time::Duration::hours(24);
+/// How long a CA lives, and renews, and how long leaves live, and renew — upstream's
+/// `GetCADuration`/`GetCARenewBefore`/`GetCertDuration`/`GetCertRenewBefore` of the CR's
+/// `spec.certificateRotateStrategy.selfSigned`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Lifetimes {
+    /// `ca.duration` (deprecated `caRotateInterval` first), default 7 days.
+    pub ca: time::Duration,
+    /// `ca.renewBefore` (deprecated `caOverlapInterval` first), default a fifth of `ca`.
+    pub ca_renew_before: time::Duration,
+    /// `server.duration` (deprecated `certRotateInterval` first), default 24 hours.
+    pub server: time::Duration,
+    /// `server.renewBefore`, default a fifth of `server`.
+    pub server_renew_before: time::Duration,
+}
+
+impl Default for Lifetimes {
+    fn default() -> Self {
+        Self::from_cr(None)
+    }
+}
+
+impl Lifetimes {
+    /// The lifetimes the CR asks for; a missing or unparsable duration is the default.
+    #[must_use]
+    pub fn from_cr(cr: Option<&kubevirt_api::v1::KubeVirt>) -> Self {
+        let self_signed = cr
+            .and_then(|cr| cr.spec.certificate_rotate_strategy.as_ref())
+            .and_then(|s| s.self_signed.as_ref());
+        let pick = |deprecated: Option<&String>, current: Option<&String>| {
+            deprecated
+                .or(current)
+                .and_then(|d| parse_go_duration(d))
+                .filter(|d| d.is_positive())
+        };
+        let ca_conf = self_signed.and_then(|s| s.ca.as_ref());
+        let server_conf = self_signed.and_then(|s| s.server.as_ref());
+        let ca = pick(
+            self_signed.and_then(|s| s.ca_rotate_interval.as_ref()),
+            ca_conf.and_then(|c| c.duration.as_ref()),
+        )
+        .unwrap_or(CA_LIFETIME);
+        let ca_renew_before = pick(
+            self_signed.and_then(|s| s.ca_overlap_interval.as_ref()),
+            ca_conf.and_then(|c| c.renew_before.as_ref()),
+        )
+        .unwrap_or(ca / 5);
+        let server = pick(
+            self_signed.and_then(|s| s.cert_rotate_interval.as_ref()),
+            server_conf.and_then(|c| c.duration.as_ref()),
+        )
+        .unwrap_or(LEAF_LIFETIME);
+        let server_renew_before =
+            pick(None, server_conf.and_then(|c| c.renew_before.as_ref())).unwrap_or(server / 5);
+        Self {
+            ca,
+            ca_renew_before,
+            server,
+            server_renew_before,
+        }
+    }
+
+    /// The lifetimes of the first KubeVirt CR of `namespace` (defaults without one).
+    ///
+    /// # Errors
+    /// When the CRs cannot be listed.
+    pub async fn of_namespace(client: &kube::Client, namespace: &str) -> anyhow::Result<Self> {
+        let api: Api<kubevirt_api::v1::KubeVirt> = Api::namespaced(client.clone(), namespace);
+        let mut crs = api
+            .list(&kube::api::ListParams::default())
+            .await
+            .context("reading the KubeVirt CR")?
+            .items;
+        crs.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+        Ok(Self::from_cr(crs.first()))
+    }
+}
+
+/// A Go duration (`168h`, `1h30m`, `20s`, `1.5h`, `500ms`): what Kubernetes' `metav1.Duration`
+/// accepts.
+#[must_use]
+pub fn parse_go_duration(text: &str) -> Option<time::Duration> {
+    let (negative, mut rest) = match text.strip_prefix('-') {
+        Some(r) => (true, r),
+        None => (false, text.strip_prefix('+').unwrap_or(text)),
+    };
+    if rest == "0" {
+        return Some(time::Duration::ZERO);
+    }
+    if rest.is_empty() {
+        return None;
+    }
+    let mut total = 0f64;
+    while !rest.is_empty() {
+        let number_len = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(rest.len());
+        let number: f64 = rest[..number_len].parse().ok()?;
+        rest = &rest[number_len..];
+        let unit_len = rest
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(rest.len());
+        let seconds = match &rest[..unit_len] {
+            "ns" => 1e-9,
+            "us" | "\u{b5}s" | "\u{3bc}s" => 1e-6,
+            "ms" => 1e-3,
+            "s" => 1.0,
+            "m" => 60.0,
+            "h" => 3600.0,
+            _ => return None,
+        };
+        rest = &rest[unit_len..];
+        total += number * seconds;
+    }
+    let d = time::Duration::checked_seconds_f64(total)?;
+    Some(if negative { -d } else { d })
+}
+
+/// The validity of a PEM certificate, and the certificate (DER) for signature checks.
+fn parse_pem(pem: &[u8]) -> Option<x509_parser::pem::Pem> {
+    x509_parser::pem::parse_x509_pem(pem).ok().map(|(_, p)| p)
+}
+
+/// `notBefore` and `notAfter` of a PEM certificate.
+#[must_use]
+pub fn validity_of(cert_pem: &[u8]) -> Option<(time::OffsetDateTime, time::OffsetDateTime)> {
+    let pem = parse_pem(cert_pem)?;
+    let cert = pem.parse_x509().ok()?;
+    let v = cert.validity();
+    Some((v.not_before.to_datetime(), v.not_after.to_datetime()))
+}
+
+/// Whether the CA certificate `ca_pem` signed the certificate `cert_pem`.
+#[must_use]
+pub fn signed_by(cert_pem: &[u8], ca_pem: &[u8]) -> bool {
+    let (Some(leaf), Some(ca)) = (parse_pem(cert_pem), parse_pem(ca_pem)) else {
+        return false;
+    };
+    let (Ok(leaf), Ok(ca)) = (leaf.parse_x509(), ca.parse_x509()) else {
+        return false;
+    };
+    leaf.issuer() == ca.subject() && leaf.verify_signature(Some(ca.public_key())).is_ok()
+}
+
+/// When the leaf `cert_pem` must be issued again (the past: now): at once when it does not
+/// parse or the CA `ca_pem` did not sign it; else `renewBefore` before it ends, and no later
+/// than half the CA's `renewBefore` before the CA ends (upstream's `NextRotationDeadline`).
+#[must_use]
+pub fn leaf_renewal(
+    cert_pem: &[u8],
+    ca_pem: &[u8],
+    lifetimes: &Lifetimes,
+) -> Option<time::OffsetDateTime> {
+    if !signed_by(cert_pem, ca_pem) {
+        return None;
+    }
+    let (_, not_after) = validity_of(cert_pem)?;
+    let (_, ca_not_after) = validity_of(ca_pem)?;
+    let deadline = not_after - lifetimes.server_renew_before;
+    Some(if ca_not_after < not_after {
+        deadline.min(ca_not_after - lifetimes.ca_renew_before / 2)
+    } else {
+        deadline
+    })
+}
+
+/// How long until `at` (zero when it has come).
+#[must_use]
+pub fn until(at: time::OffsetDateTime) -> std::time::Duration {
+    std::time::Duration::try_from(at - time::OffsetDateTime::now_utc())
+        .unwrap_or(std::time::Duration::ZERO)
+}
+
+/// When the CA `ca_pem` must be replaced (`None`: now, it does not parse).
+#[must_use]
+pub fn ca_renewal(ca_pem: &[u8], lifetimes: &Lifetimes) -> Option<time::OffsetDateTime> {
+    validity_of(ca_pem).map(|(_, not_after)| not_after - lifetimes.ca_renew_before)
+}
+
+/// The CA bundle: `current` first, then each CA of `previous` (a PEM bundle) that is neither
+/// `current` nor expired at `now`, once each.
+#[must_use]
+pub fn merge_bundle(current: &str, previous: &str, now: time::OffsetDateTime) -> String {
+    let mut bundle = current.trim_end().to_owned();
+    bundle.push('\n');
+    let mut seen = vec![normalized(current)];
+    for block in pem_blocks(previous) {
+        let key = normalized(&block);
+        if seen.contains(&key) {
+            continue;
+        }
+        if validity_of(block.as_bytes()).is_some_and(|(_, not_after)| not_after > now) {
+            bundle.push_str(block.trim_end());
+            bundle.push('\n');
+            seen.push(key);
+        }
+    }
+    bundle
+}
+
+fn normalized(pem: &str) -> String {
+    pem.split_whitespace().collect()
+}
+
+/// The `CERTIFICATE` blocks of a PEM bundle, each with its armour.
+#[must_use]
+pub fn pem_blocks(bundle: &str) -> Vec<String> {
+    const END: &str = "-----END CERTIFICATE-----";
+    let mut blocks = Vec::new();
+    let mut rest = bundle;
+    while let Some(start) = rest.find("-----BEGIN CERTIFICATE-----") {
+        let Some(end) = rest[start..].find(END) else {
+            break;
+        };
+        let stop = start + end + END.len();
+        blocks.push(rest[start..stop].to_owned());
+        rest = &rest[stop..];
+    }
+    blocks
+}
+
 /// Certificates are valid from this long before they are issued, for clocks that lag.
 const CLOCK_SKEW: time::Duration = time::Duration::minutes(5);
 const CA_SUBJECT: &str = "kubevirt.io";
 
 /// The KubeVirt CA: its certificate (PEM) and key.
 pub struct KubeVirtCa {
-    /// The CA certificate, PEM: the `caBundle` of the registration objects.
+    /// The CA certificate, PEM (the first of the bundle the registration objects trust).
     pub cert_pem: String,
     key: KeyPair,
+    lifetimes: Lifetimes,
 }
 
 fn validity(p: &mut CertificateParams, lifetime: time::Duration) {
@@ -49,12 +276,12 @@ fn validity(p: &mut CertificateParams, lifetime: time::Duration) {
     p.not_after = now + lifetime;
 }
 
-fn ca_params() -> anyhow::Result<CertificateParams> {
+fn ca_params(lifetime: time::Duration) -> anyhow::Result<CertificateParams> {
     let mut p = CertificateParams::new(Vec::<String>::new()).context("CA parameters")?;
     let mut dn = DistinguishedName::new();
     dn.push(DnType::CommonName, CA_SUBJECT);
     p.distinguished_name = dn;
-    validity(&mut p, CA_LIFETIME);
+    validity(&mut p, lifetime);
     p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
     p.key_usages = vec![
         KeyUsagePurpose::KeyCertSign,
@@ -64,43 +291,36 @@ fn ca_params() -> anyhow::Result<CertificateParams> {
     Ok(p)
 }
 
-/// Whether a CA certificate must be replaced: it does not parse, or less than a fifth of its
-/// lifetime is left.
-fn needs_renewal(cert_pem: &[u8]) -> bool {
-    let Ok((_, pem)) = x509_parser::pem::parse_x509_pem(cert_pem) else {
-        return true;
-    };
-    let Ok(cert) = pem.parse_x509() else {
-        return true;
-    };
-    let (start, end) = (
-        cert.validity().not_before.timestamp(),
-        cert.validity().not_after.timestamp(),
-    );
-    let now = time::OffsetDateTime::now_utc().unix_timestamp();
-    end - now < (end - start) / 5
+/// Whether a CA certificate must be replaced: it does not parse, or its renewal time
+/// ([`ca_renewal`]) has come.
+fn needs_renewal(cert_pem: &[u8], lifetimes: &Lifetimes) -> bool {
+    ca_renewal(cert_pem, lifetimes).is_none_or(|at| at <= time::OffsetDateTime::now_utc())
 }
 
 /// The CA stored in `secret`, if it is usable.
-fn from_secret(secret: &Secret) -> Option<KubeVirtCa> {
+fn from_secret(secret: &Secret, lifetimes: &Lifetimes) -> Option<KubeVirtCa> {
     let data = secret.data.as_ref()?;
     let (cert, key) = (&data.get("tls.crt")?.0, &data.get("tls.key")?.0);
-    if needs_renewal(cert) {
+    if needs_renewal(cert, lifetimes) {
         return None;
     }
     let key = KeyPair::from_pem(std::str::from_utf8(key).ok()?).ok()?;
     Some(KubeVirtCa {
         cert_pem: String::from_utf8(cert.clone()).ok()?,
         key,
+        lifetimes: *lifetimes,
     })
 }
 
-fn new_ca() -> anyhow::Result<KubeVirtCa> {
+fn new_ca(lifetimes: &Lifetimes) -> anyhow::Result<KubeVirtCa> {
     let key = KeyPair::generate().context("generating the CA key")?;
-    let cert = ca_params()?.self_signed(&key).context("signing the CA")?;
+    let cert = ca_params(lifetimes.ca)?
+        .self_signed(&key)
+        .context("signing the CA")?;
     Ok(KubeVirtCa {
         cert_pem: cert.pem(),
         key,
+        lifetimes: *lifetimes,
     })
 }
 
@@ -131,31 +351,43 @@ fn secret_of(namespace: &str, ca: &KubeVirtCa, resource_version: Option<String>)
 }
 
 impl KubeVirtCa {
-    /// The CA of `namespace`'s Secret [`CA_SECRET`], created (or replaced, when it is
-    /// unusable or near its end) as needed; see the module's guarantees.
+    /// The CA of `namespace`'s Secret [`CA_SECRET`] with the default [`Lifetimes`]; see
+    /// [`KubeVirtCa::load_or_rotate`].
     ///
     /// # Errors
     /// When the API server refuses, or another writer keeps winning.
     pub async fn load_or_create(client: kube::Client, namespace: &str) -> anyhow::Result<Self> {
+        Self::load_or_rotate(client, namespace, &Lifetimes::default()).await
+    }
+
+    /// The CA of `namespace`'s Secret [`CA_SECRET`], created (or replaced, when it is
+    /// unusable or its renewal time has come) as needed; see the module's guarantees. The
+    /// leaves it issues live `lifetimes.server`.
+    ///
+    /// # Errors
+    /// When the API server refuses, or another writer keeps winning.
+    pub async fn load_or_rotate(
+        client: kube::Client,
+        namespace: &str,
+        lifetimes: &Lifetimes,
+    ) -> anyhow::Result<Self> {
         let api: Api<Secret> = Api::namespaced(client, namespace);
         for _ in 0..5 {
             let existing = api
                 .get_opt(CA_SECRET)
                 .await
                 .with_context(|| format!("reading Secret {namespace}/{CA_SECRET}"))?;
-            if let Some(ca) = existing.as_ref().and_then(from_secret) {
+            if let Some(ca) = existing.as_ref().and_then(|s| from_secret(s, lifetimes)) {
                 return Ok(ca);
             }
-            let ca = new_ca()?;
+            let ca = new_ca(lifetimes)?;
             let result = match existing {
                 None => {
                     api.create(&PostParams::default(), &secret_of(namespace, &ca, None))
                         .await
                 }
                 Some(old) => {
-                    tracing::warn!(
-                        "the KubeVirt CA is unusable or near its end: issuing a new one"
-                    );
+                    tracing::info!("the KubeVirt CA is due for renewal: issuing a new one");
                     let secret = secret_of(namespace, &ca, old.metadata.resource_version);
                     api.replace(CA_SECRET, &PostParams::default(), &secret)
                         .await
@@ -175,6 +407,13 @@ impl KubeVirtCa {
             }
         }
         bail!("Secret {namespace}/{CA_SECRET} keeps changing under us")
+    }
+
+    /// When this CA is to be replaced.
+    #[must_use]
+    pub fn renewal(&self) -> time::OffsetDateTime {
+        ca_renewal(self.cert_pem.as_bytes(), &self.lifetimes)
+            .unwrap_or_else(time::OffsetDateTime::now_utc)
     }
 
     /// A serving certificate for `names` (DNS names or IP addresses), certificate and key as
@@ -219,7 +458,7 @@ impl KubeVirtCa {
         let mut dn = DistinguishedName::new();
         dn.push(DnType::CommonName, common_name);
         p.distinguished_name = dn;
-        validity(&mut p, LEAF_LIFETIME);
+        validity(&mut p, self.lifetimes.server);
         p.key_usages = vec![
             KeyUsagePurpose::DigitalSignature,
             KeyUsagePurpose::KeyEncipherment,
@@ -227,7 +466,7 @@ impl KubeVirtCa {
         p.extended_key_usages = vec![usage];
         p.use_authority_key_identifier_extension = true;
         let ca_key = KeyPair::from_pem(&self.key.serialize_pem()).context("the CA key")?;
-        let issuer = Issuer::new(ca_params()?, ca_key);
+        let issuer = Issuer::new(ca_params(self.lifetimes.ca)?, ca_key);
         let cert = p
             .signed_by(&key, &issuer)
             .context("signing a certificate")?;
@@ -253,8 +492,11 @@ mod tests {
 
     #[test]
     fn a_new_ca_is_fresh_and_signs_serving_certificates_that_verify_against_it() {
-        let ca = new_ca().unwrap();
-        assert!(!needs_renewal(ca.cert_pem.as_bytes()));
+        let ca = new_ca(&Lifetimes::default()).unwrap();
+        assert!(!needs_renewal(
+            ca.cert_pem.as_bytes(),
+            &Lifetimes::default()
+        ));
         let (cert, _key) = ca.issue_serving(vec!["127.0.0.1".into()]).unwrap();
         let (_, ca_pem) = x509_parser::pem::parse_x509_pem(ca.cert_pem.as_bytes()).unwrap();
         let ca_cert = ca_pem.parse_x509().unwrap();
@@ -266,14 +508,141 @@ mod tests {
 
     #[test]
     fn a_secret_without_a_parsable_ca_is_not_used() {
-        let ca = new_ca().unwrap();
+        let ca = new_ca(&Lifetimes::default()).unwrap();
         let mut secret = secret_of("kubevirt", &ca, None);
-        assert!(from_secret(&secret).is_some());
+        assert!(from_secret(&secret, &Lifetimes::default()).is_some());
         secret
             .data
             .as_mut()
             .unwrap()
             .insert("tls.crt".into(), ByteString(b"garbage".to_vec()));
-        assert!(from_secret(&secret).is_none());
+        assert!(from_secret(&secret, &Lifetimes::default()).is_none());
+    }
+
+    fn lifetimes(ca: i64, ca_renew: i64, server: i64, server_renew: i64) -> Lifetimes {
+        Lifetimes {
+            ca: time::Duration::seconds(ca),
+            ca_renew_before: time::Duration::seconds(ca_renew),
+            server: time::Duration::seconds(server),
+            server_renew_before: time::Duration::seconds(server_renew),
+        }
+    }
+
+    /// A self-signed CA whose validity ended `ago` ago.
+    fn expired_ca(ago: time::Duration) -> String {
+        let key = KeyPair::generate().unwrap();
+        let mut p = ca_params(CA_LIFETIME).unwrap();
+        p.not_after = time::OffsetDateTime::now_utc() - ago;
+        p.not_before = p.not_after - time::Duration::hours(1);
+        p.self_signed(&key).unwrap().pem()
+    }
+
+    fn not_after(pem: &str) -> time::OffsetDateTime {
+        validity_of(pem.as_bytes()).unwrap().1
+    }
+
+    #[test]
+    fn go_durations_parse_as_metav1_duration_does() {
+        let d = |s| parse_go_duration(s).map(time::Duration::whole_milliseconds);
+        assert_eq!(d("168h"), Some(168 * 3_600_000));
+        assert_eq!(d("1h30m"), Some(5_400_000));
+        assert_eq!(d("20s"), Some(20_000));
+        assert_eq!(d("1.5h"), Some(5_400_000));
+        assert_eq!(d("500ms"), Some(500));
+        assert_eq!(d("0"), Some(0));
+        assert_eq!(d("-2m"), Some(-120_000));
+        assert_eq!(d(""), None);
+        assert_eq!(d("10"), None);
+        assert_eq!(d("3d"), None);
+        assert_eq!(d("h"), None);
+    }
+
+    #[test]
+    fn lifetimes_default_to_upstream_and_follow_the_cr() {
+        let defaults = Lifetimes::from_cr(None);
+        assert_eq!(defaults.ca, time::Duration::hours(168));
+        assert_eq!(defaults.ca_renew_before, time::Duration::minutes(2016));
+        assert_eq!(defaults.server, time::Duration::hours(24));
+        assert_eq!(defaults.server_renew_before, time::Duration::minutes(288));
+
+        let cr: kubevirt_api::v1::KubeVirt = serde_json::from_value(serde_json::json!({
+            "apiVersion": "kubevirt.io/v1", "kind": "KubeVirt",
+            "metadata": {"name": "kubevirt", "namespace": "kubevirt"},
+            "spec": {"certificateRotateStrategy": {"selfSigned": {
+                "ca": {"duration": "60s", "renewBefore": "30s"},
+                "server": {"duration": "20s"},
+            }}},
+        }))
+        .unwrap();
+        assert_eq!(Lifetimes::from_cr(Some(&cr)), lifetimes(60, 30, 20, 4));
+
+        let deprecated: kubevirt_api::v1::KubeVirt = serde_json::from_value(serde_json::json!({
+            "apiVersion": "kubevirt.io/v1", "kind": "KubeVirt",
+            "metadata": {"name": "kubevirt", "namespace": "kubevirt"},
+            "spec": {"certificateRotateStrategy": {"selfSigned": {
+                "caRotateInterval": "2h", "certRotateInterval": "1h", "caOverlapInterval": "10m",
+                "ca": {"duration": "60s"}, "server": {"duration": "nonsense"},
+            }}},
+        }))
+        .unwrap();
+        assert_eq!(
+            Lifetimes::from_cr(Some(&deprecated)),
+            lifetimes(7200, 600, 3600, 720)
+        );
+    }
+
+    #[test]
+    fn a_leaf_renews_before_its_end_and_at_once_when_a_foreign_ca_signed_it() {
+        let l = lifetimes(7 * 86_400, 86_400, 3_600, 600);
+        let ca = new_ca(&l).unwrap();
+        let (leaf, _) = ca.issue_client("someone").unwrap();
+        let due = leaf_renewal(leaf.as_bytes(), ca.cert_pem.as_bytes(), &l).unwrap();
+        assert_eq!(due, not_after(&leaf) - time::Duration::seconds(600));
+
+        let other = new_ca(&l).unwrap();
+        assert!(!signed_by(leaf.as_bytes(), other.cert_pem.as_bytes()));
+        assert_eq!(
+            leaf_renewal(leaf.as_bytes(), other.cert_pem.as_bytes(), &l),
+            None
+        );
+        assert_eq!(leaf_renewal(b"garbage", ca.cert_pem.as_bytes(), &l), None);
+    }
+
+    #[test]
+    fn a_leaf_outliving_its_ca_renews_half_the_ca_overlap_before_the_ca_ends() {
+        let l = lifetimes(600, 120, 3_600, 600);
+        let ca = new_ca(&l).unwrap();
+        let (leaf, _) = ca.issue_serving(vec!["virt-api".into()]).unwrap();
+        let due = leaf_renewal(leaf.as_bytes(), ca.cert_pem.as_bytes(), &l).unwrap();
+        assert_eq!(due, not_after(&ca.cert_pem) - time::Duration::seconds(60));
+        assert_eq!(
+            ca_renewal(ca.cert_pem.as_bytes(), &l).unwrap(),
+            not_after(&ca.cert_pem) - time::Duration::seconds(120)
+        );
+    }
+
+    #[test]
+    fn the_bundle_keeps_previous_cas_until_they_expire_current_first_once_each() {
+        let l = Lifetimes::default();
+        let (old, current) = (new_ca(&l).unwrap(), new_ca(&l).unwrap());
+        let expired = expired_ca(time::Duration::minutes(1));
+        let now = time::OffsetDateTime::now_utc();
+        let previous = format!("{}{}{}", old.cert_pem, expired, current.cert_pem);
+        let bundle = merge_bundle(&current.cert_pem, &previous, now);
+        let blocks = pem_blocks(&bundle);
+        assert_eq!(blocks.len(), 2, "{bundle}");
+        assert_eq!(normalized(&blocks[0]), normalized(&current.cert_pem));
+        assert_eq!(normalized(&blocks[1]), normalized(&old.cert_pem));
+        // Once the old CA has expired, it leaves the bundle.
+        let later = not_after(&old.cert_pem) + time::Duration::seconds(1);
+        assert_eq!(
+            pem_blocks(&merge_bundle(&current.cert_pem, &bundle, later)).len(),
+            1
+        );
+        // A bundle that is the current CA alone stays as it is.
+        assert_eq!(
+            merge_bundle(&current.cert_pem, "", now),
+            merge_bundle(&current.cert_pem, &current.cert_pem, now)
+        );
     }
 }

@@ -24,9 +24,11 @@
 //! its Service names), `kubevirt-virt-handler-server-certs` (virt-handler's, for
 //! [`virt_api::subresources::HANDLER_SERVER_NAME`]), `kubevirt-virt-handler-certs` (virt-api's
 //! client certificate towards the handler) and `kubevirt-controller-certs`, each a
-//! `kubernetes.io/tls` Secret with `tls.crt`, `tls.key` and the CA as `ca.crt` (upstream keeps
-//! the CA in the ConfigMap `kubevirt-ca` only, which is also written). They are issued again at
-//! 80% of their life; the pods follow the mounted files.
+//! `kubernetes.io/tls` Secret with `tls.crt`, `tls.key` and the CA bundle as `ca.crt` (upstream
+//! keeps the bundle in the ConfigMap `kubevirt-ca` only, which is also written). Their
+//! lifetimes and renewal times are [`certificates`]'s; each pass is scheduled at the
+//! certificates' own next renewal time ([`Issued::next_renewal`]), and the pods follow the
+//! mounted files per handshake.
 //!
 //! [`crate::kubevirt`] calls [`target_config`], [`install`], [`prune`], [`not_ready`] and
 //! [`uninstall`] from its reconcile; `kubevirt-rs server` applies `deploy/` and waits with
@@ -122,8 +124,8 @@ fn trust_ca(object: &mut Value, ca_pem: &str) {
     }
 }
 
-/// A `kubernetes.io/tls` Secret with the CA beside the pair.
-fn tls_secret(namespace: &str, name: &str, (cert, key): (String, String), ca: &str) -> Value {
+/// A `kubernetes.io/tls` Secret with the CA bundle beside the pair.
+fn tls_secret(namespace: &str, name: &str, (cert, key): (&str, &str), ca: &str) -> Value {
     let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
     json!({
         "apiVersion": "v1",
@@ -134,55 +136,139 @@ fn tls_secret(namespace: &str, name: &str, (cert, key): (String, String), ca: &s
             "labels": {"app.kubernetes.io/managed-by": "virt-operator"},
         },
         "type": "kubernetes.io/tls",
-        "data": {"tls.crt": b64(&cert), "tls.key": b64(&key), "ca.crt": b64(ca)},
+        "data": {"tls.crt": b64(cert), "tls.key": b64(key), "ca.crt": b64(ca)},
     })
 }
 
-/// Issues the components' certificates into their Secrets and publishes the CA; returns the
-/// CA (PEM).
+/// What a pass of [`issue_certificates`] leaves behind.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Issued {
+    /// The CA bundle (PEM) the registration objects and the components trust: the current CA
+    /// first, then each previous CA until it expires.
+    pub ca_bundle: String,
+    /// When the next pass has work: the earliest renewal time of the CA and of the leaves, or
+    /// the expiry of a previous CA still in the bundle.
+    pub next_renewal: time::OffsetDateTime,
+}
+
+impl Issued {
+    /// How long until [`Issued::next_renewal`] (zero when it has come), plus a little so
+    /// the pass that wakes then finds the work due.
+    #[must_use]
+    pub fn renew_in(&self) -> Duration {
+        certificates::until(self.next_renewal) + Duration::from_millis(50)
+    }
+}
+
+/// A `data` entry of a Secret, as text.
+fn secret_text(secret: &k8s_openapi::api::core::v1::Secret, key: &str) -> Option<String> {
+    let bytes = &secret.data.as_ref()?.get(key)?.0;
+    String::from_utf8(bytes.clone()).ok()
+}
+
+/// Brings the CA, the CA bundle and the components' certificates up to date, as upstream's
+/// operator does in each sync (CA, then bundle, then the leaves), with the lifetimes of the
+/// CR's `spec.certificateRotateStrategy.selfSigned`: a leaf is issued again only when it is
+/// due ([`certificates::leaf_renewal`]: near its end, or not signed by the current CA), an
+/// object is written only when it changes.
 ///
 /// # Errors
-/// When the CA cannot be loaded or created, or the API server refuses a write.
-pub async fn issue_certificates(admin: &kube::Client, namespace: &str) -> anyhow::Result<String> {
-    let ca = KubeVirtCa::load_or_create(admin.clone(), namespace).await?;
-    let handler_names = vec![virt_api::subresources::HANDLER_SERVER_NAME.to_owned()];
-    let [api, handler_server, handler_client, controller] = CERTIFICATE_SECRETS;
-    let secrets = [
-        (
-            api,
-            ca.issue_serving(certificates::service_names("virt-api", namespace))?,
-        ),
-        (
-            handler_server,
-            ca.issue_serving_as("kubevirt.io:system:node:virt-handler", handler_names)?,
-        ),
-        (
-            handler_client,
-            ca.issue_client("kubevirt.io:system:client:virt-handler")?,
-        ),
-        (
-            controller,
-            ca.issue_serving(certificates::service_names("virt-controller", namespace))?,
-        ),
-    ];
-    for (name, pair) in secrets {
-        create_or_replace_dynamic(
+/// When the CA cannot be loaded or created, or the API server refuses a read or a write.
+pub async fn issue_certificates(admin: &kube::Client, namespace: &str) -> anyhow::Result<Issued> {
+    use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+    let lifetimes = certificates::Lifetimes::of_namespace(admin, namespace).await?;
+    let ca = KubeVirtCa::load_or_rotate(admin.clone(), namespace, &lifetimes).await?;
+    let now = time::OffsetDateTime::now_utc();
+    let configmaps: Api<ConfigMap> = Api::namespaced(admin.clone(), namespace);
+    let previous = configmaps
+        .get_opt(CA_BUNDLE)
+        .await
+        .context("reading ConfigMap kubevirt-ca")?
+        .and_then(|cm| cm.data?.get("ca-bundle").cloned())
+        .unwrap_or_default();
+    let bundle = certificates::merge_bundle(&ca.cert_pem, &previous, now);
+    if bundle != previous {
+        let object = json!({
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": CA_BUNDLE, "namespace": namespace},
+            "data": {"ca-bundle": bundle},
+        });
+        crate::apply::create_or_replace_dynamic(admin.clone(), object)
+            .await
+            .context("writing ConfigMap kubevirt-ca")?;
+        info!(namespace, "KubeVirt CA bundle published");
+    }
+    let mut next = ca.renewal();
+    for block in certificates::pem_blocks(&bundle).iter().skip(1) {
+        if let Some((_, not_after)) = certificates::validity_of(block.as_bytes()) {
+            next = next.min(not_after);
+        }
+    }
+    let secrets: Api<Secret> = Api::namespaced(admin.clone(), namespace);
+    for name in CERTIFICATE_SECRETS {
+        let existing = secrets
+            .get_opt(name)
+            .await
+            .with_context(|| format!("reading Secret {namespace}/{name}"))?;
+        let pair = existing.as_ref().and_then(|s| {
+            let (cert, key) = (secret_text(s, "tls.crt")?, secret_text(s, "tls.key")?);
+            let due =
+                certificates::leaf_renewal(cert.as_bytes(), ca.cert_pem.as_bytes(), &lifetimes)?;
+            (due > now).then_some((cert, key, due))
+        });
+        let kept = pair.is_some();
+        let (cert, key) = match pair {
+            Some((cert, key, due)) => {
+                next = next.min(due);
+                (cert, key)
+            }
+            None => {
+                let (cert, key) = issue_leaf(&ca, name, namespace)?;
+                if let Some(due) =
+                    certificates::leaf_renewal(cert.as_bytes(), ca.cert_pem.as_bytes(), &lifetimes)
+                {
+                    next = next.min(due);
+                }
+                (cert, key)
+            }
+        };
+        let bundle_current = existing
+            .as_ref()
+            .and_then(|s| secret_text(s, "ca.crt"))
+            .is_some_and(|c| c == bundle);
+        if kept && bundle_current {
+            continue;
+        }
+        crate::apply::create_or_replace_dynamic(
             admin.clone(),
-            tls_secret(namespace, name, pair, &ca.cert_pem),
+            tls_secret(namespace, name, (&cert, &key), &bundle),
         )
         .await
         .with_context(|| format!("writing Secret {namespace}/{name}"))?;
+        if !kept {
+            info!(namespace, secret = name, "certificate issued");
+        }
     }
-    let bundle = json!({
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": {"name": CA_BUNDLE, "namespace": namespace},
-        "data": {"ca-bundle": ca.cert_pem},
-    });
-    create_or_replace_dynamic(admin.clone(), bundle)
-        .await
-        .context("writing ConfigMap kubevirt-ca")?;
-    Ok(ca.cert_pem)
+    Ok(Issued {
+        ca_bundle: bundle,
+        next_renewal: next,
+    })
+}
+
+/// The certificate of the component Secret `name` (upstream's subjects and names).
+fn issue_leaf(ca: &KubeVirtCa, name: &str, namespace: &str) -> anyhow::Result<(String, String)> {
+    let [api, handler_server, handler_client, _controller] = CERTIFICATE_SECRETS;
+    if name == api {
+        ca.issue_serving(certificates::service_names("virt-api", namespace))
+    } else if name == handler_server {
+        let names = vec![virt_api::subresources::HANDLER_SERVER_NAME.to_owned()];
+        ca.issue_serving_as("kubevirt.io:system:node:virt-handler", names)
+    } else if name == handler_client {
+        ca.issue_client("kubevirt.io:system:client:virt-handler")
+    } else {
+        ca.issue_serving(certificates::service_names("virt-controller", namespace))
+    }
 }
 
 /// The kinds installed before the certificates (upstream: CRDs, RBAC, then Services, then the
@@ -229,7 +315,7 @@ pub async fn install(
     config: &kubevirt_install::InstallConfig,
     strategy: &Strategy,
     patches: &[CustomizeComponentsPatch],
-) -> anyhow::Result<String> {
+) -> anyhow::Result<Issued> {
     let mut objects: Vec<Value> = strategy.objects.as_ref().clone();
     crate::customize::apply(&mut objects, patches)?;
     for object in &mut objects {
@@ -246,15 +332,15 @@ pub async fn install(
             .await
             .with_context(|| format!("installing {what}"))?;
     }
-    let ca = issue_certificates(admin, &config.namespace).await?;
+    let issued = issue_certificates(admin, &config.namespace).await?;
     for object in rest {
-        trust_ca(object, &ca);
+        trust_ca(object, &issued.ca_bundle);
         let what = describe(object);
         create_or_replace_dynamic(admin.clone(), object.clone())
             .await
             .with_context(|| format!("installing {what}"))?;
     }
-    Ok(ca)
+    Ok(issued)
 }
 
 /// `(kind, namespace, name)` of an object.
@@ -322,14 +408,6 @@ pub async fn prune(
         }
     }
     Ok(deleted)
-}
-
-/// How often the components' certificates are issued again: at 80% of their life.
-#[must_use]
-pub fn renewal_period() -> Duration {
-    Duration::from_secs(
-        u64::try_from(certificates::LEAF_LIFETIME.whole_seconds() * 4 / 5).unwrap_or(3600),
-    )
 }
 
 /// What of KubeVirt's components is not ready yet, by component (empty when all are):

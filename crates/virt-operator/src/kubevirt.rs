@@ -219,7 +219,8 @@ struct Applied {
     config: kubevirt_install::InstallConfig,
     patches: Vec<CustomizeComponentsPatch>,
     deployment_id: String,
-    at: tokio::time::Instant,
+    /// When the certificates want their next pass.
+    renew_at: tokio::time::Instant,
 }
 
 struct Context {
@@ -368,7 +369,16 @@ impl Context {
         status.phase = Some(KubeVirtPhase::Deployed);
         conditions_available(&mut status.conditions);
         status.observed_generation = kv.metadata.generation;
-        Ok(Action::RequeueAfter(crate::installer::renewal_period()))
+        let renew_at = self
+            .applied
+            .lock()
+            .map_err(|_| OperatorError::Install(anyhow::anyhow!("poisoned state")))?
+            .as_ref()
+            .map(|a| a.renew_at);
+        let renew_in = renew_at.map_or(NOT_READY_REQUEUE, |at| {
+            at.saturating_duration_since(tokio::time::Instant::now())
+        });
+        Ok(Action::RequeueAfter(renew_in))
     }
 
     /// Installs `config`'s install strategy with `patches` for the CR `uid` unless it is
@@ -390,7 +400,7 @@ impl Context {
                 a.uid == uid
                     && a.config == *config
                     && a.patches == patches
-                    && a.at.elapsed() < crate::installer::renewal_period()
+                    && tokio::time::Instant::now() < a.renew_at
             })
             .map(|a| a.deployment_id.clone());
         let workloads_present = ["virt-api", "virt-controller"]
@@ -404,7 +414,7 @@ impl Context {
             return Ok(id);
         }
         let strategy = self.strategies.ensure(&self.client, config).await?;
-        crate::installer::install(&self.client, config, &strategy, patches).await?;
+        let issued = crate::installer::install(&self.client, config, &strategy, patches).await?;
         let pruned = crate::installer::prune(&self.client, config, &strategy).await?;
         info!(
             namespace = %self.namespace,
@@ -422,7 +432,7 @@ impl Context {
             config: config.clone(),
             patches: patches.to_vec(),
             deployment_id: strategy.id.clone(),
-            at: tokio::time::Instant::now(),
+            renew_at: tokio::time::Instant::now() + issued.renew_in(),
         });
         Ok(strategy.id)
     }

@@ -10,8 +10,8 @@
 //!        └── certificates.rs: the KubeVirt CA and the components' certificates
 //! ```
 //!
-//! `kubevirt-rs operator` runs [`kubevirt::run`]; `kubevirt-rs server` calls
-//! [`installer::start`] and [`installer::wait_ready`]; virt-api (`kubevirt-rs api`) issues its
+//! `kubevirt-rs operator` runs [`kubevirt::run`]; `kubevirt-rs server` applies `deploy/` and waits
+//! with [`installer::wait_ready`]; virt-api (`kubevirt-rs api`) issues its
 //! own serving certificate from [`certificates::KubeVirtCa`] when nothing is mounted.
 
 pub mod apply;

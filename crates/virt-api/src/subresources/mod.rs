@@ -40,7 +40,7 @@ use tracing::{debug, info};
 
 pub use discovery::GROUP;
 pub use error::{Res, SubError};
-pub use node::{HANDLER_SERVER_NAME, NodeClientConfig};
+pub use node::{HANDLER_SERVER_NAME, NodeClientConfig, NodeCredentials};
 
 use crate::config::ClusterConfig;
 

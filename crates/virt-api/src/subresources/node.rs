@@ -40,21 +40,35 @@ use super::error::SubError;
 /// The websocket subprotocol of the console and vnc streams (raw bytes in binary frames).
 pub const PLAIN_STREAM_PROTOCOL: &str = "plain.kubevirt.io";
 
-/// The client credentials virt-api presents to node agents.
+/// The client credentials virt-api presents to node agents, and whom it trusts.
 #[derive(Clone, Debug)]
 pub struct NodeClientConfig {
-    /// Client certificate chain, PEM, signed by the cluster CA.
-    pub client_cert_pem: Vec<u8>,
-    /// Its private key, PEM.
-    pub client_key_pem: Vec<u8>,
-    /// The PEM CA that signed the node agents' serving certificates, when there is one
-    /// (embedded mode: the cluster CA); `None` accepts any serving certificate (see the
-    /// module's caveats).
-    pub server_ca_pem: Option<Vec<u8>>,
+    /// The client certificate and the CA of the node agents' serving certificates.
+    pub credentials: NodeCredentials,
     /// The name the node agent's serving certificate must carry, whatever address it is
     /// reached at ([`HANDLER_SERVER_NAME`] for virt-handler pods, whose addresses are not
     /// known when their certificate is issued); `None`: the address itself.
     pub server_name: Option<String>,
+}
+
+/// Where virt-api's client certificate towards the node agents comes from.
+#[derive(Clone, Debug)]
+pub enum NodeCredentials {
+    /// PEM material, fixed for the life of the process.
+    Pem {
+        /// Client certificate chain, PEM, signed by the cluster CA.
+        client_cert_pem: Vec<u8>,
+        /// Its private key, PEM.
+        client_key_pem: Vec<u8>,
+        /// The PEM CA that signed the node agents' serving certificates, when there is one
+        /// (embedded mode: the cluster CA); `None` accepts any serving certificate (see the
+        /// module's caveats).
+        server_ca_pem: Option<Vec<u8>>,
+    },
+    /// `tls.crt`, `tls.key` and `ca.crt` (the CA bundle the handlers' serving certificates
+    /// chain to) of a mounted Secret (`kubevirt-virt-handler-certs`), as they are at each
+    /// handshake: renewals are presented and trusted from the next connection on.
+    Mounted(std::path::PathBuf),
 }
 
 /// The DNS name in virt-handler's serving certificate (Secret
@@ -100,14 +114,23 @@ impl NodeClient {
     /// # Errors
     /// When the certificate or key cannot be used.
     pub fn new(config: &NodeClientConfig) -> Result<Self, kubevirt_tls::ConfigError> {
-        let trust = match &config.server_ca_pem {
-            Some(ca) => ServerTrust::CaPem(ca),
-            None => ServerTrust::DangerAcceptAny,
+        let cfg = match &config.credentials {
+            NodeCredentials::Pem {
+                client_cert_pem,
+                client_key_pem,
+                server_ca_pem,
+            } => {
+                let trust = match server_ca_pem {
+                    Some(ca) => ServerTrust::CaPem(ca),
+                    None => ServerTrust::DangerAcceptAny,
+                };
+                kubevirt_tls::client_config(&trust, Some((client_cert_pem, client_key_pem)))?
+            }
+            NodeCredentials::Mounted(dir) => kubevirt_tls::client_config_following(
+                &ServerTrust::CaFile(&dir.join("ca.crt")),
+                (&dir.join("tls.crt"), &dir.join("tls.key")),
+            )?,
         };
-        let cfg = kubevirt_tls::client_config(
-            &trust,
-            Some((&config.client_cert_pem, &config.client_key_pem)),
-        )?;
         Ok(Self {
             tls: TlsConnector::from(Arc::new(cfg)),
             server_name: config.server_name.clone(),
