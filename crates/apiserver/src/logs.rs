@@ -15,7 +15,7 @@
 //!   server's data directory) and names that IP; [`crate::pki::issue_serving_cert`]
 //!   issues one;
 //! - require a client certificate and accept the API server's: CN
-//!   `kube-apiserver-kubelet-client`, O `system:masters`, signed by the cluster CA, in
+//!   `kube-apiserver-kubelet-client`, no O, signed by the cluster CA, in
 //!   `pki/apiserver-kubelet-client.{crt,key}` (re-issued at every start, so verify the
 //!   chain and the CN, not the exact certificate);
 //! - answer `GET /containerLogs/{namespace}/{pod}/{container}` with the container's log

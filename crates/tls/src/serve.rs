@@ -46,6 +46,17 @@ use tracing::{debug, warn};
 #[derive(Clone, Debug)]
 pub struct PeerCertificates(pub Arc<[CertificateDer<'static>]>);
 
+impl PeerCertificates {
+    /// The subject common name of the client's certificate (the leaf), if it has one: the
+    /// user name kube's x509 authentication takes from it.
+    #[must_use]
+    pub fn common_name(&self) -> Option<String> {
+        let (_, leaf) = x509_parser::parse_x509_certificate(self.0.first()?).ok()?;
+        let name = leaf.subject().iter_common_name().next()?.as_str().ok()?;
+        Some(name.to_owned())
+    }
+}
+
 /// Limits and timeouts of [`serve`].
 #[derive(Clone, Debug)]
 pub struct ServeOptions {

@@ -9,8 +9,10 @@
 //! ([`container`]).
 //!
 //! # Guarantees
-//! Only clients presenting a certificate signed by the cluster CA are served (the API server
-//! uses its kubelet-client certificate). Paths are built from the pod's uid and a container
+//! Only the API server is served: a client must present a certificate signed by the cluster
+//! CA whose common name is [`API_SERVER_CLIENT`] (the API server's kubelet-client
+//! certificate); any other identity of the cluster CA (a node, a component) gets 403, as
+//! kubelet refuses users not authorized for `nodes/proxy`. Paths are built from the pod's uid and a container
 //! name the pod declares, never from request text.
 //!
 //! # Caveats
@@ -26,6 +28,32 @@ use axum::Router;
 use axum::routing::get;
 
 mod container;
+
+/// The identity the API server presents to node log servers (kube's kubelet-client
+/// certificate subject).
+pub const API_SERVER_CLIENT: &str = "kube-apiserver-kubelet-client";
+
+/// Middleware: only the API server's client certificate passes; anything else gets kubelet's
+/// 403 text.
+async fn api_server_only(
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let user = req
+        .extensions()
+        .get::<kubevirt_tls::PeerCertificates>()
+        .and_then(kubevirt_tls::PeerCertificates::common_name);
+    if user.as_deref() == Some(API_SERVER_CLIENT) {
+        return next.run(req).await;
+    }
+    let user = user.unwrap_or_else(|| "system:anonymous".to_owned());
+    (
+        axum::http::StatusCode::FORBIDDEN,
+        format!("Forbidden (user={user}, verb=get, resource=nodes, subresource=proxy)"),
+    )
+        .into_response()
+}
 
 /// Looks up a pod's uid and container names by namespace and name.
 pub type PodLookup = Arc<dyn Fn(&str, &str) -> Option<(String, Vec<String>)> + Send + Sync>;
@@ -80,8 +108,62 @@ async fn serve_router(
         listen,
         serving,
         &kubevirt_tls::ClientAuth::Required(cluster_ca_pem.to_vec()),
-        app,
+        app.layer(axum::middleware::from_fn(api_server_only)),
     )
     .await
     .map_err(LogServerError::Serve)
+}
+
+#[cfg(test)]
+mod identity_tests {
+    use super::*;
+    use axum::body::Body;
+    use tower::ServiceExt;
+
+    /// A request as the TLS server hands it on: with the client's certificate of `cn`.
+    fn request_as(cn: Option<&str>) -> axum::http::Request<Body> {
+        let mut req = axum::http::Request::get("/containerLogs/default/p/c")
+            .body(Body::empty())
+            .unwrap();
+        if let Some(cn) = cn {
+            let key = rcgen::KeyPair::generate().unwrap();
+            let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+            params
+                .distinguished_name
+                .push(rcgen::DnType::CommonName, cn);
+            let der = params.self_signed(&key).unwrap().der().clone();
+            req.extensions_mut()
+                .insert(kubevirt_tls::PeerCertificates(Arc::from(vec![der])));
+        }
+        req
+    }
+
+    async fn status_of(cn: Option<&str>) -> (axum::http::StatusCode, String) {
+        let dir = tempfile::tempdir().unwrap();
+        let lookup: PodLookup = Arc::new(|_, _| None);
+        let app =
+            router(dir.path().to_owned(), lookup).layer(axum::middleware::from_fn(api_server_only));
+        let res = app.oneshot(request_as(cn)).await.unwrap();
+        let status = res.status();
+        let body = axum::body::to_bytes(res.into_body(), 1 << 20)
+            .await
+            .unwrap();
+        (status, String::from_utf8_lossy(&body).into_owned())
+    }
+
+    #[tokio::test]
+    async fn only_the_api_servers_client_identity_reads_logs() {
+        // The API server passes the identity check (the pod is unknown: kubelet's 404).
+        let (status, _) = status_of(Some(API_SERVER_CLIENT)).await;
+        assert_eq!(status, axum::http::StatusCode::NOT_FOUND);
+        // Another identity of the same CA is refused, with kubelet's wording.
+        let (status, body) = status_of(Some("system:node:other")).await;
+        assert_eq!(status, axum::http::StatusCode::FORBIDDEN);
+        assert_eq!(
+            body,
+            "Forbidden (user=system:node:other, verb=get, resource=nodes, subresource=proxy)"
+        );
+        let (status, _) = status_of(None).await;
+        assert_eq!(status, axum::http::StatusCode::FORBIDDEN);
+    }
 }
