@@ -15,8 +15,8 @@
 //!
 //! # Guarantees
 //! Several writers starting at once agree on one CA: the Secret is created with
-//! `create` (the loser of a race reads the winner's) and renewed with `replace` on the
-//! `resourceVersion` it read (a conflict reads the Secret again).
+//! `create` (the loser of a race reads the winner's) and renewed with a merge patch carrying
+//! the `resourceVersion` it read (a conflict reads the Secret again).
 //!
 //! # Caveats
 //! A renewed leaf reaches a pod when its node agent next syncs the Secret volume, so
@@ -181,6 +181,18 @@ pub fn signed_by(cert_pem: &[u8], ca_pem: &[u8]) -> bool {
     leaf.issuer() == ca.subject() && leaf.verify_signature(Some(ca.public_key())).is_ok()
 }
 
+/// Now, when a certificate ending at `not_after` outlives a whole `lifetime` from now (the CR
+/// was patched to a shorter duration: renewing at the old times would keep the old
+/// lifetime for days); else `not_after`.
+fn shortened(not_after: time::OffsetDateTime, lifetime: time::Duration) -> time::OffsetDateTime {
+    let now = time::OffsetDateTime::now_utc();
+    if not_after - now > lifetime + time::Duration::SECOND {
+        now
+    } else {
+        not_after
+    }
+}
+
 /// When the leaf `cert_pem` must be issued again (the past: now): at once when it does not
 /// parse or the CA `ca_pem` did not sign it; else `renewBefore` before it ends, and no later
 /// than half the CA's `renewBefore` before the CA ends (upstream's `NextRotationDeadline`).
@@ -195,7 +207,8 @@ pub fn leaf_renewal(
     }
     let (_, not_after) = validity_of(cert_pem)?;
     let (_, ca_not_after) = validity_of(ca_pem)?;
-    let deadline = not_after - lifetimes.server_renew_before;
+    let deadline =
+        (not_after - lifetimes.server_renew_before).min(shortened(not_after, lifetimes.server));
     Some(if ca_not_after < not_after {
         deadline.min(ca_not_after - lifetimes.ca_renew_before / 2)
     } else {
@@ -210,10 +223,13 @@ pub fn until(at: time::OffsetDateTime) -> std::time::Duration {
         .unwrap_or(std::time::Duration::ZERO)
 }
 
-/// When the CA `ca_pem` must be replaced (`None`: now, it does not parse).
+/// When the CA `ca_pem` must be replaced (`None`: now, it does not parse): `renewBefore`
+/// before it ends, or now when it outlives a whole CA lifetime from now.
 #[must_use]
 pub fn ca_renewal(ca_pem: &[u8], lifetimes: &Lifetimes) -> Option<time::OffsetDateTime> {
-    validity_of(ca_pem).map(|(_, not_after)| not_after - lifetimes.ca_renew_before)
+    validity_of(ca_pem).map(|(_, not_after)| {
+        (not_after - lifetimes.ca_renew_before).min(shortened(not_after, lifetimes.ca))
+    })
 }
 
 /// The CA bundle: `current` first, then each CA of `previous` (a PEM bundle) that is neither
@@ -388,9 +404,16 @@ impl KubeVirtCa {
                 }
                 Some(old) => {
                     tracing::info!("the KubeVirt CA is due for renewal: issuing a new one");
+                    // A merge patch carrying the resourceVersion read: a conflict when
+                    // another writer came first, and within upstream's RBAC (patch, not
+                    // update, on the operator's Secrets).
                     let secret = secret_of(namespace, &ca, old.metadata.resource_version);
-                    api.replace(CA_SECRET, &PostParams::default(), &secret)
-                        .await
+                    api.patch(
+                        CA_SECRET,
+                        &kube::api::PatchParams::default(),
+                        &kube::api::Patch::Merge(&secret),
+                    )
+                    .await
                 }
             };
             match result {
@@ -606,6 +629,24 @@ mod tests {
             None
         );
         assert_eq!(leaf_renewal(b"garbage", ca.cert_pem.as_bytes(), &l), None);
+    }
+
+    #[test]
+    fn certificates_renew_at_once_when_the_cr_shortens_their_lifetime() {
+        let long = lifetimes(7 * 86_400, 86_400, 86_400, 3_600);
+        let ca = new_ca(&long).unwrap();
+        let (leaf, _) = ca.issue_serving(vec!["virt-api".into()]).unwrap();
+        let short = lifetimes(60, 30, 30, 15);
+        let now = time::OffsetDateTime::now_utc();
+        let due = leaf_renewal(leaf.as_bytes(), ca.cert_pem.as_bytes(), &short).unwrap();
+        assert!(due <= now + time::Duration::SECOND, "{due} vs {now}");
+        let ca_due = ca_renewal(ca.cert_pem.as_bytes(), &short).unwrap();
+        assert!(ca_due <= now + time::Duration::SECOND, "{ca_due} vs {now}");
+        assert!(needs_renewal(ca.cert_pem.as_bytes(), &short));
+        // Under the lifetimes they were issued with, nothing is due.
+        assert!(!needs_renewal(ca.cert_pem.as_bytes(), &long));
+        let due = leaf_renewal(leaf.as_bytes(), ca.cert_pem.as_bytes(), &long).unwrap();
+        assert!(due > now + time::Duration::hours(20));
     }
 
     #[test]

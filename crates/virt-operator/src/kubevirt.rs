@@ -218,6 +218,8 @@ struct Applied {
     uid: String,
     config: kubevirt_install::InstallConfig,
     patches: Vec<CustomizeComponentsPatch>,
+    /// The CR's certificate lifetimes it was installed with (a change renews at once).
+    lifetimes: crate::certificates::Lifetimes,
     deployment_id: String,
     /// When the certificates want their next pass.
     renew_at: tokio::time::Instant,
@@ -344,7 +346,11 @@ impl Context {
         set_finalizer(finalizers);
         let uid = kv.metadata.uid.clone().unwrap_or_default();
         let patches = crate::installer::target_patches(kv);
-        let deployment_id = match self.apply_if_needed(&uid, &config, &patches).await {
+        let lifetimes = crate::certificates::Lifetimes::from_cr(Some(kv));
+        let deployment_id = match self
+            .apply_if_needed(&uid, &config, &patches, lifetimes)
+            .await
+        {
             Ok(id) => id,
             Err(e) => {
                 conditions_failed_error(&mut status.conditions, &format!("{e:#}"));
@@ -382,14 +388,15 @@ impl Context {
     }
 
     /// Installs `config`'s install strategy with `patches` for the CR `uid` unless it is
-    /// installed already (the first time, on a change of the configuration or the patches,
-    /// when the certificates are due for renewal, or when a workload is missing), then prunes
+    /// installed already (the first time, on a change of the configuration, the patches or
+    /// the certificate lifetimes, when the certificates are due for renewal, or when a workload is missing), then prunes
     /// what left the strategy. Returns the strategy's deployment ID.
     async fn apply_if_needed(
         &self,
         uid: &str,
         config: &kubevirt_install::InstallConfig,
         patches: &[CustomizeComponentsPatch],
+        lifetimes: crate::certificates::Lifetimes,
     ) -> anyhow::Result<String> {
         let current = self
             .applied
@@ -400,6 +407,7 @@ impl Context {
                 a.uid == uid
                     && a.config == *config
                     && a.patches == patches
+                    && a.lifetimes == lifetimes
                     && tokio::time::Instant::now() < a.renew_at
             })
             .map(|a| a.deployment_id.clone());
@@ -431,6 +439,7 @@ impl Context {
             uid: uid.to_owned(),
             config: config.clone(),
             patches: patches.to_vec(),
+            lifetimes,
             deployment_id: strategy.id.clone(),
             renew_at: tokio::time::Instant::now() + issued.renew_in(),
         });
