@@ -291,7 +291,7 @@ fn rotate(
 ) -> tokio::task::JoinHandle<()> {
     let lifetimes = certificates::Lifetimes::default();
     let renew_in = move |(leaf, ca): &(Vec<u8>, Vec<u8>)| {
-        certificates::leaf_renewal(leaf, ca, &lifetimes)
+        certificates::leaf_renewal(leaf, ca, &lifetimes, time::OffsetDateTime::now_utc())
             .map_or(Duration::from_secs(5), certificates::until)
     };
     tokio::spawn(async move {

@@ -29,18 +29,7 @@ fn fail(server: &ServerProcess) -> impl Fn(anyhow::Error) -> anyhow::Error + '_ 
 
 /// The pid the node agent recorded for container `container` of pod `kubevirt/pod`.
 fn container_pid(server: &ServerProcess, pod: &str, container: &str) -> anyhow::Result<i32> {
-    let uid = get(server, &["pod", pod], "{.metadata.uid}");
-    let record = server
-        .data_dir()
-        .join("node")
-        .join("pods")
-        .join(uid)
-        .join(format!("{container}.json"));
-    let record: serde_json::Value = serde_json::from_slice(&std::fs::read(&record)?)?;
-    let pid = record["pid"]
-        .as_i64()
-        .ok_or_else(|| anyhow::anyhow!("no pid in {record}"))?;
-    Ok(i32::try_from(pid)?)
+    server.container_pid("kubevirt", pod, container)
 }
 
 #[test]

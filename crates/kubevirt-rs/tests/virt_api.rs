@@ -21,15 +21,7 @@ fn virtctl() -> PathBuf {
 
 /// Why virtctl tests cannot run, if they cannot.
 fn virtctl_built() -> Result<PathBuf, String> {
-    let virtctl = virtctl();
-    if virtctl.exists() {
-        Ok(virtctl)
-    } else {
-        Err(format!(
-            "{} is not built (cargo build -p virtctl)",
-            virtctl.display()
-        ))
-    }
+    testkit::virtctl_beside(Path::new(BIN))
 }
 
 fn virtctl_run(server: &ServerProcess, args: &[&str]) -> std::process::Output {

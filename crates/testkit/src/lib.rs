@@ -27,6 +27,23 @@ pub const SERVER_READY: &str = "kubevirt-rs server ready";
 /// The default deadline for conditions in end-to-end tests.
 pub const DEADLINE: Duration = Duration::from_secs(60);
 
+/// `virtctl` built next to the binary `bin` (cargo puts every binary of the workspace in one
+/// target directory), or why it cannot be used; for [`available`].
+///
+/// # Errors
+/// When it is not built.
+pub fn virtctl_beside(bin: &Path) -> Result<PathBuf, String> {
+    let virtctl = bin.with_file_name("virtctl");
+    if virtctl.exists() {
+        Ok(virtctl)
+    } else {
+        Err(format!(
+            "{} is not built (cargo build -p virtctl)",
+            virtctl.display()
+        ))
+    }
+}
+
 /// Polls `check` every 50 ms until it returns `Some`, or fails after `deadline` naming `what`.
 pub fn wait_until<T>(
     deadline: Duration,
@@ -226,6 +243,41 @@ impl ServerProcess {
     pub fn restart(&mut self) -> anyhow::Result<()> {
         self.kill_server();
         self.spawn()
+    }
+
+    /// The pid the node agent recorded for container `container` of pod `namespace/pod`
+    /// (`DATA/node/pods/<uid>/<container>.json`).
+    ///
+    /// # Errors
+    /// When the pod or its record is missing.
+    pub fn container_pid(
+        &self,
+        namespace: &str,
+        pod: &str,
+        container: &str,
+    ) -> anyhow::Result<i32> {
+        let uid = self.ok(&[
+            "-n",
+            namespace,
+            "get",
+            "pod",
+            pod,
+            "-o",
+            "jsonpath={.metadata.uid}",
+        ])?;
+        let record = self
+            .data_dir()
+            .join("node")
+            .join("pods")
+            .join(uid.trim())
+            .join(format!("{container}.json"));
+        let record: serde_json::Value = serde_json::from_slice(
+            &std::fs::read(&record).with_context(|| format!("reading {}", record.display()))?,
+        )?;
+        let pid = record["pid"]
+            .as_i64()
+            .ok_or_else(|| anyhow::anyhow!("no pid in {record}"))?;
+        Ok(i32::try_from(pid)?)
     }
 
     /// Runs kubectl against the server.

@@ -7,11 +7,22 @@
 //! Lifecycle (upstream's `pkg/virt-operator/resource/apply/certificates.go`): the CA lives
 //! `spec.certificateRotateStrategy.selfSigned.ca.duration` (7 days) and is replaced
 //! `ca.renewBefore` (a fifth of its life) before it ends; leaves live `server.duration`
-//! (24 hours) and are renewed `server.renewBefore` (a fifth) before they end, at once when the
-//! current CA did not sign them, and no later than half the CA's `renewBefore` before the CA
-//! ends ([`Lifetimes`], [`leaf_renewal`]). The bundle keeps each previous CA until it expires
+//! (24 hours) and are renewed `server.renewBefore` (a fifth) before they end, at once when no
+//! CA of the bundle signed them, and no later than half the CA's `renewBefore` before their
+//! CA ends ([`Lifetimes`], [`leaf_renewal`]). The bundle keeps each previous CA until it expires
 //! ([`merge_bundle`]): a certificate it signed is never valid longer than it, so every client
 //! with either bundle keeps verifying every certificate still served.
+//!
+//! # CA rotation
+//! A CA is replaced in two steps, so no peer is ever handed a certificate of a CA it does not
+//! trust yet. [`propagation`] before the CA's renewal time a successor is generated, stored
+//! beside it in the Secret (`next-tls.crt`/`next-tls.key`) and published in every bundle,
+//! signing nothing. Once the CA is due and the successor has been out that long — longer than
+//! a Secret volume takes to follow its Secret — the successor becomes the CA and signs the
+//! leaves as they renew; the old CA stays in the bundle until it expires. Upstream replaces
+//! the CA and re-signs every leaf in one pass, which leaves a window in which a peer with the
+//! old bundle refuses the new leaves (the rotation test saw 2 of 560 requests fail that way).
+//! Only a CA that is missing, unreadable or about to end is replaced at once.
 //!
 //! # Guarantees
 //! Several writers starting at once agree on one CA: the Secret is created with
@@ -23,10 +34,13 @@
 //! `renewBefore` must be longer than that sync period (10 s in our node agent, about a minute
 //! in kubelet).
 
+use std::collections::BTreeMap;
+
 use anyhow::{Context, bail};
+use base64::Engine;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
-use kube::api::{Api, ObjectMeta, PostParams};
+use kube::api::{Api, PostParams};
 use rcgen::{
     BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
     Issuer, KeyPair, KeyUsagePurpose,
@@ -181,11 +195,14 @@ pub fn signed_by(cert_pem: &[u8], ca_pem: &[u8]) -> bool {
     leaf.issuer() == ca.subject() && leaf.verify_signature(Some(ca.public_key())).is_ok()
 }
 
-/// Now, when a certificate ending at `not_after` outlives a whole `lifetime` from now (the CR
-/// was patched to a shorter duration: renewing at the old times would keep the old
+/// `now`, when a certificate ending at `not_after` outlives a whole `lifetime` from `now`
+/// (the CR was patched to a shorter duration: renewing at the old times would keep the old
 /// lifetime for days); else `not_after`.
-fn shortened(not_after: time::OffsetDateTime, lifetime: time::Duration) -> time::OffsetDateTime {
-    let now = time::OffsetDateTime::now_utc();
+fn shortened(
+    not_after: time::OffsetDateTime,
+    lifetime: time::Duration,
+    now: time::OffsetDateTime,
+) -> time::OffsetDateTime {
     if not_after - now > lifetime + time::Duration::SECOND {
         now
     } else {
@@ -193,26 +210,54 @@ fn shortened(not_after: time::OffsetDateTime, lifetime: time::Duration) -> time:
     }
 }
 
-/// When the leaf `cert_pem` must be issued again (the past: now): at once when it does not
-/// parse or the CA `ca_pem` did not sign it; else `renewBefore` before it ends, and no later
-/// than half the CA's `renewBefore` before the CA ends (upstream's `NextRotationDeadline`).
+/// How long a new CA is published in the bundle before it signs anything: a Secret volume
+/// follows its Secret within one resync of the node agent (10 s embedded; kubelet's sync
+/// period, about a minute, on a cluster). Capped at half the CA's `renewBefore`
+/// ([`propagation`]).
+pub const BUNDLE_PROPAGATION: time::Duration = time::Duration::minutes(2);
+
+/// How long the successor of a CA is published before it replaces it: [`BUNDLE_PROPAGATION`],
+/// at most half the CA's `renewBefore`.
+#[must_use]
+pub fn propagation(lifetimes: &Lifetimes) -> time::Duration {
+    BUNDLE_PROPAGATION.min(lifetimes.ca_renew_before / 2)
+}
+
+/// When a CA started to be trusted: it was issued, and published in the bundle, in the pass
+/// that signed it, [`CLOCK_SKEW`] after its `notBefore`.
+fn trusted_since(ca_pem: &[u8]) -> Option<time::OffsetDateTime> {
+    validity_of(ca_pem).map(|(not_before, _)| not_before + CLOCK_SKEW)
+}
+
+/// When the leaf `cert_pem` must be issued again (`None`: at once), as seen at `now`, given
+/// the CA `bundle` (PEM: the current CA, its successor, previous CAs until they expire, as
+/// [`merge_bundle`] keeps it).
+///
+/// A leaf is issued again at once when it does not parse or no CA of the bundle signed it.
+/// Otherwise it renews `renewBefore` before it ends, at once when it outlives a whole
+/// `server.duration` from now, and no later than half the CA's `renewBefore` before its
+/// signing CA ends (upstream's `NextRotationDeadline`): a leaf the previous CA signed is
+/// re-signed by the current one while both are trusted.
 #[must_use]
 pub fn leaf_renewal(
     cert_pem: &[u8],
-    ca_pem: &[u8],
+    bundle: &[u8],
     lifetimes: &Lifetimes,
+    now: time::OffsetDateTime,
 ) -> Option<time::OffsetDateTime> {
-    if !signed_by(cert_pem, ca_pem) {
-        return None;
-    }
+    let cas = pem_blocks(std::str::from_utf8(bundle).ok()?);
+    let signer = cas.iter().find(|ca| signed_by(cert_pem, ca.as_bytes()))?;
     let (_, not_after) = validity_of(cert_pem)?;
-    let (_, ca_not_after) = validity_of(ca_pem)?;
-    let deadline =
-        (not_after - lifetimes.server_renew_before).min(shortened(not_after, lifetimes.server));
-    Some(if ca_not_after < not_after {
-        deadline.min(ca_not_after - lifetimes.ca_renew_before / 2)
+    let (_, signer_not_after) = validity_of(signer.as_bytes())?;
+    let due = (not_after - lifetimes.server_renew_before).min(shortened(
+        not_after,
+        lifetimes.server,
+        now,
+    ));
+    Some(if signer_not_after < not_after {
+        due.min(signer_not_after - lifetimes.ca_renew_before / 2)
     } else {
-        deadline
+        due
     })
 }
 
@@ -223,22 +268,37 @@ pub fn until(at: time::OffsetDateTime) -> std::time::Duration {
         .unwrap_or(std::time::Duration::ZERO)
 }
 
-/// When the CA `ca_pem` must be replaced (`None`: now, it does not parse): `renewBefore`
-/// before it ends, or now when it outlives a whole CA lifetime from now.
+/// When the CA `ca_pem` must be replaced (`None`: at once, it does not parse), as seen at
+/// `now`: `renewBefore` before it ends, or `now` when it outlives a whole CA lifetime from
+/// `now`.
 #[must_use]
-pub fn ca_renewal(ca_pem: &[u8], lifetimes: &Lifetimes) -> Option<time::OffsetDateTime> {
+pub fn ca_renewal(
+    ca_pem: &[u8],
+    lifetimes: &Lifetimes,
+    now: time::OffsetDateTime,
+) -> Option<time::OffsetDateTime> {
     validity_of(ca_pem).map(|(_, not_after)| {
-        (not_after - lifetimes.ca_renew_before).min(shortened(not_after, lifetimes.ca))
+        (not_after - lifetimes.ca_renew_before).min(shortened(not_after, lifetimes.ca, now))
     })
 }
 
-/// The CA bundle: `current` first, then each CA of `previous` (a PEM bundle) that is neither
-/// `current` nor expired at `now`, once each.
+/// The CA bundle: `current` first, then its published `successor`, then each CA of `previous`
+/// (a PEM bundle) that is none of these nor expired at `now`, once each.
 #[must_use]
-pub fn merge_bundle(current: &str, previous: &str, now: time::OffsetDateTime) -> String {
+pub fn merge_bundle(
+    current: &str,
+    successor: Option<&str>,
+    previous: &str,
+    now: time::OffsetDateTime,
+) -> String {
     let mut bundle = current.trim_end().to_owned();
     bundle.push('\n');
     let mut seen = vec![normalized(current)];
+    if let Some(successor) = successor {
+        bundle.push_str(successor.trim_end());
+        bundle.push('\n');
+        seen.push(normalized(successor));
+    }
     for block in pem_blocks(previous) {
         let key = normalized(&block);
         if seen.contains(&key) {
@@ -278,12 +338,95 @@ pub fn pem_blocks(bundle: &str) -> Vec<String> {
 const CLOCK_SKEW: time::Duration = time::Duration::minutes(5);
 const CA_SUBJECT: &str = "kubevirt.io";
 
-/// The KubeVirt CA: its certificate (PEM) and key.
+/// The KubeVirt CA: its certificate (PEM) and key, and its published successor.
 pub struct KubeVirtCa {
     /// The CA certificate, PEM (the first of the bundle the registration objects trust).
     pub cert_pem: String,
     key: KeyPair,
     lifetimes: Lifetimes,
+    /// The CA that will replace this one, already in the bundle (PEM); its key stays in the
+    /// Secret until it is promoted.
+    pub successor_pem: Option<String>,
+}
+
+/// The Secret keys of the successor CA, beside upstream's `tls.crt`/`tls.key` of the current
+/// one (upstream has no successor: it replaces the CA in one step).
+const SUCCESSOR_CERT: &str = "next-tls.crt";
+const SUCCESSOR_KEY: &str = "next-tls.key";
+
+/// A certificate and key as stored.
+struct Pair {
+    cert_pem: String,
+    key: KeyPair,
+}
+
+impl Pair {
+    fn from_data(data: &BTreeMap<String, ByteString>, cert: &str, key: &str) -> Option<Pair> {
+        let cert_pem = String::from_utf8(data.get(cert)?.0.clone()).ok()?;
+        validity_of(cert_pem.as_bytes())?;
+        let key = KeyPair::from_pem(std::str::from_utf8(&data.get(key)?.0).ok()?).ok()?;
+        Some(Pair { cert_pem, key })
+    }
+
+    fn generate(lifetimes: &Lifetimes) -> anyhow::Result<Pair> {
+        let key = KeyPair::generate().context("generating the CA key")?;
+        let cert = ca_params(lifetimes.ca)?
+            .self_signed(&key)
+            .context("signing the CA")?;
+        Ok(Pair {
+            cert_pem: cert.pem(),
+            key,
+        })
+    }
+
+    fn ends(&self) -> time::OffsetDateTime {
+        validity_of(self.cert_pem.as_bytes()).map_or(time::OffsetDateTime::UNIX_EPOCH, |v| v.1)
+    }
+}
+
+/// What a pass does with the stored CA ([`plan_rotation`]).
+enum Rotation {
+    /// Nothing: the current CA (and its successor, if one is published) stay.
+    Keep,
+    /// Publish a successor beside the current CA; it signs nothing yet.
+    Prepare,
+    /// The successor, published long enough to be in every pod's bundle, becomes current.
+    Promote,
+    /// A new CA at once: there is no usable one (none, unreadable, expiring before a
+    /// successor could reach the pods).
+    Replace,
+}
+
+/// The CA step of a pass at `now` (see the module's "CA rotation").
+fn plan_rotation(
+    current: Option<&Pair>,
+    successor: Option<&Pair>,
+    lifetimes: &Lifetimes,
+    now: time::OffsetDateTime,
+) -> Rotation {
+    let Some(current) = current else {
+        return Rotation::Replace;
+    };
+    let propagation = propagation(lifetimes);
+    if current.ends() <= now + propagation {
+        return Rotation::Replace;
+    }
+    let renewal = ca_renewal(current.cert_pem.as_bytes(), lifetimes, now).unwrap_or(now);
+    let successor = successor.filter(|s| {
+        s.ends() > now + propagation
+            && ca_renewal(s.cert_pem.as_bytes(), lifetimes, now).is_some_and(|r| r > now)
+    });
+    match successor {
+        None if renewal - propagation <= now => Rotation::Prepare,
+        None => Rotation::Keep,
+        Some(s) if renewal <= now && ca_published_for(s, propagation, now) => Rotation::Promote,
+        Some(_) => Rotation::Keep,
+    }
+}
+
+/// Whether the CA `pair` has been in the bundle for `propagation` at `now`.
+fn ca_published_for(pair: &Pair, propagation: time::Duration, now: time::OffsetDateTime) -> bool {
+    trusted_since(pair.cert_pem.as_bytes()).is_some_and(|t| t + propagation <= now)
 }
 
 fn validity(p: &mut CertificateParams, lifetime: time::Duration) {
@@ -307,63 +450,32 @@ fn ca_params(lifetime: time::Duration) -> anyhow::Result<CertificateParams> {
     Ok(p)
 }
 
-/// Whether a CA certificate must be replaced: it does not parse, or its renewal time
-/// ([`ca_renewal`]) has come.
-fn needs_renewal(cert_pem: &[u8], lifetimes: &Lifetimes) -> bool {
-    ca_renewal(cert_pem, lifetimes).is_none_or(|at| at <= time::OffsetDateTime::now_utc())
-}
-
-/// The CA stored in `secret`, if it is usable.
-fn from_secret(secret: &Secret, lifetimes: &Lifetimes) -> Option<KubeVirtCa> {
-    let data = secret.data.as_ref()?;
-    let (cert, key) = (&data.get("tls.crt")?.0, &data.get("tls.key")?.0);
-    if needs_renewal(cert, lifetimes) {
-        return None;
+/// The CA Secret as a merge patch: `current` as `tls.crt`/`tls.key`, `successor` as the
+/// successor keys (removed when `None`), carrying the `resourceVersion` read.
+fn secret_patch(
+    namespace: &str,
+    current: &Pair,
+    successor: Option<&Pair>,
+    resource_version: Option<&str>,
+) -> serde_json::Value {
+    let b64 = |text: &str| base64::engine::general_purpose::STANDARD.encode(text);
+    let mut data = serde_json::json!({
+        "tls.crt": b64(&current.cert_pem),
+        "tls.key": b64(&current.key.serialize_pem()),
+        SUCCESSOR_CERT: null,
+        SUCCESSOR_KEY: null,
+    });
+    if let Some(next) = successor {
+        data[SUCCESSOR_CERT] = b64(&next.cert_pem).into();
+        data[SUCCESSOR_KEY] = b64(&next.key.serialize_pem()).into();
     }
-    let key = KeyPair::from_pem(std::str::from_utf8(key).ok()?).ok()?;
-    Some(KubeVirtCa {
-        cert_pem: String::from_utf8(cert.clone()).ok()?,
-        key,
-        lifetimes: *lifetimes,
+    serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": CA_SECRET, "namespace": namespace, "resourceVersion": resource_version},
+        "type": "kubernetes.io/tls",
+        "data": data,
     })
-}
-
-fn new_ca(lifetimes: &Lifetimes) -> anyhow::Result<KubeVirtCa> {
-    let key = KeyPair::generate().context("generating the CA key")?;
-    let cert = ca_params(lifetimes.ca)?
-        .self_signed(&key)
-        .context("signing the CA")?;
-    Ok(KubeVirtCa {
-        cert_pem: cert.pem(),
-        key,
-        lifetimes: *lifetimes,
-    })
-}
-
-fn secret_of(namespace: &str, ca: &KubeVirtCa, resource_version: Option<String>) -> Secret {
-    Secret {
-        metadata: ObjectMeta {
-            name: Some(CA_SECRET.into()),
-            namespace: Some(namespace.into()),
-            resource_version,
-            ..Default::default()
-        },
-        type_: Some("kubernetes.io/tls".into()),
-        data: Some(
-            [
-                (
-                    "tls.crt".to_owned(),
-                    ByteString(ca.cert_pem.clone().into_bytes()),
-                ),
-                (
-                    "tls.key".to_owned(),
-                    ByteString(ca.key.serialize_pem().into_bytes()),
-                ),
-            ]
-            .into(),
-        ),
-        ..Default::default()
-    }
 }
 
 impl KubeVirtCa {
@@ -376,9 +488,9 @@ impl KubeVirtCa {
         Self::load_or_rotate(client, namespace, &Lifetimes::default()).await
     }
 
-    /// The CA of `namespace`'s Secret [`CA_SECRET`], created (or replaced, when it is
-    /// unusable or its renewal time has come) as needed; see the module's guarantees. The
-    /// leaves it issues live `lifetimes.server`.
+    /// The CA of `namespace`'s Secret [`CA_SECRET`], created, given a published successor, or
+    /// replaced by its successor as due ([`plan_rotation`]; see the module's "CA rotation" and
+    /// guarantees). The leaves it issues live `lifetimes.server`.
     ///
     /// # Errors
     /// When the API server refuses, or another writer keeps winning.
@@ -393,35 +505,63 @@ impl KubeVirtCa {
                 .get_opt(CA_SECRET)
                 .await
                 .with_context(|| format!("reading Secret {namespace}/{CA_SECRET}"))?;
-            if let Some(ca) = existing.as_ref().and_then(|s| from_secret(s, lifetimes)) {
-                return Ok(ca);
-            }
-            let ca = new_ca(lifetimes)?;
-            let result = match existing {
-                None => {
-                    api.create(&PostParams::default(), &secret_of(namespace, &ca, None))
-                        .await
+            let data = existing
+                .as_ref()
+                .and_then(|s| s.data.clone())
+                .unwrap_or_default();
+            let current = Pair::from_data(&data, "tls.crt", "tls.key");
+            let successor = Pair::from_data(&data, SUCCESSOR_CERT, SUCCESSOR_KEY);
+            let now = time::OffsetDateTime::now_utc();
+            let (current, successor, what) =
+                match plan_rotation(current.as_ref(), successor.as_ref(), lifetimes, now) {
+                    Rotation::Keep => {
+                        let current = current.context("a kept CA exists")?;
+                        return Ok(Self::of(current, successor, lifetimes));
+                    }
+                    Rotation::Prepare => (
+                        current.context("a CA to succeed exists")?,
+                        Some(Pair::generate(lifetimes)?),
+                        "KubeVirt CA successor published",
+                    ),
+                    Rotation::Promote => (
+                        successor.context("a successor to promote exists")?,
+                        None,
+                        "KubeVirt CA replaced by its successor",
+                    ),
+                    Rotation::Replace => (Pair::generate(lifetimes)?, None, "KubeVirt CA created"),
+                };
+            let patch = secret_patch(
+                namespace,
+                &current,
+                successor.as_ref(),
+                existing
+                    .as_ref()
+                    .and_then(|s| s.metadata.resource_version.as_deref()),
+            );
+            let result = if existing.is_some() {
+                // A merge patch carrying the resourceVersion read: a conflict when another
+                // writer came first, and within upstream's RBAC (patch, not update, on the
+                // operator's Secrets).
+                api.patch(
+                    CA_SECRET,
+                    &kube::api::PatchParams::default(),
+                    &kube::api::Patch::Merge(&patch),
+                )
+                .await
+            } else {
+                let mut object = patch;
+                if let Some(data) = object["data"].as_object_mut() {
+                    data.retain(|_, v| !v.is_null());
                 }
-                Some(old) => {
-                    tracing::info!("the KubeVirt CA is due for renewal: issuing a new one");
-                    // A merge patch carrying the resourceVersion read: a conflict when
-                    // another writer came first, and within upstream's RBAC (patch, not
-                    // update, on the operator's Secrets).
-                    let secret = secret_of(namespace, &ca, old.metadata.resource_version);
-                    api.patch(
-                        CA_SECRET,
-                        &kube::api::PatchParams::default(),
-                        &kube::api::Patch::Merge(&secret),
-                    )
-                    .await
-                }
+                let secret: Secret = serde_json::from_value(object).context("the CA Secret")?;
+                api.create(&PostParams::default(), &secret).await
             };
             match result {
                 Ok(_) => {
-                    tracing::info!(namespace, secret = CA_SECRET, "KubeVirt CA created");
-                    return Ok(ca);
+                    tracing::info!(namespace, secret = CA_SECRET, "{what}");
+                    return Ok(Self::of(current, successor, lifetimes));
                 }
-                // Another virt-api wrote it first: use theirs.
+                // Another writer came first: use theirs.
                 Err(kube::Error::Api(e)) if e.code == 409 => {}
                 Err(e) => {
                     return Err(e)
@@ -432,11 +572,30 @@ impl KubeVirtCa {
         bail!("Secret {namespace}/{CA_SECRET} keeps changing under us")
     }
 
-    /// When this CA is to be replaced.
+    fn of(current: Pair, successor: Option<Pair>, lifetimes: &Lifetimes) -> Self {
+        KubeVirtCa {
+            cert_pem: current.cert_pem,
+            key: current.key,
+            lifetimes: *lifetimes,
+            successor_pem: successor.map(|s| s.cert_pem),
+        }
+    }
+
+    /// When [`KubeVirtCa::load_or_rotate`] next has work: publishing a successor
+    /// [`propagation`] before this CA's renewal time, then promoting it once it is both due
+    /// and published for that long.
     #[must_use]
     pub fn renewal(&self) -> time::OffsetDateTime {
-        ca_renewal(self.cert_pem.as_bytes(), &self.lifetimes)
-            .unwrap_or_else(time::OffsetDateTime::now_utc)
+        let now = time::OffsetDateTime::now_utc();
+        let renewal = ca_renewal(self.cert_pem.as_bytes(), &self.lifetimes, now).unwrap_or(now);
+        let propagation = propagation(&self.lifetimes);
+        match self.successor_pem.as_deref() {
+            None => renewal - propagation,
+            Some(next) => {
+                let published = trusted_since(next.as_bytes()).unwrap_or(now) + propagation;
+                renewal.max(published)
+            }
+        }
     }
 
     /// A serving certificate for `names` (DNS names or IP addresses), certificate and key as
@@ -513,6 +672,24 @@ pub fn service_names(name: &str, namespace: &str) -> Vec<String> {
 mod tests {
     use super::*;
 
+    fn new_ca(lifetimes: &Lifetimes) -> anyhow::Result<KubeVirtCa> {
+        Ok(KubeVirtCa::of(Pair::generate(lifetimes)?, None, lifetimes))
+    }
+
+    fn needs_renewal(cert_pem: &[u8], lifetimes: &Lifetimes) -> bool {
+        {
+            let now = time::OffsetDateTime::now_utc();
+            ca_renewal(cert_pem, lifetimes, now).is_none_or(|at| at <= now)
+        }
+    }
+
+    fn pair_of(ca: &KubeVirtCa) -> Pair {
+        Pair {
+            cert_pem: ca.cert_pem.clone(),
+            key: KeyPair::from_pem(&ca.key.serialize_pem()).unwrap(),
+        }
+    }
+
     #[test]
     fn a_new_ca_is_fresh_and_signs_serving_certificates_that_verify_against_it() {
         let ca = new_ca(&Lifetimes::default()).unwrap();
@@ -532,14 +709,26 @@ mod tests {
     #[test]
     fn a_secret_without_a_parsable_ca_is_not_used() {
         let ca = new_ca(&Lifetimes::default()).unwrap();
-        let mut secret = secret_of("kubevirt", &ca, None);
-        assert!(from_secret(&secret, &Lifetimes::default()).is_some());
-        secret
-            .data
-            .as_mut()
-            .unwrap()
-            .insert("tls.crt".into(), ByteString(b"garbage".to_vec()));
-        assert!(from_secret(&secret, &Lifetimes::default()).is_none());
+        let patch = secret_patch("kubevirt", &pair_of(&ca), None, None);
+        let decode = |v: &serde_json::Value| {
+            ByteString(
+                base64::engine::general_purpose::STANDARD
+                    .decode(v.as_str().unwrap())
+                    .unwrap(),
+            )
+        };
+        let mut data: BTreeMap<String, ByteString> = BTreeMap::new();
+        for key in ["tls.crt", "tls.key"] {
+            data.insert(key.into(), decode(&patch["data"][key]));
+        }
+        assert!(
+            patch["data"][SUCCESSOR_CERT].is_null(),
+            "a merge patch removes it"
+        );
+        assert!(Pair::from_data(&data, "tls.crt", "tls.key").is_some());
+        assert!(Pair::from_data(&data, SUCCESSOR_CERT, SUCCESSOR_KEY).is_none());
+        data.insert("tls.crt".into(), ByteString(b"garbage".to_vec()));
+        assert!(Pair::from_data(&data, "tls.crt", "tls.key").is_none());
     }
 
     fn lifetimes(ca: i64, ca_renew: i64, server: i64, server_renew: i64) -> Lifetimes {
@@ -619,16 +808,35 @@ mod tests {
         let l = lifetimes(7 * 86_400, 86_400, 3_600, 600);
         let ca = new_ca(&l).unwrap();
         let (leaf, _) = ca.issue_client("someone").unwrap();
-        let due = leaf_renewal(leaf.as_bytes(), ca.cert_pem.as_bytes(), &l).unwrap();
+        let due = leaf_renewal(
+            leaf.as_bytes(),
+            ca.cert_pem.as_bytes(),
+            &l,
+            time::OffsetDateTime::now_utc(),
+        )
+        .unwrap();
         assert_eq!(due, not_after(&leaf) - time::Duration::seconds(600));
 
         let other = new_ca(&l).unwrap();
         assert!(!signed_by(leaf.as_bytes(), other.cert_pem.as_bytes()));
         assert_eq!(
-            leaf_renewal(leaf.as_bytes(), other.cert_pem.as_bytes(), &l),
+            leaf_renewal(
+                leaf.as_bytes(),
+                other.cert_pem.as_bytes(),
+                &l,
+                time::OffsetDateTime::now_utc()
+            ),
             None
         );
-        assert_eq!(leaf_renewal(b"garbage", ca.cert_pem.as_bytes(), &l), None);
+        assert_eq!(
+            leaf_renewal(
+                b"garbage",
+                ca.cert_pem.as_bytes(),
+                &l,
+                time::OffsetDateTime::now_utc()
+            ),
+            None
+        );
     }
 
     #[test]
@@ -638,14 +846,27 @@ mod tests {
         let (leaf, _) = ca.issue_serving(vec!["virt-api".into()]).unwrap();
         let short = lifetimes(60, 30, 30, 15);
         let now = time::OffsetDateTime::now_utc();
-        let due = leaf_renewal(leaf.as_bytes(), ca.cert_pem.as_bytes(), &short).unwrap();
-        assert!(due <= now + time::Duration::SECOND, "{due} vs {now}");
-        let ca_due = ca_renewal(ca.cert_pem.as_bytes(), &short).unwrap();
+        // Due at the very `now` it is asked at (a later clock read inside would make the
+        // caller's `due > now` keep the leaf for ever).
+        let due = leaf_renewal(leaf.as_bytes(), ca.cert_pem.as_bytes(), &short, now).unwrap();
+        assert_eq!(due, now);
+        let ca_due = ca_renewal(
+            ca.cert_pem.as_bytes(),
+            &short,
+            time::OffsetDateTime::now_utc(),
+        )
+        .unwrap();
         assert!(ca_due <= now + time::Duration::SECOND, "{ca_due} vs {now}");
         assert!(needs_renewal(ca.cert_pem.as_bytes(), &short));
         // Under the lifetimes they were issued with, nothing is due.
         assert!(!needs_renewal(ca.cert_pem.as_bytes(), &long));
-        let due = leaf_renewal(leaf.as_bytes(), ca.cert_pem.as_bytes(), &long).unwrap();
+        let due = leaf_renewal(
+            leaf.as_bytes(),
+            ca.cert_pem.as_bytes(),
+            &long,
+            time::OffsetDateTime::now_utc(),
+        )
+        .unwrap();
         assert!(due > now + time::Duration::hours(20));
     }
 
@@ -654,11 +875,120 @@ mod tests {
         let l = lifetimes(600, 120, 3_600, 600);
         let ca = new_ca(&l).unwrap();
         let (leaf, _) = ca.issue_serving(vec!["virt-api".into()]).unwrap();
-        let due = leaf_renewal(leaf.as_bytes(), ca.cert_pem.as_bytes(), &l).unwrap();
+        let due = leaf_renewal(
+            leaf.as_bytes(),
+            ca.cert_pem.as_bytes(),
+            &l,
+            time::OffsetDateTime::now_utc(),
+        )
+        .unwrap();
         assert_eq!(due, not_after(&ca.cert_pem) - time::Duration::seconds(60));
         assert_eq!(
-            ca_renewal(ca.cert_pem.as_bytes(), &l).unwrap(),
+            ca_renewal(ca.cert_pem.as_bytes(), &l, time::OffsetDateTime::now_utc()).unwrap(),
             not_after(&ca.cert_pem) - time::Duration::seconds(120)
+        );
+    }
+
+    /// A CA as if issued `ago` ago with `lifetimes`.
+    fn ca_issued(ago: i64, lifetimes: &Lifetimes) -> Pair {
+        let key = KeyPair::generate().unwrap();
+        let mut p = ca_params(lifetimes.ca).unwrap();
+        let issued = time::OffsetDateTime::now_utc() - time::Duration::seconds(ago);
+        p.not_before = issued - CLOCK_SKEW;
+        p.not_after = issued + lifetimes.ca;
+        Pair {
+            cert_pem: p.self_signed(&key).unwrap().pem(),
+            key,
+        }
+    }
+
+    fn plan(current: Option<&Pair>, successor: Option<&Pair>, l: &Lifetimes) -> &'static str {
+        match plan_rotation(current, successor, l, time::OffsetDateTime::now_utc()) {
+            Rotation::Keep => "keep",
+            Rotation::Prepare => "prepare",
+            Rotation::Promote => "promote",
+            Rotation::Replace => "replace",
+        }
+    }
+
+    #[test]
+    fn a_ca_is_succeeded_in_two_steps_published_first_then_promoted() {
+        // CA 600 s, renewed 120 s before its end (at 480 s); propagation min(2 min, 60 s).
+        let l = lifetimes(600, 120, 60, 12);
+        assert_eq!(propagation(&l), time::Duration::seconds(60));
+        assert_eq!(propagation(&Lifetimes::default()), BUNDLE_PROPAGATION);
+        assert_eq!(plan(None, None, &l), "replace");
+        let fresh = ca_issued(0, &l);
+        assert_eq!(plan(Some(&fresh), None, &l), "keep");
+        // One propagation before its renewal time, a successor is published beside it...
+        let due_soon = ca_issued(430, &l);
+        assert_eq!(plan(Some(&due_soon), None, &l), "prepare");
+        let just_published = ca_issued(0, &l);
+        assert_eq!(plan(Some(&due_soon), Some(&just_published), &l), "keep");
+        // ...and promoted once the CA is due and the successor has been out that long.
+        let due = ca_issued(490, &l);
+        assert_eq!(plan(Some(&due), Some(&just_published), &l), "keep");
+        let published = ca_issued(61, &l);
+        assert_eq!(plan(Some(&due), Some(&published), &l), "promote");
+        assert_eq!(plan(Some(&due_soon), Some(&published), &l), "keep");
+        // A CA about to end cannot wait for a successor to propagate.
+        let ending = ca_issued(560, &l);
+        assert_eq!(plan(Some(&ending), Some(&just_published), &l), "replace");
+        // A successor that is itself due (the CR shortened it) is replaced by a new one.
+        let short = lifetimes(60, 30, 30, 15);
+        let long_lived = ca_issued(0, &Lifetimes::default());
+        assert_eq!(plan(Some(&long_lived), None, &short), "prepare");
+        assert_eq!(
+            plan(
+                Some(&long_lived),
+                Some(&ca_issued(0, &Lifetimes::default())),
+                &short
+            ),
+            "prepare"
+        );
+    }
+
+    #[test]
+    fn the_ca_pass_is_scheduled_for_publishing_then_for_promoting() {
+        let l = lifetimes(600, 120, 60, 12);
+        let current = ca_issued(0, &l);
+        let renewal = ca_renewal(
+            current.cert_pem.as_bytes(),
+            &l,
+            time::OffsetDateTime::now_utc(),
+        )
+        .unwrap();
+        let alone = KubeVirtCa::of(pair_of_pair(&current), None, &l);
+        assert_eq!(alone.renewal(), renewal - time::Duration::seconds(60));
+        let successor = ca_issued(0, &l);
+        let published = trusted_since(successor.cert_pem.as_bytes()).unwrap();
+        let both = KubeVirtCa::of(pair_of_pair(&current), Some(successor), &l);
+        assert_eq!(
+            both.renewal(),
+            renewal.max(published + time::Duration::seconds(60))
+        );
+    }
+
+    fn pair_of_pair(p: &Pair) -> Pair {
+        Pair {
+            cert_pem: p.cert_pem.clone(),
+            key: KeyPair::from_pem(&p.key.serialize_pem()).unwrap(),
+        }
+    }
+
+    #[test]
+    fn a_leaf_of_the_previous_ca_stays_valid_until_due_and_a_stray_leaf_renews_at_once() {
+        let l = Lifetimes::default();
+        let (old, current) = (new_ca(&l).unwrap(), new_ca(&l).unwrap());
+        let bundle = format!("{}{}", current.cert_pem, old.cert_pem);
+        let (leaf, _) = old.issue_client("someone").unwrap();
+        let now = time::OffsetDateTime::now_utc();
+        let due = leaf_renewal(leaf.as_bytes(), bundle.as_bytes(), &l, now).unwrap();
+        assert_eq!(due, not_after(&leaf) - l.server_renew_before);
+        let stray = new_ca(&l).unwrap().issue_client("someone").unwrap().0;
+        assert_eq!(
+            leaf_renewal(stray.as_bytes(), bundle.as_bytes(), &l, now),
+            None
         );
     }
 
@@ -669,7 +999,7 @@ mod tests {
         let expired = expired_ca(time::Duration::minutes(1));
         let now = time::OffsetDateTime::now_utc();
         let previous = format!("{}{}{}", old.cert_pem, expired, current.cert_pem);
-        let bundle = merge_bundle(&current.cert_pem, &previous, now);
+        let bundle = merge_bundle(&current.cert_pem, None, &previous, now);
         let blocks = pem_blocks(&bundle);
         assert_eq!(blocks.len(), 2, "{bundle}");
         assert_eq!(normalized(&blocks[0]), normalized(&current.cert_pem));
@@ -677,13 +1007,13 @@ mod tests {
         // Once the old CA has expired, it leaves the bundle.
         let later = not_after(&old.cert_pem) + time::Duration::seconds(1);
         assert_eq!(
-            pem_blocks(&merge_bundle(&current.cert_pem, &bundle, later)).len(),
+            pem_blocks(&merge_bundle(&current.cert_pem, None, &bundle, later)).len(),
             1
         );
         // A bundle that is the current CA alone stays as it is.
         assert_eq!(
-            merge_bundle(&current.cert_pem, "", now),
-            merge_bundle(&current.cert_pem, &current.cert_pem, now)
+            merge_bundle(&current.cert_pem, None, "", now),
+            merge_bundle(&current.cert_pem, None, &current.cert_pem, now)
         );
     }
 }

@@ -169,7 +169,8 @@ fn secret_text(secret: &k8s_openapi::api::core::v1::Secret, key: &str) -> Option
 /// Brings the CA, the CA bundle and the components' certificates up to date, as upstream's
 /// operator does in each sync (CA, then bundle, then the leaves), with the lifetimes of the
 /// CR's `spec.certificateRotateStrategy.selfSigned`: a leaf is issued again only when it is
-/// due ([`certificates::leaf_renewal`]: near its end, or not signed by the current CA), an
+/// due ([`certificates::leaf_renewal`]: near its end; signed by a previous CA, once the current
+/// one has had time to reach every pod; or signed by no CA of the bundle), an
 /// object is written only when it changes.
 ///
 /// # Errors
@@ -186,7 +187,8 @@ pub async fn issue_certificates(admin: &kube::Client, namespace: &str) -> anyhow
         .context("reading ConfigMap kubevirt-ca")?
         .and_then(|cm| cm.data?.get("ca-bundle").cloned())
         .unwrap_or_default();
-    let bundle = certificates::merge_bundle(&ca.cert_pem, &previous, now);
+    let bundle =
+        certificates::merge_bundle(&ca.cert_pem, ca.successor_pem.as_deref(), &previous, now);
     if bundle != previous {
         let object = json!({
             "apiVersion": "v1",
@@ -214,7 +216,7 @@ pub async fn issue_certificates(admin: &kube::Client, namespace: &str) -> anyhow
         let pair = existing.as_ref().and_then(|s| {
             let (cert, key) = (secret_text(s, "tls.crt")?, secret_text(s, "tls.key")?);
             let due =
-                certificates::leaf_renewal(cert.as_bytes(), ca.cert_pem.as_bytes(), &lifetimes)?;
+                certificates::leaf_renewal(cert.as_bytes(), bundle.as_bytes(), &lifetimes, now)?;
             (due > now).then_some((cert, key, due))
         });
         let kept = pair.is_some();
@@ -226,7 +228,7 @@ pub async fn issue_certificates(admin: &kube::Client, namespace: &str) -> anyhow
             None => {
                 let (cert, key) = issue_leaf(&ca, name, namespace)?;
                 if let Some(due) =
-                    certificates::leaf_renewal(cert.as_bytes(), ca.cert_pem.as_bytes(), &lifetimes)
+                    certificates::leaf_renewal(cert.as_bytes(), bundle.as_bytes(), &lifetimes, now)
                 {
                     next = next.min(due);
                 }
