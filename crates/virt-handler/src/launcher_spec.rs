@@ -574,29 +574,34 @@ fn host_disk(
         volume: name.to_owned(),
         reason,
     };
-    let path = Path::new(&hd.path);
-    match hd.type_.as_str() {
-        "Disk" => {
-            virt_launcher::safe_path::check_beneath(ctx.host_disk_dir, path)
-                .map_err(|e| fail(e.to_string()))?;
-        }
+    let requested = Path::new(&hd.path);
+    // A relative path would be checked below the host-disk directory but opened relative to
+    // the handler's working directory; admission refuses it, and so does the node.
+    if !requested.is_absolute() {
+        return Err(fail(format!("path {:?} is not absolute", hd.path)));
+    }
+    // From here on only the checked path is used, never the one the spec wrote.
+    let path = match hd.type_.as_str() {
+        "Disk" => virt_launcher::safe_path::check_beneath(ctx.host_disk_dir, requested)
+            .map_err(|e| fail(e.to_string()))?,
         "DiskOrCreate" => {
-            virt_launcher::safe_path::check_parent_beneath(ctx.host_disk_dir, path)
+            let path = virt_launcher::safe_path::check_parent_beneath(ctx.host_disk_dir, requested)
                 .map_err(|e| fail(e.to_string()))?;
             let capacity = hd
                 .capacity
                 .as_ref()
                 .ok_or_else(|| fail("DiskOrCreate needs a capacity".into()))?;
             files.push(FileAction::Sparse {
-                path: path.to_owned(),
+                path: path.clone(),
                 size: quantity_bytes("hostDisk.capacity", capacity)?,
             });
+            path
         }
         other => return Err(fail(format!("type {other:?} is not Disk or DiskOrCreate"))),
-    }
+    };
     let to = ctx.pod_dir.join("disks").join(format!("{name}.img"));
     files.push(FileAction::Link {
-        from: path.to_owned(),
+        from: path,
         to: to.clone(),
     });
     Ok(Source {

@@ -78,6 +78,11 @@ fn compute_rules_report_upstream_messages_and_fields() {
             "spec.volumes[0]",
             "HostDisk feature gate is not enabled",
         ),
+        (
+            json!({"spec": {"volumes": [{"name": "root", "hostDisk": {"path": "disk.img", "type": "Disk"}}]}}),
+            "spec.volumes[0].hostDisk.path",
+            "spec.volumes[0].hostDisk.path must be an absolute path, got 'disk.img'",
+        ),
         // 2. hostname
         (
             json!({"spec": {"hostname": "-bad"}}),

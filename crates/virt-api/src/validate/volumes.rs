@@ -199,6 +199,13 @@ fn validate_volume_source(
                 format!("{f} is required for hostDisk volume"),
                 f,
             ));
+        } else if !hd.path.starts_with('/') {
+            // Not checked upstream; a relative path has no meaning on the node.
+            let f = at.children(&["hostDisk", "path"]);
+            c.push(Cause::invalid(
+                format!("{f} must be an absolute path, got '{}'", hd.path),
+                f,
+            ));
         }
         let type_f = at.children(&["hostDisk", "type"]);
         if hd.type_ != "Disk" && hd.type_ != "DiskOrCreate" {

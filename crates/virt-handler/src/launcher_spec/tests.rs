@@ -376,6 +376,43 @@ fn unsupported_volumes_and_bindings_are_clear_errors() {
         "HostDiskNotUsable"
     );
 
+    // A relative path is refused, even one that names a file below the host-disk directory:
+    // it would be opened relative to the handler's working directory.
+    std::fs::write(f.hostdisks.join("rel.img"), b"x").unwrap();
+    let relative = vmi(&serde_json::json!({
+        "domain": {"memory": {"guest": "128Mi"}, "devices": {"disks": [{"name": "d", "disk": {}}]}},
+        "volumes": [{"name": "d", "hostDisk": {"path": "rel.img", "type": "Disk"}}]
+    }));
+    let err = build_spec(&relative, &f.ctx()).unwrap_err();
+    assert_eq!(err.reason(), "HostDiskNotUsable");
+    assert!(err.to_string().contains("not absolute"), "{err}");
+
+    // A symlink component is refused even when it points inside the directory.
+    std::fs::create_dir(f.hostdisks.join("real")).unwrap();
+    std::fs::write(f.hostdisks.join("real/d.img"), b"x").unwrap();
+    std::os::unix::fs::symlink(f.hostdisks.join("real"), f.hostdisks.join("via")).unwrap();
+    let through_link = vmi(&serde_json::json!({
+        "domain": {"memory": {"guest": "128Mi"}, "devices": {"disks": [{"name": "d", "disk": {}}]}},
+        "volumes": [{"name": "d", "hostDisk": {"path": f.hostdisks.join("via/d.img").display().to_string(), "type": "Disk"}}]
+    }));
+    assert_eq!(
+        build_spec(&through_link, &f.ctx()).unwrap_err().reason(),
+        "HostDiskNotUsable"
+    );
+
+    // An absolute path below the directory is linked from where it was checked.
+    let inside = vmi(&serde_json::json!({
+        "domain": {"memory": {"guest": "128Mi"}, "devices": {"disks": [{"name": "d", "disk": {}}]}},
+        "volumes": [{"name": "d", "hostDisk": {"path": f.hostdisks.join("real/d.img").display().to_string(), "type": "Disk"}}]
+    }));
+    let prepared = build_spec(&inside, &f.ctx()).unwrap();
+    assert!(
+        prepared.files.iter().any(|a| matches!(a,
+            FileAction::Link { from, .. } if from == &f.hostdisks.join("real/d.img"))),
+        "{:?}",
+        prepared.files
+    );
+
     let no_memory = vmi(&serde_json::json!({"domain": {"devices": {}}}));
     assert_eq!(
         build_spec(&no_memory, &f.ctx()).unwrap_err().reason(),
