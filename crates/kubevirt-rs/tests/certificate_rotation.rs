@@ -1,6 +1,7 @@
 //! Certificate rotation end to end (`kubevirt-rs server --fake-qemu`): the KubeVirt CR is
-//! patched to accelerated lifetimes (CA 60 s, renewed 30 s before its end; leaves 30 s,
-//! renewed 15 s before theirs), and while the operator rotates, a loop creates, labels and
+//! patched to accelerated lifetimes (CA 90 s, renewed 45 s before its end; leaves 40 s,
+//! renewed 25 s before theirs: a leaf's margin outlasts a leader fail-over of the operator,
+//! 15 s of lease plus its retries), and while the operator rotates, a loop creates, labels and
 //! deletes VMs through `kubectl` (the webhooks on the path) and pauses and unpauses a running
 //! VM through `virtctl` (virt-api's subresources, virt-api → virt-handler with the handler
 //! client certificate). No request may fail; the serial served by virt-api on its pod IP
@@ -266,7 +267,7 @@ fn traffic_keeps_flowing_through_ten_leaf_and_two_ca_rotations() -> anyhow::Resu
         "--type",
         "merge",
         "-p",
-        r#"{"spec":{"certificateRotateStrategy":{"selfSigned":{"ca":{"duration":"60s","renewBefore":"30s"},"server":{"duration":"30s","renewBefore":"15s"}}}}}"#,
+        r#"{"spec":{"certificateRotateStrategy":{"selfSigned":{"ca":{"duration":"90s","renewBefore":"45s"},"server":{"duration":"40s","renewBefore":"25s"}}}}}"#,
     ])?;
     // The operator renews what outlives the new lifetimes at once.
     wait_until(
@@ -277,7 +278,7 @@ fn traffic_keeps_flowing_through_ten_leaf_and_two_ca_rotations() -> anyhow::Resu
             let (_, cert) = x509_parser::pem::parse_x509_pem(pem.as_bytes()).ok()?;
             let cert = cert.parse_x509().ok()?;
             let v = cert.validity();
-            (v.not_after.timestamp() - time::OffsetDateTime::now_utc().unix_timestamp() <= 30)
+            (v.not_after.timestamp() - time::OffsetDateTime::now_utc().unix_timestamp() <= 40)
                 .then_some(())
         },
     )

@@ -64,6 +64,7 @@ use tracing::{info, warn};
 
 use process::{ContainerPaths, ExitRecord, ProcessRecord};
 use status::ContainerState;
+use volumes::projection::SourceKind;
 
 /// How the runner is set up.
 #[derive(Clone, Debug)]
@@ -844,6 +845,39 @@ impl Wake {
     }
 }
 
+/// `(kind, namespace, name)` of every object of `K` that changes or goes away after the
+/// initial list (which the volumes read when they are set up).
+fn source_changes<K>(
+    client: &kube::Client,
+    kind: SourceKind,
+) -> impl futures::Stream<Item = (SourceKind, String, String)> + use<K>
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + 'static,
+    K::DynamicType: Default,
+{
+    watcher(Api::<K>::all(client.clone()), watcher::Config::default())
+        .default_backoff()
+        .filter_map(move |event| {
+            let changed = match event {
+                Ok(watcher::Event::Apply(o) | watcher::Event::Delete(o)) => {
+                    let meta = o.meta();
+                    Some((
+                        kind,
+                        meta.namespace.clone().unwrap_or_default(),
+                        meta.name.clone().unwrap_or_default(),
+                    ))
+                }
+                _ => None,
+            };
+            std::future::ready(changed)
+        })
+}
+
 /// Runs the pod runner until the future is dropped.
 pub async fn run(client: kube::Client, config: PodRunnerConfig) {
     let (exits_tx, mut exits_rx) = mpsc::unbounded_channel();
@@ -875,6 +909,12 @@ pub async fn run(client: kube::Client, config: PodRunnerConfig) {
         .default_backoff()
         .reflect(writer)
         .boxed();
+    // Changes of configMaps and secrets, so that the volumes filled from them follow at once.
+    let sources = futures::stream::select(
+        source_changes::<k8s_openapi::api::core::v1::ConfigMap>(&client, SourceKind::ConfigMap),
+        source_changes::<k8s_openapi::api::core::v1::Secret>(&client, SourceKind::Secret),
+    );
+    let mut sources = std::pin::pin!(sources);
     // Re-adopted processes are not our children: poll them (and grace deadlines, restart
     // back-offs, volume resyncs) periodically with a pass over every pod.
     let mut tick = tokio::time::interval(Duration::from_secs(1));
@@ -888,6 +928,19 @@ pub async fn run(client: kube::Client, config: PodRunnerConfig) {
                 Some(Ok(event)) => wake.note(&event),
                 Some(Err(_)) => {}
             },
+            Some((kind, namespace, name)) = sources.next() => {
+                for pod in store.state() {
+                    let here = pod.metadata.namespace.as_deref() == Some(namespace.as_str());
+                    if here && volumes::uses_source(&pod, kind, &name)
+                        && let Some(uid) = &pod.metadata.uid
+                    {
+                        runner.volumes.invalidate(uid);
+                        if let Wake::Some(uids) = &mut wake {
+                            uids.insert(uid.clone());
+                        }
+                    }
+                }
+            }
             _ = exits_rx.recv() => wake = Wake::All,
             _ = tick.tick() => wake = Wake::All,
         }

@@ -223,6 +223,16 @@ pub fn propagation(lifetimes: &Lifetimes) -> time::Duration {
     BUNDLE_PROPAGATION.min(lifetimes.ca_renew_before / 2)
 }
 
+/// The lifetime of a successor CA: the CA's duration plus the [`propagation`] it waits
+/// before it signs anything, so that once promoted it is current for a whole
+/// `duration - renewBefore` like the CA it replaces. (Counting its life from its creation
+/// instead shortens every CA after the first by the propagation time, and with short
+/// lifetimes leaves a promoted CA due for its own successor at once.)
+#[must_use]
+pub fn successor_lifetime(lifetimes: &Lifetimes) -> time::Duration {
+    lifetimes.ca + propagation(lifetimes)
+}
+
 /// When a CA started to be trusted: it was issued, and published in the bundle, in the pass
 /// that signed it, [`CLOCK_SKEW`] after its `notBefore`.
 fn trusted_since(ca_pem: &[u8]) -> Option<time::OffsetDateTime> {
@@ -269,8 +279,8 @@ pub fn until(at: time::OffsetDateTime) -> std::time::Duration {
 }
 
 /// When the CA `ca_pem` must be replaced (`None`: at once, it does not parse), as seen at
-/// `now`: `renewBefore` before it ends, or `now` when it outlives a whole CA lifetime from
-/// `now`.
+/// `now`: `renewBefore` before it ends, or `now` when it outlives a whole
+/// [`successor_lifetime`] from `now` (the CR was patched to a shorter duration).
 #[must_use]
 pub fn ca_renewal(
     ca_pem: &[u8],
@@ -278,7 +288,8 @@ pub fn ca_renewal(
     now: time::OffsetDateTime,
 ) -> Option<time::OffsetDateTime> {
     validity_of(ca_pem).map(|(_, not_after)| {
-        (not_after - lifetimes.ca_renew_before).min(shortened(not_after, lifetimes.ca, now))
+        let longest = successor_lifetime(lifetimes);
+        (not_after - lifetimes.ca_renew_before).min(shortened(not_after, longest, now))
     })
 }
 
@@ -368,9 +379,10 @@ impl Pair {
         Some(Pair { cert_pem, key })
     }
 
-    fn generate(lifetimes: &Lifetimes) -> anyhow::Result<Pair> {
+    /// A new CA valid for `lifetime`.
+    fn generate(lifetime: time::Duration) -> anyhow::Result<Pair> {
         let key = KeyPair::generate().context("generating the CA key")?;
-        let cert = ca_params(lifetimes.ca)?
+        let cert = ca_params(lifetime)?
             .self_signed(&key)
             .context("signing the CA")?;
         Ok(Pair {
@@ -520,7 +532,7 @@ impl KubeVirtCa {
                     }
                     Rotation::Prepare => (
                         current.context("a CA to succeed exists")?,
-                        Some(Pair::generate(lifetimes)?),
+                        Some(Pair::generate(successor_lifetime(lifetimes))?),
                         "KubeVirt CA successor published",
                     ),
                     Rotation::Promote => (
@@ -528,7 +540,9 @@ impl KubeVirtCa {
                         None,
                         "KubeVirt CA replaced by its successor",
                     ),
-                    Rotation::Replace => (Pair::generate(lifetimes)?, None, "KubeVirt CA created"),
+                    Rotation::Replace => {
+                        (Pair::generate(lifetimes.ca)?, None, "KubeVirt CA created")
+                    }
                 };
             let patch = secret_patch(
                 namespace,
@@ -673,7 +687,11 @@ mod tests {
     use super::*;
 
     fn new_ca(lifetimes: &Lifetimes) -> anyhow::Result<KubeVirtCa> {
-        Ok(KubeVirtCa::of(Pair::generate(lifetimes)?, None, lifetimes))
+        Ok(KubeVirtCa::of(
+            Pair::generate(lifetimes.ca)?,
+            None,
+            lifetimes,
+        ))
     }
 
     fn needs_renewal(cert_pem: &[u8], lifetimes: &Lifetimes) -> bool {
@@ -946,6 +964,36 @@ mod tests {
             ),
             "prepare"
         );
+    }
+
+    #[test]
+    fn a_promoted_successor_is_current_for_a_whole_duration_less_renew_before() {
+        // CA 60 s renewed 30 s before its end; propagation 15 s (the rotation test's values).
+        let l = lifetimes(60, 30, 30, 15);
+        let p = propagation(&l);
+        assert_eq!(successor_lifetime(&l), time::Duration::seconds(75));
+        let key = KeyPair::generate().unwrap();
+        let successor = Pair {
+            cert_pem: ca_params(successor_lifetime(&l))
+                .unwrap()
+                .self_signed(&key)
+                .unwrap()
+                .pem(),
+            key,
+        };
+        let now = time::OffsetDateTime::now_utc();
+        // Not mistaken for a CA the CR shortened, while it waits...
+        let renewal = ca_renewal(successor.cert_pem.as_bytes(), &l, now).unwrap();
+        assert!(renewal > now, "{renewal} > {now}");
+        // ...and once promoted, one propagation later, it is due only `60 - 30` s after that.
+        let promoted_at = now + p;
+        let current_for = renewal - promoted_at;
+        assert!(
+            (current_for - time::Duration::seconds(30)).abs() <= time::Duration::SECOND,
+            "{current_for}"
+        );
+        // So its own successor is not due at the moment it is promoted.
+        assert!(renewal - p > promoted_at);
     }
 
     #[test]

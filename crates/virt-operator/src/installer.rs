@@ -345,6 +345,40 @@ pub async fn install(
     Ok(issued)
 }
 
+/// Writes `bundle` into the objects of `strategy` that carry the CA bundle (webhook
+/// configurations, APIServices), with `patches` applied as in [`install`]; nothing else of the
+/// strategy is touched. A certificate pass between installs calls it when
+/// [`issue_certificates`] changed the bundle.
+///
+/// # Errors
+/// When a patch does not apply or the API server refuses an object.
+pub async fn publish_ca_bundle(
+    admin: &kube::Client,
+    strategy: &Strategy,
+    patches: &[CustomizeComponentsPatch],
+    bundle: &str,
+) -> anyhow::Result<()> {
+    let mut objects: Vec<Value> = strategy.objects.as_ref().clone();
+    crate::customize::apply(&mut objects, patches)?;
+    for object in objects.iter_mut().filter(|o| carries_ca_bundle(o)) {
+        inject_metadata(object, strategy);
+        trust_ca(object, bundle);
+        let what = describe(object);
+        create_or_replace_dynamic(admin.clone(), object.clone())
+            .await
+            .with_context(|| format!("publishing the CA bundle in {what}"))?;
+    }
+    Ok(())
+}
+
+/// Whether [`trust_ca`] sets a `caBundle` in `object`.
+fn carries_ca_bundle(object: &Value) -> bool {
+    matches!(
+        object["kind"].as_str(),
+        Some("MutatingWebhookConfiguration" | "ValidatingWebhookConfiguration" | "APIService")
+    )
+}
+
 /// `(kind, namespace, name)` of an object.
 fn identity(object: &Value) -> (String, String, String) {
     let text = |v: &Value| v.as_str().unwrap_or_default().to_owned();

@@ -223,6 +223,8 @@ struct Applied {
     deployment_id: String,
     /// When the certificates want their next pass.
     renew_at: tokio::time::Instant,
+    /// The CA bundle the registration objects were last given.
+    ca_bundle: String,
 }
 
 struct Context {
@@ -389,8 +391,10 @@ impl Context {
 
     /// Installs `config`'s install strategy with `patches` for the CR `uid` unless it is
     /// installed already (the first time, on a change of the configuration, the patches or
-    /// the certificate lifetimes, when the certificates are due for renewal, or when a workload is missing), then prunes
-    /// what left the strategy. Returns the strategy's deployment ID.
+    /// the certificate lifetimes, or when a workload is missing), then prunes what left the
+    /// strategy; when only the certificates are due, renews them alone (and publishes a
+    /// changed bundle with [`crate::installer::publish_ca_bundle`]). Returns the strategy's
+    /// deployment ID.
     async fn apply_if_needed(
         &self,
         uid: &str,
@@ -398,6 +402,8 @@ impl Context {
         patches: &[CustomizeComponentsPatch],
         lifetimes: crate::certificates::Lifetimes,
     ) -> anyhow::Result<String> {
+        // What was installed for this very configuration: `(deployment id, CA bundle, whether
+        // the certificates are due)`.
         let current = self
             .applied
             .lock()
@@ -408,9 +414,11 @@ impl Context {
                     && a.config == *config
                     && a.patches == patches
                     && a.lifetimes == lifetimes
-                    && tokio::time::Instant::now() < a.renew_at
             })
-            .map(|a| a.deployment_id.clone());
+            .map(|a| {
+                let due = tokio::time::Instant::now() >= a.renew_at;
+                (a.deployment_id.clone(), a.ca_bundle.clone(), due)
+            });
         let workloads_present = ["virt-api", "virt-controller"]
             .iter()
             .all(|name| self.deployments.get(Some(&self.namespace), name).is_some())
@@ -418,8 +426,47 @@ impl Context {
                 .daemonsets
                 .get(Some(&self.namespace), "virt-handler")
                 .is_some();
-        if let Some(id) = current.filter(|_| workloads_present) {
-            return Ok(id);
+        match current.filter(|_| workloads_present) {
+            Some((id, _, false)) => return Ok(id),
+            // Only the certificates are due: renew them without rendering or walking the
+            // strategy (rendering it alone took 3 s of a debug build per renewal); only a
+            // changed bundle is written to the objects that carry it.
+            Some((id, published, true)) => {
+                let issued =
+                    crate::installer::issue_certificates(&self.client, &self.namespace).await?;
+                if issued.ca_bundle != published {
+                    let strategy = self.strategies.ensure(&self.client, config).await?;
+                    crate::installer::publish_ca_bundle(
+                        &self.client,
+                        &strategy,
+                        patches,
+                        &issued.ca_bundle,
+                    )
+                    .await?;
+                }
+                tracing::debug!(next_certificate_pass_in = ?issued.renew_in(), "certificates renewed");
+                if let Some(applied) = self
+                    .applied
+                    .lock()
+                    .map_err(|_| anyhow::anyhow!("poisoned state"))?
+                    .as_mut()
+                {
+                    applied.renew_at = tokio::time::Instant::now() + issued.renew_in();
+                    applied.ca_bundle = issued.ca_bundle;
+                }
+                return Ok(id);
+            }
+            None => {}
+        }
+        let first_pass = self
+            .applied
+            .lock()
+            .map_err(|_| anyhow::anyhow!("poisoned state"))?
+            .is_none();
+        if first_pass && workloads_present {
+            // A new leader (a restarted or failed-over operator) renews what is due before it
+            // walks the whole strategy: a leaf about to expire must not wait for that walk.
+            crate::installer::issue_certificates(&self.client, &self.namespace).await?;
         }
         let strategy = self.strategies.ensure(&self.client, config).await?;
         let issued = crate::installer::install(&self.client, config, &strategy, patches).await?;
@@ -430,6 +477,7 @@ impl Context {
             strategy = %strategy.config_map,
             id = %strategy.id,
             pruned,
+            next_certificate_pass_in = ?issued.renew_in(),
             "KubeVirt installed"
         );
         *self
@@ -442,6 +490,7 @@ impl Context {
             lifetimes,
             deployment_id: strategy.id.clone(),
             renew_at: tokio::time::Instant::now() + issued.renew_in(),
+            ca_bundle: issued.ca_bundle,
         });
         Ok(strategy.id)
     }

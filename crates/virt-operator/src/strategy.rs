@@ -132,9 +132,14 @@ pub struct Strategy {
     pub objects: Arc<Vec<Value>>,
 }
 
-/// Decoded strategies by `{version}-{resourceVersion}` of their ConfigMap.
+/// Decoded strategies by `{version}-{resourceVersion}` of their ConfigMap, and the last
+/// rendering with the configuration it was rendered for (rendering, encoding and hashing every
+/// manifest took about 3 s of a debug build on each pass).
 #[derive(Default)]
-pub struct StrategyCache(Mutex<HashMap<String, Arc<Vec<Value>>>>);
+pub struct StrategyCache {
+    decoded: Mutex<HashMap<String, Arc<Vec<Value>>>>,
+    rendered: Mutex<Option<(kubevirt_install::InstallConfig, ConfigMap)>>,
+}
 
 /// The deployment ID of a rendering: the first 16 hex digits of the SHA-256 of its manifests.
 #[must_use]
@@ -195,7 +200,21 @@ impl StrategyCache {
         admin: &kube::Client,
         config: &kubevirt_install::InstallConfig,
     ) -> Result<Strategy, StrategyError> {
-        let wanted = config_map(config)?;
+        let cached = self.rendered.lock().ok().and_then(|r| {
+            r.as_ref()
+                .filter(|(c, _)| c == config)
+                .map(|(_, cm)| cm.clone())
+        });
+        let wanted = match cached {
+            Some(cm) => cm,
+            None => {
+                let cm = config_map(config)?;
+                if let Ok(mut rendered) = self.rendered.lock() {
+                    *rendered = Some((config.clone(), cm.clone()));
+                }
+                cm
+            }
+        };
         let id = annotation(&wanted, IDENTIFIER_ANNOTATION)
             .unwrap_or_default()
             .to_owned();
@@ -239,7 +258,7 @@ impl StrategyCache {
             config.image_tag,
             cm.metadata.resource_version.as_deref().unwrap_or_default()
         );
-        let cached = self.0.lock().ok().and_then(|c| c.get(&key).cloned());
+        let cached = self.decoded.lock().ok().and_then(|c| c.get(&key).cloned());
         let objects = match cached {
             Some(objects) => objects,
             None => {
@@ -260,7 +279,7 @@ impl StrategyCache {
                         source: Box::new(source),
                     })?;
                 let objects = Arc::new(objects);
-                if let Ok(mut cache) = self.0.lock() {
+                if let Ok(mut cache) = self.decoded.lock() {
                     cache.insert(key, Arc::clone(&objects));
                 }
                 objects

@@ -22,9 +22,13 @@
 //! - A missing source (configMap, secret, ServiceAccount token) that is not `optional` keeps
 //!   the pod in `ContainerCreating` with kubelet's message
 //!   (`MountVolume.SetUp failed for volume "x" : configmap "y" not found`), retried every pass.
-//! - Sources are re-read at most every [`RESYNC_PERIOD`] per pod; a change is written
-//!   atomically. A source that disappears after the volume was set up leaves the last content
-//!   in place, as kubelet does.
+//! - A change of a configMap or secret a pod's volume is filled from reaches the volume
+//!   within a pass of the pod runner, which watches both kinds ([`uses_source`],
+//!   [`VolumeManager::invalidate`]); kubelet takes up to its sync period plus its cache TTL
+//!   (about a minute) instead. Sources are read again every [`RESYNC_PERIOD`] besides, for
+//!   what a watch cannot report (downward-API fields, service-account tokens). A change is
+//!   written atomically. A source that disappears after the volume was set up leaves the last
+//!   content in place, as kubelet does.
 //! - Item paths that are absolute or contain `..` are refused before anything is written.
 //!
 //! # Caveats
@@ -247,6 +251,27 @@ const API_PLUGINS: [&str; 4] = [
 ];
 
 /// A volume the API feeds, and where kubelet keeps it.
+/// Whether a volume of `pod` is filled from the `kind` object `name` of the pod's namespace
+/// (a `configMap` or `secret` volume, or a source of a `projected` one).
+pub fn uses_source(pod: &Pod, kind: SourceKind, name: &str) -> bool {
+    let volumes = pod.spec.iter().flat_map(|s| s.volumes.iter().flatten());
+    volumes.into_iter().any(|v| {
+        let direct = match kind {
+            SourceKind::ConfigMap => v.config_map.as_ref().map(|c| c.name.as_str()),
+            SourceKind::Secret => v.secret.as_ref().and_then(|s| s.secret_name.as_deref()),
+        };
+        let projected = v
+            .projected
+            .iter()
+            .flat_map(|p| p.sources.iter().flatten())
+            .any(|source| match kind {
+                SourceKind::ConfigMap => source.config_map.as_ref().is_some_and(|c| c.name == name),
+                SourceKind::Secret => source.secret.as_ref().is_some_and(|s| s.name == name),
+            });
+        direct == Some(name) || projected
+    })
+}
+
 fn api_plugin(volume: &Volume) -> Option<&'static str> {
     [
         volume.config_map.is_some(),
@@ -287,6 +312,12 @@ impl VolumeManager {
             tokens: token::TokenCache::default(),
             synced: BTreeMap::new(),
         }
+    }
+
+    /// The next [`prepare`](Self::prepare) of the pod `uid` reads its sources again (one of
+    /// them changed), whenever it was last read.
+    pub fn invalidate(&mut self, uid: &str) {
+        self.synced.remove(uid);
     }
 
     /// Drops what is remembered of pods no longer known (by uid).
@@ -628,6 +659,30 @@ mod tests {
 
     fn volume(v: serde_json::Value) -> Volume {
         serde_json::from_value(v).expect("volume")
+    }
+
+    #[test]
+    fn a_pod_uses_the_sources_its_volumes_and_projections_name() {
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "p", "namespace": "ns"},
+            "spec": {"containers": [], "volumes": [
+                {"name": "a", "secret": {"secretName": "certs"}},
+                {"name": "b", "configMap": {"name": "settings"}},
+                {"name": "c", "projected": {"sources": [
+                    {"configMap": {"name": "kube-root-ca.crt"}},
+                    {"secret": {"name": "extra"}}
+                ]}}
+            ]}
+        }))
+        .expect("pod");
+        assert!(uses_source(&pod, SourceKind::Secret, "certs"));
+        assert!(uses_source(&pod, SourceKind::Secret, "extra"));
+        assert!(uses_source(&pod, SourceKind::ConfigMap, "settings"));
+        assert!(uses_source(&pod, SourceKind::ConfigMap, "kube-root-ca.crt"));
+        // The kinds are not confused, and other names are not used.
+        assert!(!uses_source(&pod, SourceKind::ConfigMap, "certs"));
+        assert!(!uses_source(&pod, SourceKind::Secret, "settings"));
+        assert!(!uses_source(&pod, SourceKind::Secret, "other"));
     }
 
     #[test]
