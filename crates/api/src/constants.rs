@@ -186,3 +186,6 @@ pub const NODE_DRAIN_TAINT_KEY: &str = "kubevirt.io/drain";
 pub const LAUNCHER_VOLUME: &str = "public";
 /// Where the launcher pod's containers see [`LAUNCHER_VOLUME`].
 pub const LAUNCHER_DIR: &str = "/var/run/kubevirt";
+/// Where the compute container sees each claim-backed volume, under the volume's name (as
+/// upstream: a filesystem claim holds the disk as `disk.img`).
+pub const VMI_DISKS_DIR: &str = "/var/run/kubevirt-private/vmi-disks";

@@ -73,6 +73,7 @@ async fn serve(args: LauncherArgs) -> anyhow::Result<()> {
     let mut opts = LauncherOptions::new(&socket);
     opts.qemu_binary = args.qemu;
     opts.base_dir = Some(args.pod_dir.clone());
+    opts.claim_disks_dir = Some(virt_launcher::pod_layout::CLAIM_DISKS_DIR.into());
     opts.fake_qemu = args.fake_qemu;
     opts.qemu_log_path = Some(layout.qemu_log());
     opts.vmi_uid = Some(args.uid.clone());

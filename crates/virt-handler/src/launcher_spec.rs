@@ -475,6 +475,66 @@ fn disk_format(path: &Path) -> DiskFormat {
 struct Source {
     path: PathBuf,
     format: DiskFormat,
+    /// Create the image of this size first when it is missing (a claim's `disk.img`).
+    create_size: Option<u64>,
+}
+
+impl Source {
+    fn at(path: PathBuf, format: DiskFormat) -> Source {
+        Source {
+            path,
+            format,
+            create_size: None,
+        }
+    }
+}
+
+/// The filesystem overhead assumed when the VMI's volume status does not give one (CDI's
+/// default, which upstream applies to filesystem claims).
+const DEFAULT_FILESYSTEM_OVERHEAD: f64 = 0.055;
+
+/// The size of a claim's `disk.img`, as upstream's launcher sizes one it creates: the claim's
+/// capacity (from the VMI's `status.volumeStatus`, which virt-controller fills from the claim)
+/// less its filesystem overhead, aligned down to 1 MiB. `None` when the capacity is unknown: an
+/// existing image is used as it is.
+fn claim_disk_size(vmi: &VirtualMachineInstance, volume: &str) -> Result<Option<u64>, SpecError> {
+    const MIB: u64 = 1 << 20;
+    let info = vmi
+        .status
+        .as_ref()
+        .and_then(|s| s.volume_status.iter().find(|v| v.name == volume))
+        .and_then(|v| v.persistent_volume_claim_info.as_ref());
+    let Some(capacity) = info.and_then(|i| i.capacity.get("storage")) else {
+        return Ok(None);
+    };
+    let capacity = quantity_bytes("persistentVolumeClaimInfo.capacity", capacity)?;
+    let overhead = info
+        .and_then(|i| i.filesystem_overhead.as_deref())
+        .and_then(|o| o.parse::<f64>().ok())
+        .filter(|o| (0.0..1.0).contains(o))
+        .unwrap_or(DEFAULT_FILESYSTEM_OVERHEAD);
+    #[allow(
+        clippy::cast_precision_loss,
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss
+    )]
+    let usable = (capacity as f64 * (1.0 - overhead)) as u64;
+    let aligned = usable / MIB * MIB;
+    if aligned == 0 {
+        return Err(SpecError::Invalid(format!(
+            "volume {volume:?}: the claim's capacity {capacity} bytes leaves no room for a disk image"
+        )));
+    }
+    Ok(Some(aligned))
+}
+
+/// The claim of a `persistentVolumeClaim` volume, or of a `dataVolume` one (its claim has the
+/// DataVolume's name).
+fn claim_of(src: &kubevirt_api::v1::VolumeSource) -> Option<&str> {
+    src.persistent_volume_claim
+        .as_ref()
+        .map(|p| p.claim_name.as_str())
+        .or_else(|| src.data_volume.as_ref().map(|d| d.name.as_str()))
 }
 
 fn volume_source(
@@ -499,7 +559,7 @@ fn volume_source(
             from,
             to: to.clone(),
         });
-        return Ok(Source { path: to, format });
+        return Ok(Source::at(to, format));
     }
     if let Some(empty) = &src.empty_disk {
         let size = quantity_bytes("emptyDisk.capacity", &empty.capacity)?;
@@ -508,10 +568,7 @@ fn volume_source(
             path: path.clone(),
             size,
         });
-        return Ok(Source {
-            path,
-            format: DiskFormat::Raw,
-        });
+        return Ok(Source::at(path, DiskFormat::Raw));
     }
     if let Some(ci) = &src.cloud_init_no_cloud {
         if ci.secret_ref.is_some() || ci.network_data_secret_ref.is_some() {
@@ -542,19 +599,22 @@ fn volume_source(
             path: path.clone(),
             files: content,
         });
-        return Ok(Source {
-            path,
-            format: DiskFormat::Raw,
-        });
+        return Ok(Source::at(path, DiskFormat::Raw));
     }
     if let Some(hd) = &src.host_disk {
         return host_disk(name, hd, ctx, files);
     }
-    let kind = if src.persistent_volume_claim.is_some() {
-        "persistentVolumeClaim"
-    } else if src.data_volume.is_some() {
-        "dataVolume"
-    } else if src.ephemeral.is_some() {
+    if claim_of(src).is_some() {
+        // The launcher pod mounts the claim there (virt-controller's template); the launcher
+        // creates a missing image in it, as upstream's does, and QEMU opens it in place.
+        let dir = Path::new(virt_launcher::pod_layout::CLAIM_DISKS_DIR).join(name);
+        return Ok(Source {
+            path: dir.join(virt_launcher::pod_layout::CLAIM_DISK_IMAGE),
+            format: DiskFormat::Raw,
+            create_size: claim_disk_size(vmi, name)?,
+        });
+    }
+    let kind = if src.ephemeral.is_some() {
         "ephemeral"
     } else {
         "this volume type"
@@ -604,10 +664,7 @@ fn host_disk(
         from: path,
         to: to.clone(),
     });
-    Ok(Source {
-        path: to,
-        format: DiskFormat::Raw,
-    })
+    Ok(Source::at(to, DiskFormat::Raw))
 }
 
 fn disks(
@@ -655,6 +712,7 @@ fn disks(
             serial: disk.serial.clone(),
             cache,
             readonly,
+            create_size: source.create_size,
         });
     }
     Ok(out)

@@ -5,6 +5,13 @@
 
 use std::path::{Path, PathBuf};
 
+/// Where a launcher pod's compute container sees each claim-backed volume, under the
+/// volume's name (`kubevirt_api::constants::VMI_DISKS_DIR`; as upstream, a filesystem claim
+/// holds the disk as [`CLAIM_DISK_IMAGE`]).
+pub const CLAIM_DISKS_DIR: &str = "/var/run/kubevirt-private/vmi-disks";
+/// The disk image file in a filesystem claim.
+pub const CLAIM_DISK_IMAGE: &str = "disk.img";
+
 /// The launcher's command socket (docs/launcher-protocol.md).
 pub const LAUNCHER_SOCKET: &str = "launcher.sock";
 /// The guest's first serial port (the console `virtctl console` attaches to).

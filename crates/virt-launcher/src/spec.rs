@@ -251,6 +251,12 @@ pub struct Disk {
     /// Attach read-only.
     #[serde(default)]
     pub readonly: bool,
+    /// When the image does not exist, create it as a sparse raw file of this many bytes
+    /// first: the `disk.img` of a filesystem claim, which upstream's launcher creates the same
+    /// way. Only allowed below the claim disks directory (see
+    /// [`crate::launcher::LauncherOptions::claim_disks_dir`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub create_size: Option<u64>,
 }
 
 /// Disk image format.

@@ -49,7 +49,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::watcher;
@@ -146,6 +146,7 @@ pub struct VmiReconciler {
     vmis: InformerHandle<VirtualMachineInstance>,
     pods: InformerHandle<Pod>,
     vms: InformerHandle<VirtualMachine>,
+    claims: InformerHandle<PersistentVolumeClaim>,
     pod_expectations: Arc<Expectations>,
     vmi_expectations: Arc<Expectations>,
     launcher: LauncherPodConfig,
@@ -245,7 +246,8 @@ impl VmiReconciler {
         let ns = vmi.metadata.namespace.as_deref().unwrap_or_default();
         let pods_api: Api<Pod> = Api::namespaced(self.client.clone(), ns);
 
-        let plan = sync::plan(&vmi, &pods, current_pod(&vmi, &pods));
+        let claim_exists = |claim: &str| self.claims.get_by_key(claim).is_some();
+        let plan = sync::plan(&vmi, &pods, current_pod(&vmi, &pods), claim_exists);
         let launcher = effective_launcher(&self.launcher, &self.cluster.borrow());
         let synced = sync::execute(
             &pods_api,
@@ -283,6 +285,8 @@ impl VmiReconciler {
         }
         self.write_vmi(key, &vmi, &desired).await?;
         match status_failure.or(sync_failure) {
+            // Upstream's informal error: the claim's appearance re-queues the VMI.
+            Some(f) if f.reason == sync::FAILED_PVC_NOT_FOUND => Ok(Action::Done),
             Some(f) => Err(VmiError::Sync(f)),
             None => Ok(Action::Done),
         }
@@ -468,14 +472,18 @@ pub async fn run_vmi_controller(
         &vmi_expectations,
     );
     let vm_informer = Informer::<VirtualMachine>::new();
+    let mut claim_informer = Informer::<PersistentVolumeClaim>::new();
     let (vmis, pods, vms) = (
         vmi_informer.handle(),
         pod_informer.handle(),
         vm_informer.handle(),
     );
+    requeue_on_claim_change(&mut claim_informer, vmis.clone(), &queue);
+    let claims = claim_informer.handle();
     let mut tasks = tokio::task::JoinSet::new();
     tasks.spawn(vmi_informer.run(Api::all(client.clone()), watcher::Config::default()));
     tasks.spawn(vm_informer.run(Api::all(client.clone()), watcher::Config::default()));
+    tasks.spawn(claim_informer.run(Api::all(client.clone()), watcher::Config::default()));
     let selector = format!("{}={}", c::APP_LABEL, c::VIRT_LAUNCHER_VALUE);
     tasks.spawn(pod_informer.run(
         Api::all(client.clone()),
@@ -495,6 +503,7 @@ pub async fn run_vmi_controller(
     let synced = async {
         vmis.wait_for_sync().await?;
         pods.wait_for_sync().await?;
+        claims.wait_for_sync().await?;
         vms.wait_for_sync().await
     };
     tokio::select! {
@@ -507,6 +516,7 @@ pub async fn run_vmi_controller(
         vmis,
         pods,
         vms,
+        claims,
         pod_expectations,
         vmi_expectations,
         launcher: config.launcher,
@@ -521,6 +531,24 @@ pub async fn run_vmi_controller(
         tracing::error!(panics, "VMI controller workers panicked");
     }
     tasks.abort_all();
+}
+
+/// Re-queues the VMIs of a claim's namespace whose volumes need it when the claim is added,
+/// changes or goes away (upstream indexes VMIs by claim).
+fn requeue_on_claim_change(
+    claims: &mut Informer<PersistentVolumeClaim>,
+    vmis: InformerHandle<VirtualMachineInstance>,
+    queue: &WorkQueue<String>,
+) {
+    let queue = queue.clone();
+    claims.on_change(move |change| {
+        let claim = key_of(change.object());
+        for vmi in vmis.store().state() {
+            if sync::required_claims(&vmi).contains(&claim) {
+                queue.add(key_of(vmi.as_ref()));
+            }
+        }
+    });
 }
 
 /// Re-queues every cached VMI whenever the sync patterns change.

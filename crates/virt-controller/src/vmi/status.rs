@@ -274,6 +274,7 @@ pub fn desired_vmi(
     let status = new
         .status
         .get_or_insert_with(VirtualMachineInstanceStatus::default);
+    claim_missing_condition(status, obs);
     match status.evacuation_node_name.is_some() {
         true if !status
             .conditions
@@ -317,6 +318,33 @@ pub fn desired_vmi(
             });
     }
     Ok((new, failure))
+}
+
+/// As upstream: a pending VMI whose claim is missing is unschedulable, with the sync error as
+/// the `PodScheduled` message.
+fn claim_missing_condition(status: &mut VirtualMachineInstanceStatus, obs: &Observed<'_>) {
+    let Some(missing) = obs
+        .sync_failure
+        .filter(|f| f.reason == crate::vmi::sync::FAILED_PVC_NOT_FOUND)
+        .filter(|_| status.phase == Some(Phase::Pending))
+    else {
+        return;
+    };
+    let same = status.condition(&CondType::PodScheduled).is_some_and(|c| {
+        c.status == ConditionStatus::False && c.message.as_deref() == Some(&missing.message)
+    });
+    if !same {
+        set_condition(
+            &mut status.conditions,
+            condition(
+                CondType::PodScheduled,
+                ConditionStatus::False,
+                "Unschedulable",
+                &missing.message,
+                obs.now,
+            ),
+        );
+    }
 }
 
 /// `Synchronized`: False with the failure (kept as is when a False one with the same reason

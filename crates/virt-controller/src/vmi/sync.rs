@@ -8,12 +8,16 @@
 //! 1. VMI being deleted → delete every pod it controls (pods already being deleted are skipped
 //!    unless they are finished);
 //! 2. VMI final → nothing;
-//! 3. receiver VMI (`kubevirt.io/create-migration-target=true`) without
+//! 3. a claim of a (non-hotpluggable) `persistentVolumeClaim` or `dataVolume` volume is not in
+//!    the claim cache → [`FAILED_PVC_NOT_FOUND`] ("PVC ns/claim does not exist, waiting for it
+//!    to appear"), whether or not a pod exists; no pod is created, and the claim's appearance
+//!    re-queues the VMI (upstream's informal error: no rate-limited retry);
+//! 4. receiver VMI (`kubevirt.io/create-migration-target=true`) without
 //!    `kubevirt.io/migrationTargetNodeName` → wait;
-//! 4. no pod and phase `""`/`Pending` → create the launcher pod;
-//! 5. otherwise nothing.
+//! 5. no pod and phase `""`/`Pending` → create the launcher pod;
+//! 6. otherwise nothing.
 //!
-//! Not implemented (yet): volume readiness (PVC/DataVolume checks and WFFC doppelganger pods),
+//! Not implemented (yet): DataVolume phases and WFFC doppelganger pods (there is no CDI),
 //! backend storage, hotplug attachment pods, the eviction-in-progress pod annotation.
 //!
 //! Events on the VMI, as upstream: `SuccessfulCreate` / `FailedCreate` for the launcher pod,
@@ -37,6 +41,30 @@ const SUCCESSFUL_CREATE: &str = "SuccessfulCreate";
 const FAILED_CREATE: &str = "FailedCreate";
 const SUCCESSFUL_DELETE: &str = "SuccessfulDelete";
 const FAILED_DELETE: &str = "FailedDelete";
+/// The reason of a VMI whose claim does not exist (event and `Synchronized=False`).
+pub const FAILED_PVC_NOT_FOUND: &str = "FailedPvcNotFound";
+
+/// The claims (`namespace/name`) the VMI's volumes need before its pod can be created: those
+/// of `persistentVolumeClaim` and `dataVolume` volumes (a DataVolume's claim has its name),
+/// except hotpluggable ones, in volume order.
+pub fn required_claims(vmi: &VirtualMachineInstance) -> Vec<String> {
+    let ns = vmi.metadata.namespace.as_deref().unwrap_or_default();
+    vmi.spec
+        .volumes
+        .iter()
+        .filter_map(|v| {
+            let s = &v.volume_source;
+            if let Some(pvc) = &s.persistent_volume_claim {
+                (!pvc.hotpluggable.unwrap_or(false)).then(|| pvc.claim_name.clone())
+            } else if let Some(dv) = &s.data_volume {
+                (!dv.hotpluggable.unwrap_or(false)).then(|| dv.name.clone())
+            } else {
+                None
+            }
+        })
+        .map(|claim| format!("{ns}/{claim}"))
+        .collect()
+}
 
 /// What sync should do for a VMI.
 #[derive(Debug, PartialEq)]
@@ -45,6 +73,8 @@ pub enum SyncPlan {
     DeletePods(Vec<String>),
     /// Create the launcher pod.
     CreatePod,
+    /// Wait for this claim (`namespace/name`) to appear.
+    ClaimMissing(String),
     /// Nothing to do.
     Nothing,
 }
@@ -63,8 +93,14 @@ fn pod_finished(pod: &Pod) -> bool {
     )
 }
 
-/// Decides what sync does; `pods` are the pods the VMI controls, `current` its launcher pod.
-pub fn plan(vmi: &VirtualMachineInstance, pods: &[&Pod], current: Option<&Pod>) -> SyncPlan {
+/// Decides what sync does; `pods` are the pods the VMI controls, `current` its launcher pod,
+/// `claim_exists` tells whether a claim (`namespace/name`) is in the cache.
+pub fn plan(
+    vmi: &VirtualMachineInstance,
+    pods: &[&Pod],
+    current: Option<&Pod>,
+    claim_exists: impl Fn(&str) -> bool,
+) -> SyncPlan {
     if vmi.metadata.deletion_timestamp.is_some() {
         let doomed: Vec<String> = pods
             .iter()
@@ -80,6 +116,9 @@ pub fn plan(vmi: &VirtualMachineInstance, pods: &[&Pod], current: Option<&Pod>) 
     let phase = phase(vmi);
     if phase.is_final() {
         return SyncPlan::Nothing;
+    }
+    if let Some(missing) = required_claims(vmi).into_iter().find(|c| !claim_exists(c)) {
+        return SyncPlan::ClaimMissing(missing);
     }
     let annotations = vmi.metadata.annotations.as_ref();
     let receiver = annotations
@@ -111,6 +150,13 @@ pub async fn execute(
 ) -> Result<Option<Pod>, SyncFailure> {
     match plan {
         SyncPlan::Nothing => Ok(None),
+        SyncPlan::ClaimMissing(claim) => {
+            let message = format!("PVC {claim} does not exist, waiting for it to appear");
+            recorder
+                .record(vmi, EventType::Normal, FAILED_PVC_NOT_FOUND, &message)
+                .await;
+            Err(SyncFailure::new(FAILED_PVC_NOT_FOUND, message))
+        }
         SyncPlan::CreatePod => {
             let pod = render_launcher_pod(vmi, config).map_err(|e| {
                 SyncFailure::new(e.reason(), format!("failed to render launch manifest: {e}"))
@@ -293,8 +339,38 @@ mod tests {
             ),
         ];
         for (case, vmi, pods, current, expected) in cases {
-            assert_eq!(plan(&vmi, &pods, current), expected, "{case}");
+            assert_eq!(plan(&vmi, &pods, current, |_| true), expected, "{case}");
         }
+    }
+
+    #[test]
+    fn a_missing_claim_is_waited_for_and_hotpluggable_ones_are_not_required() {
+        let mut v = vmi(Phase::Pending, false);
+        v.spec.volumes = serde_json::from_value(serde_json::json!([
+            {"name": "root", "containerDisk": {"image": "x"}},
+            {"name": "data", "persistentVolumeClaim": {"claimName": "data-claim"}},
+            {"name": "dv", "dataVolume": {"name": "imported"}},
+            {"name": "hot", "persistentVolumeClaim": {"claimName": "later", "hotpluggable": true}}
+        ]))
+        .unwrap();
+        assert_eq!(
+            required_claims(&v),
+            vec!["ns/data-claim".to_owned(), "ns/imported".to_owned()]
+        );
+        assert_eq!(
+            plan(&v, &[], None, |c| c != "ns/imported"),
+            SyncPlan::ClaimMissing("ns/imported".into())
+        );
+        assert_eq!(plan(&v, &[], None, |_| true), SyncPlan::CreatePod);
+        // Evaluated whether or not a pod exists; a final VMI waits for nothing.
+        let running = pod("p1", false, "Running");
+        assert_eq!(
+            plan(&v, &[&running], Some(&running), |_| false),
+            SyncPlan::ClaimMissing("ns/data-claim".into())
+        );
+        let mut done = v.clone();
+        done.status.get_or_insert_default().phase = Some(Phase::Failed);
+        assert_eq!(plan(&done, &[], None, |_| false), SyncPlan::Nothing);
     }
 
     #[test]
@@ -307,7 +383,7 @@ mod tests {
             )]
             .into(),
         );
-        assert_eq!(plan(&receiver, &[], None), SyncPlan::Nothing);
+        assert_eq!(plan(&receiver, &[], None, |_| true), SyncPlan::Nothing);
         receiver.metadata.labels = Some(
             [(
                 c::MIGRATION_TARGET_NODE_NAME_LABEL.to_owned(),
@@ -315,6 +391,6 @@ mod tests {
             )]
             .into(),
         );
-        assert_eq!(plan(&receiver, &[], None), SyncPlan::CreatePod);
+        assert_eq!(plan(&receiver, &[], None, |_| true), SyncPlan::CreatePod);
     }
 }

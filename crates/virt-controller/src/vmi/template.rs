@@ -217,11 +217,15 @@ pub fn render_launcher_pod(
             dns_policy: spec.dns_policy.clone(),
             dns_config: spec.dns_config.clone(),
             containers,
-            volumes: Some(vec![Volume {
-                name: c::LAUNCHER_VOLUME.to_owned(),
-                empty_dir: Some(EmptyDirVolumeSource::default()),
-                ..Volume::default()
-            }]),
+            volumes: Some(
+                std::iter::once(Volume {
+                    name: c::LAUNCHER_VOLUME.to_owned(),
+                    empty_dir: Some(EmptyDirVolumeSource::default()),
+                    ..Volume::default()
+                })
+                .chain(claim_volumes(vmi).into_iter().map(|(volume, _)| volume))
+                .collect(),
+            ),
             ..PodSpec::default()
         }),
         status: None,
@@ -406,6 +410,44 @@ fn pod_dir_args() -> [String; 2] {
     ["--pod-dir".to_owned(), c::LAUNCHER_DIR.to_owned()]
 }
 
+/// The pod volumes of the VMI's claim-backed volumes (`persistentVolumeClaim`, and
+/// `dataVolume` through the claim of the same name), each with the compute container's mount
+/// at `VMI_DISKS_DIR/<name>`, as upstream renders filesystem-mode claims. Hotpluggable ones
+/// are attached later and are not part of the launcher pod.
+fn claim_volumes(vmi: &VirtualMachineInstance) -> Vec<(Volume, VolumeMount)> {
+    use k8s_openapi::api::core::v1::PersistentVolumeClaimVolumeSource as ClaimSource;
+    vmi.spec
+        .volumes
+        .iter()
+        .filter_map(|v| {
+            let s = &v.volume_source;
+            let (claim, read_only) = if let Some(pvc) = &s.persistent_volume_claim {
+                (!pvc.hotpluggable.unwrap_or(false))
+                    .then(|| (pvc.claim_name.clone(), pvc.read_only.unwrap_or(false)))?
+            } else if let Some(dv) = &s.data_volume {
+                (!dv.hotpluggable.unwrap_or(false)).then(|| (dv.name.clone(), false))?
+            } else {
+                return None;
+            };
+            let volume = Volume {
+                name: v.name.clone(),
+                persistent_volume_claim: Some(ClaimSource {
+                    claim_name: claim,
+                    read_only: read_only.then_some(true),
+                }),
+                ..Volume::default()
+            };
+            let mount = VolumeMount {
+                name: v.name.clone(),
+                mount_path: format!("{}/{}", c::VMI_DISKS_DIR, v.name),
+                read_only: read_only.then_some(true),
+                ..VolumeMount::default()
+            };
+            Some((volume, mount))
+        })
+        .collect()
+}
+
 fn launcher_volume_mount() -> Vec<VolumeMount> {
     vec![VolumeMount {
         name: c::LAUNCHER_VOLUME.to_owned(),
@@ -433,7 +475,12 @@ fn compute_container(
         command: Some(vec!["kubevirt-rs".to_owned(), "launcher".to_owned()]),
         args: Some(args),
         resources: Some(compute_resources(vmi, config)?),
-        volume_mounts: Some(launcher_volume_mount()),
+        volume_mounts: Some(
+            launcher_volume_mount()
+                .into_iter()
+                .chain(claim_volumes(vmi).into_iter().map(|(_, mount)| mount))
+                .collect(),
+        ),
         ..Container::default()
     })
 }
@@ -810,6 +857,40 @@ mod tests {
                 "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
                 "name": "testvmi", "uid": "1234", "controller": true, "blockOwnerDeletion": true
             }])
+        );
+    }
+
+    #[test]
+    fn claim_backed_volumes_are_mounted_in_the_compute_container_under_vmi_disks() {
+        let pod = render(
+            &vmi(json!({"spec": {"volumes": [
+                {"name": "root", "containerDisk": {"image": "x"}},
+                {"name": "data", "persistentVolumeClaim": {"claimName": "c1", "readOnly": true}},
+                {"name": "dv", "dataVolume": {"name": "imported"}},
+                {"name": "hot", "persistentVolumeClaim": {"claimName": "h", "hotpluggable": true}}
+            ]}})),
+            &LauncherPodConfig::default(),
+        );
+        assert_eq!(
+            pod["spec"]["volumes"],
+            json!([
+                {"name": "public", "emptyDir": {}},
+                {"name": "data", "persistentVolumeClaim": {"claimName": "c1", "readOnly": true}},
+                {"name": "dv", "persistentVolumeClaim": {"claimName": "imported"}}
+            ])
+        );
+        assert_eq!(
+            pod["spec"]["containers"][0]["volumeMounts"],
+            json!([
+                {"name": "public", "mountPath": "/var/run/kubevirt"},
+                {"name": "data", "mountPath": "/var/run/kubevirt-private/vmi-disks/data", "readOnly": true},
+                {"name": "dv", "mountPath": "/var/run/kubevirt-private/vmi-disks/dv"}
+            ])
+        );
+        // The console-log container sees only the launcher directory.
+        assert_eq!(
+            pod["spec"]["containers"][1]["volumeMounts"],
+            json!([{"name": "public", "mountPath": "/var/run/kubevirt"}])
         );
     }
 

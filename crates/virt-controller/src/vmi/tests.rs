@@ -141,6 +141,14 @@ async fn reconciler_with_pods(
             Ok(watcher::Event::InitDone),
         ]))
         .await;
+    let claim_informer = Informer::<k8s_openapi::api::core::v1::PersistentVolumeClaim>::new();
+    let claim_handle = claim_informer.handle();
+    claim_informer
+        .run_stream(futures::stream::iter([
+            Ok(watcher::Event::Init),
+            Ok(watcher::Event::InitDone),
+        ]))
+        .await;
     let (_, patterns) = watch::channel(MetadataSyncPatterns {
         labels: crate::metadata_sync::SyncPatterns::parse_flag("ops.example.com/*").0,
         annotations: Default::default(),
@@ -154,6 +162,7 @@ async fn reconciler_with_pods(
         vmis: vmi_handle,
         pods: pod_handle,
         vms: vm_handle,
+        claims: claim_handle,
         pod_expectations,
         vmi_expectations,
         launcher: LauncherPodConfig::default(),
@@ -516,4 +525,55 @@ async fn a_pod_refused_by_pod_security_records_a_failed_create_warning_with_the_
         ),
         "{message}"
     );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_vmi_whose_claim_is_missing_gets_no_pod_and_says_why() {
+    let recorded = Arc::new(Recorded::default());
+    let queue = WorkQueue::new("test");
+    let mut with_claim = vmi_json();
+    with_claim["spec"]["volumes"] =
+        json!([{"name": "data", "persistentVolumeClaim": {"claimName": "missing"}}]);
+    let vmi: VirtualMachineInstance = serde_json::from_value(with_claim).unwrap_or_default();
+    let (reconciler, _vmis, _pods) =
+        reconciler(client(&recorded, Duration::ZERO), &queue, vec![vmi]).await;
+    // Upstream's informal error: no rate-limited retry, the claim's appearance re-queues.
+    let action = reconciler.reconcile("ns/vmi").await;
+    assert!(matches!(action, Ok(Action::Done)), "{action:?}");
+
+    let requests = recorded.requests();
+    assert!(
+        !requests
+            .iter()
+            .any(|(m, p, _)| m == Method::POST && p == "/api/v1/namespaces/ns/pods"),
+        "no launcher pod: {requests:?}"
+    );
+    let message = "PVC ns/missing does not exist, waiting for it to appear";
+    let event = requests
+        .iter()
+        .find(|(_, p, _)| p == "/api/v1/namespaces/ns/events")
+        .map(|(_, _, body)| body.clone())
+        .unwrap_or_default();
+    assert_eq!(
+        (&event["reason"], &event["type"], &event["message"]),
+        (
+            &json!("FailedPvcNotFound"),
+            &json!("Normal"),
+            &json!(message)
+        )
+    );
+    let patch = requests
+        .iter()
+        .find(|(_, p, _)| p.ends_with("/virtualmachineinstances/vmi"))
+        .map(|(_, _, body)| body.to_string())
+        .unwrap_or_default();
+    for wanted in [
+        r#""type":"Synchronized""#,
+        r#""reason":"FailedPvcNotFound""#,
+        r#""type":"PodScheduled""#,
+        r#""reason":"Unschedulable""#,
+        message,
+    ] {
+        assert!(patch.contains(wanted), "{wanted} in {patch}");
+    }
 }

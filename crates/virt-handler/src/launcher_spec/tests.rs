@@ -343,13 +343,26 @@ fn quantities_round_up_as_kubernetes_value_does() {
 #[test]
 fn unsupported_volumes_and_bindings_are_clear_errors() {
     let f = fixture();
-    let pvc = vmi(&serde_json::json!({
+    let ephemeral = vmi(&serde_json::json!({
+        "domain": {"memory": {"guest": "128Mi"}, "devices": {"disks": [{"name": "d", "disk": {}}]}},
+        "volumes": [{"name": "d", "ephemeral": {"persistentVolumeClaim": {"claimName": "c"}}}]
+    }));
+    let err = build_spec(&ephemeral, &f.ctx()).unwrap_err();
+    assert!(matches!(err, SpecError::Unsupported(_)));
+    assert!(err.to_string().contains("ephemeral"), "{err}");
+
+    // A claim too small for any image is refused with its size.
+    let tiny = vmi(&serde_json::json!({
         "domain": {"memory": {"guest": "128Mi"}, "devices": {"disks": [{"name": "d", "disk": {}}]}},
         "volumes": [{"name": "d", "persistentVolumeClaim": {"claimName": "c"}}]
     }));
-    let err = build_spec(&pvc, &f.ctx()).unwrap_err();
-    assert!(matches!(err, SpecError::Unsupported(_)));
-    assert!(err.to_string().contains("persistentVolumeClaim"), "{err}");
+    let mut tiny = tiny;
+    tiny.status.get_or_insert_default().volume_status = serde_json::from_value(serde_json::json!([
+        {"name": "d", "target": "", "persistentVolumeClaimInfo": {"capacity": {"storage": "512Ki"}}}
+    ]))
+    .unwrap();
+    let err = build_spec(&tiny, &f.ctx()).unwrap_err();
+    assert!(err.to_string().contains("524288 bytes"), "{err}");
 
     let missing_image = vmi(&serde_json::json!({
         "domain": {"memory": {"guest": "128Mi"}, "devices": {"disks": [{"name": "d", "disk": {}}]}},
@@ -455,3 +468,11 @@ fn derived_macs_are_stable_and_local_to_qemus_prefix() {
 }
 
 mod golden;
+
+#[test]
+fn the_claim_disks_directory_is_where_the_launcher_pod_mounts_claims() {
+    assert_eq!(
+        virt_launcher::pod_layout::CLAIM_DISKS_DIR,
+        kubevirt_api::constants::VMI_DISKS_DIR
+    );
+}

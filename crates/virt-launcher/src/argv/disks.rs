@@ -118,6 +118,7 @@ mod tests {
             serial: None,
             cache: CacheMode::None,
             readonly: false,
+            create_size: None,
         }
     }
 

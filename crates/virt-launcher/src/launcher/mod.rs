@@ -41,6 +41,10 @@ pub struct LauncherOptions {
     /// When set, every host path in a spec (disks, kernel, initrd, EFI variables, sockets,
     /// logs) must lie below this directory and be reachable without symlinks.
     pub base_dir: Option<PathBuf>,
+    /// Where claim-backed volumes are mounted ([`crate::pod_layout::CLAIM_DISKS_DIR`] in a
+    /// launcher pod): disks may lie below it besides `base_dir`, and a disk with a
+    /// `create_size` is created there when it does not exist.
+    pub claim_disks_dir: Option<PathBuf>,
     /// Report a Running domain without starting QEMU (control-plane tests, benchmarks).
     pub fake_qemu: bool,
     /// How long to wait, after QEMU exited, for a handler to receive the final state.
@@ -67,6 +71,7 @@ impl LauncherOptions {
             qemu_binary: PathBuf::from("qemu-system-x86_64"),
             qemu_log_path: None,
             base_dir: None,
+            claim_disks_dir: None,
             fake_qemu: false,
             linger: Duration::from_secs(10),
             qmp_timeout: Duration::from_secs(30),
