@@ -494,7 +494,8 @@ impl Source {
 const DEFAULT_FILESYSTEM_OVERHEAD: f64 = 0.055;
 
 /// The size of a claim's `disk.img`, as upstream's launcher sizes one it creates: the claim's
-/// capacity (from the VMI's `status.volumeStatus`, which virt-controller fills from the claim)
+/// capacity, else its request (from the VMI's `status.volumeStatus`, which virt-controller fills
+/// from the claim)
 /// less its filesystem overhead, aligned down to 1 MiB. `None` when the capacity is unknown: an
 /// existing image is used as it is.
 fn claim_disk_size(vmi: &VirtualMachineInstance, volume: &str) -> Result<Option<u64>, SpecError> {
@@ -504,10 +505,17 @@ fn claim_disk_size(vmi: &VirtualMachineInstance, volume: &str) -> Result<Option<
         .as_ref()
         .and_then(|s| s.volume_status.iter().find(|v| v.name == volume))
         .and_then(|v| v.persistent_volume_claim_info.as_ref());
-    let Some(capacity) = info.and_then(|i| i.capacity.get("storage")) else {
+    // The bound volume's capacity; the request while the claim is not bound yet.
+    let storage = |i: &kubevirt_api::v1::PersistentVolumeClaimInfo| {
+        i.capacity
+            .get("storage")
+            .or_else(|| i.requests.get("storage"))
+            .cloned()
+    };
+    let Some(capacity) = info.and_then(storage) else {
         return Ok(None);
     };
-    let capacity = quantity_bytes("persistentVolumeClaimInfo.capacity", capacity)?;
+    let capacity = quantity_bytes("persistentVolumeClaimInfo.capacity", &capacity)?;
     let overhead = info
         .and_then(|i| i.filesystem_overhead.as_deref())
         .and_then(|o| o.parse::<f64>().ok())

@@ -268,6 +268,7 @@ impl VmiReconciler {
         }
         let pod = current_pod(&vmi, &pods);
         let now = now_seconds();
+        let claim_volumes = claim_volume_status(&vmi, |key| self.claims.get_by_key(key));
         let observed = Observed {
             pod,
             pods: &pods,
@@ -275,6 +276,7 @@ impl VmiReconciler {
             launcher_image: &self.launcher.launcher_image,
             owner_vm_exists: has_owner_vm(&vmi, |key| self.vms.get_by_key(key)),
             now: &now,
+            claim_volumes: &claim_volumes,
         };
         let (desired, status_failure) = status::desired_vmi(&vmi, &observed)?;
         // As upstream: whenever a launcher pod exists, whatever its state.
@@ -531,6 +533,48 @@ pub async fn run_vmi_controller(
         tracing::error!(panics, "VMI controller workers panicked");
     }
     tasks.abort_all();
+}
+
+/// The volume status of each claim-backed volume of `vmi` whose claim is cached: the claim's
+/// name, access modes, volume mode, capacity and requests, and CDI's default filesystem
+/// overhead (there is no CDI to ask).
+fn claim_volume_status(
+    vmi: &VirtualMachineInstance,
+    cached: impl Fn(&str) -> Option<Arc<PersistentVolumeClaim>>,
+) -> Vec<kubevirt_api::v1::VolumeStatus> {
+    let ns = vmi.metadata.namespace.as_deref().unwrap_or_default();
+    vmi.spec
+        .volumes
+        .iter()
+        .filter_map(|v| {
+            let s = &v.volume_source;
+            let claim = s
+                .persistent_volume_claim
+                .as_ref()
+                .map(|p| p.claim_name.clone())
+                .or_else(|| s.data_volume.as_ref().map(|d| d.name.clone()))?;
+            let pvc = cached(&format!("{ns}/{claim}"))?;
+            let spec = pvc.spec.clone().unwrap_or_default();
+            let info = kubevirt_api::v1::PersistentVolumeClaimInfo {
+                claim_name: Some(claim),
+                access_modes: spec.access_modes.unwrap_or_default(),
+                volume_mode: Some(spec.volume_mode.unwrap_or_else(|| "Filesystem".into())),
+                capacity: pvc
+                    .status
+                    .as_ref()
+                    .and_then(|st| st.capacity.clone())
+                    .unwrap_or_default(),
+                requests: spec.resources.and_then(|r| r.requests).unwrap_or_default(),
+                filesystem_overhead: Some("0.055".into()),
+                ..Default::default()
+            };
+            Some(kubevirt_api::v1::VolumeStatus {
+                name: v.name.clone(),
+                persistent_volume_claim_info: Some(info),
+                ..Default::default()
+            })
+        })
+        .collect()
 }
 
 /// Re-queues the VMIs of a claim's namespace whose volumes need it when the claim is added,

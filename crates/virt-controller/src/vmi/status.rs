@@ -66,6 +66,10 @@ pub struct Observed<'a> {
     pub owner_vm_exists: bool,
     /// The time written into new conditions and phase transitions.
     pub now: &'a Time,
+    /// The status of each claim-backed volume whose claim is cached, with its
+    /// `persistentVolumeClaimInfo` (written before hand-off, as upstream, so that the launcher
+    /// can size a disk image it creates).
+    pub claim_volumes: &'a [kubevirt_api::v1::VolumeStatus],
 }
 
 /// Whether the VMI, as read, is owned by virt-handler (phase `Scheduled` or `Running`).
@@ -275,6 +279,20 @@ pub fn desired_vmi(
         .status
         .get_or_insert_with(VirtualMachineInstanceStatus::default);
     claim_missing_condition(status, obs);
+    if !handler_owned(vmi) {
+        for wanted in obs.claim_volumes {
+            match status
+                .volume_status
+                .iter_mut()
+                .find(|v| v.name == wanted.name)
+            {
+                Some(existing) => existing
+                    .persistent_volume_claim_info
+                    .clone_from(&wanted.persistent_volume_claim_info),
+                None => status.volume_status.push(wanted.clone()),
+            }
+        }
+    }
     match status.evacuation_node_name.is_some() {
         true if !status
             .conditions
@@ -739,6 +757,7 @@ mod tests {
             launcher_image: "img:v1",
             owner_vm_exists: false,
             now: &now,
+            claim_volumes: &[],
         };
         desired_vmi(vmi, &obs).expect("status pass")
     }
@@ -1142,6 +1161,7 @@ mod tests {
                     launcher_image: "",
                     owner_vm_exists,
                     now: &now,
+                    claim_volumes: &[],
                 };
                 let (new, _) = desired_vmi(&vmi, &obs).expect("status pass");
                 let has = new
@@ -1221,6 +1241,7 @@ mod tests {
             launcher_image: "",
             owner_vm_exists: false,
             now: &now,
+            claim_volumes: &[],
         };
         assert_eq!(
             desired_vmi(&vmi(&Phase::Unknown, json!({})), &obs).err(),

@@ -577,3 +577,35 @@ async fn a_vmi_whose_claim_is_missing_gets_no_pod_and_says_why() {
         assert!(patch.contains(wanted), "{wanted} in {patch}");
     }
 }
+
+#[test]
+fn claim_backed_volumes_report_their_cached_claim() {
+    let v: VirtualMachineInstance = serde_json::from_value(json!({
+        "metadata": {"name": "v", "namespace": "ns"},
+        "spec": {"domain": {"devices": {}}, "volumes": [
+            {"name": "root", "containerDisk": {"image": "x"}},
+            {"name": "data", "persistentVolumeClaim": {"claimName": "c1"}},
+            {"name": "gone", "persistentVolumeClaim": {"claimName": "absent"}}
+        ]}
+    }))
+    .unwrap_or_default();
+    let claim: k8s_openapi::api::core::v1::PersistentVolumeClaim = serde_json::from_value(json!({
+        "metadata": {"name": "c1", "namespace": "ns"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}},
+        "status": {"phase": "Bound", "capacity": {"storage": "2Gi"}}
+    }))
+    .unwrap();
+    let claim = Arc::new(claim);
+    let got = claim_volume_status(&v, |key| (key == "ns/c1").then(|| Arc::clone(&claim)));
+    assert_eq!(got.len(), 1, "{got:?}");
+    let info = got[0]
+        .persistent_volume_claim_info
+        .clone()
+        .unwrap_or_default();
+    assert_eq!(got[0].name, "data");
+    assert_eq!(info.claim_name.as_deref(), Some("c1"));
+    assert_eq!(info.volume_mode.as_deref(), Some("Filesystem"));
+    assert_eq!(info.capacity["storage"].0, "2Gi");
+    assert_eq!(info.requests["storage"].0, "1Gi");
+    assert_eq!(info.access_modes, vec!["ReadWriteOnce".to_owned()]);
+}
