@@ -1,0 +1,172 @@
+//! Pulls from a real registry (Debian's `docker-registry` on loopback): by tag and by digest,
+//! the cache reused, a multi-platform index resolved to linux/amd64, a corrupted blob and a
+//! missing image refused. Skips (saying why) without `docker-registry`.
+
+use std::path::Path;
+
+use oci_client::manifest::{ImageIndexEntry, OciImageIndex, OciManifest, Platform};
+use oci_pull::push::{ImageFile, gzip_layer, push_files};
+use oci_pull::{ImageReference, PullError, Puller};
+use oci_spec::image::{Arch, Os};
+use test_prerequisites::registry::TestRegistry;
+
+fn registry() -> Option<TestRegistry> {
+    test_prerequisites::available(TestRegistry::start())
+}
+
+fn disk(seed: u8) -> Vec<ImageFile> {
+    let content: Vec<u8> = (0..(256 * 1024u32))
+        .map(|i| (i % 251) as u8 ^ seed)
+        .collect();
+    vec![ImageFile {
+        path: "disk/disk.img".into(),
+        content,
+    }]
+}
+
+fn reference(registry: &TestRegistry, name: &str) -> ImageReference {
+    ImageReference::parse(&format!("{}/{name}", registry.host())).expect("reference")
+}
+
+fn read_disk(dir: &Path) -> Vec<u8> {
+    std::fs::read(dir.join("disk/disk.img")).expect("disk in the pulled image")
+}
+
+#[tokio::test]
+async fn images_pull_by_tag_and_by_digest_and_share_the_cache() -> anyhow::Result<()> {
+    let Some(registry) = registry() else {
+        return Ok(());
+    };
+    let tmp = tempfile::tempdir()?;
+    let tagged = reference(&registry, "guest:v1");
+    push_files(&tagged, None, &disk(0)).await?;
+
+    let puller = Puller::new(tmp.path().join("blobs"));
+    let first = puller
+        .pull(&tagged, None, &tmp.path().join("by-tag"), None)
+        .await?;
+    assert!(first.unpacked);
+    assert_eq!(first.downloaded_layers, 1);
+    assert_eq!(read_disk(&tmp.path().join("by-tag")), disk(0)[0].content);
+
+    let by_digest = tagged.with_digest(&first.digest);
+    let second = puller
+        .pull(&by_digest, None, &tmp.path().join("by-digest"), None)
+        .await?;
+    assert_eq!(second.digest, first.digest);
+    assert_eq!(
+        second.downloaded_layers, 0,
+        "the layer comes from the cache"
+    );
+    assert_eq!(read_disk(&tmp.path().join("by-digest")), disk(0)[0].content);
+
+    let again = puller
+        .pull(
+            &tagged,
+            None,
+            &tmp.path().join("by-tag"),
+            Some(&first.digest),
+        )
+        .await?;
+    assert!(!again.unpacked, "an unchanged image is left alone");
+
+    let missing = puller
+        .pull(
+            &reference(&registry, "missing:v1"),
+            None,
+            &tmp.path().join("missing"),
+            None,
+        )
+        .await
+        .expect_err("no such image");
+    assert!(matches!(missing, PullError::Manifest { .. }), "{missing}");
+    assert!(!tmp.path().join("missing").exists());
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_corrupted_blob_is_refused_and_nothing_is_unpacked() -> anyhow::Result<()> {
+    let Some(registry) = registry() else {
+        return Ok(());
+    };
+    let tmp = tempfile::tempdir()?;
+    let image = reference(&registry, "corrupt:v1");
+    let files = disk(7);
+    push_files(&image, None, &files).await?;
+    let layer_digest = oci_pull::cache::sha256_of(gzip_layer(&files)?.as_slice())?;
+    let stored = registry.blob_data(&layer_digest);
+    let mut bytes = std::fs::read(&stored)?;
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0xff;
+    std::fs::write(&stored, bytes)?;
+
+    let puller = Puller::new(tmp.path().join("blobs"));
+    let target = tmp.path().join("image");
+    let err = puller
+        .pull(&image, None, &target, None)
+        .await
+        .expect_err("a corrupted layer must be refused");
+    assert!(matches!(err, PullError::Blob { .. }), "{err:?}");
+    assert!(!target.exists(), "nothing unpacked");
+    assert_eq!(puller.cache().get(&layer_digest)?, None, "nothing cached");
+    Ok(())
+}
+
+#[tokio::test]
+async fn an_index_resolves_to_its_linux_amd64_manifest() -> anyhow::Result<()> {
+    let Some(registry) = registry() else {
+        return Ok(());
+    };
+    let tmp = tempfile::tempdir()?;
+    let amd64 = reference(&registry, "multi:amd64");
+    let arm64 = reference(&registry, "multi:arm64");
+    push_files(&amd64, None, &disk(1)).await?;
+    push_files(&arm64, None, &disk(2)).await?;
+
+    let client = oci_client::Client::new(oci_client::client::ClientConfig {
+        protocol: oci_client::client::ClientProtocol::Http,
+        ..Default::default()
+    });
+    let auth = oci_client::secrets::RegistryAuth::Anonymous;
+    let mut manifests = Vec::new();
+    for (image, arch) in [(&arm64, Arch::ARM64), (&amd64, Arch::Amd64)] {
+        let r: oci_client::Reference = image.to_string().parse()?;
+        let (body, digest) = client
+            .pull_manifest_raw(&r, &auth, &[oci_client::manifest::OCI_IMAGE_MEDIA_TYPE])
+            .await?;
+        manifests.push(ImageIndexEntry {
+            media_type: oci_client::manifest::OCI_IMAGE_MEDIA_TYPE.into(),
+            digest,
+            size: i64::try_from(body.len())?,
+            platform: Some(Platform {
+                architecture: arch,
+                os: Os::Linux,
+                os_version: None,
+                os_features: None,
+                variant: None,
+                features: None,
+            }),
+            annotations: None,
+            artifact_type: None,
+        });
+    }
+    let index = OciImageIndex {
+        schema_version: 2,
+        media_type: Some(oci_client::manifest::OCI_IMAGE_INDEX_MEDIA_TYPE.into()),
+        manifests,
+        artifact_type: None,
+        annotations: None,
+    };
+    let multi: oci_client::Reference = format!("{}/multi:latest", registry.host()).parse()?;
+    client
+        .push_manifest(&multi, &OciManifest::ImageIndex(index))
+        .await?;
+
+    let puller = Puller::new(tmp.path().join("blobs"));
+    let target = tmp.path().join("image");
+    puller
+        .pull(&reference(&registry, "multi:latest"), None, &target, None)
+        .await?;
+    assert_eq!(read_disk(&target), disk(1)[0].content);
+    Ok(())
+}
