@@ -10,7 +10,8 @@
 //! kubelet's pod directory (`<kubelet pods dir>/<pod uid>/volumes/kubernetes.io~empty-dir/public/`,
 //! upstream's `/var/run/kubevirt` of the pod), never through the node agent.
 //!
-//! Directory layout below `data_dir`: `images/<name>/` (the image store) and `hostdisks/`
+//! Directory layout below `data_dir`: `images/<name>/` (the image store, with pulled layers
+//! cached by digest in `images/.blobs/`) and `hostdisks/`
 //! (the only place `hostDisk` volumes may point to). Directories there are `0700` and files
 //! `0600` whatever the umask ([`virt_launcher::private_fs`]).
 
@@ -91,6 +92,25 @@ fn create_state_dirs(config: &HandlerConfig) -> Result<(), HandlerError> {
     Ok(())
 }
 
+/// The network namespace of the node: the one of pid 1, seen through the host PID namespace
+/// virt-handler runs in.
+const NODE_NETWORK_NAMESPACE: &str = "/proc/1/ns/net";
+
+/// The image store; pulls run in the node's network namespace when the handler runs in
+/// another (a pod network): a loopback registry is then the node's, as for kubelet's pulls.
+fn image_store(data_dir: &std::path::Path) -> images::ImageStore {
+    use std::os::unix::fs::MetadataExt;
+    let store = images::ImageStore::new(data_dir);
+    let id = |path: &str| std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()));
+    match (id(NODE_NETWORK_NAMESPACE), id("/proc/self/ns/net")) {
+        (Some(node), Some(own)) if node != own => {
+            tracing::info!("images are pulled in the node's network namespace");
+            store.pulling_in_network_namespace(std::path::Path::new(NODE_NETWORK_NAMESPACE))
+        }
+        _ => store,
+    }
+}
+
 /// Runs the node agent until `cancel` fires. Launchers and their guests keep running when
 /// it returns: they live in their own process groups.
 ///
@@ -106,7 +126,7 @@ pub async fn run_handler(
         node_name: config.node_name.clone(),
         kubelet_pods_dir: config.kubelet_pods_dir.clone(),
         launcher_dir_in_pod: Some(PathBuf::from(kubevirt_api::constants::LAUNCHER_DIR)),
-        images: images::ImageStore::new(&config.data_dir),
+        images: image_store(&config.data_dir),
         host_disk_dir: config.host_disk_dir(),
         use_emulation: config.use_emulation,
         cluster: kubevirt_api::cluster_config::subscribe(

@@ -15,6 +15,7 @@ use virt_launcher::protocol::{Command, DomainState, DomainStatus, UpMessage};
 
 use super::VmiSyncConfig;
 use super::link::LauncherLink;
+use super::pull::{PullBackoff, ensure_images};
 use super::status::{DomainFacts, Observation, desired_status, status_patch};
 use crate::launcher_spec::{
     FileAction, PreparedSpec, SpecContext, build_spec, prepare_files, supports_direct_io,
@@ -121,6 +122,7 @@ struct Follow {
     current: Arc<VirtualMachineInstance>,
     facts: DomainFacts,
     observation: Option<Observation>,
+    pull_backoff: PullBackoff,
 }
 
 /// How a launcher session ended.
@@ -152,6 +154,7 @@ pub async fn run(
             pod_interface: None,
         },
         observation: None,
+        pull_backoff: PullBackoff::default(),
     };
     tokio::select! {
         () = cancel.cancelled() => {}
@@ -260,7 +263,14 @@ impl Follow {
                 }
                 shutdown_sent = true;
             }
+            let pull_retry = self
+                .pull_backoff
+                .next_attempt()
+                .filter(|_| domain.state == DomainState::Pending && sync_id.is_none() && !deleting);
             tokio::select! {
+                () = sleep_until(pull_retry), if pull_retry.is_some() => {
+                    sync_id = self.sync(&mut link, dir).await;
+                }
                 message = link.recv() => match message {
                     None => return SessionEnd::Disconnected,
                     Some(UpMessage::Domain(status)) => {
@@ -340,8 +350,34 @@ impl Follow {
         Ok(built)
     }
 
-    /// Builds, prepares and sends the spec; returns the sync command's id.
+    /// Makes the VMI's images present; on failure reports `ErrImagePull` /
+    /// `ImagePullBackOff` and returns false. During a back-off nothing is tried.
+    async fn pull_images(&mut self) -> bool {
+        let now = tokio::time::Instant::now();
+        if !self.pull_backoff.may_try(now) {
+            return false;
+        }
+        match ensure_images(&self.client, &self.config.images, &self.current).await {
+            Ok(()) => {
+                self.pull_backoff.succeeded();
+                true
+            }
+            Err(failure) => {
+                let (reason, message) = self
+                    .pull_backoff
+                    .failed(tokio::time::Instant::now(), &failure);
+                warn!(vmi = %name(&self.current), image = %failure.image, %reason, %message, "image not available");
+                self.observe(Observation::SyncFailed(reason, message)).await;
+                false
+            }
+        }
+    }
+
+    /// Pulls the images, builds, prepares and sends the spec; returns the sync command's id.
     async fn sync(&mut self, link: &mut LauncherLink, dir: &Path) -> Option<u64> {
+        if !self.pull_images().await {
+            return None;
+        }
         let prepared = match self.build(dir).await {
             Ok(p) => p,
             Err(e) => {
@@ -465,6 +501,14 @@ fn restrict_prepared(pod_dir: &Path, files: &[FileAction]) {
             }
             parent = dir.parent();
         }
+    }
+}
+
+/// Sleeps until `at`; never returns without one (the branch is disabled then).
+async fn sleep_until(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
     }
 }
 
