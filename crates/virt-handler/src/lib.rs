@@ -92,22 +92,48 @@ fn create_state_dirs(config: &HandlerConfig) -> Result<(), HandlerError> {
     Ok(())
 }
 
-/// The network namespace of the node: the one of pid 1, seen through the host PID namespace
-/// virt-handler runs in.
-const NODE_NETWORK_NAMESPACE: &str = "/proc/1/ns/net";
+/// The parent of `pid`, from `/proc/<pid>/stat`.
+fn parent_of(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, rest) = stat.rsplit_once(") ")?;
+    rest.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// The node's network namespace when the handler runs in another one (a pod network):
+/// pid 1's, seen through the host PID namespace virt-handler runs in; where that one cannot
+/// be read (a sandboxed machine), the nearest ancestor's that differs from the handler's (the
+/// node agent or container runtime that started it runs in the node's). `None` when the
+/// handler already runs in the node's namespace or none can be read.
+fn node_network_namespace() -> Option<std::path::PathBuf> {
+    use std::os::unix::fs::MetadataExt;
+    let id = |path: &std::path::Path| std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()));
+    let own = id(std::path::Path::new("/proc/self/ns/net"))?;
+    let namespace_of = |pid: u32| std::path::PathBuf::from(format!("/proc/{pid}/ns/net"));
+    if let Some(init) = id(&namespace_of(1)) {
+        return (init != own).then(|| namespace_of(1));
+    }
+    let mut pid = std::process::id();
+    for _ in 0..8 {
+        pid = parent_of(pid).filter(|p| *p > 1)?;
+        let path = namespace_of(pid);
+        match id(&path) {
+            Some(theirs) if theirs != own => return Some(path),
+            _ => {}
+        }
+    }
+    None
+}
 
 /// The image store; pulls run in the node's network namespace when the handler runs in
-/// another (a pod network): a loopback registry is then the node's, as for kubelet's pulls.
+/// another, so a loopback registry is the node's loopback, as for kubelet's pulls.
 fn image_store(data_dir: &std::path::Path) -> images::ImageStore {
-    use std::os::unix::fs::MetadataExt;
     let store = images::ImageStore::new(data_dir);
-    let id = |path: &str| std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()));
-    match (id(NODE_NETWORK_NAMESPACE), id("/proc/self/ns/net")) {
-        (Some(node), Some(own)) if node != own => {
-            tracing::info!("images are pulled in the node's network namespace");
-            store.pulling_in_network_namespace(std::path::Path::new(NODE_NETWORK_NAMESPACE))
+    match node_network_namespace() {
+        Some(namespace) => {
+            tracing::info!(namespace = %namespace.display(), "images are pulled in the node's network namespace");
+            store.pulling_in_network_namespace(&namespace)
         }
-        _ => store,
+        None => store,
     }
 }
 

@@ -276,14 +276,21 @@ impl Follow {
                     Some(UpMessage::Domain(status)) => {
                         domain = status.clone();
                         let first = self.facts.spec.is_none();
+                        let mut sync_failed = false;
                         if domain.state == DomainState::Pending && sync_id.is_none() && !deleting {
                             sync_id = self.sync(&mut link, dir).await;
+                            // A pending domain whose sync failed keeps its Synchronized=False
+                            // (ErrImagePull …): reporting the domain would clear it at once.
+                            sync_failed = sync_id.is_none()
+                                && matches!(self.observation, Some(Observation::SyncFailed(..)));
                         } else if first {
                             // Re-attached to a started domain: rebuild the spec for the
                             // status fields only (files exist; nothing is sent).
                             self.build(dir).await.ok();
                         }
-                        self.observe(Observation::Domain(status)).await;
+                        if !sync_failed {
+                            self.observe(Observation::Domain(status)).await;
+                        }
                         if domain.is_final() {
                             return SessionEnd::Final;
                         }

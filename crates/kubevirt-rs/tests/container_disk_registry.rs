@@ -1,0 +1,151 @@
+//! End-to-end: containerDisks pulled from a real OCI registry on loopback (Debian's
+//! `docker-registry`). A VM whose disk image was pushed there reaches `Running` with the
+//! pushed disk in its launcher's directory; a VM whose image does not exist shows upstream's
+//! `ErrImagePull`, then `ImagePullBackOff`, and its domain is never started. Runs
+//! `kubevirt-rs server --fake-qemu`, so no guest boots; skips (saying why) without
+//! `docker-registry`.
+
+use std::path::Path;
+
+use oci_pull::ImageReference;
+use oci_pull::push::{ImageFile, push_files};
+use test_prerequisites::registry::TestRegistry;
+use testkit::{DEADLINE, ServerProcess, wait_until};
+
+const BIN: &str = env!("CARGO_BIN_EXE_kubevirt-rs");
+
+fn vm(name: &str, image: &str) -> String {
+    format!(
+        r"apiVersion: kubevirt.io/v1
+kind: VirtualMachine
+metadata:
+  name: {name}
+spec:
+  runStrategy: Always
+  template:
+    spec:
+      domain:
+        memory: {{guest: 128Mi}}
+        devices:
+          disks:
+            - name: containerdisk
+              disk: {{bus: virtio}}
+      volumes:
+        - name: containerdisk
+          containerDisk: {{image: {image}}}
+"
+    )
+}
+
+fn jsonpath(server: &ServerProcess, what: &str, path: &str) -> String {
+    server
+        .ok(&["get", what, "-o", &format!("jsonpath={path}")])
+        .unwrap_or_default()
+}
+
+fn tail(text: &str) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(40)..].join("\n")
+}
+
+fn wait_for(server: &ServerProcess, what: &str, path: &str, want: &str) -> anyhow::Result<()> {
+    wait_until(DEADLINE, &format!("{what} {path} = {want}"), || {
+        (jsonpath(server, what, path) == want).then_some(())
+    })
+    .map_err(|e| {
+        anyhow::anyhow!(
+            "{e}; it is {:?}\nserver log:\n{}",
+            jsonpath(server, what, path),
+            tail(&server.log())
+        )
+    })
+}
+
+fn push(registry: &TestRegistry, name: &str, disk: &[u8]) -> anyhow::Result<()> {
+    let reference = ImageReference::parse(&format!("{}/{name}", registry.host()))?;
+    let files = [ImageFile {
+        path: "disk/disk.img".into(),
+        content: disk.to_vec(),
+    }];
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?
+        .block_on(push_files(&reference, None, &files))?;
+    Ok(())
+}
+
+fn launcher_pod_uid(server: &ServerProcess, vm: &str) -> String {
+    server
+        .ok(&[
+            "get",
+            "pods",
+            "-l",
+            &format!("vm.kubevirt.io/name={vm}"),
+            "-o",
+            "jsonpath={.items[0].metadata.uid}",
+        ])
+        .unwrap_or_default()
+}
+
+#[test]
+fn container_disks_come_from_a_loopback_registry_and_missing_images_back_off() -> anyhow::Result<()>
+{
+    let Some(registry) = testkit::available(TestRegistry::start()) else {
+        return Ok(());
+    };
+    let disk: Vec<u8> = (0..(1u32 << 20)).map(|i| (i % 253) as u8).collect();
+    push(&registry, "guest:latest", &disk)?;
+    let server = ServerProcess::start(Path::new(BIN), "server", &["--fake-qemu"])?;
+
+    // A missing image first: ErrImagePull lasts one back-off period (10 s).
+    server.apply(&vm("missing", &format!("{}/missing:v1", registry.host())))?;
+    wait_for(
+        &server,
+        "vm/missing",
+        "{.status.printableStatus}",
+        "ErrImagePull",
+    )?;
+    let condition = jsonpath(
+        &server,
+        "vmi/missing",
+        r#"{.status.conditions[?(@.type=="Synchronized")].message}"#,
+    );
+    assert!(
+        condition.starts_with(&format!(
+            "Failed to pull image \"{}/missing:v1\"",
+            registry.host()
+        )),
+        "{condition}"
+    );
+    wait_for(
+        &server,
+        "vm/missing",
+        "{.status.printableStatus}",
+        "ImagePullBackOff",
+    )?;
+    assert_eq!(
+        jsonpath(&server, "vmi/missing", "{.status.phase}"),
+        "Scheduled"
+    );
+    let uid = launcher_pod_uid(&server, "missing");
+    let dir = testkit::launcher_dir(server.data_dir(), uid.trim());
+    assert!(
+        !dir.join("disks").exists(),
+        "nothing was prepared for a domain that cannot start"
+    );
+
+    server.apply(&vm("pulled", &format!("{}/guest:latest", registry.host())))?;
+    wait_for(&server, "vmi/pulled", "{.status.phase}", "Running")?;
+    wait_for(&server, "vm/pulled", "{.status.printableStatus}", "Running")?;
+    let uid = launcher_pod_uid(&server, "pulled");
+    let copied =
+        testkit::launcher_dir(server.data_dir(), uid.trim()).join("disks/containerdisk.img");
+    assert!(
+        std::fs::read(&copied).is_ok_and(|d| d == disk),
+        "the guest's disk is the pushed one: {}",
+        copied.display()
+    );
+    drop(server);
+    drop(registry);
+    Ok(())
+}
