@@ -11,7 +11,7 @@ use oci_spec::image::{Arch, Os};
 use test_prerequisites::registry::TestRegistry;
 
 fn registry() -> Option<TestRegistry> {
-    test_prerequisites::available(TestRegistry::start())
+    TestRegistry::start_if_installed().unwrap_or_else(|e| panic!("{e}"))
 }
 
 fn disk(seed: u8) -> Vec<ImageFile> {

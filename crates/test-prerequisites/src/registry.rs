@@ -28,6 +28,18 @@ pub struct TestRegistry {
 }
 
 impl TestRegistry {
+    /// A started registry; `None` (skipped, or a failure under [`crate::REQUIRE_ENV`], see
+    /// [`crate::available`]) when `docker-registry` is not installed.
+    ///
+    /// # Errors
+    /// An installed registry that does not come up is an error, never a skip.
+    pub fn start_if_installed() -> Result<Option<TestRegistry>, String> {
+        if crate::available(docker_registry()).is_none() {
+            return Ok(None);
+        }
+        Self::start().map(Some)
+    }
+
     /// Starts a registry on `127.0.0.1:<free port>`, storing below a fresh temporary directory,
     /// and waits until it answers `GET /v2/`.
     ///
