@@ -1,6 +1,6 @@
 //! End-to-end: containerDisks pulled from a real OCI registry on loopback (Debian's
 //! `docker-registry`). A VM whose disk image was pushed there reaches `Running` with the
-//! pushed disk in its launcher's directory; a VM whose image does not exist shows upstream's
+//! pushed disk as the backing file of its qcow2 overlay in its launcher's directory; a VM whose image does not exist shows upstream's
 //! `ErrImagePull`, then `ImagePullBackOff`, and its domain is never started. Runs
 //! `kubevirt-rs server --fake-qemu`, so no guest boots; skips (saying why) without
 //! `docker-registry`.
@@ -138,12 +138,16 @@ fn container_disks_come_from_a_loopback_registry_and_missing_images_back_off() -
     wait_for(&server, "vmi/pulled", "{.status.phase}", "Running")?;
     wait_for(&server, "vm/pulled", "{.status.printableStatus}", "Running")?;
     let uid = launcher_pod_uid(&server, "pulled");
-    let copied =
-        testkit::launcher_dir(server.data_dir(), uid.trim()).join("disks/containerdisk.img");
+    let disks = testkit::launcher_dir(server.data_dir(), uid.trim()).join("disks");
     assert!(
-        std::fs::read(&copied).is_ok_and(|d| d == disk),
-        "the guest's disk is the pushed one: {}",
-        copied.display()
+        std::fs::read(disks.join("base/containerdisk.img")).is_ok_and(|d| d == disk),
+        "the overlay's backing disk is the pushed one: {}",
+        disks.display()
+    );
+    let overlay = std::fs::read(disks.join("containerdisk.qcow2"))?;
+    assert!(
+        overlay.starts_with(b"QFI\xfb"),
+        "the guest writes to a qcow2 overlay"
     );
     drop(server);
     drop(registry);

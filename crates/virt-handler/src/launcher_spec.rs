@@ -8,10 +8,11 @@
 //! overwrites a running guest's disk.
 //!
 //! Disk handling:
-//! - `containerDisk`: the image's disk is **copied** into the pod directory (`disks/<name>.<fmt>`)
-//!   so the guest's writes stay ephemeral and the store stays pristine (no `qemu-img` overlay:
-//!   `qemu-img` is not installed on our machines; `std::fs::copy` uses `copy_file_range`,
-//!   which reflinks where the filesystem can).
+//! - `containerDisk`: the image's disk is hard-linked into the pod directory
+//!   (`disks/base/<name>.<fmt>`, copied across filesystems) and the guest gets an empty qcow2
+//!   overlay over it (`disks/<name>.qcow2`, written by [`overlay`] without `qemu-img`): QEMU
+//!   opens the backing disk read-only, so the image stays pristine and the guest's writes
+//!   are ephemeral, gone with the pod.
 //! - `emptyDisk`: a sparse raw file of `capacity` in the pod directory.
 //! - `cloudInitNoCloud`: a small FAT `cidata` disk built with `mkfs.vfat` and `mcopy`.
 //! - `hostDisk`: a file below the configured host-disk directory (checked without following
@@ -21,6 +22,8 @@
 //!
 //! Kernel and initrd of `kernelBoot.container` are hard-linked (copied across filesystems).
 //! Everything unsupported is a [`SpecError`], which the caller reports on the VMI.
+
+pub mod overlay;
 
 use std::path::{Path, PathBuf};
 
@@ -153,6 +156,16 @@ pub enum FileAction {
         /// Size in bytes.
         size: u64,
     },
+    /// Write an empty qcow2 overlay at `path` over `backing` (a file of the pod directory,
+    /// named relative to the overlay's directory in its header; QEMU opens it read-only).
+    Overlay {
+        /// The overlay.
+        path: PathBuf,
+        /// The backing disk.
+        backing: PathBuf,
+        /// The backing disk's format.
+        backing_format: DiskFormat,
+    },
     /// Build a NoCloud `cidata` FAT image holding these files.
     CloudInit {
         /// The image file.
@@ -166,7 +179,9 @@ impl FileAction {
     fn target(&self) -> &Path {
         match self {
             Self::Copy { to, .. } | Self::Link { to, .. } => to,
-            Self::Sparse { path, .. } | Self::CloudInit { path, .. } => path,
+            Self::Sparse { path, .. }
+            | Self::CloudInit { path, .. }
+            | Self::Overlay { path, .. } => path,
         }
     }
 
@@ -194,6 +209,15 @@ impl FileAction {
             Self::CloudInit { path, files } => Self::CloudInit {
                 path: map(path),
                 files: files.clone(),
+            },
+            Self::Overlay {
+                path,
+                backing,
+                backing_format,
+            } => Self::Overlay {
+                path: map(path),
+                backing: map(backing),
+                backing_format: *backing_format,
             },
         }
     }
@@ -494,12 +518,21 @@ fn volume_source(
         } else {
             "img"
         };
-        let to = disks_dir.join(format!("{name}.{ext}"));
-        files.push(FileAction::Copy {
+        let base = disks_dir.join("base").join(format!("{name}.{ext}"));
+        let overlay = disks_dir.join(format!("{name}.qcow2"));
+        files.push(FileAction::Link {
             from,
-            to: to.clone(),
+            to: base.clone(),
         });
-        return Ok(Source { path: to, format });
+        files.push(FileAction::Overlay {
+            path: overlay.clone(),
+            backing: base,
+            backing_format: format,
+        });
+        return Ok(Source {
+            path: overlay,
+            format: DiskFormat::Qcow2,
+        });
     }
     if let Some(empty) = &src.empty_disk {
         let size = quantity_bytes("emptyDisk.capacity", &empty.capacity)?;
@@ -839,6 +872,26 @@ pub fn prepare_files(files: &[FileAction]) -> Result<(), SpecError> {
                 file.set_len(*size).map_err(io)?;
             }
             FileAction::CloudInit { files, .. } => build_cidata(&temporary, files)?,
+            FileAction::Overlay {
+                backing,
+                backing_format,
+                ..
+            } => {
+                let qcow2 = *backing_format == DiskFormat::Qcow2;
+                let size = overlay::virtual_size(backing, qcow2).map_err(io)?;
+                let relative = target
+                    .parent()
+                    .and_then(|dir| backing.strip_prefix(dir).ok())
+                    .map(|r| r.display().to_string())
+                    .ok_or_else(|| {
+                        SpecError::Invalid(format!(
+                            "the backing disk {} is not beside its overlay",
+                            backing.display()
+                        ))
+                    })?;
+                let format = if qcow2 { "qcow2" } else { "raw" };
+                overlay::write_overlay(&temporary, &relative, format, size).map_err(io)?;
+            }
         }
         std::fs::rename(&temporary, target).map_err(io)?;
     }

@@ -493,7 +493,9 @@ fn restrict_prepared(pod_dir: &Path, files: &[FileAction]) {
     for action in files {
         let target = match action {
             FileAction::Copy { to, .. } | FileAction::Link { to, .. } => to,
-            FileAction::Sparse { path, .. } | FileAction::CloudInit { path, .. } => path,
+            FileAction::Sparse { path, .. }
+            | FileAction::CloudInit { path, .. }
+            | FileAction::Overlay { path, .. } => path,
         };
         if !target.starts_with(pod_dir) {
             continue;
