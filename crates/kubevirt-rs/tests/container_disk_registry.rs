@@ -1,7 +1,8 @@
 //! End-to-end: containerDisks pulled from a real OCI registry on loopback (Debian's
 //! `docker-registry`). A VM whose disk image was pushed there reaches `Running` with the
 //! pushed disk as the backing file of its qcow2 overlay in its launcher's directory; a VM whose image does not exist shows upstream's
-//! `ErrImagePull`, then `ImagePullBackOff`, and its domain is never started. Runs
+//! `ErrImagePull`, then `ImagePullBackOff`, and its domain is never started; a VM whose image
+//! is in a registry with basic authentication runs with its `imagePullSecret`. Runs
 //! `kubevirt-rs server --fake-qemu`, so no guest boots; skips (saying why) without
 //! `docker-registry`.
 
@@ -61,7 +62,12 @@ fn wait_for(server: &ServerProcess, what: &str, path: &str, want: &str) -> anyho
     })
 }
 
-fn push(registry: &TestRegistry, name: &str, disk: &[u8]) -> anyhow::Result<()> {
+fn push(
+    registry: &TestRegistry,
+    name: &str,
+    disk: &[u8],
+    credentials: Option<&oci_pull::Credentials>,
+) -> anyhow::Result<()> {
     let reference = ImageReference::parse(&format!("{}/{name}", registry.host()))?;
     let files = [ImageFile {
         path: "disk/disk.img".into(),
@@ -70,7 +76,7 @@ fn push(registry: &TestRegistry, name: &str, disk: &[u8]) -> anyhow::Result<()> 
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?
-        .block_on(push_files(&reference, None, &files))?;
+        .block_on(push_files(&reference, credentials, &files))?;
     Ok(())
 }
 
@@ -88,13 +94,13 @@ fn launcher_pod_uid(server: &ServerProcess, vm: &str) -> String {
 }
 
 #[test]
-fn container_disks_come_from_a_loopback_registry_and_missing_images_back_off() -> anyhow::Result<()>
-{
+fn container_disks_come_from_loopback_registries_missing_ones_back_off_private_ones_use_their_secret()
+-> anyhow::Result<()> {
     let Some(registry) = TestRegistry::start_if_installed().map_err(anyhow::Error::msg)? else {
         return Ok(());
     };
     let disk: Vec<u8> = (0..(1u32 << 20)).map(|i| (i % 253) as u8).collect();
-    push(&registry, "guest:latest", &disk)?;
+    push(&registry, "guest:latest", &disk, None)?;
     let server = ServerProcess::start(Path::new(BIN), "server", &["--fake-qemu"])?;
 
     // A missing image first: ErrImagePull lasts one back-off period (10 s).
@@ -149,7 +155,35 @@ fn container_disks_come_from_a_loopback_registry_and_missing_images_back_off() -
         overlay.starts_with(b"QFI\xfb"),
         "the guest writes to a qcow2 overlay"
     );
+
+    // A private registry: the VM's imagePullSecret (made by kubectl) lets the handler pull.
+    let Some(private) =
+        TestRegistry::start_with_basic_auth_if_installed().map_err(anyhow::Error::msg)?
+    else {
+        return Ok(());
+    };
+    let credentials = oci_pull::Credentials {
+        username: test_prerequisites::registry::USER.into(),
+        password: test_prerequisites::registry::PASSWORD.into(),
+    };
+    push(&private, "guest:v1", &disk, Some(&credentials))?;
+    server.ok(&[
+        "create",
+        "secret",
+        "docker-registry",
+        "private-registry",
+        &format!("--docker-server={}", private.host()),
+        &format!("--docker-username={}", credentials.username),
+        &format!("--docker-password={}", credentials.password),
+    ])?;
+    let manifest = vm("private", &format!("{}/guest:v1", private.host())).replace(
+        "containerDisk: {image: ",
+        "containerDisk: {imagePullSecret: private-registry, image: ",
+    );
+    server.apply(&manifest)?;
+    wait_for(&server, "vmi/private", "{.status.phase}", "Running")?;
     drop(server);
     drop(registry);
+    drop(private);
     Ok(())
 }

@@ -170,3 +170,40 @@ async fn an_index_resolves_to_its_linux_amd64_manifest() -> anyhow::Result<()> {
     assert_eq!(read_disk(&target), disk(1)[0].content);
     Ok(())
 }
+
+#[tokio::test]
+async fn a_registry_with_basic_auth_needs_the_credentials() -> anyhow::Result<()> {
+    let Some(registry) =
+        TestRegistry::start_with_basic_auth_if_installed().unwrap_or_else(|e| panic!("{e}"))
+    else {
+        return Ok(());
+    };
+    let tmp = tempfile::tempdir()?;
+    let image = reference(&registry, "private:v1");
+    let document = format!(
+        r#"{{"auths":{{"{}":{{"username":"{}","password":"{}"}}}}}}"#,
+        registry.host(),
+        test_prerequisites::registry::USER,
+        test_prerequisites::registry::PASSWORD
+    );
+    let credentials = oci_pull::auth::credentials_for(document.as_bytes(), &registry.host())?;
+    assert!(credentials.is_some());
+    push_files(&image, credentials.as_ref(), &disk(3)).await?;
+
+    let puller = Puller::new(tmp.path().join("blobs"));
+    let denied = puller
+        .pull(&image, None, &tmp.path().join("anonymous"), None)
+        .await
+        .expect_err("anonymous pulls are refused");
+    assert!(matches!(denied, PullError::Manifest { .. }), "{denied}");
+    puller
+        .pull(
+            &image,
+            credentials.as_ref(),
+            &tmp.path().join("image"),
+            None,
+        )
+        .await?;
+    assert_eq!(read_disk(&tmp.path().join("image")), disk(3)[0].content);
+    Ok(())
+}

@@ -11,6 +11,13 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+/// The user of a registry with basic authentication.
+pub const USER: &str = "user";
+/// Its password.
+pub const PASSWORD: &str = "secret-pass";
+/// [`USER`] and [`PASSWORD`] as an htpasswd line (bcrypt, the only scheme the registry takes).
+const HTPASSWD: &str = "user:$2b$04$8LgP7Me6nKtvezK9lzs1ze5YIqucl5qBtPWOg0xTK9IWnE/rQgZMu";
+
 /// How long the registry may take to answer its first request.
 const READY_DEADLINE: Duration = Duration::from_secs(20);
 
@@ -46,11 +53,27 @@ impl TestRegistry {
     /// # Errors
     /// Why the registry is missing or did not come up.
     pub fn start() -> Result<TestRegistry, String> {
+        Self::start_with(None)
+    }
+
+    /// As [`Self::start_if_installed`], with basic authentication: only [`USER`] with
+    /// [`PASSWORD`] may pull or push.
+    ///
+    /// # Errors
+    /// As [`Self::start_if_installed`].
+    pub fn start_with_basic_auth_if_installed() -> Result<Option<TestRegistry>, String> {
+        if crate::available(docker_registry()).is_none() {
+            return Ok(None);
+        }
+        Self::start_with(Some(HTPASSWD)).map(Some)
+    }
+
+    fn start_with(htpasswd: Option<&str>) -> Result<TestRegistry, String> {
         let binary = docker_registry()?;
         let mut last = String::new();
         // A port picked free can be taken before the registry binds it: try a few.
         for _ in 0..3 {
-            match Self::start_once(&binary) {
+            match Self::start_once(&binary, htpasswd) {
                 Ok(registry) => return Ok(registry),
                 Err(e) => last = e,
             }
@@ -58,7 +81,7 @@ impl TestRegistry {
         Err(last)
     }
 
-    fn start_once(binary: &Path) -> Result<TestRegistry, String> {
+    fn start_once(binary: &Path, htpasswd: Option<&str>) -> Result<TestRegistry, String> {
         let port = TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
             .map_err(|e| format!("no free loopback port: {e}"))?
@@ -71,10 +94,19 @@ impl TestRegistry {
         std::fs::create_dir_all(dir.join("storage"))
             .map_err(|e| format!("creating {}: {e}", dir.display()))?;
         let config = dir.join("config.yml");
-        let text = format!(
+        let mut text = format!(
             "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\nhttp:\n  addr: {address}\n",
             dir.join("storage").display()
         );
+        if let Some(line) = htpasswd {
+            let file = dir.join("htpasswd");
+            std::fs::write(&file, format!("{line}\n"))
+                .map_err(|e| format!("writing {}: {e}", file.display()))?;
+            text.push_str(&format!(
+                "auth:\n  htpasswd:\n    realm: kubevirt-rs-test\n    path: {}\n",
+                file.display()
+            ));
+        }
         std::fs::write(&config, text).map_err(|e| format!("writing {}: {e}", config.display()))?;
         let log = std::fs::File::create(dir.join("registry.log"))
             .map_err(|e| format!("creating the registry log: {e}"))?;
@@ -127,7 +159,8 @@ impl TestRegistry {
         }
         let mut response = String::new();
         let _ = stream.read_to_string(&mut response);
-        response.starts_with("HTTP/1.1 200")
+        // 401 is the answer of a registry with authentication: it is up.
+        response.starts_with("HTTP/1.1 200") || response.starts_with("HTTP/1.1 401")
     }
 
     /// `127.0.0.1:<port>`, the registry part of image references.
