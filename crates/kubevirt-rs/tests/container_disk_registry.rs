@@ -156,6 +156,45 @@ fn container_disks_come_from_loopback_registries_missing_ones_back_off_private_o
         "the guest writes to a qcow2 overlay"
     );
 
+    // kernelBoot.container comes from the registry the same way.
+    let reference = ImageReference::parse(&format!("{}/kernel:v1", registry.host()))?;
+    let boot_files = [
+        ImageFile {
+            path: "boot/vmlinux".into(),
+            content: b"kernel".to_vec(),
+        },
+        ImageFile {
+            path: "boot/initrd".into(),
+            content: b"initrd".to_vec(),
+        },
+    ];
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?
+        .block_on(push_files(&reference, None, &boot_files))?;
+    server.apply(&format!(
+        r"apiVersion: kubevirt.io/v1
+kind: VirtualMachine
+metadata:
+  name: kernel
+spec:
+  runStrategy: Always
+  template:
+    spec:
+      domain:
+        memory: {{guest: 128Mi}}
+        firmware:
+          kernelBoot:
+            container: {{image: {reference}, kernelPath: /boot/vmlinux, initrdPath: /boot/initrd}}
+        devices: {{}}
+"
+    ))?;
+    wait_for(&server, "vmi/kernel", "{.status.phase}", "Running")?;
+    let uid = launcher_pod_uid(&server, "kernel");
+    let boot = testkit::launcher_dir(server.data_dir(), uid.trim()).join("boot");
+    assert_eq!(std::fs::read(boot.join("kernel"))?, b"kernel");
+    assert_eq!(std::fs::read(boot.join("initrd"))?, b"initrd");
+
     // A private registry: the VM's imagePullSecret (made by kubectl) lets the handler pull.
     let Some(private) =
         TestRegistry::start_with_basic_auth_if_installed().map_err(anyhow::Error::msg)?
