@@ -102,17 +102,27 @@ fn container_disks_come_from_loopback_registries_missing_ones_back_off_private_o
     let disk: Vec<u8> = (0..(1u32 << 20)).map(|i| (i % 253) as u8).collect();
     push(&registry, "guest:latest", &disk, None)?;
     let server = ServerProcess::start(Path::new(BIN), "server", &["--fake-qemu"])?;
+    missing_image_backs_off(&server, &registry)?;
+    pulled_disk_backs_the_overlay(&server, &registry, &disk)?;
+    kernel_boot_container_is_pulled(&server, &registry)?;
+    let private = private_image_needs_its_secret(&server, &disk)?;
+    drop(server);
+    drop(registry);
+    drop(private);
+    Ok(())
+}
 
+fn missing_image_backs_off(server: &ServerProcess, registry: &TestRegistry) -> anyhow::Result<()> {
     // A missing image first: ErrImagePull lasts one back-off period (10 s).
     server.apply(&vm("missing", &format!("{}/missing:v1", registry.host())))?;
     wait_for(
-        &server,
+        server,
         "vm/missing",
         "{.status.printableStatus}",
         "ErrImagePull",
     )?;
     let condition = jsonpath(
-        &server,
+        server,
         "vmi/missing",
         r#"{.status.conditions[?(@.type=="Synchronized")].message}"#,
     );
@@ -124,29 +134,37 @@ fn container_disks_come_from_loopback_registries_missing_ones_back_off_private_o
         "{condition}"
     );
     wait_for(
-        &server,
+        server,
         "vm/missing",
         "{.status.printableStatus}",
         "ImagePullBackOff",
     )?;
     assert_eq!(
-        jsonpath(&server, "vmi/missing", "{.status.phase}"),
+        jsonpath(server, "vmi/missing", "{.status.phase}"),
         "Scheduled"
     );
-    let uid = launcher_pod_uid(&server, "missing");
+    let uid = launcher_pod_uid(server, "missing");
     let dir = testkit::launcher_dir(server.data_dir(), uid.trim());
     assert!(
         !dir.join("disks").exists(),
         "nothing was prepared for a domain that cannot start"
     );
 
+    Ok(())
+}
+
+fn pulled_disk_backs_the_overlay(
+    server: &ServerProcess,
+    registry: &TestRegistry,
+    disk: &[u8],
+) -> anyhow::Result<()> {
     server.apply(&vm("pulled", &format!("{}/guest:latest", registry.host())))?;
-    wait_for(&server, "vmi/pulled", "{.status.phase}", "Running")?;
-    wait_for(&server, "vm/pulled", "{.status.printableStatus}", "Running")?;
-    let uid = launcher_pod_uid(&server, "pulled");
+    wait_for(server, "vmi/pulled", "{.status.phase}", "Running")?;
+    wait_for(server, "vm/pulled", "{.status.printableStatus}", "Running")?;
+    let uid = launcher_pod_uid(server, "pulled");
     let disks = testkit::launcher_dir(server.data_dir(), uid.trim()).join("disks");
     assert!(
-        std::fs::read(disks.join("base/containerdisk.img")).is_ok_and(|d| d == disk),
+        std::fs::read(disks.join("base/containerdisk.img")).is_ok_and(|d| d == *disk),
         "the overlay's backing disk is the pushed one: {}",
         disks.display()
     );
@@ -156,6 +174,13 @@ fn container_disks_come_from_loopback_registries_missing_ones_back_off_private_o
         "the guest writes to a qcow2 overlay"
     );
 
+    Ok(())
+}
+
+fn kernel_boot_container_is_pulled(
+    server: &ServerProcess,
+    registry: &TestRegistry,
+) -> anyhow::Result<()> {
     // kernelBoot.container comes from the registry the same way.
     let reference = ImageReference::parse(&format!("{}/kernel:v1", registry.host()))?;
     let boot_files = [
@@ -189,23 +214,31 @@ spec:
         devices: {{}}
 "
     ))?;
-    wait_for(&server, "vmi/kernel", "{.status.phase}", "Running")?;
-    let uid = launcher_pod_uid(&server, "kernel");
+    wait_for(server, "vmi/kernel", "{.status.phase}", "Running")?;
+    let uid = launcher_pod_uid(server, "kernel");
     let boot = testkit::launcher_dir(server.data_dir(), uid.trim()).join("boot");
     assert_eq!(std::fs::read(boot.join("kernel"))?, b"kernel");
     assert_eq!(std::fs::read(boot.join("initrd"))?, b"initrd");
 
+    Ok(())
+}
+
+/// The private registry, kept running by the caller until the server is gone.
+fn private_image_needs_its_secret(
+    server: &ServerProcess,
+    disk: &[u8],
+) -> anyhow::Result<Option<TestRegistry>> {
     // A private registry: the VM's imagePullSecret (made by kubectl) lets the handler pull.
     let Some(private) =
         TestRegistry::start_with_basic_auth_if_installed().map_err(anyhow::Error::msg)?
     else {
-        return Ok(());
+        return Ok(None);
     };
     let credentials = oci_pull::Credentials {
         username: test_prerequisites::registry::USER.into(),
         password: test_prerequisites::registry::PASSWORD.into(),
     };
-    push(&private, "guest:v1", &disk, Some(&credentials))?;
+    push(&private, "guest:v1", disk, Some(&credentials))?;
     server.ok(&[
         "create",
         "secret",
@@ -220,9 +253,6 @@ spec:
         "containerDisk: {imagePullSecret: private-registry, image: ",
     );
     server.apply(&manifest)?;
-    wait_for(&server, "vmi/private", "{.status.phase}", "Running")?;
-    drop(server);
-    drop(registry);
-    drop(private);
-    Ok(())
+    wait_for(server, "vmi/private", "{.status.phase}", "Running")?;
+    Ok(Some(private))
 }
