@@ -207,3 +207,57 @@ async fn a_registry_with_basic_auth_needs_the_credentials() -> anyhow::Result<()
     assert_eq!(read_disk(&tmp.path().join("image")), disk(3)[0].content);
     Ok(())
 }
+
+/// A figure, not an assertion: how long a 64 MiB disk takes to push, to pull cold, to pull
+/// again from the cache into a new directory, and to check unchanged. Ignored by default; run
+/// with `cargo nextest run -p oci-pull --test registry --run-ignored only --no-capture`.
+#[tokio::test]
+#[ignore = "a measurement: prints pull times"]
+async fn pull_times_of_a_64_mib_disk() -> anyhow::Result<()> {
+    let Some(registry) = registry() else {
+        return Ok(());
+    };
+    let tmp = tempfile::tempdir()?;
+    // Pseudo-random bytes (xorshift), so gzip cannot shrink them away.
+    let mut state = 0x9e37_79b9_7f4a_7c15_u64;
+    let content: Vec<u8> = (0..(64usize << 20) / 8)
+        .flat_map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state.to_le_bytes()
+        })
+        .collect();
+    let files = [ImageFile {
+        path: "disk/disk.img".into(),
+        content,
+    }];
+    let image = reference(&registry, "big:v1");
+    let started = std::time::Instant::now();
+    push_files(&image, None, &files).await?;
+    let push = started.elapsed();
+    let puller = Puller::new(tmp.path().join("blobs"));
+    let started = std::time::Instant::now();
+    let first = puller
+        .pull(&image, None, &tmp.path().join("a"), None)
+        .await?;
+    let cold = started.elapsed();
+    let started = std::time::Instant::now();
+    puller
+        .pull(&image, None, &tmp.path().join("b"), None)
+        .await?;
+    let cached = started.elapsed();
+    let started = std::time::Instant::now();
+    puller
+        .pull(&image, None, &tmp.path().join("a"), Some(&first.digest))
+        .await?;
+    let unchanged = started.elapsed();
+    println!(
+        "64 MiB disk: push {:.2} s, cold pull {:.2} s, cached pull {:.2} s, unchanged check {:.3} s",
+        push.as_secs_f64(),
+        cold.as_secs_f64(),
+        cached.as_secs_f64(),
+        unchanged.as_secs_f64()
+    );
+    Ok(())
+}
