@@ -226,6 +226,15 @@ pub(crate) fn registry_auth(credentials: Option<&Credentials>) -> RegistryAuth {
     }
 }
 
+/// Removes a file when dropped (a no-op once it was renamed away).
+struct RemoveOnDrop(PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
 const LAYER_TYPES: &[&str] = &[
     IMAGE_LAYER_MEDIA_TYPE,
     IMAGE_LAYER_GZIP_MEDIA_TYPE,
@@ -268,6 +277,8 @@ impl Job {
                 continue;
             }
             let temporary = self.cache.temporary()?;
+            // Removed however the download ends, also when this future is dropped midway.
+            let _cleanup = RemoveOnDrop(temporary.clone());
             let fetched = async {
                 let file = tokio::fs::File::create(&temporary)
                     .await
@@ -276,7 +287,6 @@ impl Job {
             }
             .await;
             if let Err(source) = fetched {
-                let _ = std::fs::remove_file(&temporary);
                 return Err(PullError::Blob {
                     reference: name,
                     digest: layer.digest.clone(),

@@ -364,7 +364,28 @@ impl Follow {
         if !self.pull_backoff.may_try(now) {
             return false;
         }
-        match ensure_images(&self.client, &self.config.images, &self.current).await {
+        // A pull can take minutes: the VMI being deleted (or leaving) meanwhile abandons it.
+        let mut updates = self.vmi.clone();
+        let gone = async move {
+            loop {
+                let deleting = updates
+                    .borrow_and_update()
+                    .metadata
+                    .deletion_timestamp
+                    .is_some();
+                if deleting || updates.changed().await.is_err() {
+                    return;
+                }
+            }
+        };
+        let pulled = tokio::select! {
+            pulled = ensure_images(&self.client, &self.config.images, &self.current) => pulled,
+            () = gone => {
+                info!(vmi = %name(&self.current), "VMI deleted while its images were pulled; pull abandoned");
+                return false;
+            }
+        };
+        match pulled {
             Ok(()) => {
                 self.pull_backoff.succeeded();
                 true
