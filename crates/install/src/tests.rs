@@ -390,8 +390,12 @@ fn component_roles_grant_what_the_components_do() {
         "handler creates no pods"
     );
     assert!(
-        !grants(handler, "", "secrets", "get"),
-        "handler reads no secrets"
+        grants(handler, "", "secrets", "get"),
+        "handler reads a VMI's image pull secret by name"
+    );
+    assert!(
+        !grants(handler, "", "secrets", "list") && !grants(handler, "", "secrets", "watch"),
+        "handler cannot list or watch secrets"
     );
     let api = find(&objects, "ClusterRole", "kubevirt-apiserver");
     assert!(grants(api, "kubevirt.io", "virtualmachines", "patch"));

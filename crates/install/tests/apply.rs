@@ -236,7 +236,10 @@ fn check_components(kc: &Path) {
     ));
     // … and no more.
     assert!(!can_i(kc, HANDLER, &["create", "pods", "-n", "default"]));
-    assert!(!can_i(kc, HANDLER, &["get", "secrets", "-n", RBAC_NS]));
+    // The handler reads a VMI's imagePullSecret by name, and can neither list nor watch.
+    assert!(can_i(kc, HANDLER, &["get", "secrets", "-n", "default"]));
+    assert!(!can_i(kc, HANDLER, &["list", "secrets", "-n", RBAC_NS]));
+    assert!(!can_i(kc, HANDLER, &["watch", "secrets", "-n", "default"]));
     assert!(!can_i(kc, API, &["get", "secrets", "-n", RBAC_NS]));
     assert!(!can_i(kc, API, &["create", "pods", "-n", "default"]));
     assert!(!can_i(kc, CONTROLLER, &["get", "secrets", "-n", "default"]));

@@ -23,6 +23,8 @@
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
+pub mod registry;
+
 /// Set (to anything but `0` or empty) by `scripts/test.sh`: a missing prerequisite is a failure.
 pub const REQUIRE_ENV: &str = "KUBEVIRT_RS_REQUIRE_PREREQUISITES";
 

@@ -5,10 +5,23 @@
 //! would have inside the container image (`/vmlinux`, `/disk/guest.img` …). [`import`]
 //! copies host files in (the `kubevirt-rs images import NAME FILE…` subcommand);
 //! [`ImageStore::resolve`] turns an image name and a path inside the image into a host path,
-//! refusing `..` and symlinks through [`virt_launcher::safe_path`]. Pulling from an OCI
-//! registry is not done here. Image directories are `0700` and image files `0600`.
+//! refusing `..` and symlinks through [`virt_launcher::safe_path`]. Image directories are
+//! `0700` and image files `0600`.
+//!
+//! Images that are not there are pulled from their OCI registry ([`ImageStore::ensure`],
+//! through [`oci_pull`]) into the same layout, as kubelet would have the container runtime
+//! pull them: layers are cached by digest in `.blobs/` (shared by every image), the image is
+//! unpacked into a temporary directory renamed into place, and the manifest digest it came
+//! from is recorded in `.pulled/<encoded reference>`. An image without that record was
+//! imported by hand and is used as it is whatever the pull policy, as a node's pre-loaded
+//! image. Names starting with `.` are never image directories ([`sanitise_name`] encodes a
+//! leading `.`).
 
+use std::collections::HashMap;
 use std::path::{Component, Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use oci_pull::{Credentials, ImageReference, Puller};
 
 use virt_launcher::private_fs;
 use virt_launcher::safe_path::{SafePathError, check_beneath};
@@ -57,12 +70,68 @@ pub enum ImageError {
     /// The destination inside the image is not a plain relative path.
     #[error("destination {0:?} inside the image contains '..' or is empty")]
     BadDestination(String),
+    /// The image name is not a valid image reference, so it cannot be pulled.
+    #[error(transparent)]
+    Reference(#[from] oci_pull::ReferenceError),
+    /// Pulling the image from its registry failed.
+    #[error("pulling {image:?}")]
+    Pull {
+        /// The image name.
+        image: String,
+        /// The cause.
+        #[source]
+        source: Box<oci_pull::PullError>,
+    },
+    /// The image is missing and its pull policy is `Never` (kubelet's `ErrImageNeverPull`).
+    #[error("container image {0:?} is not present with pull policy of Never")]
+    NeverPull(String),
+    /// Recording the pulled image's digest failed.
+    #[error("recording the digest of {image:?}")]
+    Record {
+        /// The image name.
+        image: String,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// kubelet's image pull policies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PullPolicy {
+    /// Ask the registry every time (a changed digest is pulled again).
+    Always,
+    /// Pull only when the image is missing.
+    IfNotPresent,
+    /// Never pull: a missing image fails.
+    Never,
+}
+
+impl PullPolicy {
+    /// The policy `policy` names; without one (or an unknown one) Kubernetes' default:
+    /// `Always` for a `:latest` or untagged image without digest, else `IfNotPresent`.
+    pub fn for_image(policy: Option<&str>, image: &str) -> PullPolicy {
+        match policy {
+            Some("Always") => PullPolicy::Always,
+            Some("IfNotPresent") => PullPolicy::IfNotPresent,
+            Some("Never") => PullPolicy::Never,
+            _ => match ImageReference::parse(image) {
+                Ok(r) if r.digest.is_none() && r.tag.as_deref() == Some("latest") => {
+                    PullPolicy::Always
+                }
+                _ => PullPolicy::IfNotPresent,
+            },
+        }
+    }
 }
 
 /// The store below `<data_dir>/images`.
 #[derive(Debug, Clone)]
 pub struct ImageStore {
     root: PathBuf,
+    puller: Puller,
+    /// One lock per image directory, so two VMIs of one image pull it once.
+    pulling: Arc<Mutex<HashMap<PathBuf, Arc<tokio::sync::Mutex<()>>>>>,
 }
 
 /// The longest directory name the store makes (the usual file-name limit of Linux).
@@ -120,8 +189,110 @@ fn relative_in_image(path: &str) -> Option<PathBuf> {
 impl ImageStore {
     /// The store of `data_dir` (`<data_dir>/images`).
     pub fn new(data_dir: &Path) -> Self {
+        let root = data_dir.join("images");
         Self {
-            root: data_dir.join("images"),
+            puller: Puller::new(root.join(".blobs")),
+            root,
+            pulling: Arc::default(),
+        }
+    }
+
+    /// The same store, pulling inside the network namespace at `path` (the node's, so that
+    /// a loopback registry is the node's loopback, as for kubelet's pulls).
+    #[must_use]
+    pub fn pulling_in_network_namespace(mut self, path: &Path) -> Self {
+        self.puller = self.puller.in_network_namespace(path);
+        self
+    }
+
+    /// Whether `image` is in the store (pulled or imported).
+    pub fn contains(&self, image: &str) -> bool {
+        self.existing_image_dir(image).is_ok()
+    }
+
+    fn record_path(&self, image: &str) -> Result<PathBuf, ImageError> {
+        let name = sanitise_name(image).ok_or_else(|| ImageError::InvalidName(image.into()))?;
+        Ok(self.root.join(".pulled").join(name))
+    }
+
+    /// The manifest digest `image` was pulled at; `None` for an imported or missing image.
+    pub fn pulled_digest(&self, image: &str) -> Option<String> {
+        let path = self.record_path(image).ok()?;
+        let text = std::fs::read_to_string(path).ok()?;
+        Some(text.trim().to_owned()).filter(|d| !d.is_empty())
+    }
+
+    /// Makes `image` present as `policy` says, pulling it with `credentials` when needed.
+    /// An imported image (no pull record) is used as it is.
+    ///
+    /// # Errors
+    /// [`ImageError::NeverPull`], [`ImageError::Reference`], [`ImageError::Pull`],
+    /// [`ImageError::Record`].
+    pub async fn ensure(
+        &self,
+        image: &str,
+        policy: PullPolicy,
+        credentials: Option<&Credentials>,
+    ) -> Result<(), ImageError> {
+        let dir = self.image_dir(image)?;
+        let lock = {
+            let mut locks = self
+                .pulling
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            Arc::clone(locks.entry(dir.clone()).or_default())
+        };
+        let _held = lock.lock().await;
+        let present = self.contains(image);
+        let recorded = self.pulled_digest(image);
+        match policy {
+            _ if present && recorded.is_none() => return Ok(()),
+            PullPolicy::Never if present => return Ok(()),
+            PullPolicy::Never => return Err(ImageError::NeverPull(image.to_owned())),
+            PullPolicy::IfNotPresent if present => return Ok(()),
+            PullPolicy::IfNotPresent | PullPolicy::Always => {}
+        }
+        let reference = ImageReference::parse(image)?;
+        private_fs::create_dir_all(&self.root).map_err(|source| ImageError::Record {
+            image: image.to_owned(),
+            source,
+        })?;
+        let pulled = self
+            .puller
+            .pull(&reference, credentials, &dir, recorded.as_deref())
+            .await
+            .map_err(|source| ImageError::Pull {
+                image: image.to_owned(),
+                source: Box::new(source),
+            })?;
+        if pulled.unpacked || recorded.as_deref() != Some(pulled.digest.as_str()) {
+            self.write_record(image, &pulled.digest)
+                .map_err(|source| ImageError::Record {
+                    image: image.to_owned(),
+                    source,
+                })?;
+        }
+        Ok(())
+    }
+
+    fn write_record(&self, image: &str, digest: &str) -> std::io::Result<()> {
+        let path = self
+            .record_path(image)
+            .map_err(|e| std::io::Error::other(e.to_string()))?;
+        if let Some(parent) = path.parent() {
+            private_fs::create_dir_all(parent)?;
+        }
+        let mut temporary = path.clone().into_os_string();
+        temporary.push(".writing");
+        let temporary = PathBuf::from(temporary);
+        std::fs::write(&temporary, digest)?;
+        private_fs::set_mode(&temporary, private_fs::FILE_MODE)?;
+        std::fs::rename(&temporary, &path)
+    }
+
+    fn forget_pull(&self, image: &str) {
+        if let Ok(path) = self.record_path(image) {
+            let _ = std::fs::remove_file(path);
         }
     }
 
@@ -251,6 +422,8 @@ pub fn import(data_dir: &Path, image: &str, files: &[ImportFile]) -> Result<Path
         private_fs::set_mode(&temporary, private_fs::FILE_MODE).map_err(io_error)?;
         std::fs::rename(&temporary, &target).map_err(io_error)?;
     }
+    // Imported files make the image a hand-made one: never replaced by a pull.
+    store.forget_pull(image);
     Ok(dir)
 }
 
@@ -387,6 +560,54 @@ mod tests {
         )
         .unwrap_err();
         assert!(matches!(err, ImageError::BadDestination(_)), "{err}");
+    }
+
+    #[test]
+    fn pull_policies_default_as_kubernetes_does() {
+        let p = PullPolicy::for_image;
+        assert_eq!(p(None, "127.0.0.1:5000/guest:latest"), PullPolicy::Always);
+        assert_eq!(p(None, "cirros"), PullPolicy::Always);
+        assert_eq!(p(None, "quay.io/x:v1"), PullPolicy::IfNotPresent);
+        let digest = format!("quay.io/x@sha256:{}", "0".repeat(64));
+        assert_eq!(p(None, &digest), PullPolicy::IfNotPresent);
+        assert_eq!(p(Some("Never"), "x:latest"), PullPolicy::Never);
+        assert_eq!(
+            p(Some("IfNotPresent"), "x:latest"),
+            PullPolicy::IfNotPresent
+        );
+        assert_eq!(p(Some("Always"), "x:v1"), PullPolicy::Always);
+    }
+
+    #[tokio::test]
+    async fn imported_images_are_used_as_they_are_and_missing_ones_follow_the_policy() {
+        let tmp = tempfile::tempdir().unwrap();
+        let disk = file(tmp.path(), "guest.img", "disk");
+        let imported = "127.0.0.1:1/imported:latest";
+        import(
+            tmp.path(),
+            imported,
+            &[ImportFile {
+                source: disk,
+                destination: Some("/disk/".into()),
+            }],
+        )
+        .unwrap();
+        let store = ImageStore::new(tmp.path());
+        // Port 1 answers nothing: an imported image must not be looked up at all.
+        store
+            .ensure(imported, PullPolicy::Always, None)
+            .await
+            .unwrap();
+        let missing = "127.0.0.1:1/missing:v1";
+        let never = store.ensure(missing, PullPolicy::Never, None).await;
+        assert!(matches!(never, Err(ImageError::NeverPull(_))), "{never:?}");
+        let pulled = store.ensure(missing, PullPolicy::IfNotPresent, None).await;
+        assert!(matches!(pulled, Err(ImageError::Pull { .. })), "{pulled:?}");
+        assert!(!store.contains(missing));
+        let bad = store
+            .ensure("Not A Reference", PullPolicy::IfNotPresent, None)
+            .await;
+        assert!(matches!(bad, Err(ImageError::Reference(_))), "{bad:?}");
     }
 
     #[test]

@@ -8,10 +8,11 @@
 //! overwrites a running guest's disk.
 //!
 //! Disk handling:
-//! - `containerDisk`: the image's disk is **copied** into the pod directory (`disks/<name>.<fmt>`)
-//!   so the guest's writes stay ephemeral and the store stays pristine (no `qemu-img` overlay:
-//!   `qemu-img` is not installed on our machines; `std::fs::copy` uses `copy_file_range`,
-//!   which reflinks where the filesystem can).
+//! - `containerDisk`: the image's disk is hard-linked into the pod directory
+//!   (`disks/base/<name>.<fmt>`, copied across filesystems) and the guest gets an empty qcow2
+//!   overlay over it (`disks/<name>.qcow2`, written by [`overlay`] without `qemu-img`): QEMU
+//!   opens the backing disk read-only, so the image stays pristine and the guest's writes
+//!   are ephemeral, gone with the pod.
 //! - `emptyDisk`: a sparse raw file of `capacity` in the pod directory.
 //! - `cloudInitNoCloud`: a small FAT `cidata` disk built with `mkfs.vfat` and `mcopy`.
 //! - `hostDisk`: a file below the configured host-disk directory (checked without following
@@ -21,6 +22,11 @@
 //!
 //! Kernel and initrd of `kernelBoot.container` are hard-linked (copied across filesystems).
 //! Everything unsupported is a [`SpecError`], which the caller reports on the VMI.
+
+pub mod overlay;
+mod prepare;
+
+pub use prepare::{prepare_files, supports_direct_io};
 
 use std::path::{Path, PathBuf};
 
@@ -153,6 +159,16 @@ pub enum FileAction {
         /// Size in bytes.
         size: u64,
     },
+    /// Write an empty qcow2 overlay at `path` over `backing` (a file of the pod directory,
+    /// named relative to the overlay's directory in its header; QEMU opens it read-only).
+    Overlay {
+        /// The overlay.
+        path: PathBuf,
+        /// The backing disk.
+        backing: PathBuf,
+        /// The backing disk's format.
+        backing_format: DiskFormat,
+    },
     /// Build a NoCloud `cidata` FAT image holding these files.
     CloudInit {
         /// The image file.
@@ -166,7 +182,9 @@ impl FileAction {
     fn target(&self) -> &Path {
         match self {
             Self::Copy { to, .. } | Self::Link { to, .. } => to,
-            Self::Sparse { path, .. } | Self::CloudInit { path, .. } => path,
+            Self::Sparse { path, .. }
+            | Self::CloudInit { path, .. }
+            | Self::Overlay { path, .. } => path,
         }
     }
 
@@ -194,6 +212,15 @@ impl FileAction {
             Self::CloudInit { path, files } => Self::CloudInit {
                 path: map(path),
                 files: files.clone(),
+            },
+            Self::Overlay {
+                path,
+                backing,
+                backing_format,
+            } => Self::Overlay {
+                path: map(path),
+                backing: map(backing),
+                backing_format: *backing_format,
             },
         }
     }
@@ -562,12 +589,18 @@ fn volume_source(
         } else {
             "img"
         };
-        let to = disks_dir.join(format!("{name}.{ext}"));
-        files.push(FileAction::Copy {
+        let base = disks_dir.join("base").join(format!("{name}.{ext}"));
+        let overlay = disks_dir.join(format!("{name}.qcow2"));
+        files.push(FileAction::Link {
             from,
-            to: to.clone(),
+            to: base.clone(),
         });
-        return Ok(Source::at(to, format));
+        files.push(FileAction::Overlay {
+            path: overlay.clone(),
+            backing: base,
+            backing_format: format,
+        });
+        return Ok(Source::at(overlay, DiskFormat::Qcow2));
     }
     if let Some(empty) = &src.empty_disk {
         let size = quantity_bytes("emptyDisk.capacity", &empty.capacity)?;
@@ -858,117 +891,6 @@ fn parse_ipv4_cidr(cidr: &str) -> Option<(std::net::Ipv4Addr, u8)> {
     let len: u8 = len.parse().ok().filter(|l| *l <= 32)?;
     let mask = u32::MAX.checked_shl(32 - u32::from(len)).unwrap_or(0);
     Some(((u32::from(addr) & mask).into(), len))
-}
-
-/// Whether files in `dir` can be opened with `O_DIRECT` (false on tmpfs).
-pub fn supports_direct_io(dir: &Path) -> bool {
-    use std::os::unix::fs::OpenOptionsExt;
-    let probe = dir.join(".direct-io-probe");
-    let ok = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .custom_flags(nix::libc::O_DIRECT)
-        .open(&probe)
-        .is_ok();
-    let _ = std::fs::remove_file(&probe);
-    ok
-}
-
-/// Performs `files` in order; a target that exists already is left as it is.
-///
-/// # Errors
-/// [`SpecError::Prepare`] or [`SpecError::Tool`] for the first action that fails.
-pub fn prepare_files(files: &[FileAction]) -> Result<(), SpecError> {
-    for action in files {
-        let target = action.target();
-        if std::fs::symlink_metadata(target).is_ok() {
-            continue;
-        }
-        let io = |source| SpecError::Prepare {
-            path: target.to_owned(),
-            source,
-        };
-        if let Some(parent) = target.parent() {
-            std::fs::create_dir_all(parent).map_err(io)?;
-        }
-        let mut temporary = target.to_owned().into_os_string();
-        temporary.push(".preparing");
-        let temporary = PathBuf::from(temporary);
-        let _ = std::fs::remove_file(&temporary);
-        match action {
-            FileAction::Copy { from, .. } => {
-                std::fs::copy(from, &temporary).map_err(io)?;
-            }
-            FileAction::Link { from, .. } => {
-                if std::fs::hard_link(from, &temporary).is_err() {
-                    std::fs::copy(from, &temporary).map_err(io)?;
-                }
-            }
-            FileAction::Sparse { size, .. } => {
-                let file = std::fs::File::create(&temporary).map_err(io)?;
-                file.set_len(*size).map_err(io)?;
-            }
-            FileAction::CloudInit { files, .. } => build_cidata(&temporary, files)?,
-        }
-        std::fs::rename(&temporary, target).map_err(io)?;
-    }
-    Ok(())
-}
-
-fn run_tool(program: &str, args: &[&std::ffi::OsStr]) -> Result<(), SpecError> {
-    let output = std::process::Command::new(program)
-        .args(args)
-        .output()
-        .map_err(|e| SpecError::Tool {
-            program: program.to_owned(),
-            message: e.to_string(),
-        })?;
-    if output.status.success() {
-        Ok(())
-    } else {
-        Err(SpecError::Tool {
-            program: program.to_owned(),
-            message: String::from_utf8_lossy(&output.stderr).trim().to_owned(),
-        })
-    }
-}
-
-/// A 2 MiB FAT image labelled `cidata` with the NoCloud files.
-fn build_cidata(image: &Path, files: &[(String, String)]) -> Result<(), SpecError> {
-    let staging = image.with_extension("d");
-    let io = |source| SpecError::Prepare {
-        path: staging.clone(),
-        source,
-    };
-    std::fs::create_dir_all(&staging).map_err(io)?;
-    run_tool(
-        "mkfs.vfat",
-        &[
-            "-n".as_ref(),
-            "cidata".as_ref(),
-            "-C".as_ref(),
-            image.as_os_str(),
-            "2048".as_ref(),
-        ],
-    )?;
-    for (name, content) in files {
-        let local = staging.join(name);
-        std::fs::write(&local, content).map_err(io)?;
-        let dest = format!("::{name}");
-        run_tool(
-            "mcopy",
-            &[
-                "-o".as_ref(),
-                "-i".as_ref(),
-                image.as_os_str(),
-                local.as_os_str(),
-                dest.as_ref(),
-            ],
-        )?;
-    }
-    let _ = std::fs::remove_dir_all(&staging);
-    Ok(())
 }
 
 #[cfg(test)]

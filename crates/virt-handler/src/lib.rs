@@ -10,7 +10,8 @@
 //! kubelet's pod directory (`<kubelet pods dir>/<pod uid>/volumes/kubernetes.io~empty-dir/public/`,
 //! upstream's `/var/run/kubevirt` of the pod), never through the node agent.
 //!
-//! Directory layout below `data_dir`: `images/<name>/` (the image store) and `hostdisks/`
+//! Directory layout below `data_dir`: `images/<name>/` (the image store, with pulled layers
+//! cached by digest in `images/.blobs/`) and `hostdisks/`
 //! (the only place `hostDisk` volumes may point to). Directories there are `0700` and files
 //! `0600` whatever the umask ([`virt_launcher::private_fs`]).
 
@@ -91,6 +92,51 @@ fn create_state_dirs(config: &HandlerConfig) -> Result<(), HandlerError> {
     Ok(())
 }
 
+/// The parent of `pid`, from `/proc/<pid>/stat`.
+fn parent_of(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, rest) = stat.rsplit_once(") ")?;
+    rest.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// The node's network namespace when the handler runs in another one (a pod network):
+/// pid 1's, seen through the host PID namespace virt-handler runs in; where that one cannot
+/// be read (a sandboxed machine), the nearest ancestor's that differs from the handler's (the
+/// node agent or container runtime that started it runs in the node's). `None` when the
+/// handler already runs in the node's namespace or none can be read.
+fn node_network_namespace() -> Option<std::path::PathBuf> {
+    use std::os::unix::fs::MetadataExt;
+    let id = |path: &std::path::Path| std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()));
+    let own = id(std::path::Path::new("/proc/self/ns/net"))?;
+    let namespace_of = |pid: u32| std::path::PathBuf::from(format!("/proc/{pid}/ns/net"));
+    if let Some(init) = id(&namespace_of(1)) {
+        return (init != own).then(|| namespace_of(1));
+    }
+    let mut pid = std::process::id();
+    for _ in 0..8 {
+        pid = parent_of(pid).filter(|p| *p > 1)?;
+        let path = namespace_of(pid);
+        match id(&path) {
+            Some(theirs) if theirs != own => return Some(path),
+            _ => {}
+        }
+    }
+    None
+}
+
+/// The image store; pulls run in the node's network namespace when the handler runs in
+/// another, so a loopback registry is the node's loopback, as for kubelet's pulls.
+fn image_store(data_dir: &std::path::Path) -> images::ImageStore {
+    let store = images::ImageStore::new(data_dir);
+    match node_network_namespace() {
+        Some(namespace) => {
+            tracing::info!(namespace = %namespace.display(), "images are pulled in the node's network namespace");
+            store.pulling_in_network_namespace(&namespace)
+        }
+        None => store,
+    }
+}
+
 /// Runs the node agent until `cancel` fires. Launchers and their guests keep running when
 /// it returns: they live in their own process groups.
 ///
@@ -106,7 +152,7 @@ pub async fn run_handler(
         node_name: config.node_name.clone(),
         kubelet_pods_dir: config.kubelet_pods_dir.clone(),
         launcher_dir_in_pod: Some(PathBuf::from(kubevirt_api::constants::LAUNCHER_DIR)),
-        images: images::ImageStore::new(&config.data_dir),
+        images: image_store(&config.data_dir),
         host_disk_dir: config.host_disk_dir(),
         use_emulation: config.use_emulation,
         cluster: kubevirt_api::cluster_config::subscribe(

@@ -335,7 +335,7 @@ async fn fake_launchers_drive_vmis_to_running_succeeded_and_failed_and_survive_a
 }
 
 #[tokio::test]
-async fn a_missing_image_is_reported_as_a_sync_condition_and_the_vmi_stays_scheduled()
+async fn a_missing_image_is_reported_as_err_image_pull_and_the_vmi_stays_scheduled()
 -> anyhow::Result<()> {
     let cluster = Cluster::start().await?;
     let gamma = cluster.create_scheduled_vmi("gamma", POD_GAMMA).await?;
@@ -359,11 +359,12 @@ async fn a_missing_image_is_reported_as_a_sync_condition_and_the_vmi_stays_sched
         .as_array()
         .and_then(|c| c.iter().find(|c| c["type"] == "Synchronized").cloned())
         .context("condition")?;
-    assert_eq!(condition["reason"], "ImageNotFound");
+    // Not imported, so pulled from its registry (Docker Hub, where it does not exist).
+    assert_eq!(condition["reason"], "ErrImagePull");
     assert!(
-        condition["message"]
-            .as_str()
-            .is_some_and(|m| m.contains("kubevirt-rs images import")),
+        condition["message"].as_str().is_some_and(
+            |m| m.starts_with("Failed to pull image \"kubevirt-rs/test-guest:latest\"")
+        ),
         "{condition}"
     );
     release(&cluster, "gamma").await?;

@@ -378,6 +378,10 @@ fn handler_cluster_rules() -> Vec<PolicyRule> {
         // `devices.kubevirt.io/*` in the Node's capacity.
         rule(&[""], &["nodes/status"], &["patch"]),
         rule(&[""], &["configmaps"], GET_LIST_WATCH),
+        // Not upstream's: upstream's kubelet pulls containerDisks with the VMI's
+        // `imagePullSecret`; here virt-handler pulls them, so it reads that Secret by name
+        // (`get` only: it can neither list nor watch Secrets).
+        rule(&[""], &["secrets"], &["get"]),
         rule(&[""], &["events"], &["create", "patch"]),
         rule(
             &["apiextensions.k8s.io"],

@@ -18,9 +18,12 @@ fn fixture() -> Fixture {
     std::fs::create_dir_all(&hostdisks).unwrap();
     let src = tmp.path().join("src");
     std::fs::create_dir_all(&src).unwrap();
-    for name in ["vmlinux", "initramfs.cpio.gz", "guest.qcow2"] {
+    for name in ["vmlinux", "initramfs.cpio.gz"] {
         std::fs::write(src.join(name), name).unwrap();
     }
+    // A real (empty) qcow2 of 1 GiB: its overlay takes the size from its header.
+    let guest = super::overlay::overlay_bytes("none", "raw", 1 << 30).unwrap();
+    std::fs::write(src.join("guest.qcow2"), guest).unwrap();
     import(
         &data,
         "kubevirt-rs/test-guest:latest",
@@ -294,9 +297,24 @@ fn topology_memory_efi_and_disks_are_resolved() {
             .len(),
         2 << 30
     );
+    // The image's disk is linked in as the backing file of an overlay of its size.
+    let base = f.pod.join("disks/base/root.qcow2");
     assert_eq!(
-        std::fs::read_to_string(f.pod.join("disks/root.qcow2")).unwrap(),
-        "guest.qcow2"
+        super::overlay::virtual_size(&base, true).unwrap(),
+        1 << 30,
+        "the image's disk"
+    );
+    let overlay = f.pod.join("disks/root.qcow2");
+    assert_eq!(
+        super::overlay::virtual_size(&overlay, true).unwrap(),
+        1 << 30
+    );
+    let header = std::fs::read(&overlay).unwrap();
+    assert!(
+        header
+            .windows(b"base/root.qcow2".len())
+            .any(|w| w == b"base/root.qcow2"),
+        "the overlay names its backing file relative to itself"
     );
     assert_eq!(
         std::fs::metadata(f.pod.join("disks/host.img"))

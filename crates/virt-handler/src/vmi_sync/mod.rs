@@ -6,7 +6,8 @@
 //! one worker task ([`worker`]) fed the latest object through a `watch` channel. The worker
 //! finds the launcher pod in `status.activePods`, connects to
 //! `<pods dir>/<pod uid>/launcher.sock` ([`link`]), learns the domain state from the
-//! launcher's first event, sends `sync` with the spec built by
+//! launcher's first event, makes the VMI's images present ([`pull`]: pulled from their
+//! registries when missing, with kubelet's back-off), sends `sync` with the spec built by
 //! [`crate::launcher_spec::build_spec`] when the domain has not started, and turns every
 //! domain event into a VMI status patch ([`status`]). A VMI with a `deletionTimestamp` gets one
 //! `shutdown` with its grace period (ACPI power-down; the launcher kills QEMU afterwards).
@@ -26,6 +27,7 @@
 //!   create its socket keeps a Scheduled VMI waiting.
 
 pub mod link;
+pub mod pull;
 pub mod status;
 pub mod worker;
 

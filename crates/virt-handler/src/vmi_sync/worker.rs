@@ -15,6 +15,7 @@ use virt_launcher::protocol::{Command, DomainState, DomainStatus, UpMessage};
 
 use super::VmiSyncConfig;
 use super::link::LauncherLink;
+use super::pull::{PullBackoff, ensure_images};
 use super::status::{DomainFacts, Observation, desired_status, status_patch};
 use crate::launcher_spec::{
     FileAction, PreparedSpec, SpecContext, build_spec, prepare_files, supports_direct_io,
@@ -121,6 +122,7 @@ struct Follow {
     current: Arc<VirtualMachineInstance>,
     facts: DomainFacts,
     observation: Option<Observation>,
+    pull_backoff: PullBackoff,
 }
 
 /// How a launcher session ended.
@@ -152,6 +154,7 @@ pub async fn run(
             pod_interface: None,
         },
         observation: None,
+        pull_backoff: PullBackoff::default(),
     };
     tokio::select! {
         () = cancel.cancelled() => {}
@@ -260,20 +263,34 @@ impl Follow {
                 }
                 shutdown_sent = true;
             }
+            let pull_retry = self
+                .pull_backoff
+                .next_attempt()
+                .filter(|_| domain.state == DomainState::Pending && sync_id.is_none() && !deleting);
             tokio::select! {
+                () = sleep_until(pull_retry), if pull_retry.is_some() => {
+                    sync_id = self.sync(&mut link, dir).await;
+                }
                 message = link.recv() => match message {
                     None => return SessionEnd::Disconnected,
                     Some(UpMessage::Domain(status)) => {
                         domain = status.clone();
                         let first = self.facts.spec.is_none();
+                        let mut sync_failed = false;
                         if domain.state == DomainState::Pending && sync_id.is_none() && !deleting {
                             sync_id = self.sync(&mut link, dir).await;
+                            // A pending domain whose sync failed keeps its Synchronized=False
+                            // (ErrImagePull …): reporting the domain would clear it at once.
+                            sync_failed = sync_id.is_none()
+                                && matches!(self.observation, Some(Observation::SyncFailed(..)));
                         } else if first {
                             // Re-attached to a started domain: rebuild the spec for the
                             // status fields only (files exist; nothing is sent).
                             self.build(dir).await.ok();
                         }
-                        self.observe(Observation::Domain(status)).await;
+                        if !sync_failed {
+                            self.observe(Observation::Domain(status)).await;
+                        }
                         if domain.is_final() {
                             return SessionEnd::Final;
                         }
@@ -340,8 +357,55 @@ impl Follow {
         Ok(built)
     }
 
-    /// Builds, prepares and sends the spec; returns the sync command's id.
+    /// Makes the VMI's images present; on failure reports `ErrImagePull` /
+    /// `ImagePullBackOff` and returns false. During a back-off nothing is tried.
+    async fn pull_images(&mut self) -> bool {
+        let now = tokio::time::Instant::now();
+        if !self.pull_backoff.may_try(now) {
+            return false;
+        }
+        // A pull can take minutes: the VMI being deleted (or leaving) meanwhile abandons it.
+        let mut updates = self.vmi.clone();
+        let gone = async move {
+            loop {
+                let deleting = updates
+                    .borrow_and_update()
+                    .metadata
+                    .deletion_timestamp
+                    .is_some();
+                if deleting || updates.changed().await.is_err() {
+                    return;
+                }
+            }
+        };
+        let pulled = tokio::select! {
+            pulled = ensure_images(&self.client, &self.config.images, &self.current) => pulled,
+            () = gone => {
+                info!(vmi = %name(&self.current), "VMI deleted while its images were pulled; pull abandoned");
+                return false;
+            }
+        };
+        match pulled {
+            Ok(()) => {
+                self.pull_backoff.succeeded();
+                true
+            }
+            Err(failure) => {
+                let (reason, message) = self
+                    .pull_backoff
+                    .failed(tokio::time::Instant::now(), &failure);
+                warn!(vmi = %name(&self.current), image = %failure.image, %reason, %message, "image not available");
+                self.observe(Observation::SyncFailed(reason, message)).await;
+                false
+            }
+        }
+    }
+
+    /// Pulls the images, builds, prepares and sends the spec; returns the sync command's id.
     async fn sync(&mut self, link: &mut LauncherLink, dir: &Path) -> Option<u64> {
+        if !self.pull_images().await {
+            return None;
+        }
         let prepared = match self.build(dir).await {
             Ok(p) => p,
             Err(e) => {
@@ -450,7 +514,9 @@ fn restrict_prepared(pod_dir: &Path, files: &[FileAction]) {
     for action in files {
         let target = match action {
             FileAction::Copy { to, .. } | FileAction::Link { to, .. } => to,
-            FileAction::Sparse { path, .. } | FileAction::CloudInit { path, .. } => path,
+            FileAction::Sparse { path, .. }
+            | FileAction::CloudInit { path, .. }
+            | FileAction::Overlay { path, .. } => path,
         };
         if !target.starts_with(pod_dir) {
             continue;
@@ -465,6 +531,14 @@ fn restrict_prepared(pod_dir: &Path, files: &[FileAction]) {
             }
             parent = dir.parent();
         }
+    }
+}
+
+/// Sleeps until `at`; never returns without one (the branch is disabled then).
+async fn sleep_until(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
     }
 }
 

@@ -25,6 +25,15 @@ fn file_action_json(action: &FileAction) -> serde_json::Value {
         FileAction::Sparse { path, size } => {
             serde_json::json!({"sparse": {"path": p(path), "size": size}})
         }
+        FileAction::Overlay {
+            path,
+            backing,
+            backing_format,
+        } => serde_json::json!({"overlay": {
+            "path": p(path),
+            "backing": p(backing),
+            "backingFormat": backing_format,
+        }}),
         FileAction::CloudInit { path, files } => serde_json::json!({"cloudInit": {
             "path": p(path),
             "files": files.iter().map(|(n, c)| serde_json::json!({"name": n, "content": c})).collect::<Vec<_>>(),

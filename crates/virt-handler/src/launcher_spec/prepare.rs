@@ -1,0 +1,140 @@
+//! Performing the [`FileAction`]s of a [`super::PreparedSpec`] in the pod directory:
+//! copies, links, sparse files, qcow2 overlays ([`super::overlay`]) and cloud-init disks,
+//! each written under a temporary name and renamed, and left alone once it exists.
+
+use std::path::{Path, PathBuf};
+
+use virt_launcher::spec::DiskFormat;
+
+use super::{FileAction, SpecError, overlay};
+
+/// Whether files in `dir` can be opened with `O_DIRECT` (false on tmpfs).
+pub fn supports_direct_io(dir: &Path) -> bool {
+    use std::os::unix::fs::OpenOptionsExt;
+    let probe = dir.join(".direct-io-probe");
+    let ok = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .custom_flags(nix::libc::O_DIRECT)
+        .open(&probe)
+        .is_ok();
+    let _ = std::fs::remove_file(&probe);
+    ok
+}
+
+/// Performs `files` in order; a target that exists already is left as it is.
+///
+/// # Errors
+/// [`SpecError::Prepare`] or [`SpecError::Tool`] for the first action that fails.
+pub fn prepare_files(files: &[FileAction]) -> Result<(), SpecError> {
+    for action in files {
+        let target = action.target();
+        if std::fs::symlink_metadata(target).is_ok() {
+            continue;
+        }
+        let io = |source| SpecError::Prepare {
+            path: target.to_owned(),
+            source,
+        };
+        if let Some(parent) = target.parent() {
+            std::fs::create_dir_all(parent).map_err(io)?;
+        }
+        let mut temporary = target.to_owned().into_os_string();
+        temporary.push(".preparing");
+        let temporary = PathBuf::from(temporary);
+        let _ = std::fs::remove_file(&temporary);
+        match action {
+            FileAction::Copy { from, .. } => {
+                std::fs::copy(from, &temporary).map_err(io)?;
+            }
+            FileAction::Link { from, .. } => {
+                if std::fs::hard_link(from, &temporary).is_err() {
+                    std::fs::copy(from, &temporary).map_err(io)?;
+                }
+            }
+            FileAction::Sparse { size, .. } => {
+                let file = std::fs::File::create(&temporary).map_err(io)?;
+                file.set_len(*size).map_err(io)?;
+            }
+            FileAction::CloudInit { files, .. } => build_cidata(&temporary, files)?,
+            FileAction::Overlay {
+                backing,
+                backing_format,
+                ..
+            } => {
+                let qcow2 = *backing_format == DiskFormat::Qcow2;
+                let size = overlay::virtual_size(backing, qcow2).map_err(io)?;
+                let relative = target
+                    .parent()
+                    .and_then(|dir| backing.strip_prefix(dir).ok())
+                    .map(|r| r.display().to_string())
+                    .ok_or_else(|| {
+                        SpecError::Invalid(format!(
+                            "the backing disk {} is not beside its overlay",
+                            backing.display()
+                        ))
+                    })?;
+                let format = if qcow2 { "qcow2" } else { "raw" };
+                overlay::write_overlay(&temporary, &relative, format, size).map_err(io)?;
+            }
+        }
+        std::fs::rename(&temporary, target).map_err(io)?;
+    }
+    Ok(())
+}
+
+fn run_tool(program: &str, args: &[&std::ffi::OsStr]) -> Result<(), SpecError> {
+    let output = std::process::Command::new(program)
+        .args(args)
+        .output()
+        .map_err(|e| SpecError::Tool {
+            program: program.to_owned(),
+            message: e.to_string(),
+        })?;
+    if output.status.success() {
+        Ok(())
+    } else {
+        Err(SpecError::Tool {
+            program: program.to_owned(),
+            message: String::from_utf8_lossy(&output.stderr).trim().to_owned(),
+        })
+    }
+}
+
+/// A 2 MiB FAT image labelled `cidata` with the NoCloud files.
+fn build_cidata(image: &Path, files: &[(String, String)]) -> Result<(), SpecError> {
+    let staging = image.with_extension("d");
+    let io = |source| SpecError::Prepare {
+        path: staging.clone(),
+        source,
+    };
+    std::fs::create_dir_all(&staging).map_err(io)?;
+    run_tool(
+        "mkfs.vfat",
+        &[
+            "-n".as_ref(),
+            "cidata".as_ref(),
+            "-C".as_ref(),
+            image.as_os_str(),
+            "2048".as_ref(),
+        ],
+    )?;
+    for (name, content) in files {
+        let local = staging.join(name);
+        std::fs::write(&local, content).map_err(io)?;
+        let dest = format!("::{name}");
+        run_tool(
+            "mcopy",
+            &[
+                "-o".as_ref(),
+                "-i".as_ref(),
+                image.as_os_str(),
+                local.as_os_str(),
+                dest.as_ref(),
+            ],
+        )?;
+    }
+    let _ = std::fs::remove_dir_all(&staging);
+    Ok(())
+}
