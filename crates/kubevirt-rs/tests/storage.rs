@@ -283,5 +283,43 @@ spec:
         "Pending"
     );
     assert_eq!(get(&server, &["pod", "raw-user"], "{.spec.nodeName}"), "");
+
+    // A pod bound by name bypasses the scheduler: the node waits for its claim, retrying.
+    let node = get(&server, &["nodes"], "{.items[0].metadata.name}");
+    let pinned = pod("pinned", "later", false, &mount, &args).replace(
+        "spec:\n  restartPolicy",
+        &format!("spec:\n  nodeName: {node}\n  restartPolicy"),
+    );
+    server.apply(&pinned)?;
+    let waiting = |problem: &str| {
+        let expected = format!(
+            "ContainerCreating MountVolume.SetUp failed for volume \"data\" : error processing PVC default/later: {problem}"
+        );
+        wait_until(DEADLINE, &format!("the pod to wait for its claim: {problem}"), || {
+            let state = get(
+                &server,
+                &["pod", "pinned"],
+                "{.status.containerStatuses[0].state.waiting.reason} {.status.containerStatuses[0].state.waiting.message}",
+            );
+            (state == expected).then_some(())
+        })
+        .map_err(fail(&server))
+    };
+    waiting(r#"failed to fetch PVC from API server: persistentvolumeclaims "later" not found"#)?;
+    // A WaitForFirstConsumer claim of a pod that bypassed the scheduler stays unbound, as in
+    // kube.
+    server.apply(
+        r"apiVersion: v1
+kind: PersistentVolumeClaim
+metadata:
+  name: later
+spec:
+  accessModes: [ReadWriteOnce]
+  resources:
+    requests:
+      storage: 1Gi
+",
+    )?;
+    waiting("PVC is not bound")?;
     Ok(())
 }
