@@ -322,7 +322,7 @@ impl Informers {
             informer::spawn(Api::<K>::all(client.clone()), n, cancel.clone())
         }
         Informers {
-            pods: all(client, 5, cancel),
+            pods: all(client, 6, cancel),
             replica_sets: all(client, 2, cancel),
             deployments: all(client, 1, cancel),
             daemon_sets: all(client, 1, cancel),
@@ -406,8 +406,8 @@ pub async fn run(client: kube::Client, config: Config, cancel: CancellationToken
         volumes,
         classes,
     } = informers;
-    let (Ok([p0, p1, p2, p3, p4]), Ok([r0, r1])) = (
-        <[_; 5]>::try_from(pods.receivers),
+    let (Ok([p0, p1, p2, p3, p4, p5]), Ok([r0, r1])) = (
+        <[_; 6]>::try_from(pods.receivers),
         <[_; 2]>::try_from(replica_sets.receivers),
     ) else {
         return;
@@ -471,6 +471,7 @@ pub async fn run(client: kube::Client, config: Config, cancel: CancellationToken
         ),
         volume::run(
             ctx,
+            p5,
             claims.receivers,
             volumes.receivers,
             classes.receivers,

@@ -274,3 +274,48 @@ async fn a_deleted_claim_never_deletes_a_directory_the_provisioner_did_not_make(
     );
     assert!(precious.join("keep").exists());
 }
+
+#[tokio::test]
+async fn a_claim_used_by_a_pod_is_deleted_only_once_the_pod_is_gone() {
+    let h = Harness::start().await;
+    h.create(&h.claims(), claim("data", "manual", "1Gi")).await;
+    eventually("the claim to be protected", || async {
+        let c = h.claims().get("data").await.ok()?;
+        c.metadata
+            .finalizers?
+            .contains(&"kubernetes.io/pvc-protection".to_owned())
+            .then_some(())
+    })
+    .await;
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(h.client(), NS);
+    h.create(
+        &pods,
+        json!({"metadata": {"name": "user", "namespace": NS},
+            "spec": {"containers": [{"name": "c", "image": "x"}],
+                "volumes": [{"name": "v", "persistentVolumeClaim": {"claimName": "data"}}]}}),
+    )
+    .await;
+    h.claims()
+        .delete("data", &DeleteParams::default())
+        .await
+        .expect("delete claim");
+    // Still there while the pod is: being deleted, its finalizer kept.
+    let kept = eventually("the claim to be marked deleted", || async {
+        let c = h.claims().get("data").await.ok()?;
+        c.metadata.deletion_timestamp.is_some().then_some(c)
+    })
+    .await;
+    assert!(kept.metadata.finalizers.is_some_and(|f| !f.is_empty()));
+    pods.delete("user", &DeleteParams::default().grace_period(0))
+        .await
+        .expect("delete pod");
+    eventually("the claim to be gone", || async {
+        h.claims()
+            .get_opt("data")
+            .await
+            .ok()?
+            .is_none()
+            .then_some(())
+    })
+    .await;
+}

@@ -2,8 +2,8 @@
 //! class `local` (WaitForFirstConsumer); a pod using it makes the scheduler select its node,
 //! the local provisioner make `pvc-<uid>` below the node's data directory and bind it, and the
 //! node mount it. What a pod writes there outlives the pod and is seen by the next pod of the
-//! claim; a `readOnly` claim cannot be written; deleting the claim deletes the volume and its
-//! directory. A missing claim and a `Block` claim stay Pending with kube's messages. The pods
+//! claim; a `readOnly` claim cannot be written; a claim in use waits for its pod to go
+//! (pvc-protection), and deleting the claim deletes the volume and its directory. A missing claim and a `Block` claim stay Pending with kube's messages. The pods
 //! run the project's own image (`kubevirt-rs apiserver` as a long-running process that writes
 //! its files into the volume, `kubevirt-rs manifests` as a short one).
 
@@ -188,6 +188,9 @@ spec:
     server.ok(&["delete", "pod", "writer", "--wait=true"])?;
     assert_eq!(std::fs::read(&ca)?, first_ca, "the files outlive the pod");
 
+    // readOnly is honoured: writing fails, the pod fails.
+    read_only_pod_fails(&server, &mount, &dir)?;
+
     // The next pod of the claim sees them: its API server keeps the CA it finds.
     server.apply(&pod(
         "again",
@@ -208,13 +211,21 @@ spec:
         first_ca,
         "the second pod used the first one's CA"
     );
+
+    // A claim in use is kept (pvc-protection) until its pod is gone; then deleting it
+    // deletes the volume and its directory.
+    server.ok(&["delete", "pvc", "data", "--wait=false"])?;
+    wait_until(DEADLINE, "the claim to be marked deleted", || {
+        let deleted = get(&server, &["pvc", "data"], "{.metadata.deletionTimestamp}");
+        (!deleted.is_empty()).then_some(())
+    })
+    .map_err(fail(&server))?;
+    assert_eq!(
+        get(&server, &["pvc", "data"], "{.metadata.finalizers}"),
+        r#"["kubernetes.io/pvc-protection"]"#
+    );
+    assert!(dir.join("api/kubeconfig").exists());
     server.ok(&["delete", "pod", "again", "--wait=true"])?;
-
-    // readOnly is honoured: writing fails, the pod fails.
-    read_only_pod_fails(&server, &mount, &dir)?;
-
-    // Deleting the claim deletes the volume and its directory.
-    server.ok(&["delete", "pvc", "data", "--wait=true"])?;
     wait_until(
         DEADLINE,
         "the volume and its directory to be deleted",

@@ -183,7 +183,7 @@ pub(super) async fn reconcile(
     ctx: Arc<Context>,
 ) -> Result<Action, Error> {
     super::forget_events(&ctx);
-    if claim.metadata.deletion_timestamp.is_some() {
+    if super::protection::sync(&ctx, &claim).await? {
         return Ok(Action::await_change());
     }
     let volumes = ctx.volumes.state();

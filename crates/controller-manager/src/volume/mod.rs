@@ -6,8 +6,10 @@
 //! ```text
 //!  claims, volumes, classes (informers)
 //!     │ a claim wakes itself and the volume it names (or `pvc-<uid>`); a volume wakes
-//!     │ itself and the claim of its claimRef; a class wakes its claims
+//!     │ itself and the claim of its claimRef; a class wakes its claims; a pod its claims
 //!     ▼
+//!  protection.rs  kube's pvc-protection: the `kubernetes.io/pvc-protection` finalizer on
+//!             every claim, removed once a claim being deleted is used by no pod
 //!  claim.rs   unbound claim → a matching volume ([`binder`]) or, for the local class
 //!             (Immediate, or WaitForFirstConsumer once the scheduler annotated the node),
 //!             a new volume `pvc-<uid>` pre-bound to it → bind: volume claimRef, claim
@@ -22,16 +24,24 @@
 //!   volume whose `claimRef` names it.
 //! - A volume is released only after a live read confirms its claim is gone (the cache may
 //!   lag), and only a directory the provisioner made is deleted ([`provisioner`]).
+//! - A claim used by a pod that is not finished is not deleted (its finalizer stays until a
+//!   live list of the namespace's pods confirms no pod uses it), so a volume is never
+//!   deleted under a running pod.
 //! - `volumeMode: Block` is refused for the local class with a `ProvisioningFailed` event;
 //!   the claim stays `Pending`.
 //!
 //! # Caveats
 //! - Claims with a label `selector` bind only to the volume they name or that names them.
 //! - Each distinct event is recorded once per claim (no counts, no aggregation).
+//! - The protection finalizer is added by this controller, not at admission: a claim deleted
+//!   in the moment before its first pass is not protected (nor is any claim when the
+//!   controller-manager does not run, which also means no claim waits for it). Volumes get no
+//!   `kubernetes.io/pv-protection`.
 //! - Resizing, volume attributes classes and data sources are not implemented.
 
 pub mod binder;
 mod claim;
+mod protection;
 pub mod provisioner;
 mod reclaim;
 
@@ -41,7 +51,7 @@ use std::sync::{Arc, Mutex};
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{
-    Event, EventSource, ObjectReference, PersistentVolume, PersistentVolumeClaim,
+    Event, EventSource, ObjectReference, PersistentVolume, PersistentVolumeClaim, Pod,
 };
 use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -79,6 +89,7 @@ pub(crate) struct State {
 /// Runs the claim and volume controllers until `cancel` fires.
 pub(crate) async fn run(
     ctx: Arc<Context>,
+    pods: UnboundedReceiver<Seen<Pod>>,
     claims: Vec<UnboundedReceiver<Seen<PersistentVolumeClaim>>>,
     volumes: Vec<UnboundedReceiver<Seen<PersistentVolume>>>,
     classes: Vec<UnboundedReceiver<Seen<StorageClass>>>,
@@ -125,8 +136,14 @@ pub(crate) async fn run(
                 .collect();
             futures::stream::iter(keys)
         });
-        futures::stream::select(futures::stream::select(own, from_volumes), from_classes)
-            .map(Ok::<_, Infallible>)
+        // A pod that stops using its claims (deleted, finished) may release their protection.
+        let from_pods = UnboundedReceiverStream::new(pods)
+            .flat_map(|seen| futures::stream::iter(protection::claims_of(&seen.object)));
+        futures::stream::select(
+            futures::stream::select(own, from_volumes),
+            futures::stream::select(from_classes, from_pods),
+        )
+        .map(Ok::<_, Infallible>)
     };
     let volume_keys = {
         let own = UnboundedReceiverStream::new(volumes_b).filter_map(|seen| {
