@@ -319,3 +319,51 @@ async fn a_claim_used_by_a_pod_is_deleted_only_once_the_pod_is_gone() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn a_claim_naming_its_volume_binds_it_and_one_naming_a_taken_volume_waits() {
+    let h = Harness::start().await;
+    let dir = h.storage.path().join("manual");
+    h.create(
+        &h.volumes(),
+        host_volume("wanted", "5Gi", &dir.join("w"), "Retain"),
+    )
+    .await;
+    let mut named = claim("first", "manual", "1Gi");
+    named["spec"]["volumeName"] = json!("wanted");
+    h.create(&h.claims(), named).await;
+    let (c, v) = bound(&h, "first").await;
+    assert_eq!(v.metadata.name.as_deref(), Some("wanted"));
+    assert_eq!(
+        c.metadata
+            .annotations
+            .unwrap_or_default()
+            .get("pv.kubernetes.io/bound-by-controller"),
+        None,
+        "the user bound it"
+    );
+    let mut late = claim("second", "manual", "1Gi");
+    late["spec"]["volumeName"] = json!("wanted");
+    h.create(&h.claims(), late).await;
+    let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(h.client(), NS);
+    let message = eventually("the second claim to be refused", || async {
+        let list = events.list(&Default::default()).await.ok()?;
+        list.items
+            .into_iter()
+            .find(|e| {
+                e.involved_object.name.as_deref() == Some("second")
+                    && e.reason.as_deref() == Some("FailedBinding")
+            })
+            .and_then(|e| e.message)
+    })
+    .await;
+    assert_eq!(
+        message,
+        "volume \"wanted\" already bound to a different claim."
+    );
+    let second = h.claims().get("second").await.expect("claim");
+    assert_eq!(
+        second.status.and_then(|s| s.phase).as_deref(),
+        Some("Pending")
+    );
+}

@@ -117,7 +117,6 @@ async fn bind(
     volume: &PersistentVolume,
 ) -> Result<(), Error> {
     let volume_name = volume.name_any();
-    let mut by_controller = false;
     let volume = if binder::is_bound_to(volume, claim)
         && volume
             .spec
@@ -141,7 +140,6 @@ async fn bind(
         updated
             .annotations_mut()
             .insert(BOUND_BY_CONTROLLER.into(), "yes".into());
-        by_controller = true;
         Api::<PersistentVolume>::all(ctx.client.clone())
             .replace(&volume_name, &PostParams::default(), &updated)
             .await
@@ -155,7 +153,9 @@ async fn bind(
     } else {
         let mut annotations = serde_json::Map::new();
         annotations.insert(BIND_COMPLETED.into(), "yes".into());
-        if by_controller || !named {
+        // As kube: on the claim when this controller chose its volume, on the volume when
+        // it set the claimRef.
+        if !named {
             annotations.insert(BOUND_BY_CONTROLLER.into(), "yes".into());
         }
         // A merge patch: only this controller writes a claim's volumeName, and the volume's
@@ -289,12 +289,15 @@ async fn bind_named(
             format!("Cannot bind to requested volume \"{name}\": it does not match the claim");
         record(ctx, claim, true, "VolumeMismatch", &message).await;
         set_claim_phase(ctx, claim, "Pending", None).await?;
-    } else {
+    } else if annotation(claim, BIND_COMPLETED) == Some("yes") {
         let message = "Two claims are bound to the same volume, this one is bound incorrectly";
-        if phase(claim) == "Bound" {
-            record(ctx, claim, true, "ClaimMisbound", message).await;
-        }
+        record(ctx, claim, true, "ClaimMisbound", message).await;
         set_claim_phase(ctx, claim, "Lost", None).await?;
+    } else {
+        // Asked for a volume another claim holds: it waits, as kube's binder lets it.
+        let message = format!("volume \"{name}\" already bound to a different claim.");
+        record(ctx, claim, true, "FailedBinding", &message).await;
+        set_claim_phase(ctx, claim, "Pending", None).await?;
     }
     Ok(Action::await_change())
 }
