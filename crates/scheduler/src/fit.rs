@@ -32,6 +32,8 @@ pub enum Unfit {
     Insufficient(String),
     /// A bound volume of the pod cannot be used on the node (its node affinity).
     VolumeNodeAffinityConflict,
+    /// An unbound claim of the pod has no volume it could bind on the node.
+    NoVolumeToBind,
 }
 
 impl std::fmt::Display for Unfit {
@@ -46,6 +48,12 @@ impl std::fmt::Display for Unfit {
             Unfit::Insufficient(r) => write!(f, "Insufficient {r}"),
             Unfit::VolumeNodeAffinityConflict => {
                 write!(f, "node(s) had volume node affinity conflict")
+            }
+            Unfit::NoVolumeToBind => {
+                write!(
+                    f,
+                    "node(s) didn't find available persistent volumes to bind"
+                )
             }
         }
     }

@@ -39,7 +39,6 @@
 //!   `kubernetes.io/pv-protection`.
 //! - Resizing, volume attributes classes and data sources are not implemented.
 
-pub mod binder;
 mod claim;
 mod protection;
 pub mod provisioner;
@@ -64,6 +63,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::Context;
 use crate::informer::Seen;
+pub use kubevirt_scheduler::volume_binding::binder;
 pub use provisioner::{LocalStorage, PROVISIONER};
 
 /// The annotation the scheduler puts on a `WaitForFirstConsumer` claim: its node.

@@ -6,15 +6,19 @@
 //!   `Immediate` class (or of no class) makes the pod wait for the PV controller (`pod has
 //!   unbound immediate PersistentVolumeClaims`); a bound claim's volume must exist.
 //! - Filter ([`PodVolumes::admits`]): a node must satisfy the node affinity of every bound
-//!   volume (`node(s) had volume node affinity conflict`).
+//!   volume (`node(s) had volume node affinity conflict`), and each unbound
+//!   `WaitForFirstConsumer` claim must have a matching available volume there ([`binder`])
+//!   unless its class provisions (`node(s) didn't find available persistent volumes to
+//!   bind`).
 //! - Reserve / PreBind: unbound claims of a `WaitForFirstConsumer` class get the chosen node
 //!   as [`SELECTED_NODE`]; the pod is bound only once all its claims are `Bound` (the
 //!   provisioned volume's affinity then pins the pod to the selected node).
 //!
 //! # Caveats
-//! - The node of a `WaitForFirstConsumer` claim is chosen without looking at pre-created
-//!   volumes or storage capacity; the PV controller binds a matching volume on that node if
-//!   there is one, else provisions.
+//! - Storage capacity and `allowedTopologies` are not considered: a class with a provisioner
+//!   is assumed to provision on every node; the PV controller binds a matching volume on the
+//!   chosen node if there is one, else provisions.
+//! - Two claims of one pod may be counted on the same pre-created volume.
 //! - A pod waiting for its claims holds no resources of the node it was given.
 
 use std::sync::Arc;
@@ -26,6 +30,11 @@ use crate::fit::Unfit;
 
 /// The annotation naming the node of a `WaitForFirstConsumer` claim.
 pub const SELECTED_NODE: &str = "volume.kubernetes.io/selected-node";
+
+/// The provisioner of classes whose volumes are all created in advance.
+pub const NO_PROVISIONER: &str = "kubernetes.io/no-provisioner";
+
+pub mod binder;
 
 /// The claims, volumes and classes the scheduler sees.
 #[derive(Clone, Copy, Default)]
@@ -42,6 +51,10 @@ pub struct PodVolumes {
     pub bound: Vec<Arc<PersistentVolume>>,
     /// Its unbound `WaitForFirstConsumer` claims with no node yet (namespace, name).
     pub to_select: Vec<(String, String)>,
+    /// Those of them whose class does not provision: they need a pre-created volume.
+    pub need_volume: Vec<Arc<PersistentVolumeClaim>>,
+    /// The volumes the scheduler sees (for [`PodVolumes::admits`]).
+    pub volumes: Vec<Arc<PersistentVolume>>,
     /// An unbound `WaitForFirstConsumer` claim already has its node: wait for its binding.
     pub binding: bool,
 }
@@ -52,39 +65,22 @@ impl PodVolumes {
     /// # Errors
     /// [`Unfit::VolumeNodeAffinityConflict`] when it does not.
     pub fn admits(&self, node: &Node) -> Result<(), Unfit> {
-        if self.bound.iter().all(|v| affinity_admits(v, node)) {
-            Ok(())
-        } else {
-            Err(Unfit::VolumeNodeAffinityConflict)
+        if !self
+            .bound
+            .iter()
+            .all(|v| binder::node_affinity_admits(v, node))
+        {
+            return Err(Unfit::VolumeNodeAffinityConflict);
         }
+        if !self
+            .need_volume
+            .iter()
+            .all(|c| binder::find_match(&self.volumes, c, Some(node)).is_some())
+        {
+            return Err(Unfit::NoVolumeToBind);
+        }
+        Ok(())
     }
-}
-
-fn affinity_admits(volume: &PersistentVolume, node: &Node) -> bool {
-    let Some(required) = volume
-        .spec
-        .as_ref()
-        .and_then(|s| s.node_affinity.as_ref())
-        .and_then(|a| a.required.as_ref())
-    else {
-        return true;
-    };
-    let pod = Pod {
-        spec: Some(k8s_openapi::api::core::v1::PodSpec {
-            affinity: Some(k8s_openapi::api::core::v1::Affinity {
-                node_affinity: Some(k8s_openapi::api::core::v1::NodeAffinity {
-                    required_during_scheduling_ignored_during_execution: Some(required.clone()),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
-    pod.spec
-        .as_ref()
-        .is_some_and(|spec| crate::fit::node_selectors_match(spec, node))
 }
 
 /// The PreFilter (see the module docs): the pod's claims as the scheduler must treat them,
@@ -134,12 +130,12 @@ pub fn pre_filter(pod: &Pod, seen: Volumes<'_>) -> Result<PodVolumes, String> {
             .as_ref()
             .and_then(|s| s.storage_class_name.as_deref())
             .unwrap_or_default();
-        let waits = seen
+        let class = seen
             .classes
             .iter()
-            .find(|c| c.metadata.name.as_deref() == Some(class))
-            .and_then(|c| c.volume_binding_mode.as_deref())
-            == Some("WaitForFirstConsumer");
+            .find(|c| c.metadata.name.as_deref() == Some(class));
+        let waits =
+            class.and_then(|c| c.volume_binding_mode.as_deref()) == Some("WaitForFirstConsumer");
         if !waits {
             unbound_immediate = true;
         } else if claim
@@ -151,6 +147,9 @@ pub fn pre_filter(pod: &Pod, seen: Volumes<'_>) -> Result<PodVolumes, String> {
             out.binding = true;
         } else {
             out.to_select.push((namespace.to_owned(), name.to_owned()));
+            if class.is_some_and(|c| c.provisioner == NO_PROVISIONER) {
+                out.need_volume.push(claim.clone());
+            }
         }
     }
     if unbound_immediate {
@@ -158,6 +157,9 @@ pub fn pre_filter(pod: &Pod, seen: Volumes<'_>) -> Result<PodVolumes, String> {
     }
     if missing_volume {
         return Err("pvc(s) bound to non-existent pv(s)".into());
+    }
+    if !out.need_volume.is_empty() {
+        out.volumes = seen.volumes.to_vec();
     }
     Ok(out)
 }
@@ -294,6 +296,39 @@ mod tests {
         assert_eq!(
             pre_filter(&pod(&["data"]), no_volume).expect_err("missing"),
             "pvc(s) bound to non-existent pv(s)"
+        );
+    }
+
+    #[test]
+    fn a_claim_of_a_class_without_provisioner_needs_a_volume_on_the_node() {
+        let classes = [Arc::new(
+            serde_json::from_value::<StorageClass>(json!({"metadata": {"name": "local"},
+                "provisioner": NO_PROVISIONER, "volumeBindingMode": "WaitForFirstConsumer"}))
+            .expect("class"),
+        )];
+        let claims = [claim(
+            "data",
+            json!({"spec": {"accessModes": ["ReadWriteOnce"],
+                "resources": {"requests": {"storage": "1Gi"}}}}),
+        )];
+        let volumes = [Arc::new(
+            serde_json::from_value::<PersistentVolume>(json!({"metadata": {"name": "on-n2"},
+                "spec": {"storageClassName": "local", "accessModes": ["ReadWriteOnce"],
+                    "capacity": {"storage": "10Gi"}, "local": {"path": "/mnt/disk"},
+                    "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
+                        {"key": "kubernetes.io/hostname", "operator": "In", "values": ["n2"]}]}]}}}}))
+            .expect("pv"),
+        )];
+        let seen = Volumes {
+            claims: &claims,
+            volumes: &volumes,
+            classes: &classes,
+        };
+        let v = pre_filter(&pod(&["data"]), seen).expect("schedulable");
+        assert!(v.admits(&node("n2")).is_ok());
+        assert_eq!(
+            v.admits(&node("n1")).expect_err("no volume").to_string(),
+            "node(s) didn't find available persistent volumes to bind"
         );
     }
 }

@@ -1,6 +1,7 @@
 //! Pure matching of claims and volumes, as kube's PV binder (`pkg/controller/volume/
 //! persistentvolume`, `FindMatchingVolume`) decides it: which PersistentVolume satisfies a
-//! PersistentVolumeClaim.
+//! PersistentVolumeClaim. Shared by the scheduler's volume filter and the controller-manager's
+//! PV controller, as kube shares it between the two.
 //!
 //! A volume matches a claim when it is not being deleted, is not bound to another claim
 //! (a `claimRef` naming this claim — by name and namespace, and by uid when the ref has one
