@@ -247,6 +247,100 @@ impl Admission for ServiceAccountAdmission {
     }
 }
 
+/// The annotation that makes a StorageClass the default one.
+pub const DEFAULT_CLASS_ANNOTATION: &str = "storageclass.kubernetes.io/is-default-class";
+
+/// The beta spelling of [`DEFAULT_CLASS_ANNOTATION`], still honoured by kube.
+const BETA_DEFAULT_CLASS_ANNOTATION: &str = "storageclass.beta.kubernetes.io/is-default-class";
+
+/// kube-apiserver's `DefaultStorageClass` admission plugin: a PersistentVolumeClaim created
+/// without `spec.storageClassName` (absent or null; an empty string asks for no class) gets
+/// the default StorageClass, the one annotated [`DEFAULT_CLASS_ANNOTATION`]`: "true"`. With
+/// several defaults the newest wins (ties: the name first in order), as in kube ≥ 1.26; with
+/// none the claim keeps no class.
+pub struct DefaultStorageClass {
+    store: kubevirt_store::Store,
+}
+
+impl DefaultStorageClass {
+    /// The plugin, reading StorageClasses from `store`.
+    pub fn new(store: kubevirt_store::Store) -> DefaultStorageClass {
+        DefaultStorageClass { store }
+    }
+}
+
+/// Whether `class` is marked as the default class.
+fn is_default_class(class: &Value) -> bool {
+    let annotations = &class["metadata"]["annotations"];
+    [DEFAULT_CLASS_ANNOTATION, BETA_DEFAULT_CLASS_ANNOTATION]
+        .iter()
+        .any(|a| annotations[*a].as_str() == Some("true"))
+}
+
+/// The default class among `classes` (pure): the newest marked one, ties by name.
+pub fn default_class(classes: &[Value]) -> Option<&str> {
+    classes
+        .iter()
+        .filter(|c| is_default_class(c))
+        .max_by(|a, b| {
+            let created = |c: &Value| {
+                c["metadata"]["creationTimestamp"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned()
+            };
+            let name = |c: &'_ Value| {
+                c["metadata"]["name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned()
+            };
+            // RFC 3339 in UTC with whole seconds orders as text; the smaller name wins a tie.
+            created(a)
+                .cmp(&created(b))
+                .then_with(|| name(b).cmp(&name(a)))
+        })
+        .and_then(|c| c["metadata"]["name"].as_str())
+}
+
+#[async_trait::async_trait]
+impl Admission for DefaultStorageClass {
+    async fn admit(
+        &self,
+        phase: Phase,
+        request: &AdmissionRequest<'_>,
+        object: &mut Value,
+    ) -> Result<Vec<String>, ApiError> {
+        let info = request.resource;
+        if phase != Phase::Mutating
+            || request.operation != Operation::Create
+            || request.subresource.is_some()
+            || !info.group.is_empty()
+            || info.plural != "persistentvolumeclaims"
+        {
+            return Ok(Vec::new());
+        }
+        // A malformed spec is validation's to refuse; a class already named (even "") stays.
+        let Some(spec) = object.get_mut("spec").and_then(Value::as_object_mut) else {
+            return Ok(Vec::new());
+        };
+        if spec.get("storageClassName").is_some_and(|c| !c.is_null()) {
+            return Ok(Vec::new());
+        }
+        let classes: Vec<Value> = self
+            .store
+            .list("/registry/storage.k8s.io/storageclasses/", None, None)
+            .records
+            .iter()
+            .filter_map(|r| serde_json::from_slice(&r.value).ok())
+            .collect();
+        if let Some(name) = default_class(&classes) {
+            spec.insert("storageClassName".into(), name.into());
+        }
+        Ok(Vec::new())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -320,5 +414,39 @@ mod tests {
         let s = random_suffix();
         assert_eq!(s.len(), 5);
         assert!(s.bytes().all(|b| SUFFIX_ALPHABET.contains(&b)));
+    }
+
+    #[test]
+    fn the_newest_default_class_wins_and_unmarked_classes_never_do() {
+        let class = |name: &str, default: Option<&str>, created: &str| {
+            let mut c = json!({"metadata": {"name": name, "creationTimestamp": created}});
+            if let Some(v) = default {
+                c["metadata"]["annotations"] = json!({DEFAULT_CLASS_ANNOTATION: v});
+            }
+            c
+        };
+        assert_eq!(default_class(&[]), None);
+        assert_eq!(
+            default_class(&[class("fast", None, "2026-01-01T00:00:00Z")]),
+            None
+        );
+        assert_eq!(
+            default_class(&[class("fast", Some("false"), "2026-01-01T00:00:00Z")]),
+            None
+        );
+        let classes = [
+            class("old", Some("true"), "2026-01-01T00:00:00Z"),
+            class("new", Some("true"), "2026-02-01T00:00:00Z"),
+            class("newest-but-not-default", None, "2026-03-01T00:00:00Z"),
+        ];
+        assert_eq!(default_class(&classes), Some("new"));
+        let tie = [
+            class("b", Some("true"), "2026-01-01T00:00:00Z"),
+            class("a", Some("true"), "2026-01-01T00:00:00Z"),
+        ];
+        assert_eq!(default_class(&tie), Some("a"));
+        let beta = json!({"metadata": {"name": "beta", "annotations": {
+            "storageclass.beta.kubernetes.io/is-default-class": "true"}}});
+        assert_eq!(default_class(&[beta]), Some("beta"));
     }
 }

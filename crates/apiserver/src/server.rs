@@ -314,6 +314,11 @@ pub async fn start(config: Config) -> Result<RunningServer, ServerError> {
         )));
     state
         .admission
+        .push(Arc::new(crate::admission::DefaultStorageClass::new(
+            state.store.clone(),
+        )));
+    state
+        .admission
         .push(Arc::new(crate::webhook::WebhookAdmission::new(
             state.store.clone(),
             pki.ca_pem.clone().into_bytes(),

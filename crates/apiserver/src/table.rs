@@ -123,15 +123,8 @@ pub fn columns(info: &ResourceInfo) -> Vec<Value> {
         ],
         ("", "configmaps") => vec![name, i("Data"), age],
         ("", "secrets") => vec![name, s("Type"), i("Data"), age],
-        ("", "persistentvolumeclaims") => vec![
-            name,
-            s("Status"),
-            s("Volume"),
-            s("Capacity"),
-            s("Access Modes"),
-            s("StorageClass"),
-            age,
-        ],
+        ("", "persistentvolumeclaims" | "persistentvolumes")
+        | ("storage.k8s.io", "storageclasses") => storage_columns(&info.plural, name, age),
         ("", "events") => vec![
             s("Last Seen"),
             s("Type"),
@@ -340,6 +333,125 @@ fn apps_cells(plural: &str, o: &Value, now: jiff::Timestamp) -> Vec<Value> {
     }
 }
 
+/// The columns of claims, volumes and classes, as kube's printers define them.
+fn storage_columns(plural: &str, name: Value, age: Value) -> Vec<Value> {
+    let s = |n: &str| col(n, "string", 0);
+    let w = |n: &str| col(n, "string", 1);
+    match plural {
+        "persistentvolumeclaims" => vec![
+            name,
+            s("Status"),
+            s("Volume"),
+            s("Capacity"),
+            s("Access Modes"),
+            s("StorageClass"),
+            s("VolumeAttributesClass"),
+            age,
+            w("VolumeMode"),
+        ],
+        "persistentvolumes" => vec![
+            name,
+            s("Capacity"),
+            s("Access Modes"),
+            s("Reclaim Policy"),
+            s("Status"),
+            s("Claim"),
+            s("StorageClass"),
+            s("VolumeAttributesClass"),
+            s("Reason"),
+            age,
+            w("VolumeMode"),
+        ],
+        _ => vec![
+            name,
+            s("Provisioner"),
+            s("ReclaimPolicy"),
+            s("VolumeBindingMode"),
+            s("AllowVolumeExpansion"),
+            age,
+        ],
+    }
+}
+
+/// `RWO,ROX,RWX,RWOP` as kubectl abbreviates access modes.
+fn access_modes(modes: &Value) -> Value {
+    let short: Vec<&str> = modes
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .map(|m| match m {
+            "ReadWriteOnce" => "RWO",
+            "ReadOnlyMany" => "ROX",
+            "ReadWriteMany" => "RWX",
+            "ReadWriteOncePod" => "RWOP",
+            other => other,
+        })
+        .collect();
+    json!(short.join(","))
+}
+
+/// The cells after the name of claims, volumes and classes; a default class's name reads
+/// `<name> (default)`, as kubectl prints it.
+fn storage_cells(plural: &str, o: &Value, now: jiff::Timestamp, row: &mut [Value]) -> Vec<Value> {
+    let created = &o["metadata"]["creationTimestamp"];
+    let mode = |v: &Value| json!(v.as_str().unwrap_or("Filesystem"));
+    match plural {
+        "persistentvolumeclaims" => vec![
+            json!(str_at(o, &["status", "phase"])),
+            json!(str_at(o, &["spec", "volumeName"])),
+            json!(str_at(o, &["status", "capacity", "storage"])),
+            access_modes(&o["status"]["accessModes"]),
+            or_none(str_at(o, &["spec", "storageClassName"])),
+            or_none(str_at(o, &["spec", "volumeAttributesClassName"])),
+            age(created, now),
+            mode(&o["spec"]["volumeMode"]),
+        ],
+        "persistentvolumes" => {
+            let claim = match (
+                str_at(o, &["spec", "claimRef", "namespace"]),
+                str_at(o, &["spec", "claimRef", "name"]),
+            ) {
+                (_, "") => String::new(),
+                (ns, name) => format!("{ns}/{name}"),
+            };
+            vec![
+                json!(str_at(o, &["spec", "capacity", "storage"])),
+                access_modes(&o["spec"]["accessModes"]),
+                json!(str_at(o, &["spec", "persistentVolumeReclaimPolicy"])),
+                json!(str_at(o, &["status", "phase"])),
+                json!(claim),
+                json!(str_at(o, &["spec", "storageClassName"])),
+                or_none(str_at(o, &["spec", "volumeAttributesClassName"])),
+                json!(str_at(o, &["status", "reason"])),
+                age(created, now),
+                mode(&o["spec"]["volumeMode"]),
+            ]
+        }
+        _ => {
+            let annotations = &o["metadata"]["annotations"];
+            let default = [
+                "storageclass.kubernetes.io/is-default-class",
+                "storageclass.beta.kubernetes.io/is-default-class",
+            ]
+            .iter()
+            .any(|a| annotations[*a].as_str() == Some("true"));
+            if default && let Some(name) = row.first_mut() {
+                *name = json!(format!("{} (default)", name.as_str().unwrap_or_default()));
+            }
+            let policy = o["reclaimPolicy"].as_str().unwrap_or("Delete");
+            let binding = o["volumeBindingMode"].as_str().unwrap_or("Immediate");
+            vec![
+                json!(str_at(o, &["provisioner"])),
+                json!(policy),
+                json!(binding),
+                json!(o["allowVolumeExpansion"].as_bool().unwrap_or(false)),
+                age(created, now),
+            ]
+        }
+    }
+}
+
 /// The cells of one row, in column order.
 pub fn cells(info: &ResourceInfo, o: &Value, now: jiff::Timestamp) -> Vec<Value> {
     let name = json!(o["metadata"]["name"].as_str().unwrap_or(""));
@@ -377,20 +489,8 @@ pub fn cells(info: &ResourceInfo, o: &Value, now: jiff::Timestamp) -> Vec<Value>
             let t = o["type"].as_str().unwrap_or("Opaque");
             vec![json!(t), json!(n), age(created, now)]
         }
-        ("", "persistentvolumeclaims") => {
-            let modes: Vec<&str> = o["status"]["accessModes"]
-                .as_array()
-                .map(|a| a.iter().filter_map(Value::as_str).collect())
-                .unwrap_or_default();
-            vec![
-                json!(str_at(o, &["status", "phase"])),
-                json!(str_at(o, &["spec", "volumeName"])),
-                json!(str_at(o, &["status", "capacity", "storage"])),
-                json!(modes.join(",")),
-                or_none(str_at(o, &["spec", "storageClassName"])),
-                age(created, now),
-            ]
-        }
+        ("", "persistentvolumeclaims" | "persistentvolumes")
+        | ("storage.k8s.io", "storageclasses") => storage_cells(&info.plural, o, now, &mut row),
         ("", "events") => return event_cells(o, now),
         ("apps", plural) => apps_cells(plural, o, now),
         ("coordination.k8s.io", "leases") => {
@@ -505,5 +605,80 @@ mod tests {
             "application/json;as=Table;v=v1;g=meta.k8s.io,application/json;as=Table;v=v1beta1;g=meta.k8s.io,application/json"
         ));
         assert!(!wants_table("application/json"));
+    }
+
+    #[test]
+    fn storage_rows_read_as_kubectl_prints_them() {
+        let r = Registry::new();
+        let now: jiff::Timestamp = "2020-01-01T00:00:45Z".parse().unwrap();
+        let created = "2020-01-01T00:00:00Z";
+        let row = |group: &str, plural: &str, o: Value| {
+            let info = r.find(group, "v1", plural).unwrap();
+            cells(&info, &o, now)
+        };
+        let class = row(
+            "storage.k8s.io",
+            "storageclasses",
+            json!({"metadata": {"name": "local", "creationTimestamp": created, "annotations": {
+                "storageclass.kubernetes.io/is-default-class": "true"}},
+                "provisioner": "kubevirt-rs.io/local", "volumeBindingMode": "WaitForFirstConsumer"}),
+        );
+        assert_eq!(
+            class,
+            [
+                json!("local (default)"),
+                json!("kubevirt-rs.io/local"),
+                json!("Delete"),
+                json!("WaitForFirstConsumer"),
+                json!(false),
+                json!("45s")
+            ]
+        );
+        let volume = row(
+            "",
+            "persistentvolumes",
+            json!({"metadata": {"name": "pvc-1", "creationTimestamp": created},
+                "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce", "ReadOnlyMany"],
+                    "persistentVolumeReclaimPolicy": "Delete", "storageClassName": "local",
+                    "claimRef": {"namespace": "default", "name": "data"}},
+                "status": {"phase": "Bound"}}),
+        );
+        assert_eq!(
+            volume,
+            [
+                json!("pvc-1"),
+                json!("1Gi"),
+                json!("RWO,ROX"),
+                json!("Delete"),
+                json!("Bound"),
+                json!("default/data"),
+                json!("local"),
+                json!("<none>"),
+                json!(""),
+                json!("45s"),
+                json!("Filesystem")
+            ]
+        );
+        let claim = row(
+            "",
+            "persistentvolumeclaims",
+            json!({"metadata": {"name": "data", "creationTimestamp": created},
+                "spec": {"volumeName": "pvc-1", "storageClassName": "local"},
+                "status": {"phase": "Bound", "capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"]}}),
+        );
+        assert_eq!(
+            claim,
+            [
+                json!("data"),
+                json!("Bound"),
+                json!("pvc-1"),
+                json!("1Gi"),
+                json!("RWO"),
+                json!("local"),
+                json!("<none>"),
+                json!("45s"),
+                json!("Filesystem")
+            ]
+        );
     }
 }

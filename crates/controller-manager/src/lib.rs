@@ -1,5 +1,6 @@
 //! kube-controller-manager's controllers for the embedded Kubernetes: ReplicaSet, Deployment
-//! and DaemonSet, EndpointSlices for Services, and PodDisruptionBudget status, as far as
+//! and DaemonSet, EndpointSlices for Services, PodDisruptionBudget status, and the
+//! PersistentVolume binder with a local provisioner, as far as
 //! KubeVirt's manifests (virt-api and virt-controller Deployments behind Services, the
 //! virt-handler DaemonSet, VM Services, VMI disruption budgets) and their users need. It knows
 //! nothing of KubeVirt; on a real cluster kube-controller-manager does this and this crate is
@@ -8,7 +9,8 @@
 //! Data flow:
 //! ```text
 //!  watch pods, replicasets, deployments, daemonsets, nodes, controllerrevisions, services,
-//!        endpointslices, poddisruptionbudgets (informer.rs)
+//!        endpointslices, poddisruptionbudgets, persistentvolumeclaims, persistentvolumes,
+//!        storageclasses (informer.rs)
 //!        │ cache updated first, then each change fanned out to the controllers
 //!        ▼
 //!  replicaset.rs   ReplicaSet → pods (create from template / delete surplus, adopt, status)
@@ -20,6 +22,8 @@
 //!                  serving / terminating, ports resolved per pod, grouped by port set)
 //!  disruption.rs   PodDisruptionBudget → status (healthy / desired / expected pods,
 //!                  disruptionsAllowed, the DisruptionAllowed condition)
+//!  volume/         PersistentVolumeClaim ↔ PersistentVolume binding, local volumes made
+//!                  for claims of the `kubevirt-rs.io/local` class and deleted with them
 //!        │ writes through the API server (pods, replicasets, controllerrevisions,
 //!        │ endpointslices, */status)
 //!        ▼
@@ -39,8 +43,9 @@
 //!   means a newer object, which triggers another reconcile).
 //!
 //! # Caveats
-//! - No Events are recorded (`ScalingReplicaSet`, `SuccessfulCreate`, `NoPods`, …); the
-//!   changes are logged at info level instead.
+//! - No Events are recorded by the workload controllers (`ScalingReplicaSet`,
+//!   `SuccessfulCreate`, `NoPods`, …); the changes are logged at info level instead. The
+//!   volume controller records its claim events (`ProvisioningFailed`, …).
 //! - The API server does not default the workload kinds; unset fields are read with kube's
 //!   defaults (replicas 1, RollingUpdate 25%/25%, revisionHistoryLimit 10,
 //!   progressDeadlineSeconds 600, DaemonSet RollingUpdate maxUnavailable 1).
@@ -54,14 +59,16 @@ mod informer;
 pub mod ownership;
 pub mod pods;
 pub mod replicaset;
+pub mod volume;
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet, Deployment, ReplicaSet};
-use k8s_openapi::api::core::v1::{Node, Pod, Service};
+use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::Api;
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::Store;
@@ -76,11 +83,17 @@ pub struct Config {
     /// How many objects of one kind are reconciled at once (kube-controller-manager's
     /// `--concurrent-*-syncs`, 5 by default).
     pub concurrency: u16,
+    /// Where the local provisioner makes volumes (the default: nowhere, so claims of the
+    /// local class stay pending).
+    pub local_storage: volume::LocalStorage,
 }
 
 impl Default for Config {
     fn default() -> Self {
-        Config { concurrency: 5 }
+        Config {
+            concurrency: 5,
+            local_storage: volume::LocalStorage::default(),
+        }
     }
 }
 
@@ -158,6 +171,23 @@ pub enum Error {
     /// `collisionCount` was raised and the next pass uses another hash.
     #[error("hash collision for replica set {name}")]
     HashCollision { name: String },
+    /// Writing a PersistentVolume (claimRef, status, create, delete) failed.
+    #[error("writing persistent volume {name}")]
+    WriteVolume {
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+    /// Reading or writing a PersistentVolumeClaim failed.
+    #[error("writing persistent volume claim {name}")]
+    WriteClaim {
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+    /// A local volume's directory could not be made.
+    #[error("making a local volume")]
+    LocalVolume(#[source] volume::provisioner::PathError),
     /// Encoding an object failed.
     #[error("encoding {what}")]
     Encode {
@@ -179,7 +209,9 @@ impl Error {
             | Error::DeleteReplicaSet { source, .. }
             | Error::UpdateDeployment { source, .. }
             | Error::WriteRevision { source, .. }
-            | Error::WriteEndpointSlice { source, .. } => source,
+            | Error::WriteEndpointSlice { source, .. }
+            | Error::WriteVolume { source, .. }
+            | Error::WriteClaim { source, .. } => source,
             _ => return None,
         };
         match source {
@@ -211,6 +243,13 @@ pub struct Context {
     pub services: Store<Service>,
     pub endpoint_slices: Store<EndpointSlice>,
     pub budgets: Store<PodDisruptionBudget>,
+    pub claims: Store<PersistentVolumeClaim>,
+    pub volumes: Store<PersistentVolume>,
+    pub classes: Store<StorageClass>,
+    /// Where local volumes are made.
+    pub local_storage: volume::LocalStorage,
+    /// What the volume controllers remember (events recorded).
+    pub(crate) volume_state: volume::State,
     /// Pod creations and deletions per owner (`<Kind>/<namespace>/<name>`).
     pub expectations: Expectations,
     /// The EndpointSlice writes the slice cache does not show yet.
@@ -259,6 +298,9 @@ struct Informers {
     services: informer::Informer<Service>,
     endpoint_slices: informer::Informer<EndpointSlice>,
     budgets: informer::Informer<PodDisruptionBudget>,
+    claims: informer::Informer<PersistentVolumeClaim>,
+    volumes: informer::Informer<PersistentVolume>,
+    classes: informer::Informer<StorageClass>,
 }
 
 impl Informers {
@@ -280,7 +322,7 @@ impl Informers {
             informer::spawn(Api::<K>::all(client.clone()), n, cancel.clone())
         }
         Informers {
-            pods: all(client, 5, cancel),
+            pods: all(client, 6, cancel),
             replica_sets: all(client, 2, cancel),
             deployments: all(client, 1, cancel),
             daemon_sets: all(client, 1, cancel),
@@ -289,6 +331,32 @@ impl Informers {
             services: all(client, 1, cancel),
             endpoint_slices: all(client, 1, cancel),
             budgets: all(client, 1, cancel),
+            claims: all(client, 2, cancel),
+            volumes: all(client, 2, cancel),
+            classes: all(client, 1, cancel),
+        }
+    }
+
+    /// The context of every controller: the caches, the client and the settings.
+    fn context(&self, client: kube::Client, config: &Config) -> Context {
+        Context {
+            client,
+            pods: self.pods.store.clone(),
+            replica_sets: self.replica_sets.store.clone(),
+            deployments: self.deployments.store.clone(),
+            daemon_sets: self.daemon_sets.store.clone(),
+            nodes: self.nodes.store.clone(),
+            revisions: self.revisions.store.clone(),
+            services: self.services.store.clone(),
+            endpoint_slices: self.endpoint_slices.store.clone(),
+            budgets: self.budgets.store.clone(),
+            claims: self.claims.store.clone(),
+            volumes: self.volumes.store.clone(),
+            classes: self.classes.store.clone(),
+            local_storage: config.local_storage.clone(),
+            volume_state: volume::State::default(),
+            expectations: Expectations::default(),
+            slice_tracker: endpointslice::Tracker::default(),
         }
     }
 
@@ -302,15 +370,19 @@ impl Informers {
         self.revisions.store.wait_until_ready().await?;
         self.services.store.wait_until_ready().await?;
         self.endpoint_slices.store.wait_until_ready().await?;
-        self.budgets.store.wait_until_ready().await
+        self.budgets.store.wait_until_ready().await?;
+        self.claims.store.wait_until_ready().await?;
+        self.volumes.store.wait_until_ready().await?;
+        self.classes.store.wait_until_ready().await
     }
 }
 
-/// Runs the ReplicaSet, Deployment, DaemonSet, EndpointSlice and disruption (PDB status)
-/// controllers until `cancel` fires.
+/// Runs the ReplicaSet, Deployment, DaemonSet, EndpointSlice, disruption (PDB status) and
+/// volume (PV binder, local provisioner) controllers until `cancel` fires.
 ///
 /// Watches pods, ReplicaSets, Deployments, DaemonSets, Nodes, ControllerRevisions, Services,
-/// EndpointSlices and PodDisruptionBudgets in all namespaces; no reconcile starts before
+/// EndpointSlices, PodDisruptionBudgets, claims, volumes and StorageClasses in all
+/// namespaces; no reconcile starts before
 /// every cache is synced.
 pub async fn run(client: kube::Client, config: Config, cancel: CancellationToken) {
     let informers = Informers::spawn(&client, &cancel);
@@ -318,6 +390,8 @@ pub async fn run(client: kube::Client, config: Config, cancel: CancellationToken
         () = cancel.cancelled() => return,
         ready = informers.synced() => if ready.is_err() { return },
     }
+    info!("controller-manager caches synced; starting controllers");
+    let ctx = Arc::new(informers.context(client, &config));
     let Informers {
         pods,
         replica_sets,
@@ -328,32 +402,13 @@ pub async fn run(client: kube::Client, config: Config, cancel: CancellationToken
         services,
         endpoint_slices,
         budgets,
+        claims,
+        volumes,
+        classes,
     } = informers;
-    info!("controller-manager caches synced; starting controllers");
-    let ctx = Arc::new(Context {
-        client,
-        pods: pods.store,
-        replica_sets: replica_sets.store,
-        deployments: deployments.store,
-        daemon_sets: daemon_sets.store,
-        nodes: nodes.store,
-        revisions: revisions.store,
-        services: services.store,
-        endpoint_slices: endpoint_slices.store,
-        budgets: budgets.store,
-        expectations: Expectations::default(),
-        slice_tracker: endpointslice::Tracker::default(),
-    });
-    let mut pod_rx = pods.receivers.into_iter();
-    let mut rs_rx = replica_sets.receivers.into_iter();
-    let (Some(p0), Some(p1), Some(p2), Some(p3), Some(p4), Some(r0), Some(r1)) = (
-        pod_rx.next(),
-        pod_rx.next(),
-        pod_rx.next(),
-        pod_rx.next(),
-        pod_rx.next(),
-        rs_rx.next(),
-        rs_rx.next(),
+    let (Ok([p0, p1, p2, p3, p4, p5]), Ok([r0, r1])) = (
+        <[_; 6]>::try_from(pods.receivers),
+        <[_; 2]>::try_from(replica_sets.receivers),
     ) else {
         return;
     };
@@ -407,7 +462,22 @@ pub async fn run(client: kube::Client, config: Config, cancel: CancellationToken
             controller_config.clone(),
             cancel.clone()
         ),
-        disruption::run(ctx, pdb, p4, controller_config, cancel),
+        disruption::run(
+            ctx.clone(),
+            pdb,
+            p4,
+            controller_config.clone(),
+            cancel.clone()
+        ),
+        volume::run(
+            ctx,
+            p5,
+            claims.receivers,
+            volumes.receivers,
+            classes.receivers,
+            controller_config,
+            cancel
+        ),
     );
 }
 

@@ -1,7 +1,8 @@
 //! `kubevirt-rs server`: the whole stack on one machine.
 //!
-//! Wiring only. First the embedded Kubernetes, in this process: the API server, the scheduler
-//! and the workload controllers, and per node its node agent (kubelet's role, with an image
+//! Wiring only. First the embedded Kubernetes, in this process: the API server (with the
+//! default StorageClass `local`), the scheduler and the workload and volume controllers (the
+//! local provisioner making volumes in each node's `storage/` directory), and per node its node agent (kubelet's role, with an image
 //! store holding this binary as the project's images) and service proxy. Then KubeVirt onto it
 //! exactly as a user installs it on any cluster: `deploy/kubevirt-operator.yaml` and
 //! `deploy/kubevirt-cr.yaml` through the API (the CR carrying the server's KubeVirt flags);
@@ -274,12 +275,51 @@ where
     })
 }
 
+/// The embedded server's default StorageClass: local volumes of the node a pod is scheduled
+/// to, made by the controller-manager's local provisioner.
+fn default_storage_class() -> serde_json::Value {
+    json!({
+        "apiVersion": "storage.k8s.io/v1",
+        "kind": "StorageClass",
+        "metadata": {
+            "name": "local",
+            "annotations": {kubevirt_apiserver::admission::DEFAULT_CLASS_ANNOTATION: "true"},
+        },
+        "provisioner": kubevirt_controller_manager::volume::PROVISIONER,
+        "volumeBindingMode": "WaitForFirstConsumer",
+        "reclaimPolicy": "Delete",
+    })
+}
+
+/// Where the local provisioner makes each node's volumes: the directory the node's
+/// `hostPath` [`kubevirt_node::host_paths::LOCAL_VOLUMES_PATH`] resolves to.
+fn local_storage(nodes: &[(String, PathBuf)]) -> kubevirt_controller_manager::volume::LocalStorage {
+    kubevirt_controller_manager::volume::LocalStorage {
+        node_path: PathBuf::from(kubevirt_node::host_paths::LOCAL_VOLUMES_PATH),
+        nodes: nodes
+            .iter()
+            .map(|(name, dir)| {
+                (
+                    name.clone(),
+                    kubevirt_node::host_paths::local_volumes_dir(dir),
+                )
+            })
+            .collect(),
+    }
+}
+
 /// Starts the embedded Kubernetes' cluster-wide parts: the scheduler (kube-scheduler's
-/// role) and the workload controllers (kube-controller-manager's).
+/// role) and the workload and volume controllers (kube-controller-manager's) with the local
+/// provisioner for `nodes` (name, state directory).
 async fn start_embedded_control_plane(
     data_dir: &Path,
+    nodes: &[(String, PathBuf)],
     cancel: &CancellationToken,
 ) -> anyhow::Result<Vec<tokio::task::JoinHandle<()>>> {
+    let manager_config = kubevirt_controller_manager::Config {
+        local_storage: local_storage(nodes),
+        ..kubevirt_controller_manager::Config::default()
+    };
     let scheduler_client =
         component_client(data_dir, "scheduler", "system:kube-scheduler", None).await?;
     let scheduler = supervise("scheduler", cancel.clone(), move |token| {
@@ -300,14 +340,9 @@ async fn start_embedded_control_plane(
     )
     .await?;
     let controller_manager = supervise("controller-manager", cancel.clone(), move |token| {
-        let client = manager_client.clone();
+        let (client, config) = (manager_client.clone(), manager_config.clone());
         async move {
-            kubevirt_controller_manager::run(
-                client,
-                kubevirt_controller_manager::Config::default(),
-                token,
-            )
-            .await;
+            kubevirt_controller_manager::run(client, config, token).await;
             Ok(())
         }
     });
@@ -516,7 +551,9 @@ async fn serve(args: ServerArgs) -> anyhow::Result<()> {
     let server = kubevirt_apiserver::start(kubevirt_apiserver::Config {
         data_dir: args.data_dir.clone(),
         listen: args.listen,
-        initial_objects: Vec::new(),
+        // Created when missing: a user's changes to the class are kept (a deleted one comes
+        // back at the next start).
+        initial_objects: vec![default_storage_class()],
     })
     .await
     .context("starting the API server")?;
@@ -530,10 +567,12 @@ async fn serve(args: ServerArgs) -> anyhow::Result<()> {
     let ca_pem =
         std::fs::read(data_dir.join("pki").join("ca.crt")).context("reading the cluster CA")?;
     let images = project_images(args.fake_qemu, &install)?;
-    let mut tasks = start_embedded_control_plane(&data_dir, &cancel).await?;
     let nodes = args.nodes.max(1);
-    for index in 0..nodes {
-        let (name, dir) = embedded_node(&data_dir, &node_name, index);
+    let node_dirs: Vec<(String, PathBuf)> = (0..nodes)
+        .map(|index| embedded_node(&data_dir, &node_name, index))
+        .collect();
+    let mut tasks = start_embedded_control_plane(&data_dir, &node_dirs, &cancel).await?;
+    for (name, dir) in node_dirs {
         tasks.extend(
             start_embedded_node(
                 &data_dir,

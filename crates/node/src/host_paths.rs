@@ -16,6 +16,7 @@
 //! | `/var/run/kubevirt-private`, `/run/kubevirt-private` | `<data>/root/var/run/kubevirt-private`|
 //! | `/var/lib/kubevirt` | `<data>/root/var/lib/kubevirt` |
 //! | `/var/lib/kubevirt-rs` | `<data>/root/var/lib/kubevirt-rs` |
+//! | `/opt/local-path-provisioner` ([`LOCAL_VOLUMES_PATH`]) | `<data>/storage` (local PersistentVolumes) |
 //!
 //! (`/var/run` is `/run` on a node, so both spellings name one directory.)
 //!
@@ -28,6 +29,16 @@
 //!   as a node's own `/var/lib/kubelet` exists before any pod asks for it.
 
 use std::path::{Component, Path, PathBuf};
+
+/// Where the node's local PersistentVolumes are as a `hostPath` names them (the directory
+/// of k3s' local-path provisioner); [`HostPathMap::for_node`] maps it to
+/// [`local_volumes_dir`].
+pub const LOCAL_VOLUMES_PATH: &str = "/opt/local-path-provisioner";
+
+/// The directory of a node's local PersistentVolumes on this machine: `<data>/storage`.
+pub fn local_volumes_dir(data_dir: &Path) -> PathBuf {
+    data_dir.join("storage")
+}
 
 /// `hostPath` prefixes and the directories they stand for (see the module docs).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -90,6 +101,7 @@ impl HostPathMap {
                 "/var/lib/kubevirt-rs".into(),
                 under_root("/var/lib/kubevirt-rs"),
             ),
+            (LOCAL_VOLUMES_PATH.into(), local_volumes_dir(data_dir)),
         ])
     }
 
@@ -203,6 +215,10 @@ mod tests {
         assert_eq!(
             resolved("/var/lib/kubeletx"),
             PathBuf::from("/var/lib/kubeletx")
+        );
+        assert_eq!(
+            resolved("/opt/local-path-provisioner/pvc-1"),
+            data.join("storage/pvc-1")
         );
         assert_eq!(resolved("/dev/kvm"), PathBuf::from("/dev/kvm"));
         assert_eq!(resolved("/proc"), PathBuf::from("/proc"));

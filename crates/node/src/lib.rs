@@ -36,7 +36,9 @@
 //! `/run/netns`, so node agents sharing a machine cannot collide and a killed one leaves no
 //! global names); `cni/networks/` (`host-local`'s reservations) and `cni/results/` (ADD
 //! results); `root/` the node's own file system for mapped host paths (`root/var/lib/kubelet`,
-//! `root/var/run/kubevirt`, …). Directories there are `0700` and files `0600` whatever the umask.
+//! `root/var/run/kubevirt`, …); `storage/` the node's local PersistentVolumes
+//! (`/opt/local-path-provisioner`, one `pvc-<claim uid>/` each, made and deleted by the
+//! embedded local provisioner). Directories there are `0700` and files `0600` whatever the umask.
 
 pub mod host_paths;
 pub mod images;

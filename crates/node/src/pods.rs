@@ -563,7 +563,11 @@ impl PodRunner {
         env.extend(container_env);
         let sandbox = process::Sandbox {
             argv0: Some(resolved.argv0.clone()),
-            mounts: volumes::bind_mounts(container, &prepared.mounts),
+            mounts: volumes::bind_mounts(
+                container,
+                &prepared.mounts,
+                &volumes::read_only_volumes(pod),
+            ),
             netns: prepared.netns.clone(),
             hostname: prepared.netns.as_ref().map(|_| pod_hostname(pod)),
         };

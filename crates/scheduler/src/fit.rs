@@ -30,6 +30,10 @@ pub enum Unfit {
     UntoleratedTaint(String),
     NodeSelectorMismatch,
     Insufficient(String),
+    /// A bound volume of the pod cannot be used on the node (its node affinity).
+    VolumeNodeAffinityConflict,
+    /// An unbound claim of the pod has no volume it could bind on the node.
+    NoVolumeToBind,
 }
 
 impl std::fmt::Display for Unfit {
@@ -42,6 +46,15 @@ impl std::fmt::Display for Unfit {
                 write!(f, "node(s) didn't match Pod's node affinity/selector")
             }
             Unfit::Insufficient(r) => write!(f, "Insufficient {r}"),
+            Unfit::VolumeNodeAffinityConflict => {
+                write!(f, "node(s) had volume node affinity conflict")
+            }
+            Unfit::NoVolumeToBind => {
+                write!(
+                    f,
+                    "node(s) didn't find available persistent volumes to bind"
+                )
+            }
         }
     }
 }
@@ -233,13 +246,26 @@ pub fn choose_node<'a>(
     nodes: &'a [Node],
     requested: &BTreeMap<String, BTreeMap<String, i128>>,
 ) -> Result<&'a Node, String> {
+    choose_node_with(pod, nodes, requested, |_| Ok(()))
+}
+
+/// [`choose_node`] with one more filter, `extra`, run after the others (the volume filter).
+///
+/// # Errors
+/// kube-scheduler's message when no node fits.
+pub fn choose_node_with<'a>(
+    pod: &Pod,
+    nodes: &'a [Node],
+    requested: &BTreeMap<String, BTreeMap<String, i128>>,
+    extra: impl Fn(&Node) -> Result<(), Unfit>,
+) -> Result<&'a Node, String> {
     let empty = BTreeMap::new();
     let mut reasons: BTreeMap<String, usize> = BTreeMap::new();
     let mut best: Option<(&Node, i128)> = None;
     for node in nodes {
         let name = node.metadata.name.clone().unwrap_or_default();
         let used = requested.get(&name).unwrap_or(&empty);
-        match fits(pod, node, used) {
+        match fits(pod, node, used).and_then(|()| extra(node)) {
             Ok(()) => {
                 let free = node
                     .status

@@ -8,14 +8,25 @@
 //! `pods/binding`. When nothing fits it sets the pod's `PodScheduled=False` condition with
 //! reason `Unschedulable` and kube-scheduler's message (which the VMI controller copies, so
 //! the VM shows `ErrorUnschedulable`), and retries when nodes or pods change.
+//!
+//! Volumes ([`volume_binding`], kube-scheduler's VolumeBinding): it also watches claims,
+//! volumes and StorageClasses. A pod whose claim is missing stays Pending with
+//! `0/N nodes are available: persistentvolumeclaim "x" not found.`; a bound claim's volume
+//! restricts the nodes to its node affinity; an unbound `WaitForFirstConsumer` claim gets the
+//! chosen node as `volume.kubernetes.io/selected-node` and the pod is bound once the PV
+//! controller has bound the claim.
 
 pub mod fit;
+pub mod volume_binding;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Binding, Node, ObjectReference, Pod};
+use k8s_openapi::api::core::v1::{
+    Binding, Node, ObjectReference, PersistentVolume, PersistentVolumeClaim, Pod,
+};
+use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::{WatchStreamExt, reflector, watcher};
 use serde_json::json;
@@ -28,6 +39,14 @@ pub enum SchedulerError {
     #[error("binding pod {pod} to node {node}")]
     Bind {
         pod: String,
+        node: String,
+        #[source]
+        source: kube::Error,
+    },
+    /// Naming the node of a `WaitForFirstConsumer` claim failed.
+    #[error("selecting node {node} for claim {claim}")]
+    SelectNode {
+        claim: String,
         node: String,
         #[source]
         source: kube::Error,
@@ -113,6 +132,7 @@ pub async fn schedule_pending(
     client: &kube::Client,
     pods: &[std::sync::Arc<Pod>],
     nodes: &[Node],
+    volumes: volume_binding::Volumes<'_>,
     assumed: &mut Assumed,
 ) -> Result<usize, SchedulerError> {
     let mut requested = requested_by_node(pods);
@@ -142,9 +162,26 @@ pub async fn schedule_pending(
         let name = pod.metadata.name.clone().unwrap_or_default();
         let namespace = pod.metadata.namespace.clone().unwrap_or_default();
         let api: Api<Pod> = Api::namespaced(client.clone(), &namespace);
-        match fit::choose_node(pod, nodes, &requested) {
+        let pod_volumes = match volume_binding::pre_filter(pod, volumes) {
+            Ok(v) => v,
+            Err(reason) => {
+                let message = format!("0/{} nodes are available: {reason}.", nodes.len());
+                mark_unschedulable(&api, pod, &message).await?;
+                continue;
+            }
+        };
+        if pod_volumes.binding {
+            // Its claims are being bound on the node they were given: bind it after them.
+            continue;
+        }
+        match fit::choose_node_with(pod, nodes, &requested, |n| pod_volumes.admits(n)) {
             Ok(node) => {
                 let node_name = node.metadata.name.clone().unwrap_or_default();
+                if !pod_volumes.to_select.is_empty() {
+                    select_node(client, &pod_volumes.to_select, &node_name).await?;
+                    info!(pod = %format!("{namespace}/{name}"), node = %node_name, "selected the node of the pod's claims");
+                    continue;
+                }
                 let binding = Binding {
                     metadata: kube::api::ObjectMeta {
                         name: Some(name.clone()),
@@ -191,26 +228,66 @@ pub async fn schedule_pending(
                     }
                 }
             }
-            Err(message) => {
-                if unschedulable_message(pod) == Some(message.as_str()) {
-                    continue;
-                }
-                let now = crate::now_rfc3339();
-                let patch = json!({"status": {"conditions": [{
-                    "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
-                    "message": message, "lastTransitionTime": now
-                }]}});
-                api.patch_status(&name, &PatchParams::default(), &Patch::Strategic(patch))
-                    .await
-                    .map_err(|source| SchedulerError::MarkUnschedulable {
-                        pod: name.clone(),
-                        source,
-                    })?;
-                warn!(pod = %format!("{namespace}/{name}"), %message, "pod is unschedulable");
-            }
+            Err(message) => mark_unschedulable(&api, pod, &message).await?,
         }
     }
     Ok(bound)
+}
+
+/// Sets the pod's `PodScheduled=False` condition (reason `Unschedulable`) unless it already
+/// carries `message`.
+async fn mark_unschedulable(
+    api: &Api<Pod>,
+    pod: &Pod,
+    message: &str,
+) -> Result<(), SchedulerError> {
+    if unschedulable_message(pod) == Some(message) {
+        return Ok(());
+    }
+    let name = pod.metadata.name.clone().unwrap_or_default();
+    let now = crate::now_rfc3339();
+    let patch = json!({"status": {"conditions": [{
+        "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+        "message": message, "lastTransitionTime": now
+    }]}});
+    api.patch_status(&name, &PatchParams::default(), &Patch::Strategic(patch))
+        .await
+        .map_err(|source| SchedulerError::MarkUnschedulable {
+            pod: name.clone(),
+            source,
+        })?;
+    let namespace = pod.metadata.namespace.as_deref().unwrap_or_default();
+    warn!(pod = %format!("{namespace}/{name}"), %message, "pod is unschedulable");
+    Ok(())
+}
+
+/// Names `node` on each `WaitForFirstConsumer` claim (namespace, name) as its
+/// `volume.kubernetes.io/selected-node`, for the PV controller to provision or bind there.
+async fn select_node(
+    client: &kube::Client,
+    claims: &[(String, String)],
+    node: &str,
+) -> Result<(), SchedulerError> {
+    let patch = json!({"metadata": {"annotations": {volume_binding::SELECTED_NODE: node}}});
+    for (namespace, name) in claims {
+        let api: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), namespace);
+        match api
+            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => {}
+            // Deleted meanwhile: the next pass sees it missing.
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(source) => {
+                return Err(SchedulerError::SelectNode {
+                    claim: format!("{namespace}/{name}"),
+                    node: node.to_owned(),
+                    source,
+                });
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Runs the scheduler until the future is dropped: watches pods and nodes and schedules on
@@ -226,7 +303,37 @@ pub async fn run(client: kube::Client) {
         .default_backoff()
         .reflect(node_writer)
         .map(|_| ());
-    let mut changes = futures::stream::select(pods, nodes).boxed();
+    let (claim_store, claim_writer) = reflector::store::<PersistentVolumeClaim>();
+    let (volume_store, volume_writer) = reflector::store::<PersistentVolume>();
+    let (class_store, class_writer) = reflector::store::<StorageClass>();
+    let claims = watcher(
+        Api::<PersistentVolumeClaim>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .default_backoff()
+    .reflect(claim_writer)
+    .map(|_| ());
+    let volumes = watcher(
+        Api::<PersistentVolume>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .default_backoff()
+    .reflect(volume_writer)
+    .map(|_| ());
+    let classes = watcher(
+        Api::<StorageClass>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .default_backoff()
+    .reflect(class_writer)
+    .map(|_| ());
+    let mut changes = futures::stream::select_all([
+        pods.boxed(),
+        nodes.boxed(),
+        claims.boxed(),
+        volumes.boxed(),
+        classes.boxed(),
+    ]);
     let mut retry = tokio::time::interval(Duration::from_secs(1));
     let mut assumed = Assumed::new();
     loop {
@@ -236,25 +343,46 @@ pub async fn run(client: kube::Client) {
         }
         // Drain whatever else is ready so a burst of events gives one pass.
         while let Some(Some(())) = futures::FutureExt::now_or_never(changes.next()) {}
-        // Not ready until both initial lists are in; blocking here would stop the watchers.
-        let ready = |r: Option<Result<(), _>>| r.map(|r| r.is_ok());
-        match (
-            ready(futures::FutureExt::now_or_never(
-                pod_store.wait_until_ready(),
-            )),
-            ready(futures::FutureExt::now_or_never(
-                node_store.wait_until_ready(),
-            )),
-        ) {
-            (Some(true), Some(true)) => {}
-            (Some(false), _) | (_, Some(false)) => return,
-            _ => continue,
+        // Not ready until every initial list is in; blocking here would stop the watchers.
+        let states = [
+            ready(&pod_store),
+            ready(&node_store),
+            ready(&claim_store),
+            ready(&volume_store),
+            ready(&class_store),
+        ];
+        if states.contains(&Some(false)) {
+            return;
+        }
+        if states.contains(&None) {
+            continue;
         }
         let nodes: Vec<Node> = node_store.state().iter().map(|n| (**n).clone()).collect();
-        if let Err(e) = schedule_pending(&client, &pod_store.state(), &nodes, &mut assumed).await {
+        let (claims, volumes, classes) = (
+            claim_store.state(),
+            volume_store.state(),
+            class_store.state(),
+        );
+        let seen = volume_binding::Volumes {
+            claims: &claims,
+            volumes: &volumes,
+            classes: &classes,
+        };
+        if let Err(e) =
+            schedule_pending(&client, &pod_store.state(), &nodes, seen, &mut assumed).await
+        {
             warn!(error = %e, "scheduling pass failed; retrying");
         }
     }
+}
+
+/// Whether a cache holds its initial list: `Some(true)` yes, `None` not yet, `Some(false)`
+/// never (its watch is gone).
+fn ready<K>(store: &reflector::Store<K>) -> Option<bool>
+where
+    K: kube::Resource<DynamicType = ()> + Clone + 'static,
+{
+    futures::FutureExt::now_or_never(store.wait_until_ready()).map(|r| r.is_ok())
 }
 
 /// The current time as Kubernetes writes `metav1.Time`: RFC 3339 in UTC, whole seconds.

@@ -422,6 +422,15 @@ fn embedded_component_roles() -> Vec<Value> {
                 rule(&[""], &["pods", "nodes"], &read),
                 rule(&[""], &["pods/binding", "bindings"], &["create"]),
                 rule(&[""], &["pods/status"], &["patch", "update"]),
+                // VolumeBinding: reads claims, volumes and classes, and names the node of a
+                // WaitForFirstConsumer claim.
+                rule(&[""], &["persistentvolumes"], &read),
+                rule(
+                    &[""],
+                    &["persistentvolumeclaims"],
+                    &["get", "list", "watch", "patch", "update"],
+                ),
+                rule(&["storage.k8s.io"], &["storageclasses"], &read),
                 rule(
                     &["", "events.k8s.io"],
                     &["events"],
@@ -445,7 +454,8 @@ fn embedded_component_roles() -> Vec<Value> {
 
 /// `system:kube-controller-manager`: the rules of the controllers the embedded
 /// controller-manager runs (Deployment, ReplicaSet, DaemonSet; EndpointSlice as kube's
-/// `system:controller:endpointslice-controller`; the disruption controller's PDB access).
+/// `system:controller:endpointslice-controller`; the disruption controller's PDB access; the
+/// PV binder's and the local provisioner's volumes and claims).
 fn controller_manager_role() -> Value {
     let read = ["get", "list", "watch"];
     let all = [
@@ -484,6 +494,18 @@ fn controller_manager_role() -> Value {
                 &["endpointslices"],
                 &["create", "delete", "get", "list", "update", "watch"],
             ),
+            // kube's system:controller:persistent-volume-binder (and the local provisioner).
+            rule(
+                &[""],
+                &["persistentvolumes", "persistentvolumeclaims"],
+                &all,
+            ),
+            rule(
+                &[""],
+                &["persistentvolumes/status", "persistentvolumeclaims/status"],
+                &["update", "patch"],
+            ),
+            rule(&["storage.k8s.io"], &["storageclasses"], &read),
             // kube's system:controller:disruption-controller (its PDB part).
             rule(&["policy"], &["poddisruptionbudgets"], &read),
             rule(&["policy"], &["poddisruptionbudgets/status"], &["update"]),

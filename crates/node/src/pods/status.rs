@@ -181,10 +181,16 @@ pub fn same_report(current: Option<&Value>, wanted: &Value) -> bool {
                             .and_then(|o| o.values().next())
                             .and_then(|s| s.get("reason"))
                             .cloned();
+                        // A waiting container's message says what it waits for (a volume's
+                        // claim not found, then not bound): a new one is news.
+                        let waiting = state
+                            .and_then(|o| o.get("waiting"))
+                            .and_then(|s| s.get("message"))
+                            .cloned();
                         (
                             c.get("name").cloned(),
                             kind,
-                            reason,
+                            (reason, waiting),
                             c.get("containerID").cloned(),
                             c.get("restartCount").cloned(),
                             c.get("ready").cloned(),
@@ -398,5 +404,29 @@ mod tests {
         );
         assert!(!same_report(Some(&a), &c));
         assert!(!same_report(None, &a));
+    }
+
+    #[test]
+    fn a_new_waiting_message_is_reported() {
+        let waiting = |message: &str| {
+            pod_status(
+                &[report(
+                    "c",
+                    ContainerState::Waiting {
+                        reason: "ContainerCreating".into(),
+                        message: Some(message.into()),
+                    },
+                )],
+                "Never",
+                true,
+                "h",
+                "",
+                "t",
+                "t",
+            )
+        };
+        let missing = waiting("claim not found");
+        assert!(same_report(Some(&missing), &waiting("claim not found")));
+        assert!(!same_report(Some(&missing), &waiting("PVC is not bound")));
     }
 }

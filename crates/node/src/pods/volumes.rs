@@ -13,6 +13,11 @@
 //!   as `/var/lib/kubelet` live below the node's data directory), after kubelet's `type` check
 //!   on the resolved path (`DirectoryOrCreate` and `FileOrCreate` create it).
 //!
+//! - `persistentVolumeClaim`: the claim's bound PersistentVolume, whose `hostPath` (or
+//!   `local` path) resolves through the node's [`HostPathMap`] as a `hostPath` volume does
+//!   (the embedded local provisioner's volumes are below the node's data directory); the
+//!   claim's `readOnly` mounts it read-only. Resolved once per pod: a binding does not change.
+//!
 //! Each container gets its `volumeMounts` bind-mounted at their `mountPath` (with `subPath` and
 //! `readOnly`) in its own mount namespace ([`super::process`]). Its environment ([`env`]) has
 //! the `KUBERNETES_SERVICE_*` variables, `envFrom` and `env` (values, downward-API fields and
@@ -30,10 +35,14 @@
 //!   written atomically. A source that disappears after the volume was set up leaves the last
 //!   content in place, as kubelet does.
 //! - Item paths that are absolute or contain `..` are refused before anything is written.
+//! - A claim that is missing, not bound, or bound to a volume that does not name it back
+//!   keeps the pod in `ContainerCreating` with kubelet's message
+//!   (`error processing PVC default/data: PVC is not bound`), retried every pass.
 //!
 //! # Caveats
-//! `persistentVolumeClaim` and other kinds are not prepared yet: a pod that uses one waits in
-//! `ContainerCreating` with the reason in its container status.
+//! Other kinds (and persistent volumes other than `hostPath`/`local`, or of `volumeMode:
+//! Block`) are not prepared: a pod that uses one waits in `ContainerCreating` with the reason
+//! in its container status.
 
 pub mod atomic;
 pub mod env;
@@ -44,7 +53,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Component, Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{ConfigMap, Container, HostPathVolumeSource, Pod, Secret, Volume};
+use k8s_openapi::api::core::v1::{
+    ConfigMap, Container, HostPathVolumeSource, PersistentVolume, PersistentVolumeClaim,
+    PersistentVolumeClaimVolumeSource, Pod, Secret, Volume,
+};
 use kube::api::Api;
 use tracing::warn;
 
@@ -100,6 +112,10 @@ pub enum SetUpError {
     /// The volume kind is not supported by this node.
     #[error("{kind} volumes are not supported by this node yet")]
     Unsupported { kind: &'static str },
+    /// A `persistentVolumeClaim` volume's claim is missing or unbound, or its volume is
+    /// missing or does not name the claim (kubelet's wording).
+    #[error("error processing PVC {claim}: {problem}")]
+    Claim { claim: String, problem: String },
     /// A configMap or secret the volume needs does not exist (and is not optional).
     #[error("{kind} \"{name}\" not found")]
     NotFound { kind: &'static str, name: String },
@@ -240,6 +256,8 @@ pub struct VolumeManager {
     tokens: token::TokenCache,
     /// When each pod's sources were last read: pod uid → instant.
     synced: BTreeMap<String, Instant>,
+    /// The resolved directories of `persistentVolumeClaim` volumes: (pod uid, volume) → path.
+    claims: BTreeMap<(String, String), PathBuf>,
 }
 
 /// The plugin directories of the API-backed kinds: configMap, secret, downwardAPI, projected.
@@ -292,14 +310,6 @@ fn is_api_volume(path: &Path) -> bool {
         .is_some_and(|plugin| API_PLUGINS.iter().any(|p| plugin == *p))
 }
 
-fn unsupported_kind(volume: &Volume) -> &'static str {
-    if volume.persistent_volume_claim.is_some() {
-        "persistentVolumeClaim"
-    } else {
-        "this kind of"
-    }
-}
-
 impl VolumeManager {
     /// A manager reading sources through `client`; `host_ip` is what `status.hostIP` and
     /// `status.podIP` read; `host_paths` says where `hostPath` volumes are on this machine.
@@ -311,6 +321,7 @@ impl VolumeManager {
             node: NodeResources::of_this_host(),
             tokens: token::TokenCache::default(),
             synced: BTreeMap::new(),
+            claims: BTreeMap::new(),
         }
     }
 
@@ -323,6 +334,7 @@ impl VolumeManager {
     /// Drops what is remembered of pods no longer known (by uid).
     pub fn forget(&mut self, known: &BTreeSet<String>) {
         self.synced.retain(|uid, _| known.contains(uid));
+        self.claims.retain(|(uid, _), _| known.contains(uid));
         self.tokens.forget(known);
     }
 
@@ -373,9 +385,19 @@ impl VolumeManager {
                 dir
             } else if let Some(local) = local_volume(volume, pod_dir, &self.host_paths) {
                 local.map_err(failed)?
+            } else if let Some(source) = &volume.persistent_volume_claim {
+                let key = (uid.clone(), name.clone());
+                match self.claims.get(&key) {
+                    Some(path) => path.clone(),
+                    None => {
+                        let path = self.claim_volume(pod, source).await.map_err(failed)?;
+                        self.claims.insert(key, path.clone());
+                        path
+                    }
+                }
             } else {
                 return Err(failed(SetUpError::Unsupported {
-                    kind: unsupported_kind(volume),
+                    kind: "this kind of",
                 }));
             };
             paths.insert(name, path);
@@ -384,6 +406,73 @@ impl VolumeManager {
             self.synced.insert(uid, Instant::now());
         }
         Ok(paths)
+    }
+
+    /// The directory of a `persistentVolumeClaim` volume: claim → bound volume → its path on
+    /// this node.
+    async fn claim_volume(
+        &self,
+        pod: &Pod,
+        source: &PersistentVolumeClaimVolumeSource,
+    ) -> Result<PathBuf, SetUpError> {
+        let namespace = pod.metadata.namespace.as_deref().unwrap_or_default();
+        let name = &source.claim_name;
+        let problem = |problem: String| SetUpError::Claim {
+            claim: format!("{namespace}/{name}"),
+            problem,
+        };
+        let claim = Api::<PersistentVolumeClaim>::namespaced(self.client.clone(), namespace)
+            .get_opt(name)
+            .await
+            .map_err(|e| problem(format!("failed to fetch PVC from API server: {e}")))?
+            .ok_or_else(|| {
+                problem(format!(
+                    "failed to fetch PVC from API server: persistentvolumeclaims \"{name}\" not found"
+                ))
+            })?;
+        let bound = claim.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound");
+        let volume_name = claim
+            .spec
+            .as_ref()
+            .and_then(|s| s.volume_name.clone())
+            .filter(|v| !v.is_empty() && bound)
+            .ok_or_else(|| problem("PVC is not bound".into()))?;
+        let volume = Api::<PersistentVolume>::all(self.client.clone())
+            .get_opt(&volume_name)
+            .await
+            .map_err(|e| problem(format!("failed to fetch PV {volume_name} from API server: {e}")))?
+            .ok_or_else(|| {
+                problem(format!(
+                    "failed to fetch PV {volume_name} from API server: persistentvolumes \"{volume_name}\" not found"
+                ))
+            })?;
+        let spec = volume.spec.unwrap_or_default();
+        let ref_uid = spec.claim_ref.as_ref().and_then(|r| r.uid.clone());
+        if ref_uid.is_none() || ref_uid != claim.metadata.uid {
+            return Err(problem(format!(
+                "found PV object {volume_name} but its ClaimRef.UID {} does not point to claim.UID {}",
+                ref_uid.unwrap_or_default(),
+                claim.metadata.uid.unwrap_or_default()
+            )));
+        }
+        if spec.volume_mode.as_deref() == Some("Block") {
+            return Err(SetUpError::Unsupported {
+                kind: "volumeMode Block persistent",
+            });
+        }
+        let host = match (spec.host_path, spec.local) {
+            (Some(host), _) => host,
+            (None, Some(local)) => HostPathVolumeSource {
+                path: local.path,
+                type_: Some("Directory".into()),
+            },
+            (None, None) => {
+                return Err(SetUpError::Unsupported {
+                    kind: "this kind of persistent",
+                });
+            }
+        };
+        host_path(&host, &self.host_paths)
     }
 
     /// The environment of `container` ([`env`]); `kubernetes_service` is where pods reach the
@@ -604,16 +693,38 @@ fn safe_sub_path(sub: &str) -> Option<&Path> {
         .then_some(path)
 }
 
+/// The volumes of `pod` that every container mounts read-only: `persistentVolumeClaim`
+/// volumes with `readOnly`.
+pub fn read_only_volumes(pod: &Pod) -> BTreeSet<String> {
+    pod.spec
+        .iter()
+        .flat_map(|s| s.volumes.iter().flatten())
+        .filter(|v| {
+            v.persistent_volume_claim
+                .as_ref()
+                .is_some_and(|c| c.read_only == Some(true))
+        })
+        .map(|v| v.name.clone())
+        .collect()
+}
+
 /// The bind mounts of `container`'s `volumeMounts` (mounts of unknown volumes or with an
-/// escaping `subPath` are skipped: the API server refuses both).
-pub fn bind_mounts(container: &Container, volumes: &BTreeMap<String, PathBuf>) -> Vec<BindMount> {
+/// escaping `subPath` are skipped: the API server refuses both); `read_only` names the
+/// volumes mounted read-only whatever the mount says ([`read_only_volumes`]).
+pub fn bind_mounts(
+    container: &Container,
+    volumes: &BTreeMap<String, PathBuf>,
+    read_only: &BTreeSet<String>,
+) -> Vec<BindMount> {
     container
         .volume_mounts
         .iter()
         .flatten()
         .filter_map(|m| {
             let mut source = volumes.get(&m.name)?.clone();
-            let read_only = m.read_only.unwrap_or(false) || is_api_volume(&source);
+            let read_only = m.read_only.unwrap_or(false)
+                || is_api_volume(&source)
+                || read_only.contains(&m.name);
             if let Some(sub) = m.sub_path.as_deref().filter(|s| !s.is_empty()) {
                 source = source.join(safe_sub_path(sub)?);
             }
@@ -736,7 +847,6 @@ mod tests {
         let pvc = volume(json!({"name": "d", "persistentVolumeClaim": {"claimName": "c"}}));
         assert!(local_volume(&pvc, Path::new("/nonexistent"), &HostPathMap::default()).is_none());
         assert_eq!(api_plugin(&pvc), None);
-        assert_eq!(unsupported_kind(&pvc), "persistentVolumeClaim");
     }
 
     #[test]
@@ -771,7 +881,11 @@ mod tests {
         )
         .expect("container");
         let dir = PathBuf::from("/pods/u/volumes/kubernetes.io~configmap/cfg");
-        let mounts = bind_mounts(&c, &BTreeMap::from([("cfg".to_owned(), dir)]));
+        let mounts = bind_mounts(
+            &c,
+            &BTreeMap::from([("cfg".to_owned(), dir)]),
+            &BTreeSet::new(),
+        );
         assert!(mounts[0].read_only);
         assert!(is_plain_name("kube-api-access-x2b4z"));
         for bad in ["..", ".", "a/b", "", "/abs"] {
@@ -789,11 +903,48 @@ mod tests {
         ]}))
         .expect("container");
         let volumes = BTreeMap::from([("v".to_owned(), PathBuf::from("/data/v"))]);
-        let mounts = bind_mounts(&c, &volumes);
+        let mounts = bind_mounts(&c, &volumes, &BTreeSet::new());
         assert_eq!(mounts.len(), 2);
         assert!(!mounts[0].read_only);
         assert_eq!(mounts[0].target, PathBuf::from("/var/run/kubevirt"));
         assert_eq!(mounts[1].source, PathBuf::from("/data/v/a/b"));
         assert!(mounts[1].read_only);
+    }
+
+    #[test]
+    fn a_read_only_claim_is_mounted_read_only_in_every_container() {
+        let pod: Pod = serde_json::from_value(json!({"spec": {
+        "containers": [{"name": "c", "volumeMounts": [
+            {"name": "ro", "mountPath": "/ro"}, {"name": "rw", "mountPath": "/rw"}]}],
+        "volumes": [
+            {"name": "ro", "persistentVolumeClaim": {"claimName": "a", "readOnly": true}},
+            {"name": "rw", "persistentVolumeClaim": {"claimName": "b"}},
+        ]}}))
+        .expect("pod");
+        let read_only = read_only_volumes(&pod);
+        assert_eq!(read_only, BTreeSet::from(["ro".to_owned()]));
+        let volumes = BTreeMap::from([
+            ("ro".to_owned(), PathBuf::from("/s/pvc-a")),
+            ("rw".to_owned(), PathBuf::from("/s/pvc-b")),
+        ]);
+        let container = &pod.spec.as_ref().expect("spec").containers[0];
+        let mounts = bind_mounts(container, &volumes, &read_only);
+        assert!(mounts[0].read_only);
+        assert!(!mounts[1].read_only);
+    }
+
+    #[test]
+    fn claim_messages_are_kubelets() {
+        let e = VolumeError {
+            volume: "data".into(),
+            cause: SetUpError::Claim {
+                claim: "default/data".into(),
+                problem: "PVC is not bound".into(),
+            },
+        };
+        assert_eq!(
+            e.message(),
+            "MountVolume.SetUp failed for volume \"data\" : error processing PVC default/data: PVC is not bound"
+        );
     }
 }
