@@ -280,18 +280,7 @@ pub fn desired_vmi(
         .get_or_insert_with(VirtualMachineInstanceStatus::default);
     claim_missing_condition(status, obs);
     if !handler_owned(vmi) {
-        for wanted in obs.claim_volumes {
-            match status
-                .volume_status
-                .iter_mut()
-                .find(|v| v.name == wanted.name)
-            {
-                Some(existing) => existing
-                    .persistent_volume_claim_info
-                    .clone_from(&wanted.persistent_volume_claim_info),
-                None => status.volume_status.push(wanted.clone()),
-            }
-        }
+        merge_claim_volumes(status, obs.claim_volumes);
     }
     match status.evacuation_node_name.is_some() {
         true if !status
@@ -336,6 +325,26 @@ pub fn desired_vmi(
             });
     }
     Ok((new, failure))
+}
+
+/// Puts each of `claim_volumes` into the volume status: its claim details replace those of the
+/// entry of the same name, a new entry is added.
+fn merge_claim_volumes(
+    status: &mut VirtualMachineInstanceStatus,
+    claim_volumes: &[kubevirt_api::v1::VolumeStatus],
+) {
+    for wanted in claim_volumes {
+        match status
+            .volume_status
+            .iter_mut()
+            .find(|v| v.name == wanted.name)
+        {
+            Some(existing) => existing
+                .persistent_volume_claim_info
+                .clone_from(&wanted.persistent_volume_claim_info),
+            None => status.volume_status.push(wanted.clone()),
+        }
+    }
 }
 
 /// As upstream: a pending VMI whose claim is missing is unschedulable, with the sync error as

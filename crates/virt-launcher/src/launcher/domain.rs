@@ -686,7 +686,7 @@ mod tests {
     use super::*;
     use std::os::unix::process::ExitStatusExt;
 
-    fn spec_with(disks: Vec<crate::spec::Disk>, dir: &Path) -> LauncherSpec {
+    fn spec_with(disks: &[crate::spec::Disk], dir: &Path) -> LauncherSpec {
         let path = |name: &str| dir.join(name).display().to_string();
         serde_json::from_value(serde_json::json!({
             "vmi": {"name": "v", "namespace": "ns", "uid": "u"},
@@ -716,7 +716,7 @@ mod tests {
         std::fs::create_dir_all(&pod).unwrap();
         std::fs::create_dir_all(claims.join("d")).unwrap();
         let image = claims.join("d/disk.img");
-        let spec = spec_with(vec![claim_disk(&image, Some(64 << 20))], &pod);
+        let spec = spec_with(&[claim_disk(&image, Some(64 << 20))], &pod);
         check_host_paths(&pod, Some(&claims), &spec).unwrap();
         create_claim_disks(Some(&claims), &spec).unwrap();
         let meta = std::fs::metadata(&image).unwrap();
@@ -733,7 +733,7 @@ mod tests {
 
         // Not below the claims directory: refused, nothing created.
         let outside = pod.join("other.img");
-        let spec = spec_with(vec![claim_disk(&outside, Some(1 << 20))], &pod);
+        let spec = spec_with(&[claim_disk(&outside, Some(1 << 20))], &pod);
         assert!(create_claim_disks(Some(&claims), &spec).is_err());
         assert!(create_claim_disks(None, &spec).is_err());
         assert!(!outside.exists());
@@ -743,7 +743,7 @@ mod tests {
         let target = tmp.path().join("elsewhere.img");
         std::os::unix::fs::symlink(&target, claims.join("l/disk.img")).unwrap();
         let spec = spec_with(
-            vec![claim_disk(&claims.join("l/disk.img"), Some(1 << 20))],
+            &[claim_disk(&claims.join("l/disk.img"), Some(1 << 20))],
             &pod,
         );
         assert!(check_host_paths(&pod, Some(&claims), &spec).is_err());
