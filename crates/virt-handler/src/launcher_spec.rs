@@ -152,6 +152,14 @@ pub enum FileAction {
         /// Destination in the pod directory.
         to: PathBuf,
     },
+    /// Hard-link `from` at `to` and never copy: what the guest writes through `to` must reach
+    /// `from` (a `hostDisk`), so a link across filesystems fails instead of silently copying.
+    Share {
+        /// The file the guest writes.
+        from: PathBuf,
+        /// Destination in the pod directory.
+        to: PathBuf,
+    },
     /// Create a sparse file of `size` bytes.
     Sparse {
         /// The file.
@@ -181,7 +189,7 @@ pub enum FileAction {
 impl FileAction {
     fn target(&self) -> &Path {
         match self {
-            Self::Copy { to, .. } | Self::Link { to, .. } => to,
+            Self::Copy { to, .. } | Self::Link { to, .. } | Self::Share { to, .. } => to,
             Self::Sparse { path, .. }
             | Self::CloudInit { path, .. }
             | Self::Overlay { path, .. } => path,
@@ -202,6 +210,10 @@ impl FileAction {
                 to: map(to),
             },
             Self::Link { from, to } => Self::Link {
+                from: from.clone(),
+                to: map(to),
+            },
+            Self::Share { from, to } => Self::Share {
                 from: from.clone(),
                 to: map(to),
             },
@@ -701,7 +713,7 @@ fn host_disk(
         other => return Err(fail(format!("type {other:?} is not Disk or DiskOrCreate"))),
     };
     let to = ctx.pod_dir.join("disks").join(format!("{name}.img"));
-    files.push(FileAction::Link {
+    files.push(FileAction::Share {
         from: path,
         to: to.clone(),
     });

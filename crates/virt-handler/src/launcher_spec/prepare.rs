@@ -53,6 +53,17 @@ pub fn prepare_files(files: &[FileAction]) -> Result<(), SpecError> {
                     std::fs::copy(from, &temporary).map_err(io)?;
                 }
             }
+            FileAction::Share { from, .. } => {
+                std::fs::hard_link(from, &temporary).map_err(|e| {
+                    io(std::io::Error::new(
+                        e.kind(),
+                        format!(
+                            "{} cannot be shared with the pod directory (a copy would not keep the guest's writes): {e}",
+                            from.display()
+                        ),
+                    ))
+                })?;
+            }
             FileAction::Sparse { size, .. } => {
                 let file = std::fs::File::create(&temporary).map_err(io)?;
                 file.set_len(*size).map_err(io)?;
@@ -137,4 +148,52 @@ fn build_cidata(image: &Path, files: &[(String, String)]) -> Result<(), SpecErro
     }
     let _ = std::fs::remove_dir_all(&staging);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::MetadataExt;
+
+    #[test]
+    fn a_shared_file_is_the_same_inode_and_never_a_copy() {
+        let disk_side = tempfile::tempdir().unwrap();
+        let from = disk_side.path().join("host.img");
+        std::fs::write(&from, b"host disk").unwrap();
+        let to = disk_side.path().join("pod/disks/d.img");
+        prepare_files(&[FileAction::Share {
+            from: from.clone(),
+            to: to.clone(),
+        }])
+        .unwrap();
+        let (a, b) = (
+            std::fs::metadata(&from).unwrap(),
+            std::fs::metadata(&to).unwrap(),
+        );
+        assert_eq!((a.dev(), a.ino()), (b.dev(), b.ino()));
+
+        // Across filesystems (a tmpfs against the temporary directory's) it fails and leaves
+        // nothing behind, where a `Link` would copy.
+        let shm = Path::new("/dev/shm");
+        let memory = tempfile::tempdir_in(shm).unwrap();
+        let elsewhere = memory.path().join("host.img");
+        std::fs::write(&elsewhere, b"host disk").unwrap();
+        let other_fs = std::fs::metadata(memory.path()).unwrap().dev() != a.dev();
+        assert!(
+            other_fs,
+            "/dev/shm is another filesystem than the temporary directory"
+        );
+        let to = disk_side.path().join("pod/disks/e.img");
+        let err = prepare_files(&[FileAction::Share {
+            from: elsewhere,
+            to: to.clone(),
+        }])
+        .unwrap_err();
+        assert!(
+            err.to_string().contains("cannot be shared")
+                || format!("{err:?}").contains("cannot be shared"),
+            "{err:?}"
+        );
+        assert!(!to.exists());
+    }
 }

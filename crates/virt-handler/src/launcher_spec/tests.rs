@@ -439,7 +439,7 @@ fn unsupported_volumes_and_bindings_are_clear_errors() {
     let prepared = build_spec(&inside, &f.ctx()).unwrap();
     assert!(
         prepared.files.iter().any(|a| matches!(a,
-            FileAction::Link { from, .. } if from == &f.hostdisks.join("real/d.img"))),
+            FileAction::Share { from, .. } if from == &f.hostdisks.join("real/d.img"))),
         "{:?}",
         prepared.files
     );

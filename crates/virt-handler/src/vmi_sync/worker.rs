@@ -513,7 +513,9 @@ fn restrict_prepared(pod_dir: &Path, files: &[FileAction]) {
     use virt_launcher::private_fs::{DIR_MODE, FILE_MODE, set_mode};
     for action in files {
         let target = match action {
-            FileAction::Copy { to, .. } | FileAction::Link { to, .. } => to,
+            FileAction::Copy { to, .. }
+            | FileAction::Link { to, .. }
+            | FileAction::Share { to, .. } => to,
             FileAction::Sparse { path, .. }
             | FileAction::CloudInit { path, .. }
             | FileAction::Overlay { path, .. } => path,

@@ -22,6 +22,9 @@ fn file_action_json(action: &FileAction) -> serde_json::Value {
         FileAction::Link { from, to } => {
             serde_json::json!({"link": {"from": p(from), "to": p(to)}})
         }
+        FileAction::Share { from, to } => {
+            serde_json::json!({"share": {"from": p(from), "to": p(to)}})
+        }
         FileAction::Sparse { path, size } => {
             serde_json::json!({"sparse": {"path": p(path), "size": size}})
         }
