@@ -29,6 +29,7 @@ pub mod sync;
 use std::sync::Arc;
 
 use k8s_openapi::api::apps::v1::ControllerRevision;
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::watcher;
@@ -167,9 +168,44 @@ pub struct Context {
     vms: InformerHandle<VirtualMachine>,
     vmis: InformerHandle<VirtualMachineInstance>,
     revisions: InformerHandle<ControllerRevision>,
+    claims: InformerHandle<PersistentVolumeClaim>,
     expectations: Arc<Expectations>,
     sync: watch::Receiver<MetadataSyncPatterns>,
     recorder: Arc<EventRecorder>,
+}
+
+/// The claims (`namespace/name`) of the VM template's `persistentVolumeClaim`, `dataVolume`
+/// and `memoryDump` volumes.
+fn template_claims(vm: &VirtualMachine) -> Vec<String> {
+    let ns = vm.metadata.namespace.as_deref().unwrap_or_default();
+    let volumes = vm
+        .spec
+        .template
+        .spec
+        .as_ref()
+        .map(|t| t.volumes.as_slice())
+        .unwrap_or_default();
+    volumes
+        .iter()
+        .filter_map(|v| {
+            let s = &v.volume_source;
+            s.persistent_volume_claim
+                .as_ref()
+                .map(|p| p.claim_name.clone())
+                .or_else(|| s.data_volume.as_ref().map(|d| d.name.clone()))
+                .or_else(|| s.memory_dump.as_ref().map(|m| m.claim_name.clone()))
+        })
+        .map(|claim| format!("{ns}/{claim}"))
+        .collect()
+}
+
+/// Whether a claim of the VM's template is in the cache and not `Bound`.
+fn claim_unbound(vm: &VirtualMachine, claims: &InformerHandle<PersistentVolumeClaim>) -> bool {
+    template_claims(vm).iter().any(|key| {
+        claims.get_by_key(key).is_some_and(|pvc| {
+            pvc.status.as_ref().and_then(|s| s.phase.as_deref()) != Some("Bound")
+        })
+    })
 }
 
 impl Reconciler for Arc<Context> {
@@ -223,11 +259,23 @@ pub async fn run_vm_controller(
             .is_some_and(|vm| vm.metadata.uid.as_deref() == Some(uid))
     }));
     let revisions = Informer::<ControllerRevision>::new();
+    let mut claims = Informer::<PersistentVolumeClaim>::new();
+    let claim_vms = vms.handle();
+    let claim_queue = queue.clone();
+    claims.on_change(move |change| {
+        let claim = key_of(change.object());
+        for vm in claim_vms.store().state() {
+            if template_claims(&vm).contains(&claim) {
+                claim_queue.add(key_of(vm.as_ref()));
+            }
+        }
+    });
     let ctx = Arc::new(Context {
         client: client.clone(),
         vms: vms.handle(),
         vmis: vmis.handle(),
         revisions: revisions.handle(),
+        claims: claims.handle(),
         expectations,
         sync: config.sync.clone(),
         recorder: Arc::new(EventRecorder::new(client.clone(), EVENT_COMPONENT)),
@@ -235,6 +283,7 @@ pub async fn run_vm_controller(
     let mut tasks = tokio::task::JoinSet::new();
     tasks.spawn(vms.run(Api::all(client.clone()), watcher::Config::default()));
     tasks.spawn(vmis.run(Api::all(client.clone()), watcher::Config::default()));
+    tasks.spawn(claims.run(Api::all(client.clone()), watcher::Config::default()));
     tasks.spawn(revisions.run(Api::all(client), watcher::Config::default()));
     tasks.spawn(requeue_on_config_change(
         config.sync,
@@ -244,6 +293,7 @@ pub async fn run_vm_controller(
     let synced = async {
         ctx.vms.wait_for_sync().await?;
         ctx.vmis.wait_for_sync().await?;
+        ctx.claims.wait_for_sync().await?;
         ctx.revisions.wait_for_sync().await
     };
     tokio::select! {
@@ -367,6 +417,7 @@ async fn reconcile(ctx: &Context, key: &str) -> Result<Action, VmError> {
             vmi_generation: plan.vmi_generation,
             restart_required: plan.restart_required,
             now,
+            claim_unbound: claim_unbound(&vm, &ctx.claims),
         },
         &mut rand::rng(),
     );

@@ -92,6 +92,7 @@ async fn context(
         vms: synced(vec![vm]).await,
         vmis: synced(vmis).await,
         revisions: synced(Vec::new()).await,
+        claims: synced(Vec::new()).await,
         expectations: Arc::new(Expectations::new()),
         sync,
         recorder: Arc::new(EventRecorder::new(

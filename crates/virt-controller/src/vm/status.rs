@@ -57,6 +57,29 @@ pub struct StatusInput<'a> {
     pub restart_required: RestartRequired,
     /// The current time.
     pub now: Timestamp,
+    /// A claim of the template's volumes is in the cache and not `Bound` (upstream's
+    /// `WaitingForVolumeBinding` applies only while the VM is set to start, see
+    /// [`set_to_start`]).
+    pub claim_unbound: bool,
+}
+
+/// Upstream's `isSetToStart`: whether the VM, with its run strategy and VMI, is meant to run.
+pub fn set_to_start(vm: &VirtualMachine, vmi: Option<&VirtualMachineInstance>) -> bool {
+    let final_vmi = vmi.map(|v| vmi_phase(v).is_final());
+    match vm.run_strategy().ok() {
+        Some(RunStrategy::Always) => true,
+        Some(RunStrategy::RerunOnFailure) => vmi.is_none_or(|v| vmi_phase(v) != Phase::Succeeded),
+        Some(RunStrategy::Once) => final_vmi != Some(true),
+        Some(RunStrategy::Manual) => match final_vmi {
+            Some(is_final) => !is_final,
+            None => vm.status.as_ref().is_some_and(|s| {
+                s.state_change_requests
+                    .first()
+                    .is_some_and(|r| r.action == StateChangeRequestAction::Start)
+            }),
+        },
+        _ => false,
+    }
 }
 
 fn vmi_phase(vmi: &VirtualMachineInstance) -> Phase {
@@ -123,6 +146,7 @@ pub fn compute_status(input: &StatusInput<'_>, rng: &mut impl Rng) -> VirtualMac
         rng,
     );
     sync_conditions(&mut status.conditions, input);
+    let waiting_for_binding = input.claim_unbound && set_to_start(vm, vmi);
     status.printable_status = Some(printable_status(
         vm,
         &status,
@@ -130,6 +154,7 @@ pub fn compute_status(input: &StatusInput<'_>, rng: &mut impl Rng) -> VirtualMac
         input.expectations,
         &effective,
         input.now,
+        waiting_for_binding,
     ));
     status
 }
@@ -307,6 +332,7 @@ pub fn printable_status(
     expectations: ExpectView,
     strategy: &RunStrategy,
     now: Timestamp,
+    waiting_for_binding: bool,
 ) -> PrintableStatus {
     use PrintableStatus as P;
     let phase = vmi.map(vmi_phase);
@@ -339,7 +365,7 @@ pub fn printable_status(
     if phase == Some(Phase::Running) {
         return if paused { P::Paused } else { P::Running };
     }
-    let rules: [(bool, P); 4] = [
+    let rules: [(bool, P); 5] = [
         (
             has(
                 &VmiCond::Synchronized,
@@ -356,6 +382,7 @@ pub fn printable_status(
             ),
             P::ErrorUnschedulable,
         ),
+        (waiting_for_binding, P::WaitingForVolumeBinding),
         (
             has(
                 &VmiCond::Synchronized,

@@ -20,6 +20,7 @@ fn input<'a>(vm: &'a VirtualMachine, vmi: Option<&'a VirtualMachineInstance>) ->
         vmi_generation: None,
         restart_required: RestartRequired::Keep,
         now: now(),
+        claim_unbound: false,
     }
 }
 
@@ -596,4 +597,42 @@ fn a_run_strategy_error_keeps_the_start_failure() {
         vm.status.as_ref().unwrap().start_failure,
         "upstream's shouldClearStartFailure is false when the run strategy errs"
     );
+}
+
+#[test]
+fn an_unbound_claim_shows_waiting_for_volume_binding_only_while_the_vm_is_set_to_start() {
+    let always = vm(RunStrategy::Always);
+    let halted = vm(RunStrategy::Halted);
+    let scheduling = vmi(Phase::Scheduling);
+    let unbound = |vm: &VirtualMachine, vmi: Option<&VirtualMachineInstance>| {
+        let mut i = input(vm, vmi);
+        i.claim_unbound = true;
+        status_of(&i).printable_status
+    };
+    assert_eq!(
+        unbound(&always, Some(&scheduling)),
+        Some(PrintableStatus::WaitingForVolumeBinding)
+    );
+    assert_eq!(
+        unbound(&always, None),
+        Some(PrintableStatus::WaitingForVolumeBinding)
+    );
+    // A halted VM is not set to start: it is Stopped.
+    assert_eq!(unbound(&halted, None), Some(PrintableStatus::Stopped));
+    // Earlier rules win: a running VMI is Running whatever its claims.
+    assert_eq!(
+        unbound(&always, Some(&vmi(Phase::Running))),
+        Some(PrintableStatus::Running)
+    );
+    // Without an unbound claim the same VM is Starting.
+    assert_eq!(
+        status_of(&input(&always, Some(&scheduling))).printable_status,
+        Some(PrintableStatus::Starting)
+    );
+    // A Succeeded VMI of a RerunOnFailure VM is not set to start.
+    let rerun = vm(RunStrategy::RerunOnFailure);
+    let done = ran(vmi(Phase::Succeeded));
+    assert!(!set_to_start(&rerun, Some(&done)));
+    assert!(set_to_start(&rerun, None));
+    assert!(!set_to_start(&vm(RunStrategy::Manual), None));
 }
