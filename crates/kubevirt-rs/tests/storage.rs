@@ -21,14 +21,6 @@ fn fail(server: &ServerProcess) -> impl Fn(anyhow::Error) -> anyhow::Error + '_ 
     move |e| anyhow::anyhow!("{e}\nserver log:\n{}", server.log())
 }
 
-fn get(server: &ServerProcess, what: &[&str], template: &str) -> String {
-    let mut args = vec!["get"];
-    args.extend_from_slice(what);
-    let template = format!("jsonpath={template}");
-    args.extend(["-o", template.as_str()]);
-    server.ok(&args).unwrap_or_default()
-}
-
 /// A pod running `args` of the project's image with claim `claim` at `mount`.
 fn pod(name: &str, claim: &str, read_only: bool, mount: &Path, args: &[String]) -> String {
     let args = serde_json::to_string(args).unwrap_or_default();
@@ -61,7 +53,7 @@ spec:
 
 fn wait_phase(server: &ServerProcess, pod: &str, phase: &str) -> anyhow::Result<()> {
     wait_until(DEADLINE, &format!("pod {pod} to be {phase}"), || {
-        (get(server, &["pod", pod], "{.status.phase}") == phase).then_some(())
+        (server.get(&["pod", pod], "{.status.phase}") == phase).then_some(())
     })
 }
 
@@ -77,9 +69,7 @@ fn apiserver_args(dir: &Path) -> Vec<String> {
 
 /// The default class is `local`, as the embedded server installs it.
 fn assert_default_class(server: &ServerProcess) {
-    let class = get(
-        server,
-        &["storageclass", "local"],
+    let class = server.get(&["storageclass", "local"],
         r#"{.provisioner} {.volumeBindingMode} {.reclaimPolicy} {.metadata.annotations.storageclass\.kubernetes\.io/is-default-class}"#,
     );
     assert_eq!(
@@ -91,20 +81,16 @@ fn assert_default_class(server: &ServerProcess) {
 /// The claim `data` is bound to `volume`, provisioned on the node of pod `pod`.
 fn assert_bound(server: &ServerProcess, volume: &str, pod: &str) {
     assert_eq!(
-        get(
-            server,
-            &["pvc", "data"],
+        server.get(&["pvc", "data"],
             "{.status.phase} {.spec.volumeName} {.metadata.annotations.volume\\.kubernetes\\.io/selected-node}"
         ),
         format!(
             "Bound {volume} {}",
-            get(server, &["pod", pod], "{.spec.nodeName}")
+            server.get(&["pod", pod], "{.spec.nodeName}")
         )
     );
     assert_eq!(
-        get(
-            server,
-            &["pv", volume],
+        server.get(&["pv", volume],
             "{.status.phase} {.spec.claimRef.name} {.spec.capacity.storage} {.spec.hostPath.path} {.metadata.annotations.pv\\.kubernetes\\.io/provisioned-by}"
         ),
         format!("Bound data 1Gi /opt/local-path-provisioner/{volume} kubevirt-rs.io/local")
@@ -147,16 +133,12 @@ spec:
         DEADLINE,
         "the claim to be Pending in the default class",
         || {
-            let claim = get(
-                &server,
-                &["pvc", "data"],
-                "{.spec.storageClassName} {.status.phase}",
-            );
+            let claim = server.get(&["pvc", "data"], "{.spec.storageClassName} {.status.phase}");
             (claim == "local Pending").then_some(())
         },
     )
     .map_err(fail(&server))?;
-    let uid = get(&server, &["pvc", "data"], "{.metadata.uid}");
+    let uid = server.get(&["pvc", "data"], "{.metadata.uid}");
     let volume = format!("pvc-{uid}");
     let dir: PathBuf = server.data_dir().join("node/storage").join(&volume);
     let mount = server.data_dir().join("mnt/data");
@@ -216,12 +198,12 @@ spec:
     // deletes the volume and its directory.
     server.ok(&["delete", "pvc", "data", "--wait=false"])?;
     wait_until(DEADLINE, "the claim to be marked deleted", || {
-        let deleted = get(&server, &["pvc", "data"], "{.metadata.deletionTimestamp}");
+        let deleted = server.get(&["pvc", "data"], "{.metadata.deletionTimestamp}");
         (!deleted.is_empty()).then_some(())
     })
     .map_err(fail(&server))?;
     assert_eq!(
-        get(&server, &["pvc", "data"], "{.metadata.finalizers}"),
+        server.get(&["pvc", "data"], "{.metadata.finalizers}"),
         r#"["kubernetes.io/pvc-protection"]"#
     );
     assert!(dir.join("api/kubeconfig").exists());
@@ -246,9 +228,7 @@ fn a_missing_claim_and_a_block_claim_keep_their_pods_pending() -> anyhow::Result
     let args = apiserver_args(&mount.join("api"));
     server.apply(&pod("orphan", "missing", false, &mount, &args))?;
     wait_until(DEADLINE, "the pod to be unschedulable", || {
-        let condition = get(
-            &server,
-            &["pod", "orphan"],
+        let condition = server.get(&["pod", "orphan"],
             r#"{.status.conditions[?(@.type=="PodScheduled")].reason}: {.status.conditions[?(@.type=="PodScheduled")].message}"#,
         );
         (condition
@@ -272,9 +252,7 @@ spec:
     )?;
     server.apply(&pod("raw-user", "raw", false, &mount, &args))?;
     let event = wait_until(DEADLINE, "the Block claim to be refused", || {
-        let events = get(
-            &server,
-            &["events"],
+        let events = server.get(&["events"],
             r#"{range .items[?(@.involvedObject.name=="raw")]}{.type} {.reason}: {.message}{"\n"}{end}"#,
         );
         events
@@ -288,15 +266,15 @@ spec:
         event.contains("volumeMode Block is not supported"),
         "{event}"
     );
-    assert_eq!(get(&server, &["pvc", "raw"], "{.status.phase}"), "Pending");
+    assert_eq!(server.get(&["pvc", "raw"], "{.status.phase}"), "Pending");
     assert_eq!(
-        get(&server, &["pod", "raw-user"], "{.status.phase}"),
+        server.get(&["pod", "raw-user"], "{.status.phase}"),
         "Pending"
     );
-    assert_eq!(get(&server, &["pod", "raw-user"], "{.spec.nodeName}"), "");
+    assert_eq!(server.get(&["pod", "raw-user"], "{.spec.nodeName}"), "");
 
     // A pod bound by name bypasses the scheduler: the node waits for its claim, retrying.
-    let node = get(&server, &["nodes"], "{.items[0].metadata.name}");
+    let node = server.get(&["nodes"], "{.items[0].metadata.name}");
     let pinned = pod("pinned", "later", false, &mount, &args).replace(
         "spec:\n  restartPolicy",
         &format!("spec:\n  nodeName: {node}\n  restartPolicy"),
@@ -307,9 +285,7 @@ spec:
             "ContainerCreating MountVolume.SetUp failed for volume \"data\" : error processing PVC default/later: {problem}"
         );
         wait_until(DEADLINE, &format!("the pod to wait for its claim: {problem}"), || {
-            let state = get(
-                &server,
-                &["pod", "pinned"],
+            let state = server.get(&["pod", "pinned"],
                 "{.status.containerStatuses[0].state.waiting.reason} {.status.containerStatuses[0].state.waiting.message}",
             );
             (state == expected).then_some(())

@@ -10,14 +10,6 @@ use testkit::{DEADLINE, ServerProcess, wait_until};
 
 const BIN: &str = env!("CARGO_BIN_EXE_kubevirt-rs");
 
-fn get(server: &ServerProcess, what: &[&str], template: &str) -> String {
-    let mut args = vec!["get"];
-    args.extend_from_slice(what);
-    let template = format!("jsonpath={template}");
-    args.extend(["-o", template.as_str()]);
-    server.ok(&args).unwrap_or_default()
-}
-
 const VM: &str = r"apiVersion: kubevirt.io/v1
 kind: VirtualMachine
 metadata:
@@ -51,10 +43,9 @@ spec:
 fn a_vm_waits_for_its_claim_then_runs_on_a_disk_image_in_it() -> anyhow::Result<()> {
     let server = ServerProcess::start(Path::new(BIN), "server", &["--fake-qemu"])?;
     let fail = |e: anyhow::Error| anyhow::anyhow!("{e}\nserver log:\n{}", server.log());
-    let status = || get(&server, &["vm", "claimed"], "{.status.printableStatus}");
+    let status = || server.get(&["vm", "claimed"], "{.status.printableStatus}");
     let launchers = || {
-        get(
-            &server,
+        server.get(
             &["pods", "-l", "vm.kubevirt.io/name=claimed"],
             "{.items[*].metadata.name}",
         )
@@ -70,8 +61,7 @@ fn a_vm_waits_for_its_claim_then_runs_on_a_disk_image_in_it() -> anyhow::Result<
         "",
         "no launcher pod while the claim is missing"
     );
-    let synchronized = get(
-        &server,
+    let synchronized = server.get(
         &["vmi", "claimed"],
         r#"{.status.conditions[?(@.type=="Synchronized")].message}"#,
     );
@@ -85,7 +75,7 @@ fn a_vm_waits_for_its_claim_then_runs_on_a_disk_image_in_it() -> anyhow::Result<
         (status() == "Running").then_some(())
     })
     .map_err(fail)?;
-    let volume = get(&server, &["pvc", "claimed-data"], "{.spec.volumeName}");
+    let volume = server.get(&["pvc", "claimed-data"], "{.spec.volumeName}");
     anyhow::ensure!(!volume.is_empty(), "the claim is bound");
     let image = server
         .data_dir()
@@ -96,8 +86,7 @@ fn a_vm_waits_for_its_claim_then_runs_on_a_disk_image_in_it() -> anyhow::Result<
         std::fs::metadata(&image).map_err(|e| fail(anyhow::anyhow!("{}: {e}", image.display())))?;
     // 256 MiB less CDI's default 5.5 % overhead, aligned down to 1 MiB.
     assert_eq!(meta.len(), 241 << 20);
-    let capacity = get(
-        &server,
+    let capacity = server.get(
         &["vmi", "claimed"],
         r#"{.status.volumeStatus[?(@.name=="data")].persistentVolumeClaimInfo.capacity.storage}"#,
     );

@@ -291,6 +291,16 @@ impl ServerProcess {
             })
     }
 
+    /// `kubectl get WHAT… -o jsonpath=TEMPLATE`; empty when kubectl fails (the object is not
+    /// there yet), so that a polling caller just looks again.
+    pub fn get(&self, what: &[&str], template: &str) -> String {
+        let template = format!("jsonpath={template}");
+        let mut args = vec!["get"];
+        args.extend_from_slice(what);
+        args.extend(["-o", template.as_str()]);
+        self.ok(&args).unwrap_or_default()
+    }
+
     /// Runs kubectl, fails unless it succeeds, returns stdout.
     pub fn ok(&self, args: &[&str]) -> anyhow::Result<String> {
         let out = self.kubectl(args);

@@ -575,15 +575,6 @@ fn claim_disk_size(vmi: &VirtualMachineInstance, volume: &str) -> Result<Option<
     Ok(Some(aligned))
 }
 
-/// The claim of a `persistentVolumeClaim` volume, or of a `dataVolume` one (its claim has the
-/// DataVolume's name).
-fn claim_of(src: &kubevirt_api::v1::VolumeSource) -> Option<&str> {
-    src.persistent_volume_claim
-        .as_ref()
-        .map(|p| p.claim_name.as_str())
-        .or_else(|| src.data_volume.as_ref().map(|d| d.name.as_str()))
-}
-
 fn volume_source(
     vmi: &VirtualMachineInstance,
     volume: &Volume,
@@ -657,7 +648,7 @@ fn volume_source(
     if let Some(hd) = &src.host_disk {
         return host_disk(name, hd, ctx, files);
     }
-    if claim_of(src).is_some() {
+    if src.claim_name().is_some() {
         // The launcher pod mounts the claim there (virt-controller's template); the launcher
         // creates a missing image in it, as upstream's does, and QEMU opens it in place.
         let dir = Path::new(virt_launcher::pod_layout::CLAIM_DISKS_DIR).join(name);

@@ -46,6 +46,16 @@ impl VolumeSource {
             .collect()
     }
 
+    /// The claim a `persistentVolumeClaim` or `dataVolume` source names (a DataVolume's claim
+    /// has the DataVolume's name).
+    #[must_use]
+    pub fn claim_name(&self) -> Option<&str> {
+        self.persistent_volume_claim
+            .as_ref()
+            .map(|p| p.claim_name.as_str())
+            .or_else(|| self.data_volume.as_ref().map(|d| d.name.as_str()))
+    }
+
     /// Whether the volume is hotpluggable (a PVC or DataVolume marked `hotpluggable`, or a
     /// memory dump).
     #[must_use]

@@ -189,11 +189,8 @@ fn template_claims(vm: &VirtualMachine) -> Vec<String> {
         .iter()
         .filter_map(|v| {
             let s = &v.volume_source;
-            s.persistent_volume_claim
-                .as_ref()
-                .map(|p| p.claim_name.clone())
-                .or_else(|| s.data_volume.as_ref().map(|d| d.name.clone()))
-                .or_else(|| s.memory_dump.as_ref().map(|m| m.claim_name.clone()))
+            s.claim_name()
+                .or_else(|| s.memory_dump.as_ref().map(|m| m.claim_name.as_str()))
         })
         .map(|claim| format!("{ns}/{claim}"))
         .collect()

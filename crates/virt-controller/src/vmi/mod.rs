@@ -547,12 +547,7 @@ fn claim_volume_status(
         .volumes
         .iter()
         .filter_map(|v| {
-            let s = &v.volume_source;
-            let claim = s
-                .persistent_volume_claim
-                .as_ref()
-                .map(|p| p.claim_name.clone())
-                .or_else(|| s.data_volume.as_ref().map(|d| d.name.clone()))?;
+            let claim = v.volume_source.claim_name()?.to_owned();
             let pvc = cached(&format!("{ns}/{claim}"))?;
             let spec = pvc.spec.clone().unwrap_or_default();
             let info = kubevirt_api::v1::PersistentVolumeClaimInfo {

@@ -52,16 +52,9 @@ pub fn required_claims(vmi: &VirtualMachineInstance) -> Vec<String> {
     vmi.spec
         .volumes
         .iter()
-        .filter_map(|v| {
-            let s = &v.volume_source;
-            if let Some(pvc) = &s.persistent_volume_claim {
-                (!pvc.hotpluggable.unwrap_or(false)).then(|| pvc.claim_name.clone())
-            } else if let Some(dv) = &s.data_volume {
-                (!dv.hotpluggable.unwrap_or(false)).then(|| dv.name.clone())
-            } else {
-                None
-            }
-        })
+        .map(|v| &v.volume_source)
+        .filter(|s| !s.is_hotpluggable())
+        .filter_map(kubevirt_api::v1::VolumeSource::claim_name)
         .map(|claim| format!("{ns}/{claim}"))
         .collect()
 }

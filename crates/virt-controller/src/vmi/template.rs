@@ -421,14 +421,15 @@ fn claim_volumes(vmi: &VirtualMachineInstance) -> Vec<(Volume, VolumeMount)> {
         .iter()
         .filter_map(|v| {
             let s = &v.volume_source;
-            let (claim, read_only) = if let Some(pvc) = &s.persistent_volume_claim {
-                (!pvc.hotpluggable.unwrap_or(false))
-                    .then(|| (pvc.claim_name.clone(), pvc.read_only.unwrap_or(false)))?
-            } else if let Some(dv) = &s.data_volume {
-                (!dv.hotpluggable.unwrap_or(false)).then(|| (dv.name.clone(), false))?
-            } else {
+            if s.is_hotpluggable() {
                 return None;
-            };
+            }
+            let claim = s.claim_name()?.to_owned();
+            let read_only = s
+                .persistent_volume_claim
+                .as_ref()
+                .and_then(|p| p.read_only)
+                .unwrap_or(false);
             let volume = Volume {
                 name: v.name.clone(),
                 persistent_volume_claim: Some(ClaimSource {
