@@ -27,6 +27,15 @@ pub enum ImagesCommand {
         #[arg(long)]
         to: Option<String>,
     },
+    /// Register a build of kubevirt-rs as release TAG: every project image
+    /// (`kubevirt-rs/virt-operator:TAG` … `kubevirt-rs/virt-launcher:TAG`) then runs that binary
+    /// on the embedded nodes, so patching the KubeVirt CR's `imageTag` to TAG upgrades to it.
+    ImportRelease {
+        /// The release's image tag.
+        tag: String,
+        /// The kubevirt-rs binary of that release.
+        binary: PathBuf,
+    },
 }
 
 pub fn run(args: ImagesArgs) -> anyhow::Result<()> {
@@ -46,6 +55,15 @@ pub fn run(args: ImagesArgs) -> anyhow::Result<()> {
                 files.len(),
                 path.display()
             );
+        }
+        ImagesCommand::ImportRelease { tag, binary } => {
+            let path = kubevirt_node::images::import_release(
+                &crate::cmd_server::releases_dir(&args.data_dir),
+                &tag,
+                kubevirt_install::BINARY,
+                &binary,
+            )?;
+            println!("imported release {tag} ({})", path.display());
         }
     }
     Ok(())

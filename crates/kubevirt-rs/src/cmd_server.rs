@@ -487,6 +487,12 @@ fn host_paths(node_dir: &Path, data_dir: &Path) -> kubevirt_node::HostPathMap {
 /// virt-handler's state directory on a node (its DaemonSet's hostPath volume).
 const HANDLER_STATE_DIR: &str = "/var/lib/kubevirt-rs";
 
+/// Where `kubevirt-rs images import-release` puts other releases of the project's images
+/// (a name starting with `.` is never an image directory of the image store beside it).
+pub fn releases_dir(data_dir: &Path) -> PathBuf {
+    data_dir.join("images").join(".releases")
+}
+
 /// The images of KubeVirt's components (and the project's launcher), all this binary.
 const PROJECT_IMAGES: [&str; 5] = [
     "virt-operator",
@@ -498,8 +504,10 @@ const PROJECT_IMAGES: [&str; 5] = [
 
 /// The node's image store: this binary under each of the project's image names that `install`
 /// renders into the manifests (and virt-controller's default launcher image), with the
-/// environment its image would carry (the launcher's a fake QEMU under `--fake-qemu`).
+/// environment its image would carry (the launcher's a fake QEMU under `--fake-qemu`); every
+/// other tag of those images is the release imported under it into [`releases_dir`].
 fn project_images(
+    data_dir: &Path,
     fake_qemu: bool,
     install: &kubevirt_install::InstallConfig,
 ) -> anyhow::Result<kubevirt_node::images::ImageStore> {
@@ -519,8 +527,16 @@ fn project_images(
         env,
     };
     let mut images = kubevirt_node::images::ImageStore::new();
+    let mut releases = std::collections::BTreeMap::new();
+    let mut add = |reference: &str, image: kubevirt_node::images::Image| {
+        releases.insert(
+            kubevirt_node::images::ReleaseFamily::repository_of(reference),
+            image.clone(),
+        );
+        images.insert(reference, image);
+    };
     for name in PROJECT_IMAGES {
-        images.insert(&install.image(name), image(env.clone()));
+        add(&install.image(name), image(env.clone()));
     }
     let mut launcher_env = env;
     if fake_qemu {
@@ -530,8 +546,13 @@ fn project_images(
         install.launcher_image(),
         virt_controller::vmi::template::LauncherPodConfig::default().launcher_image,
     ] {
-        images.insert(&launcher, image(launcher_env.clone()));
+        add(&launcher, image(launcher_env.clone()));
     }
+    images.set_releases(kubevirt_node::images::ReleaseFamily {
+        dir: releases_dir(data_dir),
+        program: kubevirt_install::BINARY.to_owned(),
+        repositories: releases,
+    });
     Ok(images)
 }
 
@@ -566,7 +587,7 @@ async fn serve(args: ServerArgs) -> anyhow::Result<()> {
         .unwrap_or_else(virt_handler::default_node_name);
     let ca_pem =
         std::fs::read(data_dir.join("pki").join("ca.crt")).context("reading the cluster CA")?;
-    let images = project_images(args.fake_qemu, &install)?;
+    let images = project_images(&data_dir, args.fake_qemu, &install)?;
     let nodes = args.nodes.max(1);
     let node_dirs: Vec<(String, PathBuf)> = (0..nodes)
         .map(|index| embedded_node(&data_dir, &node_name, index))

@@ -7,9 +7,16 @@
 //! component image's name). A container whose image the store does not know gets kubelet's
 //! `ErrImagePull` and nothing runs; a `command[0]` the image does not hold fails the
 //! container as kubelet's runtime does (`StartError`, exit code 128).
+//!
+//! Other versions of the project's images are *releases*: `kubevirt-rs images import-release
+//! <tag> <binary>` places a binary at `<releases dir>/<tag>/kubevirt-rs`, and from then on
+//! every repository of a [`ReleaseFamily`] resolves under that tag to the family's image with
+//! that binary. The store looks a release up when a container starts, so a release imported
+//! into a running server is usable at once (an upgrade only patches the KubeVirt CR's
+//! `imageTag`).
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// What one image provides.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -27,6 +34,111 @@ pub struct Image {
 #[derive(Debug, Clone, Default)]
 pub struct ImageStore {
     images: BTreeMap<String, Image>,
+    releases: Option<ReleaseFamily>,
+}
+
+/// Repositories whose every tag is a release of one program (see the module docs).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReleaseFamily {
+    /// Directory holding one directory per tag, each with the program.
+    pub dir: PathBuf,
+    /// The program's file name in a tag's directory, which the images' `programs` and
+    /// `entrypoint` name.
+    pub program: String,
+    /// Canonical repositories (without tag) → the image each tag provides, with its
+    /// `programs` replaced by the tag's binary.
+    pub repositories: BTreeMap<String, Image>,
+}
+
+impl ReleaseFamily {
+    /// The family's image for `reference` when its repository belongs to the family and its
+    /// tag has been imported.
+    fn lookup(&self, reference: &str) -> Option<Image> {
+        let canonical = canonical(reference);
+        let (repository, tag) = canonical.rsplit_once(':')?;
+        // The tag becomes a path component: only the OCI tag grammar, which has no `/`
+        // and cannot be `.` or `..`.
+        if !is_tag(tag) || repository.contains('@') {
+            return None;
+        }
+        let template = self.repositories.get(repository)?;
+        let binary = self.dir.join(tag).join(&self.program);
+        if !binary.is_file() {
+            return None;
+        }
+        let mut image = template.clone();
+        image.programs = BTreeMap::from([(self.program.clone(), binary)]);
+        Some(image)
+    }
+
+    /// The repository of `reference` without its tag, as the family keys it.
+    pub fn repository_of(reference: &str) -> String {
+        let canonical = canonical(reference);
+        match canonical.rsplit_once(':') {
+            Some((repository, tag)) if !tag.contains('/') => repository.to_owned(),
+            _ => canonical,
+        }
+    }
+}
+
+/// Why a release cannot be imported.
+#[derive(Debug, thiserror::Error)]
+pub enum ImportReleaseError {
+    /// The tag is not an OCI tag.
+    #[error("{0:?} is not an image tag ([A-Za-z0-9_][A-Za-z0-9._-]{{0,127}})")]
+    InvalidTag(String),
+    /// Copying the binary failed.
+    #[error("importing {binary} as release {tag}: {source}")]
+    Io {
+        tag: String,
+        binary: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+/// Imports `binary` as release `tag` of a family whose directory is `dir` and whose program
+/// is named `program`: a private copy at `dir/<tag>/<program>` (mode `0700`), written to a
+/// temporary file and renamed into place, so a container starting meanwhile sees the old
+/// release or the new one, never half a binary. Importing a tag again replaces its binary;
+/// running processes keep the one they started with.
+///
+/// # Errors
+/// [`ImportReleaseError`] for a tag that is not one, or when copying fails.
+pub fn import_release(
+    dir: &Path,
+    tag: &str,
+    program: &str,
+    binary: &Path,
+) -> Result<PathBuf, ImportReleaseError> {
+    if !is_tag(tag) {
+        return Err(ImportReleaseError::InvalidTag(tag.to_owned()));
+    }
+    let io = |source| ImportReleaseError::Io {
+        tag: tag.to_owned(),
+        binary: binary.to_path_buf(),
+        source,
+    };
+    let tag_dir = dir.join(tag);
+    private_fs::create_dir_all(&tag_dir).map_err(io)?;
+    let target = tag_dir.join(program);
+    let tmp = tag_dir.join(format!(".{program}.tmp"));
+    std::fs::copy(binary, &tmp).map_err(io)?;
+    private_fs::set_mode(&tmp, 0o700).map_err(io)?;
+    std::fs::File::open(&tmp)
+        .and_then(|f| f.sync_all())
+        .map_err(io)?;
+    std::fs::rename(&tmp, &target).map_err(io)?;
+    Ok(target)
+}
+
+/// The OCI distribution spec's tag grammar: `[A-Za-z0-9_][A-Za-z0-9._-]{0,127}`.
+pub fn is_tag(tag: &str) -> bool {
+    let mut chars = tag.chars();
+    chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphanumeric() || c == '_')
+        && tag.len() <= 128
+        && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
 }
 
 /// Why a container cannot start.
@@ -86,9 +198,25 @@ impl ImageStore {
         self.images.insert(canonical(reference), image);
     }
 
+    /// Resolves the tags of `family`'s repositories that no image inserted by
+    /// [`ImageStore::insert`] holds to the releases imported into `family.dir`.
+    pub fn set_releases(&mut self, family: ReleaseFamily) {
+        self.releases = Some(family);
+    }
+
     /// Whether `reference` is known.
     pub fn contains(&self, reference: &str) -> bool {
-        self.images.contains_key(&canonical(reference))
+        self.find(reference).is_some()
+    }
+
+    fn find(&self, reference: &str) -> Option<std::borrow::Cow<'_, Image>> {
+        if let Some(image) = self.images.get(&canonical(reference)) {
+            return Some(std::borrow::Cow::Borrowed(image));
+        }
+        self.releases
+            .as_ref()?
+            .lookup(reference)
+            .map(std::borrow::Cow::Owned)
     }
 
     /// What runs for a container of `image` with `command` and `args`, as a container
@@ -103,8 +231,7 @@ impl ImageStore {
         args: &[String],
     ) -> Result<Resolved, ImageError> {
         let found = self
-            .images
-            .get(&canonical(image))
+            .find(image)
             .ok_or_else(|| ImageError::NotFound(image.to_owned()))?;
         let argv: &[String] = if command.is_empty() {
             &found.entrypoint
@@ -207,5 +334,46 @@ mod tests {
         assert_eq!(r.program, PathBuf::from("/bin/echo"));
         assert_eq!(r.args, strings(&["--x", "y"]));
         assert!(s.contains("tool"));
+    }
+
+    #[test]
+    fn an_imported_release_resolves_every_repository_of_its_family_under_its_tag() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = store();
+        s.set_releases(ReleaseFamily {
+            dir: dir.path().to_path_buf(),
+            program: "kubevirt-rs".into(),
+            repositories: BTreeMap::from([(
+                ReleaseFamily::repository_of("quay.io/kubevirt-rs/virt-launcher:v1"),
+                Image {
+                    programs: BTreeMap::new(),
+                    entrypoint: vec!["kubevirt-rs".into()],
+                    env: vec![("A".into(), "2".into())],
+                },
+            )]),
+        });
+        let v2 = "quay.io/kubevirt-rs/virt-launcher:v2";
+        assert!(!s.contains(v2), "v2 is not imported yet");
+        let binary = dir.path().join("built");
+        std::fs::write(&binary, b"#!/bin/true").unwrap();
+        assert!(matches!(
+            import_release(dir.path(), "../v2", "kubevirt-rs", &binary),
+            Err(ImportReleaseError::InvalidTag(_))
+        ));
+        import_release(dir.path(), "v2", "kubevirt-rs", &binary).unwrap();
+        let r = s.resolve(v2, &[], &[]).unwrap();
+        assert_eq!(r.program, dir.path().join("v2/kubevirt-rs"));
+        assert_eq!(r.env, vec![("A".to_owned(), "2".to_owned())]);
+        // An inserted image wins over a release of the same name.
+        let v1 = s
+            .resolve("quay.io/kubevirt-rs/virt-launcher:v1", &[], &[])
+            .unwrap();
+        assert_eq!(v1.program, PathBuf::from("/bin/true"));
+        // Other repositories and tags that are not path components stay unknown.
+        assert!(!s.contains("quay.io/kubevirt-rs/other:v2"));
+        for tag in ["..", ".", "a/b", "-x", ""] {
+            assert!(!is_tag(tag), "{tag:?}");
+            assert!(!s.contains(&format!("quay.io/kubevirt-rs/virt-launcher:{tag}")));
+        }
     }
 }

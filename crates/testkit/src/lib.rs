@@ -479,6 +479,11 @@ impl Watcher {
         }
         bail!("kubectl never printed {needle:?}")
     }
+
+    /// The lines printed since the last call (or the start), without waiting.
+    pub fn lines_so_far(&self) -> Vec<String> {
+        self.lines.try_iter().collect()
+    }
 }
 
 impl Drop for Watcher {

@@ -349,8 +349,12 @@ impl Context {
         let uid = kv.metadata.uid.clone().unwrap_or_default();
         let patches = crate::installer::target_patches(kv);
         let lifetimes = crate::certificates::Lifetimes::from_cr(Some(kv));
+        let rollout = crate::installer::Rollout::for_versions(
+            status.observed_kube_virt_version.as_deref(),
+            &config.image_tag,
+        );
         let deployment_id = match self
-            .apply_if_needed(&uid, &config, &patches, lifetimes)
+            .apply_if_needed(&uid, &config, &patches, lifetimes, rollout)
             .await
         {
             Ok(id) => id,
@@ -401,6 +405,7 @@ impl Context {
         config: &kubevirt_install::InstallConfig,
         patches: &[CustomizeComponentsPatch],
         lifetimes: crate::certificates::Lifetimes,
+        rollout: crate::installer::Rollout,
     ) -> anyhow::Result<String> {
         // What was installed for this very configuration: `(deployment id, CA bundle, whether
         // the certificates are due)`.
@@ -469,7 +474,8 @@ impl Context {
             crate::installer::issue_certificates(&self.client, &self.namespace).await?;
         }
         let strategy = self.strategies.ensure(&self.client, config).await?;
-        let issued = crate::installer::install(&self.client, config, &strategy, patches).await?;
+        let issued =
+            crate::installer::install(&self.client, config, &strategy, patches, rollout).await?;
         let pruned = crate::installer::prune(&self.client, config, &strategy).await?;
         info!(
             namespace = %self.namespace,
@@ -477,6 +483,7 @@ impl Context {
             strategy = %strategy.config_map,
             id = %strategy.id,
             pruned,
+            ?rollout,
             next_certificate_pass_in = ?issued.renew_in(),
             "KubeVirt installed"
         );
