@@ -527,7 +527,14 @@ fn virt_controller_runs_the_controller_subcommand_with_the_launcher_image() {
     let launcher = format!("kubevirt-rs/virt-launcher:{}", env!("CARGO_PKG_VERSION"));
     assert_eq!(
         c["args"],
-        serde_json::json!(["--launcher-image", launcher, "--namespace", "kubevirt"])
+        serde_json::json!([
+            "--launcher-image",
+            launcher,
+            "--namespace",
+            "kubevirt",
+            "--port",
+            "8443"
+        ])
     );
     assert_eq!(c["ports"][0]["name"], "metrics");
     find(&objects, "PodDisruptionBudget", "virt-controller-pdb");
@@ -618,6 +625,8 @@ fn the_configuration_reaches_every_object() {
             "registry.example/kv/rs-virt-launcher:v9",
             "--namespace",
             "kv",
+            "--port",
+            "8443",
             "--additional-launcher-labels-sync",
             "team",
             "--use-emulation=true"
@@ -684,7 +693,7 @@ fn an_extra_flag_overrides_the_generated_one_instead_of_repeating_it() {
         ["--console-server-port", "8186", "--port=9443"]
     );
     let controller = virt_controller::args(&config);
-    assert_eq!(controller[2..], ["--namespace", "other"]);
+    assert_eq!(controller[2..], ["--port", "8443", "--namespace", "other"]);
     assert_eq!(controller.iter().filter(|a| *a == "--namespace").count(), 1);
     let handler = virt_handler::args(&config);
     assert_eq!(handler[handler.len() - 2..], ["--listen", "127.0.0.1:1"]);

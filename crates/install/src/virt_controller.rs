@@ -3,12 +3,13 @@
 //!
 //! The container runs `kubevirt-rs controller --launcher-image <image> --namespace <ns>`;
 //! leader election is on the Lease `virt-controller` in that namespace (the controller's
-//! Role grants `leases`). Upstream's `--port 8443`, `--exporter-image` and `-v` have no
-//! counterpart in `kubevirt-rs controller` and are left out; the liveness (`/healthz`) and
-//! readiness (`/leader`) probes on 8443 are left out until the controller serves them, since
-//! a probe of a missing endpoint would keep every replica unready.
+//! Role grants `leases`). It serves `/healthz` (the liveness probe, upstream's), `/leader` (the
+//! readiness probe) and `/metrics` over HTTPS on 8443 with the certificate of the Secret
+//! `kubevirt-controller-certs`. Upstream's `--exporter-image` and `-v` have no counterpart in
+//! `kubevirt-rs controller` and are left out.
 
 use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Probe;
 use serde_json::Value;
 
 use crate::meta::{labels, strings};
@@ -20,6 +21,9 @@ use crate::{BINARY, InstallConfig, InstallError, to_value};
 /// virt-controller's name (Deployment, container, `kubevirt.io` label, leader Lease).
 pub const NAME: &str = "virt-controller";
 
+/// Its HTTPS port (`/healthz`, `/leader`, `/metrics`).
+pub const PORT: i32 = 8443;
+
 /// The container's arguments, then the configured extra ones (which override).
 #[must_use]
 pub fn args(config: &InstallConfig) -> Vec<String> {
@@ -27,6 +31,7 @@ pub fn args(config: &InstallConfig) -> Vec<String> {
         &[
             ("--launcher-image", config.launcher_image()),
             ("--namespace", config.namespace.clone()),
+            ("--port", PORT.to_string()),
         ],
         &config.extra_args.controller,
     )
@@ -47,7 +52,21 @@ pub fn deployment(config: &InstallConfig) -> Deployment {
     if let Some(spec) = template.spec.as_mut() {
         restrict(spec);
         if let Some(c) = spec.containers.first_mut() {
-            c.ports = Some(vec![tcp_port("metrics", 8443)]);
+            c.ports = Some(vec![tcp_port("metrics", PORT)]);
+            c.liveness_probe = Some(Probe {
+                failure_threshold: Some(8),
+                initial_delay_seconds: Some(15),
+                timeout_seconds: Some(10),
+                ..pod::https_probe(PORT, "/healthz")
+            });
+            // Deviation: upstream waits 15 s before the first readiness probe, so a new
+            // replica (and an upgrade, which waits for it) takes at least 15 s; probing every
+            // second from the start makes it Ready about a second after it listens.
+            c.readiness_probe = Some(Probe {
+                period_seconds: Some(1),
+                timeout_seconds: Some(10),
+                ..pod::https_probe(PORT, "/leader")
+            });
             c.resources = Some(requests("10m", "275Mi"));
         }
         attach_certificate(

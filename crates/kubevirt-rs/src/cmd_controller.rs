@@ -31,6 +31,17 @@ pub struct ControllerArgs {
     /// Launcher pods request no `/dev/kvm` and budget for TCG.
     #[arg(long)]
     pub use_emulation: bool,
+    /// HTTPS port of `/healthz`, `/leader` and `/metrics` (upstream's `--port`); 0 for none.
+    #[arg(long, default_value_t = 8443)]
+    pub port: u16,
+    /// Address the port binds to.
+    #[arg(long, default_value = "0.0.0.0")]
+    pub bind_address: std::net::IpAddr,
+    /// Directory with the serving certificate's `tls.crt` and `tls.key` (the mounted Secret
+    /// `kubevirt-controller-certs`), followed as the operator renews it; without them the
+    /// port presents a self-signed certificate.
+    #[arg(long, default_value = "/etc/virt-controller/certificates")]
+    pub certificates_dir: PathBuf,
 }
 
 pub fn run(args: ControllerArgs) -> anyhow::Result<()> {
@@ -54,14 +65,53 @@ pub fn run(args: ControllerArgs) -> anyhow::Result<()> {
             leader: virt_controller::runtime::leader::LeaderElectionConfig::default(),
         };
         let metrics = virt_controller::runtime::metrics::Metrics::new();
+        let serving = if args.port == 0 {
+            None
+        } else {
+            let listen = std::net::SocketAddr::new(args.bind_address, args.port);
+            let (addr, task) = virt_controller::serving::spawn(
+                listen,
+                serving_certificate(&args.certificates_dir, listen)?,
+                client.clone(),
+                metrics.clone(),
+            )
+            .await
+            .context("virt-controller's HTTPS port")?;
+            tracing::info!(%addr, "serving /healthz, /leader and /metrics");
+            Some(task)
+        };
         let cancel = CancellationToken::new();
         let token = cancel.clone();
         tokio::spawn(async move {
             crate::shutdown_signal().await;
             token.cancel();
         });
-        virt_controller::app::run_controller(client, config, &metrics, cancel)
+        let result = virt_controller::app::run_controller(client, config, &metrics, cancel)
             .await
-            .context("virt-controller")
+            .context("virt-controller");
+        if let Some(task) = serving {
+            task.abort();
+        }
+        result
     })
+}
+
+/// The mounted certificate of `dir`, followed per handshake, or a self-signed one for
+/// `listen` when `dir` has none (a controller run outside a pod).
+fn serving_certificate(
+    dir: &std::path::Path,
+    listen: std::net::SocketAddr,
+) -> anyhow::Result<std::sync::Arc<kubevirt_tls::SwappableCert>> {
+    let (cert, key) = (dir.join("tls.crt"), dir.join("tls.key"));
+    if cert.is_file() && key.is_file() {
+        return kubevirt_tls::SwappableCert::following_files(&cert, &key)
+            .with_context(|| format!("the certificate in {}", dir.display()));
+    }
+    tracing::warn!(dir = %dir.display(), "no certificate mounted; serving a self-signed one");
+    let (cert_pem, key_pem) =
+        kubevirt_tls::self_signed_pem(vec![listen.ip().to_string(), "localhost".to_owned()])?;
+    Ok(kubevirt_tls::SwappableCert::from_pem(
+        cert_pem.as_bytes(),
+        key_pem.as_bytes(),
+    )?)
 }

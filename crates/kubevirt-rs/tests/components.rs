@@ -242,7 +242,7 @@ fn components_without_a_kubeconfig_use_the_in_cluster_configuration() -> anyhow:
 
     // virt-controller takes its Lease in the pod's namespace.
     let mut controller = Component::spawn(
-        in_pod(&server, &files, &["controller"])?,
+        in_pod(&server, &files, &["controller", "--port", "0"])?,
         server.data_dir().join("virt-controller.log"),
     )?;
     let holder = wait_until(DEADLINE, "the virt-controller Lease", || {

@@ -32,6 +32,57 @@ fn container_pid(server: &ServerProcess, pod: &str, container: &str) -> anyhow::
     server.container_pid("kubevirt", pod, container)
 }
 
+/// Both virt-controller replicas serve upstream's port 8443 with the operator's certificate
+/// for `virt-controller.kubevirt.svc`: `/leader` and the leading-status gauge say which one
+/// leads, both are ready to lead, and `/healthz` reaches the API server.
+fn assert_controller_port(server: &ServerProcess, leader: &str) -> anyhow::Result<()> {
+    let ca = get(server, &["configmap", "kubevirt-ca"], "{.data.ca-bundle}");
+    let pods = get(
+        server,
+        &["pods", "-l", "kubevirt.io=virt-controller"],
+        r#"{range .items[*]}{.metadata.name} {.status.podIP}{"\n"}{end}"#,
+    );
+    let mut seen = 0;
+    for line in pods.lines() {
+        let (pod, ip) = line.split_once(' ').unwrap_or_default();
+        let leads = pod == leader;
+        let address = format!("{ip}:8443");
+        let https = |path: &str| {
+            testkit::https_get(&address, path, &ca, "virt-controller.kubevirt.svc")
+                .map_err(|e| anyhow::anyhow!("GET {path} of {pod} at {address}: {e:#}"))
+        };
+        assert_eq!(
+            https("/leader")?,
+            (200, format!(r#"{{"apiserver":{{"leader":"{leads}"}}}}"#)),
+            "{pod}"
+        );
+        let (status, health) = https("/healthz")?;
+        assert_eq!(status, 200, "{health}");
+        assert!(health.contains(r#""connectivity":"ok""#), "{health}");
+        let (status, metrics) = https("/metrics")?;
+        assert_eq!(status, 200, "{metrics}");
+        let gauge = |name: &str| {
+            metrics
+                .lines()
+                .find_map(|l| l.strip_prefix(&format!("{name} ")))
+                .map(str::to_owned)
+        };
+        assert_eq!(
+            gauge("kubevirt_virt_controller_leading_status").as_deref(),
+            Some(if leads { "1" } else { "0" }),
+            "{pod}: {metrics}"
+        );
+        assert_eq!(
+            gauge("kubevirt_virt_controller_ready_status").as_deref(),
+            Some("1"),
+            "{pod}: {metrics}"
+        );
+        seen += 1;
+    }
+    assert_eq!(seen, 2, "two controller pods: {pods}");
+    Ok(())
+}
+
 #[test]
 fn kubevirt_runs_as_pods_and_a_killed_leader_hands_over() -> anyhow::Result<()> {
     let server = ServerProcess::start(
@@ -108,7 +159,7 @@ fn kubevirt_runs_as_pods_and_a_killed_leader_hands_over() -> anyhow::Result<()> 
     );
     assert_eq!(
         args,
-        r#"["kubevirt-rs","controller"] ["--launcher-image","kubevirt-rs/virt-launcher:0.1.0","--namespace","kubevirt","--additional-launcher-labels-sync","ops.example.com/*"]"#
+        r#"["kubevirt-rs","controller"] ["--launcher-image","kubevirt-rs/virt-launcher:0.1.0","--namespace","kubevirt","--port","8443","--additional-launcher-labels-sync","ops.example.com/*"]"#
     );
 
     // SIGKILL the leader: the other replica takes the Lease over.
@@ -126,6 +177,7 @@ fn kubevirt_runs_as_pods_and_a_killed_leader_hands_over() -> anyhow::Result<()> 
     .find(|pod| holder.starts_with(&format!("{pod}_")))
     .map(str::to_owned)
     .ok_or_else(|| anyhow::anyhow!("no controller pod holds the Lease ({holder:?})"))?;
+    assert_controller_port(&server, &leader)?;
     let pid = container_pid(&server, &leader, "virt-controller")?;
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(pid),

@@ -501,3 +501,55 @@ pub fn launcher_dir(data_dir: &Path, pod_uid: &str) -> std::path::PathBuf {
         .join(pod_uid)
         .join("volumes/kubernetes.io~empty-dir/public")
 }
+
+/// `GET path` over HTTPS at `address` (`ip:port`), verifying the server's certificate against
+/// `ca_pem` for `server_name`; the status code and the body (of a response without chunked
+/// encoding, as our servers send for small bodies).
+///
+/// # Errors
+/// When the connection, the handshake (an untrusted or misnamed certificate) or the request
+/// fails.
+pub fn https_get(
+    address: &str,
+    path: &str,
+    ca_pem: &str,
+    server_name: &str,
+) -> anyhow::Result<(u16, String)> {
+    use rustls::pki_types::pem::PemObject;
+    use std::io::{Read, Write};
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in rustls::pki_types::CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
+        roots.add(cert?)?;
+    }
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let name = rustls::pki_types::ServerName::try_from(server_name.to_owned())?;
+    let tcp = std::net::TcpStream::connect(address)?;
+    tcp.set_read_timeout(Some(Duration::from_secs(10)))?;
+    let connection = rustls::ClientConnection::new(std::sync::Arc::new(config), name)?;
+    let mut tls = rustls::StreamOwned::new(connection, tcp);
+    write!(
+        tls,
+        "GET {path} HTTP/1.1\r\nHost: {server_name}\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut answer = Vec::new();
+    // A server closing without close_notify ends the read with an error after the data.
+    if let Err(e) = tls.read_to_end(&mut answer)
+        && answer.is_empty()
+    {
+        return Err(e.into());
+    }
+    let text = String::from_utf8_lossy(&answer);
+    let (head, body) = text
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| anyhow::anyhow!("no HTTP answer: {text:?}"))?;
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .ok_or_else(|| anyhow::anyhow!("no status line: {head:?}"))?;
+    Ok((status, body.to_owned()))
+}

@@ -106,12 +106,14 @@ pub async fn run_controller(
     let (elector, status) = LeaderElector::new(client.clone(), config.leader.clone());
     let election_cancel = cancel.child_token();
     let election = tokio::spawn(elector.run(election_cancel.clone()));
+    metrics.set_ready(true);
     let result = tokio::select! {
         _ = cancel.cancelled() => Ok(()),
         acquired = status.acquired() => match acquired {
             Err(_) => Ok(()),
             Ok(()) => {
                 info!("acquired the virt-controller lease; starting controllers");
+                metrics.set_leading(true);
                 let controllers = cancel.child_token();
                 let vm = run_vm_controller(client.clone(), VmControllerConfig { sync: sync_rx.clone(), workers: 3 }, metrics, controllers.clone());
                 let vmi_config = VmiControllerConfig {
@@ -130,6 +132,8 @@ pub async fn run_controller(
             }
         },
     };
+    metrics.set_leading(false);
+    metrics.set_ready(false);
     election_cancel.cancel();
     let election_result = election.await;
     republish.abort();

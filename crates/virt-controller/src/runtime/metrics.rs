@@ -47,6 +47,8 @@ pub struct Metrics {
     retries: Family<NameLabel, Counter>,
     reconcile_duration: HistogramFamily<NameLabel>,
     errors: Family<ErrorLabels, Counter>,
+    leading: Gauge,
+    ready: Gauge,
 }
 
 impl Default for Metrics {
@@ -64,7 +66,26 @@ impl Metrics {
             retries: Family::default(),
             reconcile_duration: Family::new_with_constructor(duration_histogram),
             errors: Family::default(),
+            leading: Gauge::default(),
+            ready: Gauge::default(),
         }
+    }
+
+    /// Upstream's `kubevirt_virt_controller_leading_status`: whether this process holds the
+    /// virt-controller Lease and runs the controllers.
+    pub fn set_leading(&self, leading: bool) {
+        self.leading.set(i64::from(leading));
+    }
+
+    /// Whether this process leads (see [`Metrics::set_leading`]).
+    pub fn is_leading(&self) -> bool {
+        self.leading.get() == 1
+    }
+
+    /// Upstream's `kubevirt_virt_controller_ready_status`: whether this process is ready to
+    /// take the lead (it runs the leader election).
+    pub fn set_ready(&self, ready: bool) {
+        self.ready.set(i64::from(ready));
     }
 
     /// Registers all families with `registry`. Call once per registry.
@@ -93,6 +114,16 @@ impl Metrics {
             "kubevirt_controller_reconcile_errors",
             "Failed reconciles by reason",
             self.errors.clone(),
+        );
+        registry.register(
+            "kubevirt_virt_controller_leading_status",
+            "Indication for an operating virt-controller.",
+            self.leading.clone(),
+        );
+        registry.register(
+            "kubevirt_virt_controller_ready_status",
+            "Indication for a virt-controller that is ready to take the lead.",
+            self.ready.clone(),
         );
     }
 
