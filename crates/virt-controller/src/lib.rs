@@ -15,4 +15,5 @@ pub mod vm;
 
 pub mod app;
 pub mod kubevirt_config;
+pub mod node;
 pub mod vmi;
