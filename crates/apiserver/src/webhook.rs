@@ -202,7 +202,11 @@ fn rule_matches(rule: &Value, req: &AdmissionRequest<'_>) -> bool {
 /// The AdmissionReview sent for `req`.
 fn review(uid: &str, req: &AdmissionRequest<'_>, object: &Value) -> Value {
     let info = req.resource;
-    let kind = json!({"group": info.group, "version": info.version, "kind": info.kind});
+    // The request's kind is the body's: an Eviction for `pods/eviction`, as kube sends it.
+    let kind = match req.subresource {
+        Some("eviction") => json!({"group": "policy", "version": "v1", "kind": "Eviction"}),
+        _ => json!({"group": info.group, "version": info.version, "kind": info.kind}),
+    };
     let resource = json!({"group": info.group, "version": info.version, "resource": info.plural});
     let (obj, options_kind) = match req.operation {
         Operation::Create => (object.clone(), "CreateOptions"),

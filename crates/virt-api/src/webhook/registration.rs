@@ -67,6 +67,19 @@ fn hook(
     })
 }
 
+/// A `pods/eviction` interceptor for pods whose name starts with `prefix` (upstream's
+/// `matchConditions`; an API server without them calls the hook for every eviction, which the
+/// admitter allows for other pods).
+fn eviction_hook(name: &str, prefix: &str, target: &WebhookTarget, ca: &str) -> Value {
+    let mut hook = hook(name, paths::POD_EVICTION_VALIDATE, Rule(&["*"], "", &["v1"], "pods/eviction"), target, ca);
+    hook["sideEffects"] = json!("NoneOnDryRun");
+    hook["matchConditions"] = json!([{
+        "name": if prefix == "virt-launcher" { "only-vms" } else { "only-hotplug-pods" },
+        "expression": format!("object.metadata.name.startsWith(\"{prefix}\")"),
+    }]);
+    hook
+}
+
 fn meta(name: &str) -> Value {
     json!({"name": name, "labels": {"kubevirt.io": name, "app.kubernetes.io/managed-by": "virt-operator"}})
 }
@@ -100,6 +113,8 @@ pub fn webhook_configurations_for(ca_bundle_pem: &[u8], target: &WebhookTarget) 
             hook("virtualmachinepool-validator.kubevirt.io", paths::POOL_VALIDATE, Rule(cu, "pool.kubevirt.io", &["v1beta1"], "virtualmachinepools"), target, &ca),
             hook("migration-create-validator.kubevirt.io", paths::MIGRATION_VALIDATE_CREATE, Rule(c, g, &core, "virtualmachineinstancemigrations"), target, &ca),
             hook("migration-update-validator.kubevirt.io", paths::MIGRATION_VALIDATE_UPDATE, Rule(&["UPDATE"], g, &core, "virtualmachineinstancemigrations"), target, &ca),
+            eviction_hook("virt-launcher-eviction-interceptor.kubevirt.io", "virt-launcher", target, &ca),
+            eviction_hook("hotplug-pod-eviction-interceptor.kubevirt.io", "hp-volume-", target, &ca),
         ],
     });
     (mutating, validating)

@@ -1,0 +1,182 @@
+//! End-to-end: `kubectl drain` and the eviction API against `kubevirt-rs server --nodes 2
+//! --fake-qemu`. The embedded API server serves `pods/eviction` (budgets honoured) and calls
+//! virt-api's launcher eviction webhook, which applies the VMI's `evictionStrategy`:
+//! - `None`: the launcher pod is evicted, the guest stops, and the `runStrategy: Always` VM
+//!   starts again on the node that is left; the drain finishes;
+//! - `External`: the eviction is refused with upstream's message (429, so `kubectl drain`
+//!   would retry) and the VMI is marked with `status.evacuationNodeName`; a second eviction
+//!   says the evacuation is in progress.
+
+use std::path::Path;
+use std::time::Duration;
+
+use testkit::{DEADLINE, ServerProcess, wait_until};
+
+const BIN: &str = env!("CARGO_BIN_EXE_kubevirt-rs");
+
+fn vm(name: &str, strategy: &str) -> String {
+    format!(
+        r"apiVersion: kubevirt.io/v1
+kind: VirtualMachine
+metadata:
+  name: {name}
+spec:
+  runStrategy: Always
+  template:
+    spec:
+      evictionStrategy: {strategy}
+      domain:
+        memory: {{guest: 64Mi}}
+        devices: {{}}
+"
+    )
+}
+
+fn with_log<T>(server: &ServerProcess, result: anyhow::Result<T>) -> anyhow::Result<T> {
+    result.map_err(|e| anyhow::anyhow!("{e}\nserver log:\n{}", server.log()))
+}
+
+/// Waits until VMI `name` runs (on `node`, if given) with another UID than `not_uid`;
+/// returns its UID and node.
+fn running(
+    server: &ServerProcess,
+    name: &str,
+    not_uid: Option<&str>,
+    node: Option<&str>,
+    deadline: Duration,
+) -> anyhow::Result<(String, String)> {
+    wait_until(deadline, &format!("{name} Running"), || {
+        let got = server.get(
+            &["vmi", name],
+            "{.status.phase} {.metadata.uid} {.status.nodeName}",
+        );
+        match got.split_whitespace().collect::<Vec<_>>()[..] {
+            ["Running", uid, at]
+                if not_uid.is_none_or(|u| u != uid) && node.is_none_or(|n| n == at) =>
+            {
+                Some((uid.to_owned(), at.to_owned()))
+            }
+            _ => None,
+        }
+    })
+}
+
+fn launcher_pod(server: &ServerProcess, vm: &str) -> anyhow::Result<String> {
+    server.ok(&[
+        "get",
+        "pods",
+        "-l",
+        &format!("vm.kubevirt.io/name={vm}"),
+        "-o",
+        "jsonpath={.items[0].metadata.name}",
+    ])
+}
+
+/// POSTs an Eviction for `pod`; returns kubectl's error output (empty on success).
+fn evict(server: &ServerProcess, pod: &str) -> anyhow::Result<String> {
+    let body = format!(
+        r#"{{"apiVersion":"policy/v1","kind":"Eviction","metadata":{{"name":"{pod}","namespace":"default"}}}}"#
+    );
+    let file = server.data_dir().join(format!("eviction-{pod}.json"));
+    std::fs::write(&file, body)?;
+    let file = file.to_string_lossy();
+    let out = server.kubectl(&[
+        "create",
+        "--raw",
+        &format!("/api/v1/namespaces/default/pods/{pod}/eviction"),
+        "-f",
+        &file,
+    ]);
+    Ok(String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+#[test]
+fn drain_evicts_a_none_vm_and_external_vms_are_marked_instead() -> anyhow::Result<()> {
+    let server = ServerProcess::start(
+        Path::new(BIN),
+        "server",
+        &["--fake-qemu", "--nodes", "2", "--node-name", "kvnode"],
+    )?;
+    // Discovery names the subresource as kubectl drain looks for it.
+    let resources = server.ok(&["get", "--raw", "/api/v1"])?;
+    let resources: serde_json::Value = serde_json::from_str(&resources)?;
+    let eviction = resources["resources"]
+        .as_array()
+        .and_then(|rs| rs.iter().find(|r| r["name"] == "pods/eviction"))
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(
+        (&eviction["kind"], &eviction["group"], &eviction["version"]),
+        (&"Eviction".into(), &"policy".into(), &"v1".into()),
+        "{eviction}"
+    );
+
+    // External: refused with upstream's message, the VMI marked for evacuation.
+    server.apply(&vm("external", "External"))?;
+    let (_, node) = with_log(&server, running(&server, "external", None, None, DEADLINE))?;
+    let pod = launcher_pod(&server, "external")?;
+    let refused = evict(&server, &pod)?;
+    assert!(
+        refused.contains("Eviction triggered evacuation of VMI \\\"default/external\\\"")
+            || refused.contains("Eviction triggered evacuation of VMI \"default/external\""),
+        "{refused}"
+    );
+    assert!(refused.contains("429") || refused.contains("TooManyRequests"), "{refused}");
+    let marked = server.get(&["vmi", "external"], "{.status.evacuationNodeName}");
+    assert_eq!(marked, node);
+    let again = evict(&server, &pod)?;
+    assert!(again.contains("Evacuation in progress"), "{again}");
+    assert!(
+        server.ok(&["get", "pod", &pod, "-o", "name"]).is_ok(),
+        "the refused pod is gone"
+    );
+    server.ok(&["delete", "vm", "external", "--wait=false"])?;
+
+    // None: kubectl drain evicts the launcher; the VM runs again on the other node.
+    server.apply(&vm("plain", "None"))?;
+    let (first_uid, node) = with_log(&server, running(&server, "plain", None, None, DEADLINE))?;
+    let other = if node == "kvnode" { "kvnode-2" } else { "kvnode" };
+    let pod = launcher_pod(&server, "plain")?;
+    let out = server.kubectl(&[
+        "drain",
+        &node,
+        "--ignore-daemonsets",
+        "--delete-emptydir-data",
+        "--timeout=180s",
+    ]);
+    let drain_log = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    with_log(
+        &server,
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(anyhow::anyhow!("kubectl drain failed:\n{drain_log}"))
+        },
+    )?;
+    assert!(drain_log.contains(&format!("pod/{pod} evicted")), "{drain_log}");
+    assert_eq!(
+        server.get(&["node", &node], "{.spec.unschedulable}"),
+        "true",
+        "the drained node is cordoned"
+    );
+    with_log(
+        &server,
+        running(
+            &server,
+            "plain",
+            Some(&first_uid),
+            Some(other),
+            Duration::from_secs(120),
+        ),
+    )?;
+    assert!(
+        server.ok(&["get", "pod", &pod, "-o", "name"]).is_err(),
+        "the evicted launcher pod is still there"
+    );
+    server.ok(&["uncordon", &node])?;
+    Ok(())
+}
