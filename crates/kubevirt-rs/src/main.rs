@@ -77,7 +77,9 @@ pub(crate) fn parse_duration(text: &str) -> Result<std::time::Duration, String> 
         let digits = rest.find(|c: char| !c.is_ascii_digit()).ok_or_else(bad)?;
         let value: u64 = rest[..digits].parse().map_err(|_| bad())?;
         rest = &rest[digits..];
-        let unit_len = rest.find(|c: char| c.is_ascii_digit()).unwrap_or(rest.len());
+        let unit_len = rest
+            .find(|c: char| c.is_ascii_digit())
+            .unwrap_or(rest.len());
         let millis = match &rest[..unit_len] {
             "ms" => 1,
             "s" => 1_000,

@@ -64,14 +64,9 @@ fn rolled_out_with(server: &ServerProcess, what: &str, flag: &str) -> anyhow::Re
     Ok(())
 }
 
-#[test]
-fn a_node_whose_handler_stops_beating_is_cordoned_and_its_vm_runs_elsewhere() -> anyhow::Result<()>
-{
-    let server = ServerProcess::start(
-        Path::new(BIN),
-        "server",
-        &["--fake-qemu", "--nodes", "2", "--node-name", "kvnode"],
-    )?;
+/// Sets a 20 s heartbeat timeout and a 2 s heartbeat through the KubeVirt CR and waits until
+/// both components run with them and both nodes are schedulable again.
+fn shorten_heartbeats(server: &ServerProcess) -> anyhow::Result<()> {
     let flags = r#"{"spec":{"customizeComponents":{"flags":{
         "controller":{"node-heartbeat-timeout":"20s"},
         "handler":{"heartbeat-interval":"2s"}}}}}"#;
@@ -86,22 +81,71 @@ fn a_node_whose_handler_stops_beating_is_cordoned_and_its_vm_runs_elsewhere() ->
         flags,
     ])?;
     with_log(
-        &server,
-        rolled_out_with(&server, "deployment/virt-controller", "--node-heartbeat-timeout"),
+        server,
+        rolled_out_with(
+            server,
+            "deployment/virt-controller",
+            "--node-heartbeat-timeout",
+        ),
     )?;
     with_log(
-        &server,
-        rolled_out_with(&server, "daemonset/virt-handler", "--heartbeat-interval"),
+        server,
+        rolled_out_with(server, "daemonset/virt-handler", "--heartbeat-interval"),
     )?;
     // Both handlers beat again, so both nodes are schedulable.
-    let schedulable = r"{range .items[*]}{.metadata.name}={.metadata.labels.kubevirt\.io/schedulable} {end}";
+    let schedulable =
+        r"{range .items[*]}{.metadata.name}={.metadata.labels.kubevirt\.io/schedulable} {end}";
     with_log(
-        &server,
+        server,
         wait_until(DEADLINE, "both nodes schedulable", || {
             (server.get(&["nodes"], schedulable).trim() == "kvnode=true kvnode-2=true")
                 .then_some(())
         }),
     )?;
+    Ok(())
+}
+
+/// Freezes the handler of `node` (SIGSTOP) and kills the VM's launcher pod, both containers.
+fn freeze_node(server: &ServerProcess, node: &str) -> anyhow::Result<()> {
+    let handler = server.ok(&[
+        "-n",
+        "kubevirt",
+        "get",
+        "pods",
+        "-l",
+        "kubevirt.io=virt-handler",
+        "--field-selector",
+        &format!("spec.nodeName={node}"),
+        "-o",
+        "jsonpath={.items[0].metadata.name}",
+    ])?;
+    let handler_pid = server.container_pid("kubevirt", &handler, "virt-handler")?;
+    kill(Pid::from_raw(handler_pid), Signal::SIGSTOP)?;
+    let launcher = server.ok(&[
+        "get",
+        "pods",
+        "-l",
+        "vm.kubevirt.io/name=survivor",
+        "-o",
+        "jsonpath={.items[0].metadata.name}",
+    ])?;
+    for container in ["compute", "guest-console-log"] {
+        let pid = server.container_pid("default", &launcher, container)?;
+        // Each container is its own process group (the launcher's QEMU with it).
+        let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
+    }
+    Ok(())
+}
+
+#[test]
+fn a_node_whose_handler_stops_beating_is_cordoned_and_its_vm_runs_elsewhere() -> anyhow::Result<()>
+{
+    let server = ServerProcess::start(
+        Path::new(BIN),
+        "server",
+        &["--fake-qemu", "--nodes", "2", "--node-name", "kvnode"],
+    )?;
+    shorten_heartbeats(&server)?;
 
     server.apply(VM)?;
     let (first_uid, node_b) = with_log(
@@ -131,34 +175,7 @@ fn a_node_whose_handler_stops_beating_is_cordoned_and_its_vm_runs_elsewhere() ->
         "jsonpath={.metadata.uid} {.status.phase} {.status.reason}{\"\\n\"}",
     ])?;
 
-    // Freeze node B's handler, then kill the VM's launcher pod (both containers).
-    let handler = server.ok(&[
-        "-n",
-        "kubevirt",
-        "get",
-        "pods",
-        "-l",
-        "kubevirt.io=virt-handler",
-        "--field-selector",
-        &format!("spec.nodeName={node_b}"),
-        "-o",
-        "jsonpath={.items[0].metadata.name}",
-    ])?;
-    let handler_pid = server.container_pid("kubevirt", &handler, "virt-handler")?;
-    kill(Pid::from_raw(handler_pid), Signal::SIGSTOP)?;
-    let launcher = server.ok(&[
-        "get",
-        "pods",
-        "-l",
-        "vm.kubevirt.io/name=survivor",
-        "-o",
-        "jsonpath={.items[0].metadata.name}",
-    ])?;
-    for container in ["compute", "guest-console-log"] {
-        let pid = server.container_pid("default", &launcher, container)?;
-        // Each container is its own process group (the launcher's QEMU with it).
-        let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
-    }
+    freeze_node(&server, &node_b)?;
 
     // The old VMI fails with upstream's reason; the VM gets a new VMI on node A.
     let failed = with_log(
@@ -200,16 +217,20 @@ fn a_node_whose_handler_stops_beating_is_cordoned_and_its_vm_runs_elsewhere() ->
     )?;
     with_log(
         &server,
-        wait_until(Duration::from_secs(120), "survivor Running on node A", || {
-            let got = server.get(
-                &["vmi", "survivor"],
-                "{.status.phase} {.metadata.uid} {.status.nodeName}",
-            );
-            match got.split_whitespace().collect::<Vec<_>>()[..] {
-                ["Running", uid, node] if uid != first_uid && node == node_a => Some(()),
-                _ => None,
-            }
-        }),
+        wait_until(
+            Duration::from_secs(120),
+            "survivor Running on node A",
+            || {
+                let got = server.get(
+                    &["vmi", "survivor"],
+                    "{.status.phase} {.metadata.uid} {.status.nodeName}",
+                );
+                match got.split_whitespace().collect::<Vec<_>>()[..] {
+                    ["Running", uid, node] if uid != first_uid && node == node_a => Some(()),
+                    _ => None,
+                }
+            },
+        ),
     )?;
     // Node A keeps beating: it stays schedulable.
     let label = server.get(

@@ -19,8 +19,8 @@
 use serde_json::{Value, json};
 
 use super::common::{
-    Reply, WriteOptions, admission_request, admit, decode_listed, encoder, get_object,
-    now_rfc3339, store_error, timed,
+    Reply, WriteOptions, admission_request, admit, decode_listed, encoder, get_object, now_rfc3339,
+    store_error, timed,
 };
 use super::delete::{self, DeleteOptions};
 use crate::admission::{Operation, Phase};
@@ -61,7 +61,12 @@ fn pod_is_ready(pod: &Value) -> bool {
 
 /// The budgets of `namespace` whose selector matches `pod` (a missing selector matches
 /// nothing, an empty one everything, as `policy/v1`).
-fn matching_budgets(state: &ApiState, budgets: &ResourceInfo, namespace: &str, pod: &Value) -> Vec<(Value, u64)> {
+fn matching_budgets(
+    state: &ApiState,
+    budgets: &ResourceInfo,
+    namespace: &str,
+    pod: &Value,
+) -> Vec<(Value, u64)> {
     state
         .store
         .list(&budgets.list_prefix(Some(namespace)), None, None)
@@ -99,9 +104,7 @@ pub fn decide(pdb: &Value, pod: &Value, now: &str) -> BudgetDecision {
     }
     let allowed = status["disruptionsAllowed"].as_i64().unwrap_or(0);
     if allowed < 0 {
-        return BudgetDecision::Refuse(ApiError::forbidden(
-            "pdb disruptions allowed is negative",
-        ));
+        return BudgetDecision::Refuse(ApiError::forbidden("pdb disruptions allowed is negative"));
     }
     let healthy = status["currentHealthy"].as_i64().unwrap_or(0);
     let desired = status["desiredHealthy"].as_i64().unwrap_or(0);
@@ -143,7 +146,15 @@ pub async fn evict(
     }
     let namespace = ns.unwrap_or_default();
     let mut object = eviction.clone();
-    let req = admission_request(Operation::Create, pods, Some("eviction"), ns, name, None, opts);
+    let req = admission_request(
+        Operation::Create,
+        pods,
+        Some("eviction"),
+        ns,
+        name,
+        None,
+        opts,
+    );
     let mut warnings = admit(state, Phase::Mutating, &req, &mut object).await?;
     warnings.extend(admit(state, Phase::Validating, &req, &mut object).await?);
 
@@ -151,8 +162,8 @@ pub async fn evict(
     if !ignores_budgets(&pod) {
         consume_budget(state, namespace, name, opts).await?;
     }
-    let mut options: DeleteOptions = serde_json::from_value(eviction["deleteOptions"].clone())
-        .unwrap_or_default();
+    let mut options: DeleteOptions =
+        serde_json::from_value(eviction["deleteOptions"].clone()).unwrap_or_default();
     if options.preconditions.is_none() {
         options.preconditions = Some(delete::Preconditions {
             uid: pod["metadata"]["uid"].as_str().map(str::to_owned),
@@ -221,7 +232,7 @@ async fn consume_budget(
 mod tests {
     use super::*;
 
-    fn pdb(status: Value) -> Value {
+    fn pdb(status: &Value) -> Value {
         json!({"metadata": {"name": "web", "generation": 2}, "spec": {"selector": {}}, "status": status})
     }
 
@@ -234,7 +245,7 @@ mod tests {
     fn a_budget_with_room_is_consumed_and_the_pod_noted() {
         let status = json!({"observedGeneration": 2, "disruptionsAllowed": 1,
                             "currentHealthy": 2, "desiredHealthy": 1});
-        let BudgetDecision::Consume(next) = decide(&pdb(status), &pod(true), "T") else {
+        let BudgetDecision::Consume(next) = decide(&pdb(&status), &pod(true), "T") else {
             panic!("not consumed");
         };
         assert_eq!(next["status"]["disruptionsAllowed"], 0);
@@ -245,7 +256,7 @@ mod tests {
     fn an_exhausted_or_unobserved_budget_refuses_with_429() {
         let full = json!({"observedGeneration": 2, "disruptionsAllowed": 0,
                           "currentHealthy": 1, "desiredHealthy": 1});
-        let BudgetDecision::Refuse(e) = decide(&pdb(full), &pod(true), "T") else {
+        let BudgetDecision::Refuse(e) = decide(&pdb(&full), &pod(true), "T") else {
             panic!("not refused");
         };
         assert_eq!((e.code, e.reason.as_str()), (429, "TooManyRequests"));
@@ -255,7 +266,7 @@ mod tests {
             "The disruption budget web needs 1 healthy pods and has 1 currently"
         );
         let stale = json!({"observedGeneration": 1, "disruptionsAllowed": 5});
-        let BudgetDecision::Refuse(e) = decide(&pdb(stale), &pod(true), "T") else {
+        let BudgetDecision::Refuse(e) = decide(&pdb(&stale), &pod(true), "T") else {
             panic!("not refused");
         };
         assert!(e.causes[0].message.contains("still being processed"));
@@ -266,13 +277,13 @@ mod tests {
         let healthy = json!({"observedGeneration": 2, "disruptionsAllowed": 0,
                              "currentHealthy": 1, "desiredHealthy": 1});
         assert!(matches!(
-            decide(&pdb(healthy), &pod(false), "T"),
+            decide(&pdb(&healthy), &pod(false), "T"),
             BudgetDecision::Allow
         ));
         let unhealthy = json!({"observedGeneration": 2, "disruptionsAllowed": 0,
                                "currentHealthy": 0, "desiredHealthy": 1});
         assert!(matches!(
-            decide(&pdb(unhealthy), &pod(false), "T"),
+            decide(&pdb(&unhealthy), &pod(false), "T"),
             BudgetDecision::Refuse(_)
         ));
     }

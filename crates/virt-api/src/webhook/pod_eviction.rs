@@ -92,7 +92,10 @@ pub fn effective_strategy(
     vmi: &VirtualMachineInstance,
     cluster: Option<&EvictionStrategy>,
 ) -> Option<EvictionStrategy> {
-    vmi.spec.eviction_strategy.clone().or_else(|| cluster.cloned())
+    vmi.spec
+        .eviction_strategy
+        .clone()
+        .or_else(|| cluster.cloned())
 }
 
 /// Upstream's `admitLauncherPod` decision for the live launcher pod `pod` of `vmi`.
@@ -133,7 +136,11 @@ pub fn decide(
         .as_ref()
         .and_then(|s| s.node_name.clone())
         .unwrap_or_default();
-    if status.and_then(|s| s.node_name.as_deref()).unwrap_or_default() != pod_node {
+    if status
+        .and_then(|s| s.node_name.as_deref())
+        .unwrap_or_default()
+        != pod_node
+    {
         return Verdict::Deny("Eviction request for target Pod".to_owned());
     }
     Verdict::Mark { node: pod_node }
@@ -185,7 +192,13 @@ pub async fn admit(
     };
     let vmis: Api<VirtualMachineInstance> = Api::namespaced(client.clone(), namespace);
     if is_hotplug(&pod) {
-        let owner = pod.metadata.owner_references.as_ref()?.first()?.name.clone();
+        let owner = pod
+            .metadata
+            .owner_references
+            .as_ref()?
+            .first()?
+            .name
+            .clone();
         let owner = match pods.get_opt(&owner).await {
             Ok(Some(owner)) => owner,
             Ok(None) => return None,
@@ -215,8 +228,7 @@ pub async fn admit(
         Verdict::Allow => None,
         Verdict::Deny(message) => Some(message),
         Verdict::Mark { node } => {
-            let descheduler = request["object"]["metadata"]["annotations"]
-                [REQUESTED_BY_ANNOTATION]
+            let descheduler = request["object"]["metadata"]["annotations"][REQUESTED_BY_ANNOTATION]
                 == REQUESTED_BY_DESCHEDULER;
             let patch = match serde_json::from_value::<json_patch::Patch>(mark_patch(
                 &vmi,
@@ -224,11 +236,18 @@ pub async fn admit(
                 descheduler,
             )) {
                 Ok(p) => p,
-                Err(e) => return Some(format!("kubevirt failed marking the vmi for eviction: {e}")),
+                Err(e) => {
+                    return Some(format!("kubevirt failed marking the vmi for eviction: {e}"));
+                }
             };
-            let mut params = PatchParams::default();
-            params.dry_run = is_dry_run(request);
-            match vmis.patch(vmi_name, &params, &Patch::<()>::Json(patch)).await {
+            let params = PatchParams {
+                dry_run: is_dry_run(request),
+                ..PatchParams::default()
+            };
+            match vmis
+                .patch(vmi_name, &params, &Patch::<()>::Json(patch))
+                .await
+            {
                 Ok(_) => Some(triggered_message(&vmi)),
                 Err(e) => Some(format!("kubevirt failed marking the vmi for eviction: {e}")),
             }
@@ -251,7 +270,7 @@ mod tests {
         .expect("pod")
     }
 
-    fn vmi(strategy: Option<&str>, migratable: bool, extra: Value) -> VirtualMachineInstance {
+    fn vmi(strategy: Option<&str>, migratable: bool, extra: &Value) -> VirtualMachineInstance {
         let mut v = json!({
             "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
             "metadata": {"name": "vm", "namespace": "ns"},
@@ -273,10 +292,20 @@ mod tests {
     #[test]
     fn none_or_no_strategy_lets_the_pod_go() {
         let p = pod("node01");
-        assert_eq!(decide(&p, &vmi(Some("None"), true, json!({})), None), Verdict::Allow);
-        assert_eq!(decide(&p, &vmi(None, true, json!({})), None), Verdict::Allow);
         assert_eq!(
-            decide(&p, &vmi(None, false, json!({})), Some(&EvictionStrategy::LiveMigrateIfPossible)),
+            decide(&p, &vmi(Some("None"), true, &json!({})), None),
+            Verdict::Allow
+        );
+        assert_eq!(
+            decide(&p, &vmi(None, true, &json!({})), None),
+            Verdict::Allow
+        );
+        assert_eq!(
+            decide(
+                &p,
+                &vmi(None, false, &json!({})),
+                Some(&EvictionStrategy::LiveMigrateIfPossible)
+            ),
             Verdict::Allow
         );
     }
@@ -285,12 +314,22 @@ mod tests {
     fn the_cluster_default_applies_when_the_vmi_sets_none() {
         let p = pod("node01");
         assert_eq!(
-            decide(&p, &vmi(None, true, json!({})), Some(&EvictionStrategy::External)),
-            Verdict::Mark { node: "node01".into() }
+            decide(
+                &p,
+                &vmi(None, true, &json!({})),
+                Some(&EvictionStrategy::External)
+            ),
+            Verdict::Mark {
+                node: "node01".into()
+            }
         );
         // The VMI's own strategy wins.
         assert_eq!(
-            decide(&p, &vmi(Some("None"), true, json!({})), Some(&EvictionStrategy::External)),
+            decide(
+                &p,
+                &vmi(Some("None"), true, &json!({})),
+                Some(&EvictionStrategy::External)
+            ),
             Verdict::Allow
         );
     }
@@ -299,24 +338,36 @@ mod tests {
     fn live_migrate_needs_a_migratable_vmi() {
         let p = pod("node01");
         assert_eq!(
-            decide(&p, &vmi(Some("LiveMigrate"), false, json!({})), None),
+            decide(&p, &vmi(Some("LiveMigrate"), false, &json!({})), None),
             Verdict::Deny(
                 "VMI vm is configured with an eviction strategy but is not live-migratable".into()
             )
         );
         assert_eq!(
-            decide(&p, &vmi(Some("LiveMigrate"), true, json!({})), None),
-            Verdict::Mark { node: "node01".into() }
+            decide(&p, &vmi(Some("LiveMigrate"), true, &json!({})), None),
+            Verdict::Mark {
+                node: "node01".into()
+            }
         );
         assert_eq!(
-            decide(&p, &vmi(Some("LiveMigrateIfPossible"), true, json!({})), None),
-            Verdict::Mark { node: "node01".into() }
+            decide(
+                &p,
+                &vmi(Some("LiveMigrateIfPossible"), true, &json!({})),
+                None
+            ),
+            Verdict::Mark {
+                node: "node01".into()
+            }
         );
     }
 
     #[test]
     fn a_marked_vmi_or_a_target_pod_is_refused() {
-        let marked = vmi(Some("External"), false, json!({"evacuationNodeName": "node01"}));
+        let marked = vmi(
+            Some("External"),
+            false,
+            &json!({"evacuationNodeName": "node01"}),
+        );
         assert_eq!(
             decide(&pod("node01"), &marked, None),
             Verdict::Deny(
@@ -324,14 +375,18 @@ mod tests {
             )
         );
         assert_eq!(
-            decide(&pod("node02"), &vmi(Some("External"), false, json!({})), None),
+            decide(
+                &pod("node02"),
+                &vmi(Some("External"), false, &json!({})),
+                None
+            ),
             Verdict::Deny("Eviction request for target Pod".into())
         );
     }
 
     #[test]
     fn the_mark_patch_adds_the_node_and_the_descheduler_source() {
-        let v = vmi(None, true, json!({}));
+        let v = vmi(None, true, &json!({}));
         assert_eq!(
             mark_patch(&v, "node01", false),
             json!([{"op": "add", "path": "/status/evacuationNodeName", "value": "node01"}])
@@ -341,7 +396,9 @@ mod tests {
             json!({"op": "add", "path": "/metadata/annotations",
                    "value": {"kubevirt.io/eviction-source": "descheduler"}})
         );
-        assert!(is_dry_run(&json!({"dryRun": false, "object": {"deleteOptions": {"dryRun": ["All"]}}})));
+        assert!(is_dry_run(
+            &json!({"dryRun": false, "object": {"deleteOptions": {"dryRun": ["All"]}}})
+        ));
         assert!(!is_dry_run(&json!({"dryRun": false, "object": {}})));
     }
 }

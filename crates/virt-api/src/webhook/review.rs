@@ -161,8 +161,7 @@ pub async fn handle(
     let mut response = json!({"uid": uid, "allowed": true});
     if let Some(message) = outcome.error {
         response["allowed"] = json!(false);
-        response["status"] =
-            json!({"metadata": {}, "status": "Failure", "message": message, "code": outcome.code.unwrap_or(400)});
+        response["status"] = json!({"metadata": {}, "status": "Failure", "message": message, "code": outcome.code.unwrap_or(400)});
     } else if !outcome.causes.is_empty() {
         response["allowed"] = json!(false);
         response["status"] = invalid_status(&outcome.causes);

@@ -361,15 +361,14 @@ impl NodeReconciler {
             let name = vmi.name_any();
             debug!(vmi = %name, namespace = %ns, "moving vmi on unresponsive node to failed state");
             let api: Api<VirtualMachineInstance> = Api::namespaced(self.client.clone(), &ns);
-            let result = match json_patch(
-                failed_vmi_patch().as_array().cloned().unwrap_or_default(),
-            ) {
-                Ok(patch) => api
-                    .patch(&name, &PatchParams::default(), &patch)
-                    .await
-                    .map(|_| ()),
-                Err(e) => Err(kube::Error::SerdeError(e)),
-            };
+            let result =
+                match json_patch(failed_vmi_patch().as_array().cloned().unwrap_or_default()) {
+                    Ok(patch) => api
+                        .patch(&name, &PatchParams::default(), &patch)
+                        .await
+                        .map(|_| ()),
+                    Err(e) => Err(kube::Error::SerdeError(e)),
+                };
             if let Err(e) = result {
                 errors.push(format!(
                     "failed to move vmi {name} in namespace {ns} to final state: {}",

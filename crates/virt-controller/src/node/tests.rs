@@ -1,6 +1,6 @@
 use super::*;
 
-fn node(annotations: serde_json::Value, labels: serde_json::Value) -> Node {
+fn node(annotations: &serde_json::Value, labels: &serde_json::Value) -> Node {
     serde_json::from_value(json!({
         "metadata": {"name": "node02", "annotations": annotations, "labels": labels},
     }))
@@ -15,7 +15,7 @@ fn at(text: &str) -> Timestamp {
 fn a_heartbeat_older_than_the_timeout_or_a_missing_node_is_unresponsive() {
     let timeout = Duration::from_secs(300);
     let now = at("2026-12-03T10:00:00Z");
-    let beat = |t: &str| node(json!({"kubevirt.io/heartbeat": t}), json!({}));
+    let beat = |t: &str| node(&json!({"kubevirt.io/heartbeat": t}), &json!({}));
     assert!(is_unresponsive(Some(&beat("2026-12-03T09:54:59Z")), timeout, now).unwrap());
     assert!(!is_unresponsive(Some(&beat("2026-12-03T09:55:00Z")), timeout, now).unwrap());
     assert!(!is_unresponsive(Some(&beat("2026-12-03T09:59:00Z")), timeout, now).unwrap());
@@ -23,7 +23,7 @@ fn a_heartbeat_older_than_the_timeout_or_a_missing_node_is_unresponsive() {
     assert!(!is_unresponsive(Some(&beat("2026-12-03T10:30:00Z")), timeout, now).unwrap());
     assert!(is_unresponsive(None, timeout, now).unwrap());
     // No annotation: never unresponsive, as upstream.
-    assert!(!is_unresponsive(Some(&node(json!({}), json!({}))), timeout, now).unwrap());
+    assert!(!is_unresponsive(Some(&node(&json!({}), &json!({}))), timeout, now).unwrap());
     let err = is_unresponsive(Some(&beat("yesterday")), timeout, now).unwrap_err();
     assert_eq!(err.value, "yesterday");
 }
@@ -31,14 +31,14 @@ fn a_heartbeat_older_than_the_timeout_or_a_missing_node_is_unresponsive() {
 #[test]
 fn only_the_true_label_counts_as_schedulable() {
     assert!(is_schedulable(Some(&node(
-        json!({}),
-        json!({"kubevirt.io/schedulable": "true"})
+        &json!({}),
+        &json!({"kubevirt.io/schedulable": "true"})
     ))));
     assert!(!is_schedulable(Some(&node(
-        json!({}),
-        json!({"kubevirt.io/schedulable": "false"})
+        &json!({}),
+        &json!({"kubevirt.io/schedulable": "false"})
     ))));
-    assert!(!is_schedulable(Some(&node(json!({}), json!({})))));
+    assert!(!is_schedulable(Some(&node(&json!({}), &json!({})))));
     assert!(!is_schedulable(None));
 }
 

@@ -430,7 +430,10 @@ async fn mark_unschedulable_on_stop(api: &Api<Node>, node_name: &str) {
     for attempt in 1..=STOP_BEAT_TRIES {
         match beat(api, node_name, false).await {
             Ok(()) => {
-                info!(node = node_name, "virt-handler stopping: node marked unschedulable");
+                info!(
+                    node = node_name,
+                    "virt-handler stopping: node marked unschedulable"
+                );
                 return;
             }
             Err(e) if attempt == STOP_BEAT_TRIES => {
