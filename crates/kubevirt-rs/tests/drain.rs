@@ -5,7 +5,9 @@
 //!   starts again on the node that is left; the drain finishes;
 //! - `External`: the eviction is refused with upstream's message (429, so `kubectl drain`
 //!   would retry) and the VMI is marked with `status.evacuationNodeName`; a second eviction
-//!   says the evacuation is in progress.
+//!   says the evacuation is in progress;
+//! - `LiveMigrate`: a `LiveMigratable` VMI is marked alike (no controller migrates it yet),
+//!   one that is not migratable is refused with upstream's message and left unmarked.
 
 use std::path::Path;
 use std::time::Duration;
@@ -15,6 +17,16 @@ use testkit::{DEADLINE, ServerProcess, wait_until};
 const BIN: &str = env!("CARGO_BIN_EXE_kubevirt-rs");
 
 fn vm(name: &str, strategy: &str) -> String {
+    vm_with_devices(name, strategy, "{}", "")
+}
+
+/// A VM with `devices` and, when `networks` is not empty, `spec.networks`.
+fn vm_with_devices(name: &str, strategy: &str, devices: &str, networks: &str) -> String {
+    let networks = if networks.is_empty() {
+        String::new()
+    } else {
+        format!("      networks: {networks}\n")
+    };
     format!(
         r"apiVersion: kubevirt.io/v1
 kind: VirtualMachine
@@ -27,8 +39,8 @@ spec:
       evictionStrategy: {strategy}
       domain:
         memory: {{guest: 64Mi}}
-        devices: {{}}
-"
+        devices: {devices}
+{networks}"
     )
 }
 
@@ -92,8 +104,85 @@ fn evict(server: &ServerProcess, pod: &str) -> anyhow::Result<String> {
     Ok(String::from_utf8_lossy(&out.stderr).into_owned())
 }
 
+/// `External`: refused with upstream's message, the VMI marked for evacuation.
+fn external_is_marked(server: &ServerProcess) -> anyhow::Result<()> {
+    // External: refused with upstream's message, the VMI marked for evacuation.
+    server.apply(&vm("external", "External"))?;
+    let (_, node) = with_log(server, running(server, "external", None, None, DEADLINE))?;
+    let pod = launcher_pod(server, "external")?;
+    let refused = evict(server, &pod)?;
+    assert!(
+        refused.contains("Eviction triggered evacuation of VMI \"default/external\""),
+        "{refused}"
+    );
+    assert!(refused.contains(" 429 Too Many Requests"), "{refused}");
+    let marked = server.get(&["vmi", "external"], "{.status.evacuationNodeName}");
+    assert_eq!(marked, node);
+    let again = evict(server, &pod)?;
+    assert!(again.contains("Evacuation in progress"), "{again}");
+    assert!(
+        server.ok(&["get", "pod", &pod, "-o", "name"]).is_ok(),
+        "the refused pod is gone"
+    );
+    server.ok(&["delete", "vm", "external", "--wait=false"])?;
+
+    Ok(())
+}
+
+/// `LiveMigrate`: marked when `LiveMigratable`, refused unmarked otherwise.
+fn live_migrate_is_marked_only_when_migratable(server: &ServerProcess) -> anyhow::Result<()> {
+    // LiveMigrate: a migratable VMI (masquerade) is marked the same way; nothing migrates
+    // it yet, so it stays on its node. One that cannot migrate (the default bridge
+    // interface) is refused without a mark.
+    let masquerade = "{interfaces: [{name: default, masquerade: {}}]}";
+    server.apply(&vm_with_devices(
+        "migratable",
+        "LiveMigrate",
+        masquerade,
+        "[{name: default, pod: {}}]",
+    ))?;
+    server.apply(&vm("pinned", "LiveMigrate"))?;
+    for name in ["migratable", "pinned"] {
+        with_log(server, running(server, name, None, None, DEADLINE))?;
+    }
+    let live_migratable = r#"{.status.conditions[?(@.type=="LiveMigratable")].status}"#;
+    with_log(
+        server,
+        wait_until(DEADLINE, "LiveMigratable conditions", || {
+            let m = server.get(&["vmi", "migratable"], live_migratable);
+            let p = server.get(&["vmi", "pinned"], live_migratable);
+            (m == "True" && p == "False").then_some(())
+        }),
+    )?;
+    let refused = evict(server, &launcher_pod(server, "migratable")?)?;
+    assert!(
+        refused.contains("Eviction triggered evacuation of VMI \"default/migratable\""),
+        "{refused}"
+    );
+    assert!(
+        !server
+            .get(&["vmi", "migratable"], "{.status.evacuationNodeName}")
+            .is_empty()
+    );
+    let refused = evict(server, &launcher_pod(server, "pinned")?)?;
+    assert!(
+        refused.contains(
+            "VMI pinned is configured with an eviction strategy but is not live-migratable"
+        ),
+        "{refused}"
+    );
+    assert!(refused.contains(" 429 Too Many Requests"), "{refused}");
+    assert_eq!(
+        server.get(&["vmi", "pinned"], "{.status.evacuationNodeName}"),
+        ""
+    );
+    server.ok(&["delete", "vm", "migratable", "pinned", "--wait=false"])?;
+
+    Ok(())
+}
+
 #[test]
-fn drain_evicts_a_none_vm_and_external_vms_are_marked_instead() -> anyhow::Result<()> {
+fn drain_evicts_a_none_vm_and_migrating_strategies_mark_the_vmi_instead() -> anyhow::Result<()> {
     let server = ServerProcess::start(
         Path::new(BIN),
         "server",
@@ -113,25 +202,8 @@ fn drain_evicts_a_none_vm_and_external_vms_are_marked_instead() -> anyhow::Resul
         "{eviction}"
     );
 
-    // External: refused with upstream's message, the VMI marked for evacuation.
-    server.apply(&vm("external", "External"))?;
-    let (_, node) = with_log(&server, running(&server, "external", None, None, DEADLINE))?;
-    let pod = launcher_pod(&server, "external")?;
-    let refused = evict(&server, &pod)?;
-    assert!(
-        refused.contains("Eviction triggered evacuation of VMI \"default/external\""),
-        "{refused}"
-    );
-    assert!(refused.contains(" 429 Too Many Requests"), "{refused}");
-    let marked = server.get(&["vmi", "external"], "{.status.evacuationNodeName}");
-    assert_eq!(marked, node);
-    let again = evict(&server, &pod)?;
-    assert!(again.contains("Evacuation in progress"), "{again}");
-    assert!(
-        server.ok(&["get", "pod", &pod, "-o", "name"]).is_ok(),
-        "the refused pod is gone"
-    );
-    server.ok(&["delete", "vm", "external", "--wait=false"])?;
+    external_is_marked(&server)?;
+    live_migrate_is_marked_only_when_migratable(&server)?;
 
     // None: kubectl drain evicts the launcher; the VM runs again on the other node.
     server.apply(&vm("plain", "None"))?;
