@@ -28,6 +28,8 @@
 //!   of the Service's EndpointSlices, as kube-apiserver's endpoint routing;
 //! - [`aggregation`]: APIService proxying (websocket upgrades included);
 //! - [`handlers::scale`]: the `scale` subresource (`autoscaling/v1` Scale);
+//! - [`handlers::eviction`]: `pods/eviction` (`policy/v1` Eviction: admission,
+//!   PodDisruptionBudgets, then a delete), what `kubectl drain` uses;
 //! - [`logs`]: `pods/log` from the node's log server (its contract is documented there);
 //! - [`client`]: the outgoing HTTPS client they share;
 //! - [`serviceaccount`]: service-account tokens (issued through `serviceaccounts/token`,
