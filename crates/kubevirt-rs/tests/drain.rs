@@ -7,7 +7,9 @@
 //!   would retry) and the VMI is marked with `status.evacuationNodeName`; a second eviction
 //!   says the evacuation is in progress;
 //! - `LiveMigrate`: a `LiveMigratable` VMI is marked alike (no controller migrates it yet),
-//!   one that is not migratable is refused with upstream's message and left unmarked.
+//!   one that is not migratable is refused with upstream's message and left unmarked; the
+//!   evacuation controller creates a `kubevirt-evacuation-…` migration for the marked one
+//!   (which nothing carries out yet).
 
 use std::path::Path;
 use std::time::Duration;
@@ -175,6 +177,29 @@ fn live_migrate_is_marked_only_when_migratable(server: &ServerProcess) -> anyhow
     assert_eq!(
         server.get(&["vmi", "pinned"], "{.status.evacuationNodeName}"),
         ""
+    );
+    // The evacuation controller asks for the migration of the marked VMI (and of no other).
+    let migrations = r#"{range .items[*]}{.metadata.name} {.spec.vmiName} {.spec.priority} {.metadata.annotations.kubevirt\.io/evacuationMigration}{"\n"}{end}"#;
+    let node = server.get(&["vmi", "migratable"], "{.status.nodeName}");
+    let created = with_log(
+        server,
+        wait_until(DEADLINE, "an evacuation migration", || {
+            let all = server.get(&["vmim"], migrations);
+            all.lines()
+                .find(|l| l.starts_with("kubevirt-evacuation-"))
+                .map(str::to_owned)
+        }),
+    )?;
+    let fields: Vec<&str> = created.split_whitespace().collect();
+    assert_eq!(
+        fields[1..],
+        ["migratable", "system-critical", node.as_str()],
+        "{created}"
+    );
+    assert_eq!(
+        server.get(&["vmim"], migrations).lines().count(),
+        1,
+        "only the LiveMigrate VMI is migrated"
     );
     server.ok(&["delete", "vm", "migratable", "pinned", "--wait=false"])?;
 
