@@ -52,7 +52,8 @@
 //! - unknown-field detection for built-in kinds (only CRD schemas prune/report);
 //! - namespace deletion removes the contents synchronously with grace period 0 (kube's
 //!   namespace controller waits for graceful pod termination);
-//! - webhooks: no `reinvocationPolicy`, `matchPolicy: Equivalent` or `matchConditions`;
+//! - webhooks: no `reinvocationPolicy` or `matchPolicy: Equivalent`; of `matchConditions`
+//!   only `object.metadata.name.startsWith("…")` is evaluated (other CEL counts as met);
 //!   webhooks see objects before CRD schema defaulting (defaults are applied after
 //!   mutation);
 //! - aggregated discovery lists an aggregated group's versions without resources (the

@@ -68,8 +68,8 @@ fn hook(
 }
 
 /// A `pods/eviction` interceptor for pods whose name starts with `prefix` (upstream's
-/// `matchConditions`; an API server without them calls the hook for every eviction, which the
-/// admitter allows for other pods).
+/// `matchConditions`; an API server that does not evaluate them calls the hook for every
+/// eviction, which the admitter allows for other pods).
 fn eviction_hook(name: &str, prefix: &str, target: &WebhookTarget, ca: &str) -> Value {
     let mut hook = hook(
         name,
