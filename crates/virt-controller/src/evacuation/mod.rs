@@ -224,7 +224,9 @@ impl EvacuationReconciler {
             return Ok(Action::Done);
         };
         if !self.expectations.satisfied(name) {
-            return Ok(Action::Done);
+            // The created migrations' events wake the node; expired expectations are caught
+            // by this look.
+            return Ok(Action::RequeueAfter(crate::vmi::EXPECTATIONS_RECHECK));
         }
         let (taint_key, strategy) = {
             let cluster = self.cluster.borrow();
