@@ -28,6 +28,8 @@ pub const APP_LABEL: &str = "kubevirt.io";
 pub const OPERATOR_LABEL: &str = "operator.kubevirt.io";
 /// Value of [`APP_LABEL`] on launcher pods.
 pub const VIRT_LAUNCHER_VALUE: &str = "virt-launcher";
+/// `kubevirt.io` label value of virt-handler pods and of their DaemonSet.
+pub const VIRT_HANDLER_VALUE: &str = "virt-handler";
 /// Value of [`APP_LABEL`] on hotplug attachment pods.
 pub const HOTPLUG_DISK_VALUE: &str = "hotplug-disk";
 /// Launcher pod label: UID of the VMI that created it.

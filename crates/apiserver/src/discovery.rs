@@ -26,6 +26,7 @@ fn subresource_entries(r: &ResourceInfo) -> Vec<(String, Value, Vec<&'static str
         .iter()
         .map(|s| match s.as_str() {
             "binding" => (s.clone(), gvk("Binding", "", "v1"), vec!["create"]),
+            "eviction" => (s.clone(), gvk("Eviction", "policy", "v1"), vec!["create"]),
             "log" => (s.clone(), gvk(&r.kind, &r.group, &r.version), vec!["get"]),
             "token" => (
                 s.clone(),
@@ -139,13 +140,20 @@ pub fn resource_list(state: &ApiState, group: &str, version: &str) -> Option<Val
         }
         resources.push(v);
         for (s, kind, verbs) in subresource_entries(r) {
-            resources.push(json!({
+            let mut entry = json!({
                 "name": format!("{}/{s}", r.plural),
                 "singularName": "",
                 "namespaced": r.namespaced,
                 "kind": kind["kind"],
                 "verbs": verbs,
-            }));
+            });
+            // As kube: a subresource of another group names it (`pods/eviction` is
+            // `policy/v1`, which `kubectl drain` looks for).
+            if kind["group"] != r.group.as_str() && kind["group"] != "" {
+                entry["group"] = kind["group"].clone();
+                entry["version"] = kind["version"].clone();
+            }
+            resources.push(entry);
         }
     }
     let gv = if group.is_empty() {

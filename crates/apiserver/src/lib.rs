@@ -28,6 +28,8 @@
 //!   of the Service's EndpointSlices, as kube-apiserver's endpoint routing;
 //! - [`aggregation`]: APIService proxying (websocket upgrades included);
 //! - [`handlers::scale`]: the `scale` subresource (`autoscaling/v1` Scale);
+//! - [`handlers::eviction`]: `pods/eviction` (`policy/v1` Eviction: admission,
+//!   PodDisruptionBudgets, then a delete), what `kubectl drain` uses;
 //! - [`logs`]: `pods/log` from the node's log server (its contract is documented there);
 //! - [`client`]: the outgoing HTTPS client they share;
 //! - [`serviceaccount`]: service-account tokens (issued through `serviceaccounts/token`,
@@ -50,7 +52,8 @@
 //! - unknown-field detection for built-in kinds (only CRD schemas prune/report);
 //! - namespace deletion removes the contents synchronously with grace period 0 (kube's
 //!   namespace controller waits for graceful pod termination);
-//! - webhooks: no `reinvocationPolicy`, `matchPolicy: Equivalent` or `matchConditions`;
+//! - webhooks: no `reinvocationPolicy` or `matchPolicy: Equivalent`; of `matchConditions`
+//!   only `object.metadata.name.startsWith("…")` is evaluated (other CEL counts as met);
 //!   webhooks see objects before CRD schema defaulting (defaults are applied after
 //!   mutation);
 //! - aggregated discovery lists an aggregated group's versions without resources (the

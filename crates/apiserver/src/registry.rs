@@ -191,7 +191,7 @@ const BUILTINS: &[Builtin] = &[
     ),
     all(sub(
         b("", "v1", "Pod", "pods", &["po"], true),
-        &["status", "binding", "log"],
+        &["status", "binding", "eviction", "log"],
     )),
     sub(b("", "v1", "Node", "nodes", &["no"], false), &["status"]),
     rule(

@@ -12,7 +12,8 @@
 //! Matching follows kube: `resources` entries `*`, `plural`, `plural/sub`, `*/sub`,
 //! `plural/*`, `*/*` (a plain `*` or `plural` never matches a subresource, so status
 //! updates reach only webhooks whose rules name `…/status`); `operations` `*` or
-//! `CREATE`/`UPDATE`/`DELETE`; `scope` `*`/`Cluster`/`Namespaced`. The configurations
+//! `CREATE`/`UPDATE`/`DELETE`; `scope` `*`/`Cluster`/`Namespaced`; of `matchConditions` only
+//! the name-prefix form (`object.metadata.name.startsWith("…")`). The configurations
 //! themselves are never sent to webhooks.
 //!
 //! Where to call: `clientConfig.url`, or `clientConfig.service` (`port` 443 and `path`
@@ -166,6 +167,33 @@ pub fn selector_matches(selector: &Value, labels: &Value) -> bool {
     })
 }
 
+/// The one `matchConditions` form evaluated: `object.metadata.name.startsWith("<prefix>")`
+/// (what KubeVirt's eviction interceptors use); the prefix, if `expression` is that form.
+fn name_prefix_condition(expression: &str) -> Option<&str> {
+    let rest = expression
+        .trim()
+        .strip_prefix("object.metadata.name.startsWith(")?
+        .strip_suffix(')')?
+        .trim();
+    let prefix = rest.strip_prefix('"')?.strip_suffix('"')?;
+    (!prefix.contains(['"', '\\'])).then_some(prefix)
+}
+
+/// Whether the hook's `matchConditions` all hold for `object`. A condition in any other form
+/// than [`name_prefix_condition`]'s is not evaluated and counts as met (the hook is called,
+/// as when no conditions are given).
+fn match_conditions_hold(hook: &Value, object: &Value) -> bool {
+    let name = object["metadata"]["name"].as_str().unwrap_or("");
+    hook["matchConditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .all(|c| {
+            let expression = c["expression"].as_str().unwrap_or("");
+            name_prefix_condition(expression).is_none_or(|p| name.starts_with(p))
+        })
+}
+
 fn list_has(list: &Value, want: &str) -> bool {
     list.as_array()
         .is_some_and(|a| a.iter().any(|v| v == "*" || v == want))
@@ -202,7 +230,11 @@ fn rule_matches(rule: &Value, req: &AdmissionRequest<'_>) -> bool {
 /// The AdmissionReview sent for `req`.
 fn review(uid: &str, req: &AdmissionRequest<'_>, object: &Value) -> Value {
     let info = req.resource;
-    let kind = json!({"group": info.group, "version": info.version, "kind": info.kind});
+    // The request's kind is the body's: an Eviction for `pods/eviction`, as kube sends it.
+    let kind = match req.subresource {
+        Some("eviction") => json!({"group": "policy", "version": "v1", "kind": "Eviction"}),
+        _ => json!({"group": info.group, "version": info.version, "kind": info.kind}),
+    };
     let resource = json!({"group": info.group, "version": info.version, "resource": info.plural});
     let (obj, options_kind) = match req.operation {
         Operation::Create => (object.clone(), "CreateOptions"),
@@ -406,7 +438,7 @@ impl Admission for WebhookAdmission {
                     || request
                         .old_object
                         .is_some_and(|o| selector_matches(obj_sel, &o["metadata"]["labels"]));
-                if !(rules_ok && ns_ok && obj_ok) {
+                if !(rules_ok && ns_ok && obj_ok && match_conditions_hold(hook, object)) {
                     continue;
                 }
                 let uid = uuid::Uuid::new_v4().to_string();
@@ -470,6 +502,29 @@ fn apply_patch(name: &str, patch_b64: &str, object: &Value) -> Result<Value, Api
 mod tests {
     use super::*;
     use crate::registry::Registry;
+
+    #[test]
+    fn name_prefix_match_conditions_are_evaluated_and_others_count_as_met() {
+        let hook = json!({"matchConditions": [
+            {"name": "only-vms", "expression": "object.metadata.name.startsWith(\"virt-launcher\")"}]});
+        let named = |n: &str| json!({"metadata": {"name": n}});
+        assert!(match_conditions_hold(
+            &hook,
+            &named("virt-launcher-vm-abcde")
+        ));
+        assert!(!match_conditions_hold(&hook, &named("virt-api-5d8f")));
+        let other = json!({"matchConditions": [{"name": "x", "expression": "request.userInfo.username == 'a'"}]});
+        assert!(match_conditions_hold(&other, &named("anything")));
+        assert!(match_conditions_hold(&json!({}), &named("anything")));
+        assert_eq!(
+            name_prefix_condition("object.metadata.name.startsWith(\"hp-volume-\")"),
+            Some("hp-volume-")
+        );
+        assert_eq!(
+            name_prefix_condition("object.metadata.name.startsWith(x)"),
+            None
+        );
+    }
 
     #[test]
     fn resource_rules_match_subresources_only_when_named() {

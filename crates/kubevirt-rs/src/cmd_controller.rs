@@ -42,6 +42,11 @@ pub struct ControllerArgs {
     /// port presents a self-signed certificate.
     #[arg(long, default_value = "/etc/virt-controller/certificates")]
     pub certificates_dir: PathBuf,
+    /// How old virt-handler's heartbeat on a Node may get before the node controller marks
+    /// the node unschedulable and fails its VMIs without a live launcher (upstream's fixed
+    /// 5 minutes; `customizeComponents.flags.controller` sets it through the KubeVirt CR).
+    #[arg(long, default_value = "5m", value_parser = crate::parse_duration)]
+    pub node_heartbeat_timeout: std::time::Duration,
 }
 
 pub fn run(args: ControllerArgs) -> anyhow::Result<()> {
@@ -63,6 +68,10 @@ pub fn run(args: ControllerArgs) -> anyhow::Result<()> {
             annotations_sync: args.annotations_sync,
             launcher,
             leader: virt_controller::runtime::leader::LeaderElectionConfig::default(),
+            node: virt_controller::node::NodeControllerConfig {
+                heartbeat_timeout: args.node_heartbeat_timeout,
+                ..Default::default()
+            },
         };
         let metrics = virt_controller::runtime::metrics::Metrics::new();
         let serving = if args.port == 0 {

@@ -42,6 +42,10 @@ pub struct HandlerArgs {
     /// Where the Secret `kubevirt-virt-handler-server-certs` is mounted.
     #[arg(long, default_value = "/etc/virt-handler/servercertificates")]
     pub server_certificates_dir: PathBuf,
+    /// The heartbeat period (upstream's fixed minute, plus up to 1.2 times it of jitter);
+    /// `customizeComponents.flags.handler` sets it through the KubeVirt CR.
+    #[arg(long, default_value = "1m", value_parser = crate::parse_duration)]
+    pub heartbeat_interval: std::time::Duration,
 }
 
 pub fn run(args: HandlerArgs) -> anyhow::Result<()> {
@@ -77,6 +81,7 @@ pub fn run(args: HandlerArgs) -> anyhow::Result<()> {
             kubelet_pods_dir: args.kubelet_pods_dir,
             use_emulation: args.use_emulation,
             rest,
+            heartbeat_interval: args.heartbeat_interval,
         };
         let cancel = CancellationToken::new();
         let token = cancel.clone();

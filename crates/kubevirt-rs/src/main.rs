@@ -64,6 +64,38 @@ struct ServerArgs {
     listen: SocketAddr,
 }
 
+/// A Go-style duration of whole units (`90s`, `5m`, `1h30m`, `500ms`), for flags that
+/// upstream's components take as durations.
+pub(crate) fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
+    let bad = || format!("invalid duration {text:?} (examples: 30s, 5m, 1h30m, 500ms)");
+    let mut rest = text.trim();
+    if rest.is_empty() {
+        return Err(bad());
+    }
+    let mut total = std::time::Duration::ZERO;
+    while !rest.is_empty() {
+        let digits = rest.find(|c: char| !c.is_ascii_digit()).ok_or_else(bad)?;
+        let value: u64 = rest[..digits].parse().map_err(|_| bad())?;
+        rest = &rest[digits..];
+        let unit_len = rest
+            .find(|c: char| c.is_ascii_digit())
+            .unwrap_or(rest.len());
+        let millis = match &rest[..unit_len] {
+            "ms" => 1,
+            "s" => 1_000,
+            "m" => 60_000,
+            "h" => 3_600_000,
+            _ => return Err(bad()),
+        };
+        let part = value.checked_mul(millis).ok_or_else(bad)?;
+        total = total
+            .checked_add(std::time::Duration::from_millis(part))
+            .ok_or_else(bad)?;
+        rest = &rest[unit_len..];
+    }
+    Ok(total)
+}
+
 pub(crate) async fn shutdown_signal() {
     use tokio::signal::unix::{SignalKind, signal};
     match (
@@ -119,4 +151,21 @@ fn main() -> anyhow::Result<()> {
         Command::Manifests(args) => cmd_manifests::run(args)?,
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    #[test]
+    fn durations_parse_as_go_writes_them() {
+        let d = super::parse_duration;
+        assert_eq!(d("30s"), Ok(Duration::from_secs(30)));
+        assert_eq!(d("5m"), Ok(Duration::from_secs(300)));
+        assert_eq!(d("1h30m"), Ok(Duration::from_secs(5400)));
+        assert_eq!(d("500ms"), Ok(Duration::from_millis(500)));
+        for bad in ["", "10", "3d", "h", "-1s", "1.5h"] {
+            assert!(d(bad).is_err(), "{bad}");
+        }
+    }
 }

@@ -246,7 +246,8 @@ impl ServerProcess {
     }
 
     /// The pid the node agent recorded for container `container` of pod `namespace/pod`
-    /// (`DATA/node/pods/<uid>/<container>.json`).
+    /// (`DATA/node/pods/<uid>/<container>.json`, or `DATA/nodes/<name>/pods/…` for a pod of a
+    /// further node).
     ///
     /// # Errors
     /// When the pod or its record is missing.
@@ -265,12 +266,21 @@ impl ServerProcess {
             "-o",
             "jsonpath={.metadata.uid}",
         ])?;
-        let record = self
-            .data_dir()
-            .join("node")
-            .join("pods")
-            .join(uid.trim())
-            .join(format!("{container}.json"));
+        let in_node = |node: &Path| {
+            node.join("pods")
+                .join(uid.trim())
+                .join(format!("{container}.json"))
+        };
+        let further = std::fs::read_dir(self.data_dir().join("nodes"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| in_node(&e.path()));
+        let first = in_node(&self.data_dir().join("node"));
+        let record = std::iter::once(first.clone())
+            .chain(further)
+            .find(|p| p.exists())
+            .unwrap_or(first);
         let record: serde_json::Value = serde_json::from_slice(
             &std::fs::read(&record).with_context(|| format!("reading {}", record.display()))?,
         )?;

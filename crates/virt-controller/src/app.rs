@@ -1,5 +1,5 @@
 //! virt-controller as an application: leader election, the KubeVirt CR's settings, and the
-//! VM and VMI controllers — what `kubevirt-rs controller` and `kubevirt-rs server` run.
+//! VM, VMI, node and evacuation controllers — what `kubevirt-rs controller` and `kubevirt-rs server` run.
 //!
 //! Data flow: the shared CR watch ([`kubevirt_api::cluster_config::subscribe`]) publishes the
 //! CR's settings ([`ClusterSettings`]); the effective
@@ -17,8 +17,10 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+use crate::evacuation::run_evacuation_controller;
 use crate::kubevirt_config::{ClusterSettings, effective_flag};
 use crate::metadata_sync::{MetadataSyncPatterns, SyncPatterns};
+use crate::node::{NodeControllerConfig, run_node_controller};
 use crate::runtime::leader::{LeaderElectionConfig, LeaderElector};
 use crate::runtime::metrics::Metrics;
 use crate::vm::{VmControllerConfig, run_vm_controller};
@@ -42,6 +44,8 @@ pub struct ControllerAppConfig {
     pub launcher: LauncherPodConfig,
     /// Leader election settings.
     pub leader: LeaderElectionConfig,
+    /// The node controller's settings (`--node-heartbeat-timeout`).
+    pub node: NodeControllerConfig,
 }
 
 /// Errors that end the controller application.
@@ -121,8 +125,10 @@ pub async fn run_controller(
                     ..VmiControllerConfig::new(config.launcher.clone(), sync_rx.clone())
                 };
                 let vmi = run_vmi_controller(client.clone(), vmi_config, metrics, controllers.clone());
+                let node = run_node_controller(client.clone(), config.node, metrics, controllers.clone());
+                let evacuation = run_evacuation_controller(client.clone(), cluster_rx.clone(), metrics, controllers.clone());
                 tokio::select! {
-                    _ = async { tokio::join!(vm, vmi) } => Ok(()),
+                    _ = async { tokio::join!(vm, vmi, node, evacuation) } => Ok(()),
                     _ = status.lost() => {
                         warn!("lost the virt-controller lease; stopping controllers");
                         controllers.cancel();
@@ -154,6 +160,7 @@ mod tests {
             annotations_sync: String::new(),
             launcher: LauncherPodConfig::default(),
             leader: LeaderElectionConfig::default(),
+            node: NodeControllerConfig::default(),
         }
     }
 

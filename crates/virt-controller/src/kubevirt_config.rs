@@ -29,6 +29,11 @@ pub struct ClusterSettings {
     pub cpu_allocation_ratio: Option<i32>,
     /// The CR's `kubevirt.io/skip-backup-hooks` annotation, for VMIs without their own.
     pub skip_backup_hooks: Option<String>,
+    /// `spec.configuration.evictionStrategy`: the default of VMIs without their own.
+    pub eviction_strategy: Option<kubevirt_api::v1::EvictionStrategy>,
+    /// `spec.configuration.migrations.nodeDrainTaintKey` (upstream's default
+    /// `kubevirt.io/drain` when unset).
+    pub node_drain_taint_key: Option<String>,
 }
 
 impl ClusterSettings {
@@ -48,7 +53,12 @@ impl ClusterSettings {
             .configuration
             .as_ref()
             .and_then(|c| c.developer_configuration.as_ref());
+        let configuration = kv.spec.configuration.as_ref();
         ClusterSettings {
+            eviction_strategy: configuration.and_then(|c| c.eviction_strategy.clone()),
+            node_drain_taint_key: configuration
+                .and_then(|c| c.migrations.as_ref())
+                .and_then(|m| m.node_drain_taint_key.clone()),
             api_flags: flags.api,
             controller_flags: flags.controller,
             handler_flags: flags.handler,

@@ -14,6 +14,8 @@ pub mod sync_failure;
 pub mod vm;
 
 pub mod app;
+pub mod evacuation;
 pub mod kubevirt_config;
+pub mod node;
 pub mod serving;
 pub mod vmi;

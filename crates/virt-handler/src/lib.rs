@@ -41,6 +41,8 @@ pub struct HandlerConfig {
     /// certificates it accepts (virt-api's), and the certificate it presents. Without it no
     /// REST server runs.
     pub rest: Option<rest::RestConfig>,
+    /// The heartbeat period ([`node::HEARTBEAT_INTERVAL`] unless `--heartbeat-interval`).
+    pub heartbeat_interval: std::time::Duration,
 }
 
 impl HandlerConfig {
@@ -184,6 +186,7 @@ pub async fn run_handler(
     let node = node::run_node_agent(
         client.clone(),
         config.node_name.clone(),
+        config.heartbeat_interval,
         obsolete,
         cancel.clone(),
     );
@@ -208,6 +211,7 @@ mod tests {
             kubelet_pods_dir: tmp.path().join("pods"),
             use_emulation: None,
             rest: None,
+            heartbeat_interval: node::HEARTBEAT_INTERVAL,
         };
         create_state_dirs(&config).expect("create");
         for dir in [

@@ -2,13 +2,14 @@
 //! dispatch to the verb handler, and render the reply (plain JSON or a Table).
 //!
 //! One file per verb: [`create`], [`get`], [`list`], [`update`], [`patch`], [`delete`],
-//! [`watch`], plus [`binding`] for `pods/binding`, [`scale`], [`token_request`] for
+//! [`watch`], plus [`binding`] for `pods/binding`, [`eviction`] for `pods/eviction`, [`scale`], [`token_request`] for
 //! `serviceaccounts/token` and [`reviews`] for the `authentication.k8s.io` reviews.
 
 pub mod binding;
 pub mod common;
 pub mod create;
 pub mod delete;
+pub mod eviction;
 pub mod get;
 pub mod list;
 pub mod patch;
@@ -254,6 +255,8 @@ async fn execute(
             require_object(&obj)?;
             if sub == Some("binding") {
                 binding::bind(&state, &info, ns, name, &obj, &opts).await?
+            } else if sub == Some("eviction") {
+                eviction::evict(&state, &info, ns, name, &obj, &opts).await?
             } else if sub == Some("token") {
                 token_request::create(&state, ns.unwrap_or(""), name, &obj)?
             } else if sub.is_some() {

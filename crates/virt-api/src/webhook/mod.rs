@@ -11,6 +11,7 @@
 //! [`ClusterConfig::from_kubevirt`] on every `KubeVirt` CR change). Optionally a kube `Client`
 //! for migration checks that need the VMI.
 
+pub mod pod_eviction;
 pub mod registration;
 pub mod review;
 

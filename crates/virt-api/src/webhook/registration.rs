@@ -67,6 +67,25 @@ fn hook(
     })
 }
 
+/// A `pods/eviction` interceptor for pods whose name starts with `prefix` (upstream's
+/// `matchConditions`; an API server that does not evaluate them calls the hook for every
+/// eviction, which the admitter allows for other pods).
+fn eviction_hook(name: &str, prefix: &str, target: &WebhookTarget, ca: &str) -> Value {
+    let mut hook = hook(
+        name,
+        paths::POD_EVICTION_VALIDATE,
+        Rule(&["*"], "", &["v1"], "pods/eviction"),
+        target,
+        ca,
+    );
+    hook["sideEffects"] = json!("NoneOnDryRun");
+    hook["matchConditions"] = json!([{
+        "name": if prefix == "virt-launcher" { "only-vms" } else { "only-hotplug-pods" },
+        "expression": format!("object.metadata.name.startsWith(\"{prefix}\")"),
+    }]);
+    hook
+}
+
 fn meta(name: &str) -> Value {
     json!({"name": name, "labels": {"kubevirt.io": name, "app.kubernetes.io/managed-by": "virt-operator"}})
 }
@@ -100,6 +119,8 @@ pub fn webhook_configurations_for(ca_bundle_pem: &[u8], target: &WebhookTarget) 
             hook("virtualmachinepool-validator.kubevirt.io", paths::POOL_VALIDATE, Rule(cu, "pool.kubevirt.io", &["v1beta1"], "virtualmachinepools"), target, &ca),
             hook("migration-create-validator.kubevirt.io", paths::MIGRATION_VALIDATE_CREATE, Rule(c, g, &core, "virtualmachineinstancemigrations"), target, &ca),
             hook("migration-update-validator.kubevirt.io", paths::MIGRATION_VALIDATE_UPDATE, Rule(&["UPDATE"], g, &core, "virtualmachineinstancemigrations"), target, &ca),
+            eviction_hook("virt-launcher-eviction-interceptor.kubevirt.io", "virt-launcher", target, &ca),
+            eviction_hook("hotplug-pod-eviction-interceptor.kubevirt.io", "hp-volume-", target, &ca),
         ],
     });
     (mutating, validating)
@@ -135,11 +156,34 @@ mod tests {
             .chain(v["webhooks"].as_array().unwrap())
         {
             assert_eq!(hook["failurePolicy"], "Fail");
-            assert_eq!(hook["sideEffects"], "None");
+            // The eviction interceptors patch the VMI, except on dry runs (as upstream).
+            let side_effects = if hook["rules"][0]["resources"][0] == "pods/eviction" {
+                "NoneOnDryRun"
+            } else {
+                "None"
+            };
+            assert_eq!(hook["sideEffects"], side_effects);
             assert_eq!(hook["admissionReviewVersions"], json!(["v1"]));
             assert_eq!(hook["clientConfig"]["caBundle"], "UEVN");
         }
-        assert_eq!(v["webhooks"].as_array().unwrap().len(), 7);
+        assert_eq!(v["webhooks"].as_array().unwrap().len(), 9);
+        let launcher = &v["webhooks"][7];
+        assert_eq!(
+            launcher["name"],
+            "virt-launcher-eviction-interceptor.kubevirt.io"
+        );
+        assert_eq!(
+            launcher["clientConfig"]["url"],
+            "https://127.0.0.1:8443/pod-eviction-validate"
+        );
+        assert_eq!(
+            launcher["rules"],
+            json!([{"operations": ["*"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods/eviction"]}])
+        );
+        assert_eq!(
+            launcher["matchConditions"][0]["expression"],
+            "object.metadata.name.startsWith(\"virt-launcher\")"
+        );
     }
 
     #[test]

@@ -39,6 +39,8 @@ pub mod paths {
     pub const MIGRATION_VALIDATE_CREATE: &str = "/migration-validate-create";
     /// Migration update validator.
     pub const MIGRATION_VALIDATE_UPDATE: &str = "/migration-validate-update";
+    /// Pod eviction validator (`pods/eviction`, launcher and hotplug pods).
+    pub const POD_EVICTION_VALIDATE: &str = "/pod-eviction-validate";
 }
 
 /// Service accounts KubeVirt components run as, in `namespace`.
@@ -87,6 +89,8 @@ pub struct Outcome {
     pub patch: Vec<Value>,
     /// Warnings shown to the client.
     pub warnings: Vec<String>,
+    /// The HTTP code of an `error` denial (400 when unset; 429 for evictions).
+    pub code: Option<u16>,
 }
 
 impl Outcome {
@@ -157,8 +161,7 @@ pub async fn handle(
     let mut response = json!({"uid": uid, "allowed": true});
     if let Some(message) = outcome.error {
         response["allowed"] = json!(false);
-        response["status"] =
-            json!({"metadata": {}, "status": "Failure", "message": message, "code": 400});
+        response["status"] = json!({"metadata": {}, "status": "Failure", "message": message, "code": outcome.code.unwrap_or(400)});
     } else if !outcome.causes.is_empty() {
         response["allowed"] = json!(false);
         response["status"] = invalid_status(&outcome.causes);
@@ -303,6 +306,19 @@ pub async fn admit(
             );
             Outcome::causes(validate::validate_migration_update(&old, &new))
         }
+        paths::POD_EVICTION_VALIDATE => match ctx.client {
+            Some(client) => {
+                let strategy = ctx.cfg.eviction_strategy.as_ref();
+                match super::pod_eviction::admit(client, request, strategy).await {
+                    Some(message) => Outcome {
+                        code: Some(429),
+                        ..Outcome::error(message)
+                    },
+                    None => Outcome::default(),
+                }
+            }
+            None => Outcome::default(),
+        },
         other => return Err(ReviewError::UnknownPath(other.to_owned())),
     };
     Ok(outcome)

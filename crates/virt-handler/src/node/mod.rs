@@ -22,10 +22,14 @@
 //! the labels are re-synced with each heartbeat and when the KubeVirt CR's
 //! `obsoleteCPUModels` change.
 //!
+//! When the handler stops (`cancel`), it sets `kubevirt.io/schedulable=false` on its Node, as
+//! upstream, retrying with back-off for a few seconds; its next start sets it back to `true`.
+//! virt-controller's node controller (`virt_controller::node`) does the same for a node whose
+//! heartbeat went stale, and fails the VMIs left there without a live launcher.
+//!
 //! # Caveats
-//! The heartbeat only says the handler process lives. Upstream's virt-controller marks a node
-//! with a stale heartbeat unschedulable and fails its VMIs; nothing here watches the
-//! heartbeat, so a stale one changes nothing. A Node with
+//! The heartbeat only says the handler process lives. The interval is upstream's minute
+//! unless `--heartbeat-interval` sets another (tests). A Node with
 //! `node-labeller.kubevirt.io/skip-node` keeps its labels, as upstream.
 
 pub mod cpu;
@@ -41,7 +45,7 @@ use kubevirt_api::cluster_config::ClusterConfigWatch;
 use kubevirt_api::constants::{HEARTBEAT_ANNOTATION, NODE_SCHEDULABLE_LABEL};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
-use tracing::warn;
+use tracing::{info, warn};
 
 /// The heartbeat period; each wait adds a random jitter of up to
 /// [`HEARTBEAT_JITTER_FACTOR`] times it, as upstream's `wait.JitterUntil(…, 1.2, sliding)`.
@@ -392,27 +396,67 @@ impl NodeAgent {
     }
 }
 
+/// The merge patch of a heartbeat at `now`: the annotation and the schedulable label
+/// (`"false"` when the handler is stopping, as upstream's last beat).
+pub fn heartbeat_patch(now: &str, schedulable: bool) -> serde_json::Value {
+    json!({"metadata": {
+        "labels": {NODE_SCHEDULABLE_LABEL: if schedulable { "true" } else { "false" }},
+        "annotations": {HEARTBEAT_ANNOTATION: now},
+    }})
+}
+
 /// Refreshes the heartbeat annotation and the schedulable label.
 async fn heartbeat(api: &Api<Node>, node_name: &str) -> Result<(), NodeError> {
-    let now = crate::now_rfc3339();
-    let patch = json!({"metadata": {
-        "labels": {NODE_SCHEDULABLE_LABEL: "true"},
-        "annotations": {HEARTBEAT_ANNOTATION: now},
-    }});
+    beat(api, node_name, true).await
+}
+
+async fn beat(api: &Api<Node>, node_name: &str, schedulable: bool) -> Result<(), NodeError> {
+    let patch = heartbeat_patch(&crate::now_rfc3339(), schedulable);
     api.patch(node_name, &PatchParams::default(), &Patch::Merge(patch))
         .await
         .map_err(|e| NodeError::Patch(node_name.to_owned(), e))?;
     Ok(())
 }
 
+/// How many times the last, unschedulable heartbeat is tried when the handler stops, and the
+/// first wait between tries (doubled each time: about 3 s in all, as upstream's default
+/// back-off).
+const STOP_BEAT_TRIES: u32 = 5;
+const STOP_BEAT_FIRST_WAIT: Duration = Duration::from_millis(200);
+
+/// The handler's last heartbeat: the Node marked unschedulable, retried with back-off.
+async fn mark_unschedulable_on_stop(api: &Api<Node>, node_name: &str) {
+    let mut wait = STOP_BEAT_FIRST_WAIT;
+    for attempt in 1..=STOP_BEAT_TRIES {
+        match beat(api, node_name, false).await {
+            Ok(()) => {
+                info!(
+                    node = node_name,
+                    "virt-handler stopping: node marked unschedulable"
+                );
+                return;
+            }
+            Err(e) if attempt == STOP_BEAT_TRIES => {
+                warn!(error = %ErrorChain(&e), "marking the node unschedulable on stop failed");
+            }
+            Err(_) => {
+                tokio::time::sleep(wait).await;
+                wait *= 2;
+            }
+        }
+    }
+}
+
 /// Probes QEMU once (see [`probe`]), registers the node, then after each [`jittered`] wait
-/// of [`HEARTBEAT_INTERVAL`] (counted from the end of the previous one) re-syncs the labels
-/// and refreshes the heartbeat, until `cancel` fires; a change of the obsolete models
-/// re-syncs the labels at once. Failures are logged and retried on the next tick
-/// (registration until it succeeds, every second while the Node is not registered yet).
+/// of `interval` ([`HEARTBEAT_INTERVAL`] by default; counted from the end of the previous
+/// one) re-syncs the labels and refreshes the heartbeat, until `cancel` fires; a change of the
+/// obsolete models re-syncs the labels at once. Failures are logged and retried on the next
+/// tick (registration until it succeeds, every second while the Node is not registered yet).
+/// Once `cancel` fires after registration, the Node is marked unschedulable.
 pub async fn run_node_agent(
     client: kube::Client,
     node_name: String,
+    interval: Duration,
     obsolete: ClusterConfigWatch<BTreeSet<String>>,
     cancel: CancellationToken,
 ) {
@@ -443,13 +487,12 @@ pub async fn run_node_agent(
         }
     }
     loop {
-        let wait = jittered(
-            HEARTBEAT_INTERVAL,
-            HEARTBEAT_JITTER_FACTOR,
-            random_fraction(),
-        );
+        let wait = jittered(interval, HEARTBEAT_JITTER_FACTOR, random_fraction());
         let config_changed = tokio::select! {
-            () = cancel.cancelled() => return,
+            () = cancel.cancelled() => {
+                mark_unschedulable_on_stop(&api, &agent.node_name).await;
+                return;
+            }
             () = tokio::time::sleep(wait) => false,
             changed = changes.changed(), if watching => {
                 // A fixed configuration (its sender gone) never changes again.
@@ -517,6 +560,22 @@ mod tests {
             memory_bytes: 24 << 30,
             ..HostFacts::default()
         }
+    }
+
+    #[test]
+    fn a_stopping_handler_beats_once_more_with_the_node_unschedulable() {
+        let now = "2026-12-03T10:00:00Z";
+        assert_eq!(
+            heartbeat_patch(now, false),
+            json!({"metadata": {
+                "labels": {"kubevirt.io/schedulable": "false"},
+                "annotations": {"kubevirt.io/heartbeat": now},
+            }})
+        );
+        assert_eq!(
+            heartbeat_patch(now, true)["metadata"]["labels"]["kubevirt.io/schedulable"],
+            "true"
+        );
     }
 
     #[test]
