@@ -1,6 +1,6 @@
 //! End-to-end: a VM's guest reached over the network the way KubeVirt users reach it — a
-//! Service made by `virtctl expose` (requested from inside another pod's network namespace,
-//! as an in-cluster client), a `virtctl port-forward` tunnel through virt-api, and another
+//! Service made by `virtctl expose` (requested with `curl` from inside another pod's network
+//! namespace, as an in-cluster client), a `virtctl port-forward` tunnel through virt-api, and another
 //! VM on the same node by pod IP. Needs root and the CNI plugins (a pod network), the test
 //! guest and QEMU; skips, saying why, without them.
 
@@ -23,6 +23,10 @@ fn start_server_with_guest() -> anyhow::Result<Option<ServerProcess>> {
         return Ok(None);
     };
     if testkit::available(testkit::virtctl_beside(Path::new(BIN))).is_none() {
+        return Ok(None);
+    }
+    if Command::new("curl").arg("--version").output().is_err() {
+        eprintln!("skipped: curl is not installed (apt-get install curl)");
         return Ok(None);
     }
     let mut server = ServerProcess::start(Path::new(BIN), "server", &[])?;
@@ -111,13 +115,13 @@ fn http_get(addr: &str) -> Option<String> {
 }
 
 /// An HTTP GET of `url` from inside the network namespace of `pod` (namespace `ns`), as a
-/// client running in that pod makes it (busybox `wget` under `nsenter`).
+/// client running in that pod makes it (`curl` under `nsenter`).
 fn http_get_from_pod(server: &ServerProcess, ns: &str, pod: &str, url: &str) -> Option<String> {
     let uid = server.get(&["-n", ns, &format!("pod/{pod}")], "{.metadata.uid}");
     let netns = server.data_dir().join("node").join("netns").join(uid);
     let out = Command::new("nsenter")
         .arg(format!("--net={}", netns.display()))
-        .args(["busybox", "wget", "-q", "-T", "3", "-O", "-", url])
+        .args(["curl", "-s", "-m", "3", url])
         .output()
         .ok()?;
     out.status
