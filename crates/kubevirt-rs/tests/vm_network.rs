@@ -147,8 +147,8 @@ fn free_port() -> anyhow::Result<u16> {
 }
 
 #[test]
-fn a_vm_exposed_by_virtctl_answers_on_its_cluster_ip_and_through_port_forward()
--> anyhow::Result<()> {
+fn a_vm_exposed_by_virtctl_answers_on_its_cluster_ip_and_through_port_forward() -> anyhow::Result<()>
+{
     let Some(server) = start_server_with_guest()? else {
         return Ok(());
     };
@@ -158,9 +158,11 @@ fn a_vm_exposed_by_virtctl_answers_on_its_cluster_ip_and_through_port_forward()
         eprintln!("skipped: the server has no pod network (needs root and the CNI plugins)");
         return Ok(());
     };
-    wait_until(DEADLINE, "the guest's HTTP server through the pod IP", || {
-        http_get(&format!("{pod_ip}:8080")).filter(|t| t.contains("hello-from-web"))
-    })
+    wait_until(
+        DEADLINE,
+        "the guest's HTTP server through the pod IP",
+        || http_get(&format!("{pod_ip}:8080")).filter(|t| t.contains("hello-from-web")),
+    )
     .map_err(|e| anyhow::anyhow!("{e}\nserver log:\n{}", tail(&server.log())))?;
 
     // virtctl expose: upstream's Service, selecting the launcher pod by its VMI id.

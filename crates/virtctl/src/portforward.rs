@@ -96,9 +96,9 @@ pub fn parse_port(arg: &str) -> Result<Forward, Error> {
         p.parse::<u16>()
             .map_err(|_| Error::Message(format!("invalid port: {p}")))
     };
-    let local = split.next().ok_or_else(|| {
-        Error::Message("invalid port, missing local and/or remote port".into())
-    })?;
+    let local = split
+        .next()
+        .ok_or_else(|| Error::Message("invalid port, missing local and/or remote port".into()))?;
     let local = number(local)?;
     let remote = split.next().map_or(Ok(local), number)?;
     Ok(Forward { local, remote })
@@ -223,7 +223,7 @@ pub async fn run(ctx: &Ctx, a: &PortForward) -> Result<(), Error> {
 mod tests {
     use super::*;
 
-    fn message(e: Error) -> String {
+    fn message(e: &Error) -> String {
         e.to_string()
     }
 
@@ -243,7 +243,7 @@ mod tests {
             ("pod/web", "unsupported resource type 'pod'"),
             ("vm/", "name cannot be empty"),
         ] {
-            assert_eq!(message(parse_target(bad).unwrap_err()), want, "{bad}");
+            assert_eq!(message(&parse_target(bad).unwrap_err()), want, "{bad}");
         }
     }
 
@@ -266,7 +266,7 @@ mod tests {
         assert!(parse_port("udp/53").is_err());
         assert!(parse_port("x:1").is_err());
         assert_eq!(
-            message(parse_port(":").unwrap_err()),
+            message(&parse_port(":").unwrap_err()),
             "invalid port, missing local and/or remote port"
         );
     }

@@ -245,7 +245,7 @@ mod tests {
 
     use super::*;
 
-    fn vmi(status: serde_json::Value) -> VirtualMachineInstance {
+    fn vmi(status: &serde_json::Value) -> VirtualMachineInstance {
         serde_json::from_value(json!({
             "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
             "metadata": {"name": "v"}, "spec": {"domain": {"devices": {}}}, "status": status,
@@ -255,7 +255,7 @@ mod tests {
 
     #[test]
     fn the_first_interface_address_is_dialled() {
-        let v = vmi(json!({"phase": "Running", "interfaces": [
+        let v = vmi(&json!({"phase": "Running", "interfaces": [
             {"name": "default", "ipAddress": "10.245.0.7"}, {"name": "b", "ipAddress": "10.1.1.1"}]}));
         assert_eq!(
             check_portforward(&v).unwrap(),
@@ -265,13 +265,15 @@ mod tests {
 
     #[test]
     fn a_vmi_without_interfaces_or_paused_is_refused_as_upstream() {
-        let e = check_portforward(&vmi(json!({"phase": "Running"}))).unwrap_err();
+        let e = check_portforward(&vmi(&json!({"phase": "Running"}))).unwrap_err();
         assert_eq!(
             (e.code, e.message.as_str()),
             (400, "no network interfaces are present")
         );
-        let paused = vmi(json!({"phase": "Running", "interfaces": [{"ipAddress": "10.0.0.1"}],
-            "conditions": [{"type": "Paused", "status": "True"}]}));
+        let paused = vmi(
+            &json!({"phase": "Running", "interfaces": [{"ipAddress": "10.0.0.1"}],
+            "conditions": [{"type": "Paused", "status": "True"}]}),
+        );
         let e = check_portforward(&paused).unwrap_err();
         assert_eq!(e.code, 409);
         assert!(e.message.ends_with("VMI is paused"), "{}", e.message);
