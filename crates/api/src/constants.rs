@@ -38,6 +38,20 @@ pub const CREATED_BY_LABEL: &str = "kubevirt.io/created-by";
 pub const DEPRECATED_VM_NAME_LABEL: &str = "vm.kubevirt.io/name";
 /// Launcher pod label: the VMI name, shortened with a hash when longer than 63 characters.
 pub const VMI_ID_LABEL: &str = "vmi.kubevirt.io/id";
+
+/// The [`VMI_ID_LABEL`] value of VMI `name` (upstream's `CalculateVirtualMachineInstanceID`):
+/// the name, or when longer than 63 characters its first 54 characters, `-` and the first 8
+/// hex digits of its SHA-1.
+pub fn vmi_id_label(name: &str) -> String {
+    use sha1::{Digest, Sha1};
+    if name.len() <= 63 {
+        return name.to_owned();
+    }
+    let digest = Sha1::digest(name.as_bytes());
+    let hex: String = digest.iter().take(4).map(|b| format!("{b:02x}")).collect();
+    let head: String = name.chars().take(54).collect();
+    format!("{head}-{hex}")
+}
 /// VMI label: node the VMI is scheduled to.
 pub const NODE_NAME_LABEL: &str = "kubevirt.io/nodeName";
 /// Migration target pod label: UID of the migration.

@@ -53,6 +53,8 @@ pub enum Command {
     /// Expose a virtual machine instance, virtual machine, or virtual machine instance
     /// replica set as a new service.
     Expose(Expose),
+    /// Forward local ports to a virtualmachine or virtualmachineinstance.
+    PortForward(PortForward),
     /// Create a manifest for the specified Kind.
     #[command(subcommand)]
     Create(Create),
@@ -195,9 +197,10 @@ pub struct Expose {
     /// Name of the service created for the exposure of the VM.
     #[arg(long, required = true)]
     pub name: String,
-    /// The port that the service should serve on.
-    #[arg(long, required = true)]
-    pub port: i32,
+    /// The port that the service should serve on (default: the ports of the interfaces
+    /// on the pod network).
+    #[arg(long)]
+    pub port: Option<i32>,
     /// Name or number for the port on the VM that the service should direct traffic to.
     #[arg(long)]
     pub target_port: Option<String>,
@@ -222,6 +225,24 @@ pub struct Expose {
     /// Name of the port.
     #[arg(long)]
     pub port_name: Option<String>,
+}
+
+/// `port-forward`.
+#[derive(Args, Debug)]
+pub struct PortForward {
+    /// type/name[/namespace]: vm or vmi (singular or plural, long or short form).
+    #[arg(value_name = "TYPE/NAME[/NAMESPACE]")]
+    pub target: String,
+    /// [protocol/]localPort[:targetPort]...
+    #[arg(value_name = "PORT", required = true)]
+    pub ports: Vec<String>,
+    /// Forward the tunnel to stdout/stdin (a single port only).
+    #[arg(long, num_args = 0..=1, default_value_t = false, default_missing_value = "true",
+          action = clap::ArgAction::Set)]
+    pub stdio: bool,
+    /// The address the local ports are opened on.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub address: String,
 }
 
 /// `create` kinds.

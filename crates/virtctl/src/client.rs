@@ -19,7 +19,7 @@ pub struct Ctx {
 }
 
 /// VMs or VMIs.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
     /// `virtualmachines`.
     Vm,

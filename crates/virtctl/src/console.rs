@@ -30,6 +30,11 @@ pub(crate) type Stream = WebSocketStream<TokioIo<hyper::upgrade::Upgraded>>;
 /// Opens the websocket of the VMI's `sub` stream (`console`, `vnc`).
 pub(crate) async fn open(ctx: &Ctx, name: &str, sub: &str) -> Result<Stream, Error> {
     let path = subresource_path(&ctx.namespace, Kind::Vmi, name, sub);
+    open_path(ctx, path, &format!("VMI {name}")).await
+}
+
+/// Opens the websocket at `path` (a streaming subresource of `what`, named in errors).
+pub(crate) async fn open_path(ctx: &Ctx, path: String, what: &str) -> Result<Stream, Error> {
     let key = tokio_tungstenite::tungstenite::handshake::client::generate_key();
     let req = http::Request::get(path)
         .header("connection", "Upgrade")
@@ -52,7 +57,7 @@ pub(crate) async fn open(ctx: &Ctx, name: &str, sub: &str) -> Result<Stream, Err
             .and_then(|v| v["message"].as_str().map(str::to_owned))
             .unwrap_or_else(|| String::from_utf8_lossy(&body).trim().to_owned());
         return Err(Error::Message(format!(
-            "Can't access VMI {name}: {message} ({code})"
+            "Can't access {what}: {message} ({code})"
         )));
     }
     let upgraded = hyper::upgrade::on(res)

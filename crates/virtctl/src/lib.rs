@@ -3,7 +3,7 @@
 //! Data flow: [`Cli`] (clap) → [`run`] builds a kube `Client` from `--kubeconfig` (or the
 //! usual inference) → each command calls the API server: the `subresources.kubevirt.io/v1`
 //! endpoints through [`client`] (start, stop, pause, …; the console and vnc websockets in
-//! [`console`]), plain objects for `migrate-cancel` and [`expose`]; [`create`] only prints
+//! [`console`], the port-forward tunnels in [`portforward`]), plain objects for `migrate-cancel` and [`expose`]; [`create`] only prints
 //! a manifest. Output lines and flags follow upstream's virtctl.
 
 pub mod cli;
@@ -11,6 +11,7 @@ pub mod client;
 pub mod console;
 pub mod create;
 pub mod expose;
+pub mod portforward;
 pub mod vm;
 pub mod vnc;
 
@@ -68,6 +69,7 @@ pub async fn run(cli: Cli) -> Result<(), Error> {
         C::Console(a) => console::console(&ctx, &a).await,
         C::Vnc(a) => vnc::vnc(&ctx, &a).await,
         C::Expose(a) => expose::run(&ctx, &a).await,
+        C::PortForward(a) => portforward::run(&ctx, &a).await,
         C::Version(_) => vm::server_version(&ctx).await,
         C::Create(_) => Ok(()),
     }

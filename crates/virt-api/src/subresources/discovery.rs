@@ -60,6 +60,12 @@ const RESOURCES: &[(&str, &str, &[&str])] = &[
         &["get"],
     ),
     (
+        "virtualmachineinstances/portforward",
+        "VirtualMachineInstance",
+        &["get"],
+    ),
+    ("virtualmachines/portforward", "VirtualMachine", &["get"]),
+    (
         "virtualmachineinstances/guestosinfo",
         "VirtualMachineInstance",
         &["get"],

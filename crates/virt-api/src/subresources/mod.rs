@@ -5,7 +5,8 @@
 //! with its front-proxy client certificate and `X-Remote-User`) → this server → one
 //! handler per endpoint family: [`vm`] (start/stop/restart/migrate, decided by the pure
 //! [`state_change`]), [`vmi`] (pause/unpause/softreboot/guest agent), [`volumes`]
-//! (add/removevolume), [`console`] (console/vnc websockets), [`discovery`]. Handlers read
+//! (add/removevolume), [`console`] (console/vnc websockets), [`portforward`] (a TCP
+//! tunnel to the guest), [`discovery`]. Handlers read
 //! and patch objects with their own kube `Client`; the node-side work goes through
 //! [`node::NodeClient`] to the node agent of the VMI's node.
 //!
@@ -15,6 +16,7 @@ pub mod console;
 pub mod discovery;
 pub mod error;
 pub mod node;
+pub mod portforward;
 pub mod state_change;
 pub mod vm;
 pub mod vmi;
@@ -205,6 +207,22 @@ pub fn router(
             .route(&format!("{vmi}/removevolume"), put(volumes::vmi_remove))
             .route(&format!("{vmi}/console"), get(console::console_handler))
             .route(&format!("{vmi}/vnc"), get(console::vnc_handler))
+            .route(
+                &format!("{vmi}/portforward/{{port}}"),
+                get(portforward::vmi_handler),
+            )
+            .route(
+                &format!("{vmi}/portforward/{{port}}/{{protocol}}"),
+                get(portforward::vmi_protocol_handler),
+            )
+            .route(
+                &format!("{vm}/portforward/{{port}}"),
+                get(portforward::vm_handler),
+            )
+            .route(
+                &format!("{vm}/portforward/{{port}}/{{protocol}}"),
+                get(portforward::vm_protocol_handler),
+            )
             .route(&format!("{vmi}/guestosinfo"), get(vmi::guest_agent_handler))
             .route(&format!("{vmi}/userlist"), get(vmi::guest_agent_handler))
             .route(

@@ -60,7 +60,6 @@ use kube::Resource;
 use kubevirt_api::constants as c;
 use kubevirt_api::quantity::{Format, Quantity as ExactQuantity};
 use kubevirt_api::v1::{DEFAULT_GRACE_PERIOD_SECONDS, VirtualMachineInstance};
-use sha1::{Digest, Sha1};
 
 /// Name of the serial console log container.
 pub const GUEST_CONSOLE_LOG_CONTAINER_NAME: &str = "guest-console-log";
@@ -241,17 +240,8 @@ fn pod_hostname(vmi: &VirtualMachineInstance, name: &str) -> String {
     base.chars().take(MAX_LABEL_VALUE).collect()
 }
 
-/// The VMI name, or when longer than 63 characters its first 54 characters, `-` and the
-/// first 8 hex digits of its SHA-1.
-pub fn vmi_id_label(name: &str) -> String {
-    if name.len() <= MAX_LABEL_VALUE {
-        return name.to_owned();
-    }
-    let digest = Sha1::digest(name.as_bytes());
-    let hex: String = digest.iter().take(4).map(|b| format!("{b:02x}")).collect();
-    let head: String = name.chars().take(54).collect();
-    format!("{head}-{hex}")
-}
+/// The launcher pod's `vmi.kubevirt.io/id` value (shared with `virtctl expose`).
+pub use kubevirt_api::constants::vmi_id_label;
 
 fn pod_labels(
     vmi: &VirtualMachineInstance,

@@ -1,0 +1,261 @@
+//! End-to-end: a VM's guest reached over the network the way KubeVirt users reach it — a
+//! Service made by `virtctl expose` (requested with `curl` from inside another pod's network
+//! namespace, as an in-cluster client), a `virtctl port-forward` tunnel through virt-api, and another
+//! VM on the same node by pod IP. Needs root and the CNI plugins (a pod network), the test
+//! guest and QEMU; skips, saying why, without them.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use testkit::{DEADLINE, ServerProcess, wait_until};
+
+const BIN: &str = env!("CARGO_BIN_EXE_kubevirt-rs");
+
+fn virtctl() -> PathBuf {
+    Path::new(BIN).with_file_name("virtctl")
+}
+
+/// A server with the test guest imported, or `None` (with the reason printed) when the
+/// guest or virtctl is missing.
+fn start_server_with_guest() -> anyhow::Result<Option<ServerProcess>> {
+    let Some(guest) = testkit::available(testkit::test_guest()) else {
+        return Ok(None);
+    };
+    if testkit::available(testkit::virtctl_beside(Path::new(BIN))).is_none() {
+        return Ok(None);
+    }
+    if Command::new("curl").arg("--version").output().is_err() {
+        eprintln!("skipped: curl is not installed (apt-get install curl)");
+        return Ok(None);
+    }
+    let mut server = ServerProcess::start(Path::new(BIN), "server", &[])?;
+    server.import_test_guest(guest)?;
+    Ok(Some(server))
+}
+
+/// A VM whose guest takes its address by DHCP and serves `hello-from-<name>` over HTTP on
+/// port 8080 (busybox httpd from its cloud-init user data).
+fn serving_vm(name: &str) -> String {
+    format!(
+        r#"apiVersion: kubevirt.io/v1
+kind: VirtualMachine
+metadata:
+  name: {name}
+spec:
+  runStrategy: Always
+  template:
+    spec:
+      terminationGracePeriodSeconds: 0
+      domain:
+        memory: {{guest: 128Mi}}
+        firmware:
+          kernelBoot:
+            kernelArgs: "console=ttyS0 panic=-1 quiet tg.quiet=1 tg.net=dhcp"
+            container:
+              image: kubevirt-rs/test-guest:latest
+              kernelPath: /vmlinux
+              initrdPath: /initramfs.cpio.gz
+        devices:
+          disks: [{{name: cloudinit, disk: {{bus: virtio}}}}]
+          interfaces: [{{name: default, masquerade: {{}}, ports: [{{name: http, port: 8080}}]}}]
+      networks: [{{name: default, pod: {{}}}}]
+      volumes:
+        - name: cloudinit
+          cloudInitNoCloud:
+            userData: |
+              #!/bin/sh
+              mkdir -p /www && echo hello-from-{name} > /www/index.html
+              httpd -p 8080 -h /www
+"#
+    )
+}
+
+fn tail(text: &str) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(40)..].join("\n")
+}
+
+fn wait_phase(server: &ServerProcess, vmi: &str, phase: &str) -> anyhow::Result<()> {
+    wait_until(DEADLINE, &format!("VMI {vmi} phase {phase}"), || {
+        (server.get(&[&format!("vmi/{vmi}")], "{.status.phase}") == phase).then_some(())
+    })
+    .map_err(|e| anyhow::anyhow!("{e}\nserver log:\n{}", tail(&server.log())))
+}
+
+fn launcher_pod(server: &ServerProcess, vm: &str) -> String {
+    server.get(
+        &["pods", "-l", &format!("vm.kubevirt.io/name={vm}")],
+        "{.items[0].metadata.name}",
+    )
+}
+
+/// The launcher pod's IP, or `None` when the server has no pod network (the pod then has
+/// the host's address).
+fn pod_ip(server: &ServerProcess, vm: &str) -> Option<String> {
+    let pod = launcher_pod(server, vm);
+    let ip = server.get(&[&format!("pod/{pod}")], "{.status.podIP}");
+    let host = server.get(&[&format!("pod/{pod}")], "{.status.hostIP}");
+    (!ip.is_empty() && ip != host).then_some(ip)
+}
+
+/// One HTTP GET of `/` from this (host) process; the answer on success.
+fn http_get(addr: &str) -> Option<String> {
+    use std::io::{Read, Write};
+    let addr: std::net::SocketAddr = addr.parse().ok()?;
+    let mut stream =
+        std::net::TcpStream::connect_timeout(&addr, std::time::Duration::from_secs(2)).ok()?;
+    stream
+        .set_read_timeout(Some(std::time::Duration::from_secs(5)))
+        .ok()?;
+    stream.write_all(b"GET / HTTP/1.0\r\n\r\n").ok()?;
+    let mut text = String::new();
+    stream.read_to_string(&mut text).ok()?;
+    Some(text)
+}
+
+/// An HTTP GET of `url` from inside the network namespace of `pod` (namespace `ns`), as a
+/// client running in that pod makes it (`curl` under `nsenter`).
+fn http_get_from_pod(server: &ServerProcess, ns: &str, pod: &str, url: &str) -> Option<String> {
+    let uid = server.get(&["-n", ns, &format!("pod/{pod}")], "{.metadata.uid}");
+    let netns = server.data_dir().join("node").join("netns").join(uid);
+    let out = Command::new("nsenter")
+        .arg(format!("--net={}", netns.display()))
+        .args(["curl", "-s", "-m", "3", url])
+        .output()
+        .ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// A process this test started, killed (by its pid) and reaped when dropped.
+struct Started(Child);
+
+impl Drop for Started {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A free loopback port (bound and released; the kernel does not hand it out again soon).
+fn free_port() -> anyhow::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+#[test]
+fn a_vm_exposed_by_virtctl_answers_on_its_cluster_ip_and_through_port_forward() -> anyhow::Result<()>
+{
+    let Some(server) = start_server_with_guest()? else {
+        return Ok(());
+    };
+    server.apply(&serving_vm("web"))?;
+    wait_phase(&server, "web", "Running")?;
+    let Some(pod_ip) = pod_ip(&server, "web") else {
+        eprintln!("skipped: the server has no pod network (needs root and the CNI plugins)");
+        return Ok(());
+    };
+    wait_until(
+        DEADLINE,
+        "the guest's HTTP server through the pod IP",
+        || http_get(&format!("{pod_ip}:8080")).filter(|t| t.contains("hello-from-web")),
+    )
+    .map_err(|e| anyhow::anyhow!("{e}\nserver log:\n{}", tail(&server.log())))?;
+
+    // virtctl expose: upstream's Service, selecting the launcher pod by its VMI id.
+    let out = Command::new(virtctl())
+        .env("KUBECONFIG", server.kubeconfig())
+        .args(["expose", "vm", "web", "--port", "8080", "--name", "web"])
+        .output()?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("Service web successfully created for vm web"),
+        "virtctl expose: {stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        server.get(&["svc/web"], "{.spec.selector.vmi\\.kubevirt\\.io/id}"),
+        "web"
+    );
+    assert_eq!(
+        server.get(&["svc/web"], "{.metadata.ownerReferences[0].kind}"),
+        "VirtualMachine"
+    );
+    let cluster_ip = server.get(&["svc/web"], "{.spec.clusterIP}");
+    let slice = |server: &ServerProcess| {
+        server.get(
+            &["endpointslices", "-l", "kubernetes.io/service-name=web"],
+            "{.items[*].endpoints[*].addresses[0]}",
+        )
+    };
+    wait_until(DEADLINE, "the Service's endpoint", || {
+        (slice(&server) == pod_ip).then_some(())
+    })?;
+    // An in-cluster client (here: inside virt-api's pod) reaches the guest at the cluster IP.
+    let api_pod = server.get(
+        &["-n", "kubevirt", "pods", "-l", "kubevirt.io=virt-api"],
+        "{.items[0].metadata.name}",
+    );
+    let started = std::time::Instant::now();
+    let body = wait_until(DEADLINE, "the guest through the cluster IP", || {
+        http_get_from_pod(
+            &server,
+            "kubevirt",
+            &api_pod,
+            &format!("http://{cluster_ip}:8080/"),
+        )
+        .filter(|t| t.contains("hello-from-web"))
+    })?;
+    eprintln!(
+        "expose: {cluster_ip}:8080 answered after {:.1}s",
+        started.elapsed().as_secs_f64()
+    );
+    assert_eq!(body.trim(), "hello-from-web");
+
+    // virtctl port-forward: a local port tunnelled through virt-api to the guest's 8080.
+    let local = free_port()?;
+    let mut forward = Started(
+        Command::new(virtctl())
+            .env("KUBECONFIG", server.kubeconfig())
+            .args(["port-forward", "vm/web", &format!("{local}:8080")])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()?,
+    );
+    let stderr = forward.0.stderr.take().expect("piped stderr");
+    let mut first = String::new();
+    BufReader::new(stderr).read_line(&mut first)?;
+    assert!(
+        first.contains(&format!("127.0.0.1:{local}")) && first.contains("8080"),
+        "virtctl port-forward: {first}"
+    );
+    let answer = wait_until(DEADLINE, "the guest through port-forward", || {
+        http_get(&format!("127.0.0.1:{local}")).filter(|t| t.contains("hello-from-web"))
+    })?;
+    assert!(answer.starts_with("HTTP/1."), "{answer}");
+    // A second connection through the same forward opens its own tunnel.
+    let again = http_get(&format!("127.0.0.1:{local}")).unwrap_or_default();
+    assert!(again.contains("hello-from-web"), "{again}");
+    // A port the guest does not serve: the tunnel is refused, the local connection closes.
+    let out = Command::new(virtctl())
+        .env("KUBECONFIG", server.kubeconfig())
+        .args(["port-forward", "--stdio=true", "vmi/web", "1"])
+        .stdin(Stdio::null())
+        .output()?;
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("dialing VM"),
+        "port-forward to a closed port: {err}"
+    );
+    drop(forward);
+
+    // Deleting the VM removes the endpoints (and the Service it owns).
+    server.ok(&["delete", "vm", "web", "--wait=false"])?;
+    wait_until(DEADLINE, "the endpoints to go", || {
+        slice(&server).is_empty().then_some(())
+    })?;
+    Ok(())
+}
