@@ -14,6 +14,10 @@
 #                        - runs `user-data` from an attached NoCloud `cidata` disk
 #                          (vfat or iso9660) when it starts with `#!`,
 #                        - prints GUEST-READY on the serial console,
+#                        - onlines hotplugged CPUs and memory (the job udev does in a
+#                          distribution) and, before GUEST-READY and after every CPU, memory or
+#                          block device change, prints what it sees:
+#                          GUEST-SEES cpus=<online list> mem=<MemTotal kB> disks=<vda,...>
 #                        - answers console lines: ping -> PONG, run CMD -> output +
 #                          RUN-DONE rc=N, poweroff, reboot.
 #   kernel.version     the kernel release the guest was built from
@@ -37,7 +41,10 @@ out=${1:-$cache_root/kubevirt-rs/guest}
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 
-if [ -z "${FORCE:-}" ] && [ -s "$out/vmlinux" ] && [ -s "$out/initramfs.cpio.gz" ]; then
+# The cache is valid for this version of the script only.
+recipe=$(sha256sum "$0" | cut -d' ' -f1)
+if [ -z "${FORCE:-}" ] && [ -s "$out/vmlinux" ] && [ -s "$out/initramfs.cpio.gz" ] &&
+    [ "$(cat "$out/recipe.sha256" 2>/dev/null)" = "$recipe" ]; then
     echo "test guest already built in $out"
     exit 0
 fi
@@ -103,7 +110,7 @@ unpack_elf "$scratch/pkg/boot/vmlinuz-$kver" "$scratch/vmlinux" ||
 # ---------------------------------------------------------------- modules
 # Debian ships no modules.dep; busybox depmod writes one.
 "$busybox_bin" depmod -b "$scratch/pkg" "$kver"
-wanted="virtio_pci virtio_blk virtio_net virtio_console virtio_rng virtio_scsi sd_mod sr_mod
+wanted="virtio_pci virtio_blk virtio_net virtio_console virtio_rng virtio_scsi virtio_mem sd_mod sr_mod
         button evdev isofs vfat nls_cp437 nls_ascii"
 declare -A picked=()
 add_module() {
@@ -146,6 +153,31 @@ sync
 poweroff -f
 EOF
 
+# busybox uevent runs this for every kernel uevent: online what was hotplugged, then say what the
+# guest sees. Block devices are listed from /sys/block (there is no udev to make nodes).
+cat >"$root/sbin/hotplug" <<'EOF'
+#!/bin/sh
+case "$SUBSYSTEM:$ACTION" in
+cpu:add) [ -w "/sys$DEVPATH/online" ] && echo 1 >"/sys$DEVPATH/online" ;;
+memory:add) [ "$(cat "/sys$DEVPATH/state" 2>/dev/null)" = offline ] && echo online >"/sys$DEVPATH/state" ;;
+block:add | block:remove | cpu:remove | memory:remove) ;;
+*) exit 0 ;;
+esac
+[ -e /tmp/guest-ready ] || exit 0
+# One report per burst of events: a later event's report replaces a pending one.
+echo $$ >/tmp/hotplug.latest
+sleep 1
+[ "$(cat /tmp/hotplug.latest)" = $$ ] || exit 0
+/sbin/guest-sees >/dev/console
+EOF
+
+cat >"$root/sbin/guest-sees" <<'EOF'
+#!/bin/sh
+disks=$(ls /sys/block | grep -E '^(vd|sd|sr)' | tr '\n' ',' | sed 's/,$//')
+mem=$(sed -n 's/^MemTotal: *\([0-9]*\) kB/\1/p' /proc/meminfo)
+echo "GUEST-SEES cpus=$(cat /sys/devices/system/cpu/online) mem=$mem disks=$disks"
+EOF
+
 cat >"$root/etc/udhcpc.script" <<'EOF'
 #!/bin/sh
 [ "$1" = bound ] || [ "$1" = renew ] || exit 0
@@ -165,7 +197,11 @@ mount -t devtmpfs devtmpfs /dev
 mount -t tmpfs tmpfs /tmp
 cmdline=$(cat /proc/cmdline)
 option() { for word in $cmdline; do case $word in "$1"=*) echo "${word#*=}" ;; esac; done; }
-for m in virtio_pci virtio_blk virtio_net virtio_console virtio_rng virtio_scsi sd_mod sr_mod \
+# Memory a virtio-mem device plugs later comes online by itself; CPUs are onlined by the
+# uevent helper.
+echo online >/sys/devices/system/memory/auto_online_blocks 2>/dev/null
+uevent /sbin/hotplug &
+for m in virtio_pci virtio_blk virtio_net virtio_console virtio_rng virtio_scsi virtio_mem sd_mod sr_mod \
          button evdev isofs vfat nls_cp437 nls_ascii; do
     modprobe -q "$m" 2>/dev/null || [ -n "$(option tg.quiet)" ] || echo "guest: module $m not loaded"
 done
@@ -193,7 +229,9 @@ for dev in /dev/vd? /dev/sd? /dev/sr?; do
 done
 
 echo "UPTIME: $(cut -d' ' -f1 /proc/uptime)"
+/sbin/guest-sees
 echo "GUEST-READY"
+touch /tmp/guest-ready
 while :; do
     if read -r cmd rest; then
         case $cmd in
@@ -209,7 +247,7 @@ while :; do
     fi
 done
 EOF
-chmod 0755 "$root/init" "$root/etc/acpi/PWRF/00000080" "$root/etc/udhcpc.script"
+chmod 0755 "$root/init" "$root/etc/acpi/PWRF/00000080" "$root/etc/udhcpc.script" "$root/sbin/hotplug" "$root/sbin/guest-sees"
 
 log "packing initramfs (${#picked[@]} modules)"
 (cd "$root" && find . -print0 | cpio --null -o -H newc --quiet | gzip -9) >"$scratch/initramfs.cpio.gz"
@@ -219,4 +257,5 @@ mv "$scratch/vmlinux" "$out/vmlinux.tmp" && mv "$out/vmlinux.tmp" "$out/vmlinux"
 mv "$scratch/initramfs.cpio.gz" "$out/initramfs.cpio.gz.tmp" &&
     mv "$out/initramfs.cpio.gz.tmp" "$out/initramfs.cpio.gz"
 echo "$kver" >"$out/kernel.version"
+echo "$recipe" >"$out/recipe.sha256"
 echo "test guest: $out (kernel $kver)"

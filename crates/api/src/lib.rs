@@ -6,6 +6,7 @@
 //! - [`constants`]: labels, annotations and finalizers KubeVirt writes.
 //! - [`crd`]: structural CustomResourceDefinitions generated from the types.
 //! - [`quantity`]: exact Kubernetes resource quantities, the one parser every crate uses.
+//! - [`live_update`]: the rules of CPU and memory hotplug.
 //! - [`cluster_config`]: the one watch of the `KubeVirt` CR every component subscribes to.
 //!
 //! Apart from [`cluster_config`] the crate does no I/O. Every optional field round-trips: decoding an upstream manifest and
@@ -16,6 +17,7 @@ mod string_enum;
 pub mod cluster_config;
 pub mod constants;
 pub mod crd;
+pub mod live_update;
 pub mod pool;
 pub use k8s_quantity as quantity;
 pub mod v1;

@@ -308,6 +308,10 @@ fn denied(name: &str, status: &Value) -> ApiError {
     e
 }
 
+/// Further attempts of a webhook call whose connection failed (kube-apiserver's backoff has
+/// five steps from 500 ms, factor 1.5).
+const CONNECTION_RETRIES: u32 = 4;
+
 impl WebhookAdmission {
     /// Posts the review to one webhook; returns the AdmissionReview `response`.
     async fn call(&self, hook: &Value, body: &Value) -> Result<Value, String> {
@@ -330,9 +334,13 @@ impl WebhookAdmission {
             ..TlsOptions::default()
         })
         .map_err(|e| e.to_string())?;
+        let tls = Arc::new(tls);
         let fail =
             |e: &dyn std::fmt::Display| format!("failed to call webhook: Post \"{url}\": {e}");
-        let exchange = async {
+        // Like kube-apiserver's webhook client, a call whose connection failed (the endpoint's
+        // pod went away between being picked and answering — a drain evicting virt-api) is
+        // tried again with backoff, against a freshly picked endpoint, within the timeout.
+        let attempt = || async {
             // A Service reference is routed to one ready endpoint per call (kube resolves
             // it when dialling); the certificate is checked for the Service's DNS name and
             // the request names that host.
@@ -346,7 +354,7 @@ impl WebhookAdmission {
                     ..
                 } => {
                     let ep = crate::routing::resolve_endpoint(&self.store, namespace, name, *port)
-                        .map_err(|e| fail(&e))?;
+                        .map_err(|e| (fail(&e), false))?;
                     let origin = url
                         .find("://")
                         .and_then(|i| url[i + 3..].find('/').map(|j| i + 3 + j))
@@ -360,8 +368,8 @@ impl WebhookAdmission {
                 .header(http::header::CONTENT_TYPE, "application/json")
                 .header(http::header::ACCEPT, "application/json")
                 .body(Body::from(serde_json::to_vec(body).unwrap_or_default()))
-                .map_err(|e| fail(&e))?;
-            let resp = client::send_as(Arc::new(tls), server_name.as_deref(), req)
+                .map_err(|e| (fail(&e), false))?;
+            let resp = client::send_as(Arc::clone(&tls), server_name.as_deref(), req)
                 .await
                 .map_err(|e| {
                     let mut msg = e.to_string();
@@ -370,18 +378,34 @@ impl WebhookAdmission {
                         msg = format!("{msg}: {s}");
                         src = s.source();
                     }
-                    fail(&msg)
+                    (fail(&msg), true)
                 })?;
             let status = resp.status();
             let bytes = http_body_util::BodyExt::collect(resp.into_body())
                 .await
-                .map_err(|e| fail(&e))?
+                .map_err(|e| (fail(&e), true))?
                 .to_bytes();
             if !status.is_success() {
-                return Err(fail(&format!("the server answered {status}")));
+                return Err((fail(&format!("the server answered {status}")), false));
             }
             serde_json::from_slice::<Value>(&bytes)
-                .map_err(|e| format!("received invalid webhook response: {e}"))
+                .map_err(|e| (format!("received invalid webhook response: {e}"), false))
+        };
+        let exchange = async {
+            let mut delay = Duration::from_millis(500);
+            let mut left = CONNECTION_RETRIES;
+            loop {
+                match attempt().await {
+                    Ok(review) => return Ok(review),
+                    Err((message, true)) if left > 0 => {
+                        tracing::debug!(%message, "webhook call failed to connect; trying again");
+                        left -= 1;
+                        tokio::time::sleep(delay).await;
+                        delay = delay.mul_f32(1.5);
+                    }
+                    Err((message, _)) => return Err(message),
+                }
+            }
         };
         let review = tokio::time::timeout(Duration::from_secs(timeout), exchange)
             .await

@@ -119,7 +119,7 @@ pub async fn run_controller(
                 info!("acquired the virt-controller lease; starting controllers");
                 metrics.set_leading(true);
                 let controllers = cancel.child_token();
-                let vm = run_vm_controller(client.clone(), VmControllerConfig { sync: sync_rx.clone(), workers: 3 }, metrics, controllers.clone());
+                let vm = run_vm_controller(client.clone(), VmControllerConfig { sync: sync_rx.clone(), workers: 3, cluster: cluster_rx.clone() }, metrics, controllers.clone());
                 let vmi_config = VmiControllerConfig {
                     cluster: cluster_rx.clone(),
                     ..VmiControllerConfig::new(config.launcher.clone(), sync_rx.clone())

@@ -34,9 +34,19 @@ pub struct ClusterSettings {
     /// `spec.configuration.migrations.nodeDrainTaintKey` (upstream's default
     /// `kubevirt.io/drain` when unset).
     pub node_drain_taint_key: Option<String>,
+    /// `spec.configuration.vmRolloutStrategy` (`LiveUpdate` when unset).
+    pub vm_rollout_strategy: Option<String>,
 }
 
 impl ClusterSettings {
+    /// Whether template changes roll out to running VMs (`LiveUpdate`, upstream's default
+    /// when the CR names no strategy) rather than only at the next start (`Stage`).
+    pub fn live_update(&self) -> bool {
+        self.vm_rollout_strategy
+            .as_deref()
+            .is_none_or(|s| s == "LiveUpdate")
+    }
+
     /// The settings a KubeVirt CR states (defaults when there is none).
     pub fn from_kubevirt(kv: Option<&KubeVirt>) -> ClusterSettings {
         let Some(kv) = kv else {
@@ -55,6 +65,7 @@ impl ClusterSettings {
             .and_then(|c| c.developer_configuration.as_ref());
         let configuration = kv.spec.configuration.as_ref();
         ClusterSettings {
+            vm_rollout_strategy: configuration.and_then(|c| c.vm_rollout_strategy.clone()),
             eviction_strategy: configuration.and_then(|c| c.eviction_strategy.clone()),
             node_drain_taint_key: configuration
                 .and_then(|c| c.migrations.as_ref())

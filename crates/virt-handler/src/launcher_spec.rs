@@ -297,7 +297,7 @@ pub fn build_spec(
         accel: ctx.accel,
         tcg_translation_cache_mib: (ctx.accel == Accel::Tcg).then_some(TCG_TRANSLATION_CACHE_MIB),
         cpu: cpu(spec)?,
-        memory: memory(spec)?,
+        memory: memory(vmi)?,
         firmware: firmware(spec, ctx, &mut files)?,
         disks: disks(vmi, ctx, &mut files)?,
         interfaces: interfaces(vmi, ctx.pod_interface)?,
@@ -383,7 +383,12 @@ fn cpu(spec: &VirtualMachineInstanceSpec) -> Result<Cpu, SpecError> {
 }
 
 /// Guest memory from `memory.guest`, else `resources.requests.memory` (else the limit).
-fn memory(spec: &VirtualMachineInstanceSpec) -> Result<Memory, SpecError> {
+///
+/// With memory hotplug (`maxGuest`) the domain boots with `status.memory.guestAtBoot` and a
+/// virtio-mem device plugs the rest of `memory.guest` (upstream's split): a `memory.guest`
+/// raised on a running VMI becomes more hotplugged memory, never another boot size.
+fn memory(vmi: &VirtualMachineInstance) -> Result<Memory, SpecError> {
+    let spec = &vmi.spec;
     let vmi_memory = spec.domain.memory.clone().unwrap_or_default();
     let resources = spec.domain.resources.clone().unwrap_or_default();
     let guest = vmi_memory
@@ -408,9 +413,19 @@ fn memory(spec: &VirtualMachineInstanceSpec) -> Result<Memory, SpecError> {
             "hugepages are not supported by the embedded mode yet".into(),
         ));
     }
+    let at_boot = vmi
+        .status
+        .as_ref()
+        .and_then(|s| s.memory.as_ref())
+        .and_then(|m| m.guest_at_boot.as_ref())
+        .filter(|_| max_guest_bytes.is_some())
+        .map(|q| quantity_bytes("status.memory.guestAtBoot", q).map(round_up_mib))
+        .transpose()?
+        .unwrap_or(guest_bytes);
     Ok(Memory {
-        guest_bytes,
+        guest_bytes: at_boot,
         max_guest_bytes,
+        hotplugged_bytes: guest_bytes.saturating_sub(at_boot),
         hugepages: None,
     })
 }

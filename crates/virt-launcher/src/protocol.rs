@@ -96,7 +96,8 @@ pub struct PodInterface {
 /// A command from the handler.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Command {
-    /// Start the domain described by the spec unless it already runs.
+    /// Start the domain described by the spec; when it already runs, apply what may change
+    /// live (vCPU sockets, hotplugged memory) and leave everything else as it booted.
     Sync(Box<LauncherSpec>),
     /// ACPI power-down; kill QEMU when the guest has not powered off after the grace period.
     Shutdown {
@@ -187,6 +188,38 @@ pub struct DomainStatus {
     /// Detail for the user, e.g. QEMU's last error line.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+    /// The vCPU topology plugged in now (CPU hotplug raises `sockets`); set once QEMU runs.
+    /// Older peers ignore the field.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu: Option<CpuTopology>,
+    /// The guest memory now; set once QEMU runs. Older peers ignore the field.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<GuestMemory>,
+}
+
+/// vCPU topology of a running domain.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CpuTopology {
+    /// Sockets plugged in.
+    pub sockets: u32,
+    /// Cores per socket.
+    pub cores: u32,
+    /// Threads per core.
+    pub threads: u32,
+}
+
+/// Guest memory of a running domain, in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GuestMemory {
+    /// Memory the guest booted with.
+    pub at_boot_bytes: u64,
+    /// Memory the guest has now: at boot plus what its virtio-mem device has plugged.
+    pub current_bytes: u64,
+    /// What the last `sync` asked for (at boot plus the virtio-mem device's requested size);
+    /// the guest plugs it at its own pace, so `current_bytes` follows.
+    pub requested_bytes: u64,
 }
 
 impl DomainStatus {
@@ -199,6 +232,8 @@ impl DomainStatus {
             started_at: None,
             exit_code: None,
             message: None,
+            cpu: None,
+            memory: None,
         }
     }
 
@@ -312,6 +347,15 @@ impl Wire {
 }
 
 impl DownMessage {
+    /// The `id` of a command line this side cannot decode (a command or spec field of a newer
+    /// protocol revision), so it can be answered with an error instead of left unanswered.
+    pub fn undecodable_command_id(line: &str) -> Option<u64> {
+        serde_json::from_str::<Value>(line)
+            .ok()?
+            .get("id")?
+            .as_u64()
+    }
+
     /// Decodes one line.
     ///
     /// # Errors
@@ -601,6 +645,14 @@ mod tests {
     }
 
     #[test]
+    fn a_command_of_a_newer_protocol_revision_still_has_an_id_to_answer() {
+        let line = r#"{"id":7,"resize":{"disk":"vda"}}"#;
+        assert!(DownMessage::decode(line).is_err());
+        assert_eq!(DownMessage::undecodable_command_id(line), Some(7));
+        assert_eq!(DownMessage::undecodable_command_id("not json"), None);
+    }
+
+    #[test]
     fn domain_events_use_camel_case_names() {
         let status = DomainStatus {
             state: DomainState::Shutoff,
@@ -609,6 +661,12 @@ mod tests {
             started_at: Some("2026-11-29T12:00:00Z".into()),
             exit_code: Some(0),
             message: None,
+            cpu: Some(CpuTopology {
+                sockets: 2,
+                cores: 1,
+                threads: 1,
+            }),
+            memory: None,
         };
         let line = UpMessage::Domain(status.clone()).encode();
         assert!(

@@ -151,9 +151,18 @@ pub struct Memory {
     /// Memory the guest may grow to by hotplug, in bytes; above `guest_bytes` to enable it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_guest_bytes: Option<u64>,
+    /// Memory wanted on top of `guest_bytes` (the VMI's `memory.guest` minus its
+    /// `status.memory.guestAtBoot`), plugged by the virtio-mem device; at most
+    /// `max_guest_bytes - guest_bytes`, in whole blocks of the device.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub hotplugged_bytes: u64,
     /// Back the guest memory with huge pages.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hugepages: Option<Hugepages>,
+}
+
+fn is_zero(value: &u64) -> bool {
+    *value == 0
 }
 
 /// Huge-page backing of guest memory.

@@ -38,8 +38,6 @@ pub enum DefaultsError {
 /// User ID of the non-root launcher.
 pub const NON_ROOT_USER: u64 = 107;
 const MAX_VCPUS: u32 = 512;
-const TWO_MIB: i128 = 2 * 1024 * 1024;
-const ONE_GIB: i128 = 1024 * 1024 * 1024;
 
 /// The value of an API quantity; `None` when it does not parse (validation reports that).
 fn value_of(q: &Quantity) -> Option<ExactQuantity> {
@@ -454,69 +452,6 @@ fn set_arch_defaults(cfg: &ClusterConfig, spec: &mut VirtualMachineInstanceSpec)
     }
 }
 
-/// Why memory hotplug cannot be used with `spec` and `max_guest` (`ValidateLiveUpdateMemory`).
-#[must_use]
-pub fn memory_hotplug_error(
-    spec: &VirtualMachineInstanceSpec,
-    max_guest: Option<&Quantity>,
-) -> Option<String> {
-    let d = &spec.domain;
-    if d.cpu.as_ref().is_some_and(|c| c.realtime.is_some()) {
-        return Some("Memory hotplug is not compatible with realtime VMs".into());
-    }
-    if d.cpu
-        .as_ref()
-        .and_then(|c| c.numa.as_ref())
-        .is_some_and(|n| n.guest_mapping_passthrough.is_some())
-    {
-        return Some("Memory hotplug is not compatible with guest mapping passthrough".into());
-    }
-    if d.launch_security.is_some() {
-        return Some("Memory hotplug is not compatible with encrypted VMs".into());
-    }
-    let Some(guest) = d
-        .memory
-        .as_ref()
-        .and_then(|m| m.guest.as_ref())
-        .and_then(value_of)
-        .map(|q| q.value())
-    else {
-        return Some("Guest memory must be configured when memory hotplug is enabled".into());
-    };
-    let Some(max) = max_guest.and_then(value_of).map(|q| q.value()) else {
-        return Some("Max guest memory must be configured when memory hotplug is enabled".into());
-    };
-    if guest > max {
-        return Some("Guest memory is greater than the configured maxGuest memory".into());
-    }
-    let one_gib_pages = d
-        .memory
-        .as_ref()
-        .and_then(|m| m.hugepages.as_ref())
-        .and_then(|h| h.page_size.as_deref())
-        == Some("1Gi");
-    let (align, align_text) = if one_gib_pages {
-        (ONE_GIB, "1Gi")
-    } else {
-        (TWO_MIB, "2Mi")
-    };
-    if guest % align != 0 {
-        return Some(format!("Guest memory must be {align_text} aligned"));
-    }
-    if max % align != 0 {
-        return Some(format!("MaxGuest must be {align_text} aligned"));
-    }
-    if spec.architecture.as_deref().is_some_and(|a| a != "amd64") {
-        return Some("Memory hotplug is only available for x86_64 VMs".into());
-    }
-    if guest < ONE_GIB {
-        return Some(
-            "Memory hotplug is only available for VMs with at least 1Gi of guest memory".into(),
-        );
-    }
-    None
-}
-
 fn setup_hotplug(cfg: &ClusterConfig, spec: &mut VirtualMachineInstanceSpec) {
     if !cfg.live_update() || spec.architecture.as_deref() == Some("arm64") {
         return;
@@ -555,7 +490,7 @@ fn setup_hotplug(cfg: &ClusterConfig, spec: &mut VirtualMachineInstanceSpec) {
             .ok()
             .map(Quantity::from)
     });
-    if memory_hotplug_error(spec, max.as_ref()).is_none()
+    if kubevirt_api::live_update::memory_hotplug_error(spec, max.as_ref()).is_none()
         && let Some(m) = &mut spec.domain.memory
     {
         m.max_guest = max;

@@ -13,8 +13,8 @@ use super::data_volume_template::{
 };
 use super::{Cause, FieldPath, network, spec::validate_vmi_spec, vmi::validate_vmi_metadata};
 use crate::config::{ClusterConfig, gates};
-use crate::mutate::vmi::memory_hotplug_error;
 use crate::mutate::vmi::set_spec_defaults;
+use kubevirt_api::live_update::memory_hotplug_error;
 
 /// Warning returned when `spec.running` is used.
 pub const RUNNING_DEPRECATED_WARNING: &str =

@@ -87,6 +87,15 @@ impl Executor<'_> {
         Ok(())
     }
 
+    /// JSON-patches the VM's VMI (of the same name).
+    async fn patch_vmi(&self, ops: Vec<Value>) -> Result<(), PatchError> {
+        let api: Api<VirtualMachineInstance> = Api::namespaced(self.client.clone(), self.namespace);
+        api.patch(self.vm_name, &PatchParams::default(), &json_patch(ops)?)
+            .await
+            .map(drop)
+            .map_err(PatchError::from)
+    }
+
     async fn perform(&self, action: VmAction) -> Result<(), SyncFailure> {
         let vmis: Api<VirtualMachineInstance> =
             Api::namespaced(self.client.clone(), self.namespace);
@@ -117,22 +126,20 @@ impl Executor<'_> {
                     format!("failed to patch VM with start action: {e}"),
                 )
             }),
-            VmAction::PatchVmi(ops) => {
-                let result = match json_patch(ops) {
-                    Ok(patch) => vmis
-                        .patch(self.vm_name, &PatchParams::default(), &patch)
-                        .await
-                        .map(|_| ())
-                        .map_err(PatchError::from),
-                    Err(e) => Err(PatchError::from(e)),
-                };
-                result.map_err(|e| {
-                    SyncFailure::new(
-                        ANNOTATIONS_LABELS_CHANGE_ERROR,
-                        format!("Error encountered while handling annotation and labels sync request: {e}"),
-                    )
-                })
-            }
+            VmAction::PatchVmi(ops) => self.patch_vmi(ops).await.map_err(|e| {
+                SyncFailure::new(
+                    ANNOTATIONS_LABELS_CHANGE_ERROR,
+                    format!(
+                        "Error encountered while handling annotation and labels sync request: {e}"
+                    ),
+                )
+            }),
+            VmAction::LiveUpdateVmi(ops) => self.patch_vmi(ops).await.map_err(|e| {
+                SyncFailure::new(
+                    FAILED_UPDATE,
+                    format!("Error encountered while updating the running VMI: {e}"),
+                )
+            }),
             VmAction::DeleteVmi(name) => {
                 let object_key = format!("{}/{name}", self.namespace);
                 self.expectations

@@ -19,6 +19,7 @@
 //! never full updates; an unchanged status is never written.
 
 mod execute;
+pub mod live_update;
 
 pub mod backoff;
 pub mod label_sync;
@@ -43,6 +44,7 @@ use serde_json::json;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+use crate::kubevirt_config::ClusterSettings;
 use crate::metadata_sync::{MetadataSyncPatterns, SyncPatterns};
 use crate::runtime::controller::{Action, Controller, ControllerError, Reconciler};
 use crate::runtime::events::EventRecorder;
@@ -70,6 +72,8 @@ pub struct VmControllerConfig {
     pub sync: watch::Receiver<MetadataSyncPatterns>,
     /// Concurrent reconciles (upstream `--vm-controller-threads`, 3).
     pub workers: usize,
+    /// The cluster configuration (the rollout strategy).
+    pub cluster: watch::Receiver<ClusterSettings>,
 }
 
 impl VmControllerConfig {
@@ -83,7 +87,12 @@ impl VmControllerConfig {
             labels: labels_sync,
             annotations: annotations_sync,
         });
-        Self { sync, workers }
+        let (_, cluster) = watch::channel(ClusterSettings::default());
+        Self {
+            sync,
+            workers,
+            cluster,
+        }
     }
 }
 
@@ -171,6 +180,7 @@ pub struct Context {
     claims: InformerHandle<PersistentVolumeClaim>,
     expectations: Arc<Expectations>,
     sync: watch::Receiver<MetadataSyncPatterns>,
+    cluster: watch::Receiver<ClusterSettings>,
     recorder: Arc<EventRecorder>,
 }
 
@@ -275,6 +285,7 @@ pub async fn run_vm_controller(
         claims: claims.handle(),
         expectations,
         sync: config.sync.clone(),
+        cluster: config.cluster.clone(),
         recorder: Arc::new(EventRecorder::new(client.clone(), EVENT_COMPONENT)),
     });
     let mut tasks = tokio::task::JoinSet::new();
@@ -379,6 +390,7 @@ async fn reconcile(ctx: &Context, key: &str) -> Result<Action, VmError> {
         expectations,
         revisions: &revisions,
         config: &config,
+        live_update: ctx.cluster.borrow().live_update(),
         now,
     });
     let executor = Executor {

@@ -95,6 +95,7 @@ async fn context(
         claims: synced(Vec::new()).await,
         expectations: Arc::new(Expectations::new()),
         sync,
+        cluster: watch::channel(crate::kubevirt_config::ClusterSettings::default()).1,
         recorder: Arc::new(EventRecorder::new(
             client(&requests, fresh_vm.clone()),
             EVENT_COMPONENT,

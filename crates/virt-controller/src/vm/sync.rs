@@ -53,6 +53,8 @@ pub const ANNOTATIONS_LABELS_CHANGE_ERROR: &str = "AnnotationsLabelsChangeError"
 pub const FAILED_UPDATE: &str = "FailedUpdate";
 /// Reason of a failed write of the firmware UUID into the VM template.
 pub const FIRMWARE_UUID_ERROR: &str = "FirmwareUUIDError";
+/// How soon a live update waiting for a hotplug in progress is tried again.
+const LIVE_UPDATE_RETRY: Duration = Duration::from_secs(1);
 /// Message of the `RestartRequired` condition.
 pub const RESTART_REQUIRED_MESSAGE: &str =
     "a non-live-updatable field was changed in the template spec";
@@ -87,6 +89,9 @@ pub enum VmAction {
     PatchVmStatus(Vec<Value>),
     /// JSON Patch of the VMI metadata.
     PatchVmi(Vec<Value>),
+    /// JSON Patch of the running VMI's spec with the template's live-updatable changes
+    /// ([`super::live_update`]).
+    LiveUpdateVmi(Vec<Value>),
 }
 
 /// What one reconcile intends to do.
@@ -121,6 +126,8 @@ pub struct SyncInput<'a> {
     pub revisions: &'a [Arc<ControllerRevision>],
     /// Label and annotation sync patterns.
     pub config: &'a MetadataSyncPatterns,
+    /// The cluster's `vmRolloutStrategy` is `LiveUpdate` (upstream's default).
+    pub live_update: bool,
     /// The current time.
     pub now: Timestamp,
 }
@@ -241,7 +248,20 @@ pub fn plan(input: &SyncInput<'_>) -> SyncPlan {
         return plan;
     }
     if let Some(vmi) = input.vmi {
-        plan.restart_required = restart_required(vm, vmi, input.last_start_spec().as_ref());
+        plan.restart_required =
+            restart_required(vm, vmi, input.last_start_spec().as_ref(), input.live_update);
+        if input.live_update && !matches!(plan.restart_required, RestartRequired::Set(_)) {
+            let live = super::live_update::plan(vm, vmi);
+            if let Some(message) = live.restart_required {
+                plan.restart_required = RestartRequired::Set(message);
+            } else if !live.vmi_ops.is_empty() {
+                plan.actions.push(VmAction::LiveUpdateVmi(live.vmi_ops));
+            }
+            if let Some(why) = live.wait {
+                plan.requeue_after.get_or_insert(LIVE_UPDATE_RETRY);
+                tracing::debug!(vm = ?vm.metadata.name, why, "live update waits");
+            }
+        }
     }
     if let Some(ops) = firmware_uuid_ops(vm) {
         plan.actions.push(VmAction::PatchVmFirmware(ops));
@@ -505,6 +525,7 @@ fn restart_required(
     vm: &VirtualMachine,
     vmi: &VirtualMachineInstance,
     last: Option<&VirtualMachineSpec>,
+    live_update: bool,
 ) -> RestartRequired {
     let Some(last) = last else {
         return RestartRequired::Keep;
@@ -517,6 +538,9 @@ fn restart_required(
     if uuid(&current).is_some() && uuid(&current) == uuid(&vmi.spec) {
         let firmware = seen.domain.firmware.get_or_insert_with(Default::default);
         firmware.uuid = uuid(&current);
+    }
+    if live_update {
+        super::live_update::live_fields_of(&current, &mut seen);
     }
     without_hotplug(&mut current);
     without_hotplug(&mut seen);

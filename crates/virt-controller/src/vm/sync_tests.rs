@@ -20,6 +20,7 @@ fn input<'a>(
         expectations: ExpectView::idle(),
         revisions,
         config,
+        live_update: true,
         now: now(),
     }
 }
@@ -46,6 +47,7 @@ fn kinds(plan: &SyncPlan) -> Vec<&'static str> {
             VmAction::DeleteVmi(_) => "delete",
             VmAction::PatchVmStatus(_) => "start-request",
             VmAction::PatchVmi(_) => "patch-vmi",
+            VmAction::LiveUpdateVmi(_) => "live-update-vmi",
         })
         .collect()
 }

@@ -302,6 +302,9 @@ pub fn desired_vmi(
         true => {}
         false => remove_condition(&mut status.conditions, &CondType::EvictionRequested),
     }
+    if phase_of(vmi) == Phase::Running {
+        add_hotplug_conditions(vmi, &mut status.conditions);
+    }
     if !handler_owned(vmi) {
         set_synchronized(
             &mut status.conditions,
@@ -325,6 +328,54 @@ pub fn desired_vmi(
             });
     }
     Ok((new, failure))
+}
+
+/// Upstream's `requireCPUHotplug` / `requireMemoryHotplug`: while the VMI's spec asks for
+/// vCPUs or memory its domain has not been given, `HotVCPUChange` / `HotMemoryChange` are
+/// added (status True, no reason, as upstream). virt-handler removes them once the domain has
+/// what the spec asks for.
+fn add_hotplug_conditions(vmi: &VirtualMachineInstance, conds: &mut Vec<Condition>) {
+    let bytes = |q: Option<&k8s_openapi::apimachinery::pkg::api::resource::Quantity>| {
+        q.and_then(|q| kubevirt_api::quantity::Quantity::try_from(q).ok())
+            .map(|q| q.value())
+    };
+    let status = vmi.status.as_ref();
+    let vcpus = |s: Option<u32>, c: Option<u32>, t: Option<u32>| {
+        u64::from(s.unwrap_or(1).max(1))
+            * u64::from(c.unwrap_or(1).max(1))
+            * u64::from(t.unwrap_or(1).max(1))
+    };
+    let cpu_change = match (
+        &vmi.spec.domain.cpu,
+        status.and_then(|s| s.current_cpu_topology.as_ref()),
+    ) {
+        (Some(cpu), Some(now)) if cpu.max_sockets.unwrap_or(0) > 0 => {
+            vcpus(cpu.sockets, cpu.cores, cpu.threads) != vcpus(now.sockets, now.cores, now.threads)
+        }
+        _ => false,
+    };
+    let memory = vmi.spec.domain.memory.as_ref();
+    let memory_change = match (memory, status.and_then(|s| s.memory.as_ref())) {
+        (Some(m), Some(now)) if m.guest.is_some() && m.max_guest.is_some() => {
+            bytes(m.guest.as_ref()) != bytes(now.guest_requested.as_ref())
+        }
+        _ => false,
+    };
+    for (wanted, type_) in [
+        (cpu_change, CondType::HotVcpuChange),
+        (memory_change, CondType::HotMemoryChange),
+    ] {
+        if wanted && !conds.iter().any(|c| c.type_ == type_) {
+            conds.push(Condition {
+                type_,
+                status: ConditionStatus::True,
+                last_probe_time: None,
+                last_transition_time: None,
+                reason: None,
+                message: None,
+            });
+        }
+    }
 }
 
 /// Puts each of `claim_volumes` into the volume status: its claim details replace those of the

@@ -16,7 +16,7 @@
 use kubevirt_api::v1::{VirtualMachineInstance, VirtualMachineInstancePhase as Phase};
 use serde_json::{Value, json};
 use virt_launcher::protocol::PodInterface;
-use virt_launcher::protocol::{DomainState, DomainStatus, StateReason};
+use virt_launcher::protocol::{CpuTopology, DomainState, DomainStatus, GuestMemory, StateReason};
 use virt_launcher::spec::{Accel, InterfaceBinding, LauncherSpec};
 
 /// What the handler knows about a VMI's domain.
@@ -208,7 +208,12 @@ pub fn desired_status(
         });
         set_condition(&mut conditions, "SoftwareEmulation", emulation);
         if let Some(spec) = &facts.spec {
-            running_fields(&mut status, spec, facts.pod_interface.as_ref());
+            let domain = match observation {
+                Observation::Domain(domain) => Some(domain),
+                _ => None,
+            };
+            running_fields(&mut status, spec, facts.pod_interface.as_ref(), domain);
+            finish_hotplug(vmi, &status, &mut conditions);
         }
     }
     if matches!(phase, Phase::Succeeded | Phase::Failed) {
@@ -254,20 +259,78 @@ fn interface_status(spec: &LauncherSpec, pod: Option<&PodInterface>) -> Value {
         .collect()
 }
 
-fn running_fields(status: &mut Value, spec: &LauncherSpec, pod: Option<&PodInterface>) {
+/// The fields of a running domain. vCPUs and memory are what the launcher reports the
+/// domain has (a hotplug shows once QEMU plugged it, and `guestCurrent` once the guest took
+/// the memory); a launcher too old to report them is described by the spec it was sent.
+fn running_fields(
+    status: &mut Value,
+    spec: &LauncherSpec,
+    pod: Option<&PodInterface>,
+    domain: Option<&DomainStatus>,
+) {
     status["interfaces"] = interface_status(spec, pod);
     status["machine"] = json!({"type": spec.machine_type});
-    status["currentCPUTopology"] = json!({
-        "sockets": spec.cpu.sockets,
-        "cores": spec.cpu.cores,
-        "threads": spec.cpu.threads,
+    let cpu = domain.and_then(|d| d.cpu).unwrap_or(CpuTopology {
+        sockets: spec.cpu.sockets,
+        cores: spec.cpu.cores,
+        threads: spec.cpu.threads,
     });
-    let guest = mib_quantity(spec.memory.guest_bytes);
+    status["currentCPUTopology"] = json!({
+        "sockets": cpu.sockets,
+        "cores": cpu.cores,
+        "threads": cpu.threads,
+    });
+    let boot = spec.memory.guest_bytes;
+    let reported = domain.and_then(|d| d.memory).unwrap_or(GuestMemory {
+        at_boot_bytes: boot,
+        current_bytes: boot,
+        requested_bytes: boot + spec.memory.hotplugged_bytes,
+    });
     let mut memory = status["memory"].as_object().cloned().unwrap_or_default();
-    memory.insert("guestAtBoot".into(), json!(guest));
-    memory.insert("guestCurrent".into(), json!(guest));
-    memory.entry("guestRequested").or_insert(json!(guest));
+    memory.insert(
+        "guestAtBoot".into(),
+        json!(mib_quantity(reported.at_boot_bytes)),
+    );
+    memory.insert(
+        "guestCurrent".into(),
+        json!(mib_quantity(reported.current_bytes)),
+    );
+    memory.insert(
+        "guestRequested".into(),
+        json!(mib_quantity(reported.requested_bytes)),
+    );
     status["memory"] = Value::Object(memory);
+}
+
+/// Removes `HotVCPUChange` once the domain has the vCPUs the spec asks for and
+/// `HotMemoryChange` once the domain was asked for the spec's memory (upstream's handler
+/// removes them when its hotplug succeeded; the VMI controller adds them).
+fn finish_hotplug(vmi: &VirtualMachineInstance, status: &Value, conditions: &mut Vec<Value>) {
+    let vcpus = |v: &Value| {
+        ["sockets", "cores", "threads"]
+            .iter()
+            .map(|k| v[k].as_u64().unwrap_or(1).max(1))
+            .product::<u64>()
+    };
+    let spec_cpu = serde_json::to_value(&vmi.spec.domain.cpu).unwrap_or(Value::Null);
+    if spec_cpu.is_null() || vcpus(&spec_cpu) == vcpus(&status["currentCPUTopology"]) {
+        set_condition(conditions, "HotVCPUChange", None);
+    }
+    let bytes = |v: &Value| {
+        v.as_str()
+            .and_then(|q| kubevirt_api::quantity::Quantity::parse(q).ok())
+            .map(|q| q.value())
+    };
+    let guest = vmi
+        .spec
+        .domain
+        .memory
+        .as_ref()
+        .and_then(|m| m.guest.as_ref())
+        .map(|q| json!(q.0));
+    if guest.is_none_or(|g| bytes(&g) == bytes(&status["memory"]["guestRequested"])) {
+        set_condition(conditions, "HotMemoryChange", None);
+    }
 }
 
 /// The fields [`desired_status`] may change, in patch order.

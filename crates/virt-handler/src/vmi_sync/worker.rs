@@ -242,6 +242,7 @@ impl Follow {
     async fn session(&mut self, mut link: LauncherLink, dir: &Path) -> SessionEnd {
         self.facts.pod_interface = link.pod_interface().cloned();
         let mut sync_id = None;
+        let mut live_asked = LiveAsk::default();
         let mut shutdown_sent = false;
         let mut sync_retry = tokio::time::interval(SYNC_RETRY);
         sync_retry.reset();
@@ -285,8 +286,11 @@ impl Follow {
                                 && matches!(self.observation, Some(Observation::SyncFailed(..)));
                         } else if first {
                             // Re-attached to a started domain: rebuild the spec for the
-                            // status fields only (files exist; nothing is sent).
+                            // status fields (files exist) and catch up on live changes.
                             self.build(dir).await.ok();
+                            if !deleting && self.update_live(&mut link, dir, &domain, &mut live_asked).await.is_err() {
+                                return SessionEnd::Disconnected;
+                            }
                         }
                         if !sync_failed {
                             self.observe(Observation::Domain(status)).await;
@@ -301,6 +305,9 @@ impl Follow {
                         if domain.state == DomainState::Pending {
                             self.observe(Observation::SyncFailed("SyncFailed".into(), message)).await;
                         }
+                    }
+                    Some(UpMessage::Ack { id, result: Err(message) }) => {
+                        warn!(vmi = %name(&self.current), id, %message, "the launcher refused a command");
                     }
                     Some(UpMessage::Ack { .. }) => {}
                     Some(UpMessage::Error(message)) => {
@@ -319,6 +326,13 @@ impl Follow {
                     if let Some(observation) = self.observation.clone() {
                         self.observe(observation).await;
                     }
+                    let active = matches!(domain.state, DomainState::Running | DomainState::Paused);
+                    if active
+                        && self.current.metadata.deletion_timestamp.is_none()
+                        && self.update_live(&mut link, dir, &domain, &mut live_asked).await.is_err()
+                    {
+                        return SessionEnd::Disconnected;
+                    }
                 }
                 _ = sync_retry.tick() => {
                     if domain.state == DomainState::Pending && sync_id.is_none() && !deleting {
@@ -327,6 +341,41 @@ impl Follow {
                 }
             }
         }
+    }
+
+    /// Sends the VMI's spec to its running domain when it wants vCPUs or memory the domain
+    /// has not got (CPU and memory hotplug; the launcher applies what may change live).
+    /// `Err` when the connection broke.
+    async fn update_live(
+        &mut self,
+        link: &mut LauncherLink,
+        dir: &Path,
+        domain: &DomainStatus,
+        asked: &mut LiveAsk,
+    ) -> Result<(), ()> {
+        let Some(has) = LiveResources::of_domain(domain) else {
+            return Ok(()); // a launcher that does not report them cannot change them
+        };
+        // Building the spec costs a blocking task: only when the VMI's sockets or guest
+        // memory changed since the last look, or the domain has not caught up yet.
+        let key = live_key(&self.current);
+        if asked.checked.as_ref() == Some(&key) && asked.resources.is_none_or(|r| r == has) {
+            return Ok(());
+        }
+        asked.checked = Some(key);
+        let Ok(prepared) = self.build(dir).await else {
+            return Ok(());
+        };
+        let wants = LiveResources::of_spec(&prepared.spec);
+        if wants == has || asked.resources == Some(wants) {
+            return Ok(());
+        }
+        info!(vmi = %name(&self.current), ?has, ?wants, "changing the running domain");
+        asked.resources = Some(wants);
+        link.send(Command::Sync(Box::new(prepared.spec)))
+            .await
+            .map(drop)
+            .map_err(drop)
     }
 
     /// Builds the spec and prepares its files (blocking work off the runtime threads).
@@ -503,6 +552,52 @@ impl Follow {
             }
         }
         warn!(vmi = %name(&self.current), "status patch kept losing races; retrying on the next update");
+    }
+}
+
+/// What the worker last asked of a running domain, so a refused change is not asked again
+/// until the VMI wants something else.
+#[derive(Debug, Default)]
+struct LiveAsk {
+    /// The VMI's `(cpu.sockets, memory.guest)` at the last look.
+    checked: Option<(Option<u32>, Option<String>)>,
+    /// The resources last sent.
+    resources: Option<LiveResources>,
+}
+
+fn live_key(vmi: &VirtualMachineInstance) -> (Option<u32>, Option<String>) {
+    let domain = &vmi.spec.domain;
+    (
+        domain.cpu.as_ref().and_then(|c| c.sockets),
+        domain
+            .memory
+            .as_ref()
+            .and_then(|m| m.guest.as_ref())
+            .map(|q| q.0.clone()),
+    )
+}
+
+/// The parts of a domain that change while it runs: plugged sockets and the memory asked
+/// of the virtio-mem device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct LiveResources {
+    sockets: u32,
+    memory_bytes: u64,
+}
+
+impl LiveResources {
+    fn of_domain(domain: &DomainStatus) -> Option<Self> {
+        Some(Self {
+            sockets: domain.cpu?.sockets,
+            memory_bytes: domain.memory?.requested_bytes,
+        })
+    }
+
+    fn of_spec(spec: &virt_launcher::spec::LauncherSpec) -> Self {
+        Self {
+            sockets: spec.cpu.sockets,
+            memory_bytes: spec.memory.guest_bytes + spec.memory.hotplugged_bytes,
+        }
     }
 }
 

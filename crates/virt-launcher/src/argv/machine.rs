@@ -32,7 +32,26 @@ pub(super) fn push(spec: &LauncherSpec, args: &mut Args) -> Result<(), ArgvError
     Ok(())
 }
 
+/// The `-accel` value. Under TCG a domain with room for CPU hotplug runs its vCPUs on one
+/// host thread (`thread=single`): QEMU 7.2's multi-threaded TCG gives every vCPU a region of
+/// the translation cache when it is created and aborts (`tcg_region_initial_alloc`) when the
+/// running vCPUs have taken all regions since the last flush — which a booted guest does
+/// with a small cache. One thread shares one region set, so a plugged vCPU never needs its
+/// own.
 fn accel_option(spec: &LauncherSpec) -> Result<String, ArgvError> {
+    let accel = plain_accel_option(spec)?;
+    let hotplug = spec
+        .cpu
+        .max_sockets
+        .is_some_and(|max| max > spec.cpu.sockets);
+    Ok(if spec.accel == Accel::Tcg && hotplug {
+        format!("{accel},thread=single")
+    } else {
+        accel
+    })
+}
+
+fn plain_accel_option(spec: &LauncherSpec) -> Result<String, ArgvError> {
     match (spec.accel, spec.tcg_translation_cache_mib) {
         (Accel::Kvm, None) => Ok("kvm".to_owned()),
         (Accel::Kvm, Some(_)) => Err(ArgvError::Accel(

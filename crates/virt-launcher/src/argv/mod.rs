@@ -17,7 +17,7 @@ mod disks;
 mod firmware;
 mod graphics;
 mod machine;
-mod memory;
+pub(crate) mod memory;
 mod net;
 
 use crate::spec::LauncherSpec;
@@ -159,7 +159,7 @@ fn check_boot_orders(spec: &LauncherSpec) -> Result<(), ArgvError> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use std::path::PathBuf;
 

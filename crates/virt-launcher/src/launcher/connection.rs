@@ -61,7 +61,17 @@ async fn serve_inner(domain: &Domain, stream: UnixStream) -> std::io::Result<()>
                         UpMessage::Ack { id, result: domain.execute(command).await }
                     }
                     Ok(DownMessage::Hello(_)) => UpMessage::Error("hello was already exchanged".into()),
-                    Err(e) => UpMessage::Error(e.to_string()),
+                    Err(e) => match DownMessage::undecodable_command_id(&line) {
+                        // A newer handler's command (or spec field): answer it, never leave
+                        // the handler waiting for an ack.
+                        Some(id) => UpMessage::Ack {
+                            id,
+                            result: Err(format!(
+                                "this launcher (protocol version {PROTOCOL_VERSION}) does not understand the command: {e}"
+                            )),
+                        },
+                        None => UpMessage::Error(e.to_string()),
+                    },
                 };
                 send(&mut write, &reply).await?;
             }

@@ -20,7 +20,7 @@ use tokio::sync::watch;
 use super::LauncherOptions;
 use crate::log_rotation::{MAX_LOG_BYTES, rotate_if_larger};
 use crate::protocol::PodInterface;
-use crate::protocol::{Command, DomainState, DomainStatus, StateReason};
+use crate::protocol::{Command, CpuTopology, DomainState, DomainStatus, GuestMemory, StateReason};
 use crate::qmp::{QmpClient, QmpEventKind, QmpEvents};
 use crate::safe_path::{SafePathError, check_beneath, check_parent_beneath};
 use crate::spec::{Bootloader, InterfaceBinding, LauncherSpec};
@@ -64,16 +64,45 @@ impl Shared {
         });
     }
 
+    /// Records the domain's vCPUs and memory after a start or a live change.
+    fn set_resources(&self, cpu: CpuTopology, requested_memory: u64) {
+        self.status.send_if_modified(|status| {
+            let memory = status.memory.get_or_insert(GuestMemory {
+                at_boot_bytes: 0,
+                current_bytes: 0,
+                requested_bytes: 0,
+            });
+            let changed = status.cpu != Some(cpu) || memory.requested_bytes != requested_memory;
+            status.cpu = Some(cpu);
+            memory.requested_bytes = requested_memory;
+            changed
+        });
+    }
+
+    /// Records what the virtio-mem device plugs now (`MEMORY_DEVICE_SIZE_CHANGE`).
+    fn set_plugged_memory(&self, plugged: u64) {
+        self.status
+            .send_if_modified(|status| match &mut status.memory {
+                Some(memory) if memory.current_bytes != memory.at_boot_bytes + plugged => {
+                    memory.current_bytes = memory.at_boot_bytes + plugged;
+                    true
+                }
+                _ => false,
+            });
+    }
+
     fn publish(&self, status: DomainStatus) {
         tracing::info!(state = ?status.state, reason = ?status.reason, "domain state");
         self.status.send_replace(status);
     }
 }
 
-/// A started domain: QEMU's pid (none in fake mode), its QMP connection, and the DHCP
-/// servers of its masquerade interfaces (they run as long as the launcher).
+/// A started domain: the spec it runs (as changed live since), QEMU's pid (none in fake
+/// mode), its QMP connection, and the DHCP servers of its masquerade interfaces (they run as
+/// long as the launcher).
 #[derive(Debug)]
 struct Started {
+    spec: LauncherSpec,
     pid: Option<u32>,
     qmp: Option<Arc<QmpClient>>,
     _dhcp: Vec<tokio::task::JoinHandle<()>>,
@@ -153,8 +182,14 @@ impl Domain {
 
     async fn sync(&self, spec: &LauncherSpec) -> Result<Value, String> {
         let mut started = self.started.lock().await;
-        if started.is_some() || self.current().state != DomainState::Pending {
-            // Idempotent: the domain is already up (or over); report where it is.
+        if let Some(running) = started.as_mut() {
+            if !self.current().is_final() {
+                self.update_live(running, spec).await?;
+            }
+            return Ok(self.current_value());
+        }
+        if self.current().state != DomainState::Pending {
+            // The domain failed to start: report where it is.
             return Ok(self.current_value());
         }
         let argv = crate::argv::qemu_argv(spec).map_err(|e| e.to_string())?;
@@ -168,9 +203,10 @@ impl Domain {
                 state: DomainState::Running,
                 reason: StateReason::Booted,
                 started_at: Some(jiff::Timestamp::now().to_string()),
-                ..DomainStatus::pending()
+                ..booted(spec)
             });
             Started {
+                spec: spec.clone(),
                 pid: None,
                 qmp: None,
                 _dhcp: Vec::new(),
@@ -181,7 +217,34 @@ impl Domain {
             started._dhcp = dhcp;
             started
         });
+        if self.opts.fake_qemu {
+            self.shared.set_plugged_memory(spec.memory.hotplugged_bytes);
+        }
         Ok(self.current_value())
+    }
+
+    /// Applies what may change on a running domain ([`super::live`]); on a refusal nothing
+    /// has changed and the error says why.
+    async fn update_live(&self, running: &mut Started, spec: &LauncherSpec) -> Result<(), String> {
+        let steps = super::live::plan(&running.spec, spec)?;
+        for step in &steps {
+            tracing::info!(?step, "changing the running domain");
+            if let Some(qmp) = &running.qmp {
+                super::live::apply(qmp, step).await?;
+            }
+            match step {
+                super::live::Step::PlugSockets { sockets } => running.spec.cpu.sockets = *sockets,
+                super::live::Step::ResizeHotplugMemory { bytes } => {
+                    running.spec.memory.hotplugged_bytes = *bytes;
+                    if running.qmp.is_none() {
+                        self.shared.set_plugged_memory(*bytes);
+                    }
+                }
+            }
+            self.shared
+                .set_resources(cpu_topology(&running.spec), requested_memory(&running.spec));
+        }
+        Ok(())
     }
 
     async fn start_qemu(&self, spec: &LauncherSpec, argv: &[String]) -> Result<Started, String> {
@@ -254,7 +317,7 @@ impl Domain {
             reason: StateReason::Booted,
             qemu_pid: pid,
             started_at: Some(started_at),
-            ..DomainStatus::pending()
+            ..booted(spec)
         });
         let capped_logs = vec![PathBuf::from(&spec.paths.serial_log), log_path.clone()];
         tokio::spawn(supervise(
@@ -265,6 +328,7 @@ impl Domain {
             capped_logs,
         ));
         Ok(Started {
+            spec: spec.clone(),
             pid,
             qmp: Some(qmp),
             _dhcp: Vec::new(),
@@ -490,6 +554,12 @@ async fn supervise(
                         shared.transition(DomainState::Paused, reason);
                     }
                     QmpEventKind::Resume => shared.transition(DomainState::Running, StateReason::Unpaused),
+                    QmpEventKind::MemoryDeviceSizeChange { device, size }
+                        if device.as_deref() == Some(crate::argv::memory::HOTPLUG_MEMORY_DEVICE) =>
+                    {
+                        tracing::info!(plugged = size, "the guest's hotplug memory changed");
+                        shared.set_plugged_memory(size);
+                    }
                     _ => {}
                 }
             }
@@ -518,6 +588,32 @@ async fn supervise(
         };
     }
     shared.publish(status);
+}
+
+/// The status fields a domain has from its boot: its vCPUs and memory (the virtio-mem device
+/// plugs its share later and reports it).
+fn booted(spec: &LauncherSpec) -> DomainStatus {
+    DomainStatus {
+        cpu: Some(cpu_topology(spec)),
+        memory: Some(GuestMemory {
+            at_boot_bytes: spec.memory.guest_bytes,
+            current_bytes: spec.memory.guest_bytes,
+            requested_bytes: requested_memory(spec),
+        }),
+        ..DomainStatus::pending()
+    }
+}
+
+fn cpu_topology(spec: &LauncherSpec) -> CpuTopology {
+    CpuTopology {
+        sockets: spec.cpu.sockets,
+        cores: spec.cpu.cores,
+        threads: spec.cpu.threads,
+    }
+}
+
+fn requested_memory(spec: &LauncherSpec) -> u64 {
+    spec.memory.guest_bytes + spec.memory.hotplugged_bytes
 }
 
 /// The final state from how QEMU ended and what led there.

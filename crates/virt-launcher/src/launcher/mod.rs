@@ -21,6 +21,7 @@
 
 mod connection;
 mod domain;
+mod live;
 mod qemu_process;
 
 use std::path::PathBuf;

@@ -32,6 +32,7 @@ fn spec_in(dir: &Path, kernel: Option<(PathBuf, PathBuf)>) -> LauncherSpec {
         memory: Memory {
             guest_bytes: 128 << 20,
             max_guest_bytes: None,
+            hotplugged_bytes: 0,
             hugepages: None,
         },
         firmware: Firmware {
@@ -332,6 +333,112 @@ async fn real_guest_boots_and_powers_off_through_acpi() {
         .unwrap()
         .unwrap()
         .unwrap();
+}
+
+/// Live changes on the test guest: a second `sync` plugs a socket and 128 MiB through the
+/// virtio-mem device into the running QEMU (same pid), the guest onlines and reports both,
+/// and a spec that only a restart could apply is refused with nothing changed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sync_of_a_running_guest_plugs_vcpus_and_memory() {
+    const MIB: u64 = 1 << 20;
+    let Some(guest) = available(test_guest()) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let mut opts = options(dir.path());
+    opts.qemu_binary = guest.qemu().to_owned();
+    let socket = opts.socket_path.clone();
+    let launcher = tokio::spawn(run_launcher(opts));
+    let mut client = connect(&socket).await;
+    let mut spec = spec_in(dir.path(), Some((guest.kernel(), guest.initrd())));
+    spec.cpu.max_sockets = Some(2);
+    spec.memory.guest_bytes = 1024 * MIB;
+    spec.memory.max_guest_bytes = Some(2048 * MIB);
+    let serial_log = PathBuf::from(&spec.paths.serial_log);
+    let serial = || std::fs::read_to_string(&serial_log).unwrap_or_default();
+    let running = status_of(
+        client
+            .request(Command::Sync(Box::new(spec.clone())))
+            .await
+            .unwrap(),
+    );
+    let pid = running.qemu_pid.expect("a QEMU pid");
+    let _guard = ProcessGroupGuard(i32::try_from(pid).unwrap());
+    assert_eq!(running.cpu.map(|c| c.sockets), Some(1));
+    assert!(
+        wait_until(Duration::from_secs(90), || serial().contains("GUEST-READY")).await,
+        "no GUEST-READY:\n{}",
+        serial()
+    );
+    let (_, mem_at_boot) = guest_reports(&serial())
+        .first()
+        .cloned()
+        .expect("a GUEST-SEES report before GUEST-READY");
+
+    let mut more = spec.clone();
+    more.cpu.sockets = 2;
+    more.memory.hotplugged_bytes = 128 * MIB;
+    let changed = match client.request(Command::Sync(Box::new(more))).await.unwrap() {
+        Ok(value) => serde_json::from_value::<DomainStatus>(value).unwrap(),
+        Err(e) => panic!(
+            "{e}; QEMU log:\n{}",
+            std::fs::read_to_string(dir.path().join("launcher.sock.qemu.log")).unwrap_or_default()
+        ),
+    };
+    assert_eq!(changed.qemu_pid, Some(pid), "the same QEMU");
+    assert_eq!(changed.cpu.map(|c| c.sockets), Some(2));
+    assert_eq!(changed.memory.map(|m| m.requested_bytes), Some(1152 * MIB));
+    let plugged = loop {
+        let status = next_domain(&mut client).await;
+        if status.memory.is_some_and(|m| m.current_bytes == 1152 * MIB) {
+            break status;
+        }
+    };
+    assert_eq!(plugged.qemu_pid, Some(pid));
+    assert!(
+        wait_until(Duration::from_secs(60), || guest_reports(&serial())
+            .iter()
+            .any(
+                |(cpus, mem)| cpus == "0-1" && *mem == mem_at_boot + 128 * 1024
+            ))
+        .await,
+        "the guest did not report both vCPUs and the memory:\n{}",
+        serial()
+    );
+
+    let mut fewer = spec.clone();
+    fewer.memory.hotplugged_bytes = 128 * MIB;
+    let refused = client
+        .request(Command::Sync(Box::new(fewer)))
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert!(refused.contains("restart"), "{refused}");
+    let status = status_of(client.request(Command::Status).await.unwrap());
+    assert_eq!(status.cpu.map(|c| c.sockets), Some(2), "nothing changed");
+    client.request(Command::Kill).await.unwrap().unwrap();
+    tokio::time::timeout(Duration::from_secs(10), launcher)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+}
+
+/// The test guest's `GUEST-SEES` reports on its serial log: online CPUs and MemTotal (KiB).
+fn guest_reports(serial: &str) -> Vec<(String, u64)> {
+    serial
+        .lines()
+        .filter_map(|l| l.strip_prefix("GUEST-SEES "))
+        .map(|l| {
+            let field = |key: &str| {
+                l.split_whitespace()
+                    .find_map(|w| w.strip_prefix(key))
+                    .unwrap_or_default()
+                    .to_owned()
+            };
+            (field("cpus="), field("mem=").parse().unwrap_or(0))
+        })
+        .collect()
 }
 
 /// QEMU's VNC server listens on the spec's socket, owner-only, and speaks RFB 3.8.

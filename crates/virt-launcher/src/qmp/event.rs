@@ -42,6 +42,13 @@ pub enum QmpEventKind {
     },
     /// The guest reported a panic (pvpanic).
     GuestPanicked,
+    /// A memory device (virtio-mem) now plugs `size` bytes into the guest.
+    MemoryDeviceSizeChange {
+        /// The device id, when it had one.
+        device: Option<String>,
+        /// Bytes plugged now.
+        size: u64,
+    },
     /// Any other event.
     Other,
 }
@@ -90,6 +97,14 @@ impl QmpEvent {
                     .map(str::to_owned),
             },
             "GUEST_PANICKED" => QmpEventKind::GuestPanicked,
+            "MEMORY_DEVICE_SIZE_CHANGE" => QmpEventKind::MemoryDeviceSizeChange {
+                device: self
+                    .data
+                    .get("id")
+                    .and_then(Value::as_str)
+                    .map(str::to_owned),
+                size: self.data.get("size").and_then(Value::as_u64).unwrap_or(0),
+            },
             _ => QmpEventKind::Other,
         }
     }

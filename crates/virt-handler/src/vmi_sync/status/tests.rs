@@ -50,6 +50,7 @@ fn spec(accel: Accel) -> LauncherSpec {
         memory: Memory {
             guest_bytes: 128 << 20,
             max_guest_bytes: None,
+            hotplugged_bytes: 0,
             hugepages: None,
         },
         firmware: Firmware::default(),
@@ -85,9 +86,7 @@ fn domain(state: DomainState, reason: StateReason) -> Observation {
         state,
         reason,
         qemu_pid: Some(1),
-        started_at: None,
-        exit_code: None,
-        message: None,
+        ..DomainStatus::pending()
     })
 }
 
@@ -114,10 +113,7 @@ fn domain_states_map_to_phases_like_upstream() {
     let d = |state, reason| DomainStatus {
         state,
         reason,
-        qemu_pid: None,
-        started_at: None,
-        exit_code: None,
-        message: None,
+        ..DomainStatus::pending()
     };
     assert_eq!(
         phase_for(&d(DomainState::Pending, StateReason::Unknown), true),
