@@ -544,6 +544,9 @@ fn restart_required(
     }
     without_hotplug(&mut current);
     without_hotplug(&mut seen);
+    // Volumes are a set (their order changes nothing in the domain; disks keep theirs).
+    current.volumes.sort_by(|a, b| a.name.cmp(&b.name));
+    seen.volumes.sort_by(|a, b| a.name.cmp(&b.name));
     if current == seen {
         RestartRequired::Remove
     } else {

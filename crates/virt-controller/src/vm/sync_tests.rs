@@ -444,6 +444,31 @@ fn a_missing_generation_annotation_is_recovered_from_the_revision_name() {
 }
 
 #[test]
+fn reordering_the_volumes_does_not_require_a_restart() {
+    let volume = |name: &str| Volume {
+        name: name.into(),
+        volume_source: VolumeSource {
+            empty_disk: Some(Default::default()),
+            ..VolumeSource::default()
+        },
+    };
+    let mut started = vm(RunStrategy::Always);
+    let template = started.spec.template.spec.as_mut().unwrap();
+    template.volumes = vec![volume("a"), volume("b")];
+    let revisions = [started_revision(&started)];
+    let running = with_revision(vmi(Phase::Running), "revision-start-vm-vm-uid-1");
+    let mut reordered = started.clone();
+    reordered.spec.template.spec.as_mut().unwrap().volumes.reverse();
+    let plan = plan(&input(
+        &reordered,
+        Some(&running),
+        &revisions,
+        &MetadataSyncPatterns::default(),
+    ));
+    assert_eq!(plan.restart_required, RestartRequired::Remove);
+}
+
+#[test]
 fn adding_a_hotpluggable_volume_does_not_require_a_restart() {
     let started = vm(RunStrategy::Always);
     let revisions = [started_revision(&started)];
