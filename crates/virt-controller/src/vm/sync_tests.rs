@@ -458,7 +458,14 @@ fn reordering_the_volumes_does_not_require_a_restart() {
     let revisions = [started_revision(&started)];
     let running = with_revision(vmi(Phase::Running), "revision-start-vm-vm-uid-1");
     let mut reordered = started.clone();
-    reordered.spec.template.spec.as_mut().unwrap().volumes.reverse();
+    reordered
+        .spec
+        .template
+        .spec
+        .as_mut()
+        .unwrap()
+        .volumes
+        .reverse();
     let plan = plan(&input(
         &reordered,
         Some(&running),

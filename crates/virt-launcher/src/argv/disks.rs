@@ -81,6 +81,15 @@ pub(super) fn push(spec: &LauncherSpec, args: &mut Args) -> Result<(), ArgvError
 }
 
 fn push_nodes(index: usize, disk: &Disk, args: &mut Args) {
+    let (file, format) = block_nodes(disk, &index.to_string());
+    args.push_pair("-blockdev", file.to_string());
+    args.push_pair("-blockdev", format.to_string());
+}
+
+/// The `file` and format nodes of `disk` (`blockdev-add` arguments), named `file-<suffix>`
+/// and `disk-<suffix>`.
+pub(crate) fn block_nodes(disk: &Disk, suffix: &str) -> (serde_json::Value, serde_json::Value) {
+    let index = suffix;
     let read_only = disk.readonly || disk.cdrom;
     let cache = json!({"direct": disk.cache == CacheMode::None, "no-flush": false});
     let file = json!({
@@ -98,8 +107,22 @@ fn push_nodes(index: usize, disk: &Disk, args: &mut Args) {
         "read-only": read_only,
         "cache": cache,
     });
-    args.push_pair("-blockdev", file.to_string());
-    args.push_pair("-blockdev", format.to_string());
+    (file, format)
+}
+
+/// The `device_add` arguments of a virtio disk hot-added on root port `port`.
+pub(crate) fn hotplug_device(disk: &Disk, drive: &str, port: u32) -> serde_json::Value {
+    let mut device = json!({
+        "driver": "virtio-blk-pci",
+        "id": format!("ua-{}", disk.name),
+        "drive": drive,
+        "bus": format!("pci.{port}"),
+        "write-cache": if disk.cache == CacheMode::Writethrough { "off" } else { "on" },
+    });
+    if let Some(serial) = &disk.serial {
+        device["serial"] = json!(serial);
+    }
+    device
 }
 
 #[cfg(test)]

@@ -13,7 +13,7 @@
 
 mod console;
 mod cpu;
-mod disks;
+pub(crate) mod disks;
 mod firmware;
 mod graphics;
 mod machine;
@@ -135,7 +135,7 @@ fn absolute(what: &'static str, path: &str) -> Result<(), ArgvError> {
 }
 
 /// Whether `name` is usable inside a QEMU id (`ua-<name>`).
-fn valid_device_name(name: &str) -> bool {
+pub(crate) fn valid_device_name(name: &str) -> bool {
     !name.is_empty()
         && name.len() <= 63
         && name

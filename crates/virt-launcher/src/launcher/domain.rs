@@ -39,6 +39,8 @@ enum Intent {
 #[derive(Debug)]
 struct Shared {
     status: watch::Sender<DomainStatus>,
+    /// Ids of devices QEMU reported deleted (`DEVICE_DELETED`), for a detach to wait on.
+    device_deleted: tokio::sync::broadcast::Sender<String>,
     delivered: watch::Sender<bool>,
     intent: Mutex<Intent>,
 }
@@ -103,6 +105,8 @@ impl Shared {
 #[derive(Debug)]
 struct Started {
     spec: LauncherSpec,
+    /// Disks attached live, with their root ports.
+    attached: super::live::AttachedDisks,
     pid: Option<u32>,
     qmp: Option<Arc<QmpClient>>,
     _dhcp: Vec<tokio::task::JoinHandle<()>>,
@@ -121,6 +125,7 @@ impl Domain {
     pub(super) fn new(opts: LauncherOptions, pod_interface: Option<PodInterface>) -> Self {
         let shared = Shared {
             status: watch::Sender::new(DomainStatus::pending()),
+            device_deleted: tokio::sync::broadcast::Sender::new(16),
             delivered: watch::Sender::new(false),
             intent: Mutex::new(Intent::None),
         };
@@ -207,6 +212,7 @@ impl Domain {
             });
             Started {
                 spec: spec.clone(),
+                attached: Default::default(),
                 pid: None,
                 qmp: None,
                 _dhcp: Vec::new(),
@@ -226,19 +232,50 @@ impl Domain {
     /// Applies what may change on a running domain ([`super::live`]); on a refusal nothing
     /// has changed and the error says why.
     async fn update_live(&self, running: &mut Started, spec: &LauncherSpec) -> Result<(), String> {
-        let steps = super::live::plan(&running.spec, spec)?;
+        let steps = super::live::plan(&running.spec, spec, &running.attached)?;
+        if let Some(base) = &self.opts.base_dir
+            && steps
+                .iter()
+                .any(|s| matches!(s, super::live::Step::AttachDisk(_)))
+        {
+            check_host_paths(base, self.opts.claim_disks_dir.as_deref(), spec)
+                .map_err(|e| e.to_string())?;
+        }
+        use super::live::{self, Step};
         for step in &steps {
             tracing::info!(?step, "changing the running domain");
-            if let Some(qmp) = &running.qmp {
-                super::live::apply(qmp, step).await?;
-            }
+            let qmp = running.qmp.clone();
             match step {
-                super::live::Step::PlugSockets { sockets } => running.spec.cpu.sockets = *sockets,
-                super::live::Step::ResizeHotplugMemory { bytes } => {
-                    running.spec.memory.hotplugged_bytes = *bytes;
-                    if running.qmp.is_none() {
-                        self.shared.set_plugged_memory(*bytes);
+                Step::PlugSockets { sockets } => {
+                    if let Some(qmp) = &qmp {
+                        live::plug_sockets(qmp, *sockets).await?;
                     }
+                    running.spec.cpu.sockets = *sockets;
+                }
+                Step::ResizeHotplugMemory { bytes } => {
+                    match &qmp {
+                        Some(qmp) => live::resize_memory(qmp, *bytes).await?,
+                        None => self.shared.set_plugged_memory(*bytes),
+                    }
+                    running.spec.memory.hotplugged_bytes = *bytes;
+                }
+                Step::AttachDisk(disk) => {
+                    let ports = running.spec.hotplug_ports;
+                    let port = match &qmp {
+                        Some(qmp) => live::attach_disk(qmp, disk, &running.attached, ports).await?,
+                        None => live::free_port(&running.attached, ports)
+                            .ok_or_else(|| format!("disk {:?}: no free hotplug port", disk.name))?,
+                    };
+                    running.attached.insert(disk.name.clone(), port);
+                    running.spec.disks.push((**disk).clone());
+                }
+                Step::DetachDisk(name) => {
+                    if let Some(qmp) = &qmp {
+                        live::detach_disk(qmp, name, self.shared.device_deleted.subscribe())
+                            .await?;
+                    }
+                    running.attached.remove(name);
+                    running.spec.disks.retain(|d| &d.name != name);
                 }
             }
             self.shared
@@ -329,6 +366,7 @@ impl Domain {
         ));
         Ok(Started {
             spec: spec.clone(),
+            attached: Default::default(),
             pid,
             qmp: Some(qmp),
             _dhcp: Vec::new(),
@@ -559,6 +597,9 @@ async fn supervise(
                     {
                         tracing::info!(plugged = size, "the guest's hotplug memory changed");
                         shared.set_plugged_memory(size);
+                    }
+                    QmpEventKind::DeviceDeleted { device: Some(device) } => {
+                        let _ = shared.device_deleted.send(device);
                     }
                     _ => {}
                 }

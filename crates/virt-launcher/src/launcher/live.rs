@@ -7,6 +7,8 @@
 //! |---|---|---|
 //! | `cpu.sockets` raised (up to `maxSockets`) | plug the missing vCPUs | `query-hotpluggable-cpus`, `device_add` per vCPU |
 //! | `memory.hotpluggedBytes` changed | resize the virtio-mem device | `qom-set virtio-mem0 requested-size` |
+//! | a virtio disk added | attach it on a free `pcie-root-port` | `blockdev-add` ×2, `device_add` |
+//! | a disk attached live removed | detach it | `device_del`, wait for `DEVICE_DELETED`, `blockdev-del` ×2 |
 //!
 //! Everything else is what the domain booted with: a spec that changes it (fewer sockets,
 //! another boot memory, another topology) is refused with a message saying a restart applies
@@ -17,9 +19,19 @@
 
 use serde_json::{Value, json};
 
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use tokio::sync::broadcast;
+
+use crate::argv::disks::{block_nodes, hotplug_device};
 use crate::argv::memory::{HOTPLUG_MEMORY_DEVICE, check_hotplugged};
+use crate::argv::valid_device_name;
 use crate::qmp::QmpClient;
-use crate::spec::LauncherSpec;
+use crate::spec::{Disk, DiskBus, LauncherSpec};
+
+/// How long a guest may take to release a disk after `device_del`.
+const DETACH_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// One change to make on the running domain.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -34,10 +46,21 @@ pub(super) enum Step {
         /// Bytes wanted on top of the boot memory.
         bytes: u64,
     },
+    /// Attach a disk on a free root port.
+    AttachDisk(Box<Disk>),
+    /// Detach a disk attached live.
+    DetachDisk(String),
 }
 
+/// Disks attached to the running domain, with the root port each one took.
+pub(super) type AttachedDisks = BTreeMap<String, u32>;
+
 /// The steps from the running spec to the wanted one, or why they cannot be taken live.
-pub(super) fn plan(running: &LauncherSpec, wanted: &LauncherSpec) -> Result<Vec<Step>, String> {
+pub(super) fn plan(
+    running: &LauncherSpec,
+    wanted: &LauncherSpec,
+    attached: &AttachedDisks,
+) -> Result<Vec<Step>, String> {
     let (now, next) = (&running.cpu, &wanted.cpu);
     if (now.cores, now.threads, now.max_sockets) != (next.cores, next.threads, next.max_sockets) {
         return Err(
@@ -76,30 +99,170 @@ pub(super) fn plan(running: &LauncherSpec, wanted: &LauncherSpec) -> Result<Vec<
             bytes: next.hotplugged_bytes,
         });
     }
+    disk_steps(running, wanted, attached, &mut steps)?;
     Ok(steps)
 }
 
-/// Takes `step` on the domain behind `qmp`.
-pub(super) async fn apply(qmp: &QmpClient, step: &Step) -> Result<(), String> {
-    match step {
-        Step::PlugSockets { sockets } => plug_sockets(qmp, *sockets).await,
-        Step::ResizeHotplugMemory { bytes } => qmp
-            .execute(
-                "qom-set",
-                Some(json!({
-                    "path": HOTPLUG_MEMORY_DEVICE,
-                    "property": "requested-size",
-                    "value": bytes,
-                })),
-            )
-            .await
-            .map(drop)
-            .map_err(|e| format!("resizing the hotplug memory: {e}")),
+/// Disks are compared by name: a new name is attached, a name gone is detached, and a disk
+/// whose definition changed under the same name is refused (remove it, then add it).
+fn disk_steps(
+    running: &LauncherSpec,
+    wanted: &LauncherSpec,
+    attached: &AttachedDisks,
+    steps: &mut Vec<Step>,
+) -> Result<(), String> {
+    let find =
+        |spec: &LauncherSpec, name: &str| spec.disks.iter().find(|d| d.name == name).cloned();
+    for gone in running
+        .disks
+        .iter()
+        .filter(|d| find(wanted, &d.name).is_none())
+    {
+        if !attached.contains_key(&gone.name) {
+            return Err(format!(
+                "disk {:?} was there at boot: removing it takes a restart",
+                gone.name
+            ));
+        }
+        steps.push(Step::DetachDisk(gone.name.clone()));
     }
+    let mut free_ports = running
+        .hotplug_ports
+        .saturating_sub(u32::try_from(attached.len()).unwrap_or(u32::MAX));
+    for disk in &wanted.disks {
+        match find(running, &disk.name) {
+            Some(now) if now == *disk => {}
+            Some(_) => {
+                return Err(format!(
+                    "disk {:?} changed on the running domain: detach it first",
+                    disk.name
+                ));
+            }
+            None => {
+                if disk.bus != DiskBus::Virtio || disk.cdrom {
+                    return Err(format!(
+                        "disk {:?}: only virtio disks can be attached to a running domain",
+                        disk.name
+                    ));
+                }
+                if !valid_device_name(&disk.name) {
+                    return Err(format!(
+                        "disk {:?}: the name is not usable as a device id",
+                        disk.name
+                    ));
+                }
+                if free_ports == 0 {
+                    return Err(format!(
+                        "disk {:?}: no free hotplug port (the domain booted with {})",
+                        disk.name, running.hotplug_ports
+                    ));
+                }
+                free_ports -= 1;
+                steps.push(Step::AttachDisk(Box::new(disk.clone())));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The lowest root port (`pci.1` …) no attached disk holds.
+pub(super) fn free_port(attached: &AttachedDisks, ports: u32) -> Option<u32> {
+    (1..=ports).find(|p| !attached.values().any(|used| used == p))
+}
+
+/// Node names of a disk attached live.
+fn hotplug_suffix(name: &str) -> String {
+    format!("hp-{name}")
+}
+
+/// Attaches `disk` on the lowest root port no attached disk holds; returns the port.
+pub(super) async fn attach_disk(
+    qmp: &QmpClient,
+    disk: &Disk,
+    attached: &AttachedDisks,
+    ports: u32,
+) -> Result<u32, String> {
+    let port = free_port(attached, ports)
+        .ok_or_else(|| format!("disk {:?}: no free hotplug port", disk.name))?;
+    let suffix = hotplug_suffix(&disk.name);
+    let (file, format) = block_nodes(disk, &suffix);
+    let fail = |what: &str, e: crate::qmp::QmpError| {
+        format!("attaching disk {:?}: {what}: {e}", disk.name)
+    };
+    qmp.blockdev_add(file)
+        .await
+        .map_err(|e| fail("file node", e))?;
+    if let Err(e) = qmp.blockdev_add(format).await {
+        let _ = qmp.blockdev_del(&format!("file-{suffix}")).await;
+        return Err(fail("format node", e));
+    }
+    if let Err(e) = qmp
+        .device_add(hotplug_device(disk, &format!("disk-{suffix}"), port))
+        .await
+    {
+        let _ = qmp.blockdev_del(&format!("disk-{suffix}")).await;
+        let _ = qmp.blockdev_del(&format!("file-{suffix}")).await;
+        return Err(fail("device", e));
+    }
+    Ok(port)
+}
+
+/// Asks the guest to release disk `name`, waits for QEMU's `DEVICE_DELETED` and removes its
+/// nodes.
+pub(super) async fn detach_disk(
+    qmp: &QmpClient,
+    name: &str,
+    mut deleted: broadcast::Receiver<String>,
+) -> Result<(), String> {
+    let id = format!("ua-{name}");
+    qmp.device_del(&id)
+        .await
+        .map_err(|e| format!("detaching disk {name:?}: {e}"))?;
+    let released = async {
+        loop {
+            match deleted.recv().await {
+                Ok(device) if device == id => return true,
+                Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => {}
+                Err(broadcast::error::RecvError::Closed) => return false,
+            }
+        }
+    };
+    match tokio::time::timeout(DETACH_TIMEOUT, released).await {
+        Ok(true) => {}
+        Ok(false) => return Err(format!("detaching disk {name:?}: QEMU went away")),
+        Err(_) => {
+            return Err(format!(
+                "detaching disk {name:?}: the guest did not release it within {} s",
+                DETACH_TIMEOUT.as_secs()
+            ));
+        }
+    }
+    let suffix = hotplug_suffix(name);
+    for node in [format!("disk-{suffix}"), format!("file-{suffix}")] {
+        qmp.blockdev_del(&node)
+            .await
+            .map_err(|e| format!("detaching disk {name:?}: node {node}: {e}"))?;
+    }
+    Ok(())
+}
+
+/// Asks the virtio-mem device to plug `bytes` into the guest.
+pub(super) async fn resize_memory(qmp: &QmpClient, bytes: u64) -> Result<(), String> {
+    qmp.execute(
+        "qom-set",
+        Some(json!({
+            "path": HOTPLUG_MEMORY_DEVICE,
+            "property": "requested-size",
+            "value": bytes,
+        })),
+    )
+    .await
+    .map(drop)
+    .map_err(|e| format!("resizing the hotplug memory: {e}"))
 }
 
 /// Plugs every vCPU QEMU offers in a socket below `sockets` that is still empty.
-async fn plug_sockets(qmp: &QmpClient, sockets: u32) -> Result<(), String> {
+pub(super) async fn plug_sockets(qmp: &QmpClient, sockets: u32) -> Result<(), String> {
     let offered = qmp
         .execute("query-hotpluggable-cpus", None)
         .await
@@ -166,13 +329,16 @@ mod tests {
         wanted.cpu.sockets = 2;
         wanted.memory.hotplugged_bytes = 128 * MIB;
         assert_eq!(
-            plan(&running, &wanted).unwrap(),
+            plan(&running, &wanted, &AttachedDisks::new()).unwrap(),
             vec![
                 Step::PlugSockets { sockets: 2 },
                 Step::ResizeHotplugMemory { bytes: 128 * MIB }
             ]
         );
-        assert_eq!(plan(&running, &running).unwrap(), vec![]);
+        assert_eq!(
+            plan(&running, &running, &AttachedDisks::new()).unwrap(),
+            vec![]
+        );
     }
 
     #[test]
@@ -181,16 +347,87 @@ mod tests {
         running.cpu.sockets = 2;
         let mut fewer = running.clone();
         fewer.cpu.sockets = 1;
-        assert!(plan(&running, &fewer).unwrap_err().contains("restart"));
+        assert!(
+            plan(&running, &fewer, &AttachedDisks::new())
+                .unwrap_err()
+                .contains("restart")
+        );
         let mut beyond = running.clone();
         beyond.cpu.sockets = 5;
-        assert!(plan(&running, &beyond).unwrap_err().contains("maxSockets"));
+        assert!(
+            plan(&running, &beyond, &AttachedDisks::new())
+                .unwrap_err()
+                .contains("maxSockets")
+        );
         let mut boot = running.clone();
         boot.memory.guest_bytes = 2048 * MIB;
-        assert!(plan(&running, &boot).unwrap_err().contains("restart"));
+        assert!(
+            plan(&running, &boot, &AttachedDisks::new())
+                .unwrap_err()
+                .contains("restart")
+        );
         let mut unaligned = running.clone();
         unaligned.memory.hotplugged_bytes = MIB;
-        assert!(plan(&running, &unaligned).unwrap_err().contains("block"));
+        assert!(
+            plan(&running, &unaligned, &AttachedDisks::new())
+                .unwrap_err()
+                .contains("block")
+        );
+    }
+
+    fn disk(name: &str) -> Disk {
+        Disk {
+            name: name.into(),
+            source_path: format!("/pod/{name}.img"),
+            format: crate::spec::DiskFormat::Raw,
+            bus: DiskBus::Virtio,
+            cdrom: false,
+            boot_order: None,
+            serial: None,
+            cache: crate::spec::CacheMode::None,
+            readonly: false,
+            create_size: None,
+        }
+    }
+
+    #[test]
+    fn disks_are_attached_by_new_name_and_only_live_ones_detached() {
+        let mut running = hotpluggable();
+        running.hotplug_ports = 2;
+        running.disks = vec![disk("root")];
+        let mut wanted = running.clone();
+        wanted.disks.push(disk("data"));
+        assert_eq!(
+            plan(&running, &wanted, &AttachedDisks::new()).unwrap(),
+            vec![Step::AttachDisk(Box::new(disk("data")))]
+        );
+        let attached = AttachedDisks::from([("data".to_owned(), 1)]);
+        assert_eq!(
+            plan(&wanted, &running, &attached).unwrap(),
+            vec![Step::DetachDisk("data".into())]
+        );
+        let mut no_root = running.clone();
+        no_root.disks.clear();
+        assert!(
+            plan(&running, &no_root, &attached)
+                .unwrap_err()
+                .contains("restart")
+        );
+        let mut sata = wanted.clone();
+        sata.disks[1].bus = DiskBus::Sata;
+        assert!(
+            plan(&running, &sata, &attached)
+                .unwrap_err()
+                .contains("virtio")
+        );
+        let mut two = wanted.clone();
+        two.disks.push(disk("more"));
+        two.disks.push(disk("most"));
+        assert!(
+            plan(&running, &two, &AttachedDisks::new())
+                .unwrap_err()
+                .contains("no free hotplug port")
+        );
     }
 
     #[test]

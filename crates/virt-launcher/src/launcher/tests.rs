@@ -336,10 +336,10 @@ async fn real_guest_boots_and_powers_off_through_acpi() {
 }
 
 /// Live changes on the test guest: a second `sync` plugs a socket and 128 MiB through the
-/// virtio-mem device into the running QEMU (same pid), the guest onlines and reports both,
-/// and a spec that only a restart could apply is refused with nothing changed.
+/// virtio-mem device into the running QEMU (same pid), the guest onlines and reports both;
+/// a virtio disk is attached and detached; and a spec that only a restart could apply is refused with nothing changed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_sync_of_a_running_guest_plugs_vcpus_and_memory() {
+async fn a_sync_of_a_running_guest_plugs_vcpus_memory_and_a_disk() {
     const MIB: u64 = 1 << 20;
     let Some(guest) = available(test_guest()) else {
         return;
@@ -406,6 +406,11 @@ async fn a_sync_of_a_running_guest_plugs_vcpus_and_memory() {
         serial()
     );
 
+    let mut live = spec.clone();
+    live.cpu.sockets = 2;
+    live.memory.hotplugged_bytes = 128 * MIB;
+    attach_and_detach_a_disk(&mut client, dir.path(), &live, &serial_log).await;
+
     let mut fewer = spec.clone();
     fewer.memory.hotplugged_bytes = 128 * MIB;
     let refused = client
@@ -439,6 +444,74 @@ fn guest_reports(serial: &str) -> Vec<(String, u64)> {
             (field("cpus="), field("mem=").parse().unwrap_or(0))
         })
         .collect()
+}
+
+/// Attaches a virtio disk to the running test guest on its free root port, waits for the guest
+/// to report it, detaches it and waits for the guest to report it gone.
+async fn attach_and_detach_a_disk(
+    client: &mut LauncherClient,
+    dir: &Path,
+    running: &LauncherSpec,
+    serial_log: &Path,
+) {
+    const MIB: u64 = 1 << 20;
+    let serial = || std::fs::read_to_string(serial_log).unwrap_or_default();
+    let data = dir.join("data.img");
+    std::fs::File::create(&data)
+        .unwrap()
+        .set_len(16 * MIB)
+        .unwrap();
+    let mut with_disk = running.clone();
+    with_disk.disks.push(crate::spec::Disk {
+        name: "data".into(),
+        source_path: data.to_string_lossy().into_owned(),
+        format: crate::spec::DiskFormat::Raw,
+        bus: crate::spec::DiskBus::Virtio,
+        cdrom: false,
+        boot_order: None,
+        serial: Some("DATA1".into()),
+        cache: crate::spec::CacheMode::Writeback,
+        readonly: false,
+        create_size: None,
+    });
+    client
+        .request(Command::Sync(Box::new(with_disk.clone())))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        wait_until(Duration::from_secs(60), || guest_disks(&serial())
+            .as_deref()
+            == Some("vda"))
+        .await,
+        "the guest did not see the attached disk:\n{}",
+        serial()
+    );
+    let mut without_disk = with_disk.clone();
+    without_disk.disks.clear();
+    client
+        .request(Command::Sync(Box::new(without_disk)))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        wait_until(Duration::from_secs(60), || guest_disks(&serial())
+            .as_deref()
+            == Some(""))
+        .await,
+        "the guest did not lose the detached disk:\n{}",
+        serial()
+    );
+}
+
+/// The block devices of the guest's latest `GUEST-SEES` report.
+fn guest_disks(serial: &str) -> Option<String> {
+    serial
+        .lines()
+        .filter_map(|l| l.strip_prefix("GUEST-SEES "))
+        .next_back()
+        .and_then(|l| l.split_whitespace().find_map(|w| w.strip_prefix("disks=")))
+        .map(str::to_owned)
 }
 
 /// QEMU's VNC server listens on the spec's socket, owner-only, and speaks RFB 3.8.
