@@ -25,7 +25,10 @@
 //! - Except for its own owner: [`PodNetworkSlot::acquire_for`] names the holder in the lock
 //!   file, and a holder that comes back (a server restarted on the same data directory, whose
 //!   pods kept running) takes its slot again with the bridge as it was, when no one else took
-//!   the slot in between.
+//!   the slot in between. Until then its slot is kept for it: a free slot that names an owner
+//!   and still has its bridge is taken only when no other slot is free, so a server killed
+//!   and started again does not find its pods' network reset and their addresses handed out
+//!   by someone else.
 //!
 //! # Caveats
 //! Masquerade and hostPort rules a killed holder's pods left in iptables stay until the host
@@ -99,7 +102,7 @@ impl PodNetworkSlot {
     /// Every node agent of a machine must use the same `lock_dir` ([`DEFAULT_LOCK_DIR`] unless
     /// all of them agree on another): holders under different directories do not see each other.
     pub fn acquire(lock_dir: &Path) -> Result<Self, SlotError> {
-        Self::acquire_with(lock_dir, None, crate::delete_bridge)
+        Self::acquire_with(lock_dir, None, crate::delete_bridge, bridge_present)
     }
 
     /// As [`Self::acquire`], for a node agent that outlives its process (a server restarted on
@@ -108,15 +111,16 @@ impl PodNetworkSlot {
     /// veths on it. Otherwise the first free slot is taken, reset, and marked as `owner`'s (the
     /// lock file holds the owner's name).
     pub fn acquire_for(lock_dir: &Path, owner: &str) -> Result<Self, SlotError> {
-        Self::acquire_with(lock_dir, Some(owner), crate::delete_bridge)
+        Self::acquire_with(lock_dir, Some(owner), crate::delete_bridge, bridge_present)
     }
 
-    /// The acquisition, with the reset of a left-behind bridge given (unit tests leave real
-    /// bridges alone).
+    /// The acquisition, with the reset of a left-behind bridge and the look for one given
+    /// (unit tests leave real bridges alone).
     fn acquire_with(
         lock_dir: &Path,
         owner: Option<&str>,
         reset: impl Fn(&str) -> Result<bool, HostError>,
+        bridge_present: impl Fn(&str) -> bool,
     ) -> Result<Self, SlotError> {
         std::fs::create_dir_all(lock_dir).map_err(|source| SlotError::LockDir {
             dir: lock_dir.to_path_buf(),
@@ -133,7 +137,18 @@ impl PodNetworkSlot {
                 }
             }
         }
-        for index in 0..=MAX_SLOT {
+        // A free slot that names an owner and still has its bridge belongs to a node agent that
+        // may come back with its pods running on that bridge (a server killed and started
+        // again): taking it would reset their network under them and hand their addresses out
+        // twice. Such slots are taken only when no other is free.
+        let reserved = |index| {
+            std::fs::read(slot_path(lock_dir, index)).is_ok_and(|name| !name.is_empty())
+                && bridge_present(&bridge_name(index))
+        };
+        let unreserved_first = (0..=MAX_SLOT)
+            .filter(|i| !reserved(*i))
+            .chain((0..=MAX_SLOT).filter(|i| reserved(*i)));
+        for index in unreserved_first {
             let path = slot_path(lock_dir, index);
             let Some(mut slot) = Self::try_take(&path, index)? else {
                 continue;
@@ -203,6 +218,10 @@ impl PodNetworkSlot {
     }
 }
 
+fn bridge_present(bridge: &str) -> bool {
+    Path::new("/sys/class/net").join(bridge).exists()
+}
+
 fn slot_path(lock_dir: &Path, index: u8) -> PathBuf {
     lock_dir.join(format!("slot-{index}.lock"))
 }
@@ -231,7 +250,7 @@ mod tests {
     /// Acquires in a private directory: slot numbers are then predictable, and the bridges of
     /// real holders (`kvrs0` …) must not be reset.
     fn acquire(dir: &Path) -> Result<PodNetworkSlot, SlotError> {
-        PodNetworkSlot::acquire_with(dir, None, |_| Ok(false))
+        PodNetworkSlot::acquire_with(dir, None, |_| Ok(false), |_| false)
     }
 
     #[test]
@@ -251,10 +270,15 @@ mod tests {
     fn the_bridge_a_previous_holder_left_is_reset_on_acquisition() {
         let dir = tempfile::tempdir().unwrap();
         let reset = std::cell::RefCell::new(Vec::new());
-        let slot = PodNetworkSlot::acquire_with(dir.path(), None, |bridge| {
-            reset.borrow_mut().push(bridge.to_owned());
-            Ok(true)
-        })
+        let slot = PodNetworkSlot::acquire_with(
+            dir.path(),
+            None,
+            |bridge| {
+                reset.borrow_mut().push(bridge.to_owned());
+                Ok(true)
+            },
+            |_| true,
+        )
         .unwrap();
         assert_eq!(*reset.borrow(), vec![slot.bridge()]);
     }
@@ -264,10 +288,15 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let resets = std::cell::RefCell::new(Vec::new());
         let take = |owner| {
-            PodNetworkSlot::acquire_with(dir.path(), owner, |bridge: &str| {
-                resets.borrow_mut().push(bridge.to_owned());
-                Ok(false)
-            })
+            PodNetworkSlot::acquire_with(
+                dir.path(),
+                owner,
+                |bridge: &str| {
+                    resets.borrow_mut().push(bridge.to_owned());
+                    Ok(false)
+                },
+                |_| false,
+            )
             .unwrap()
         };
         let first = take(None);
@@ -288,6 +317,22 @@ mod tests {
             std::fs::read_to_string(dir.path().join("slot-0.lock")).unwrap(),
             "/srv/b"
         );
+    }
+
+    #[test]
+    fn a_free_slot_naming_an_owner_with_its_bridge_is_kept_for_it_while_others_are_free() {
+        let dir = tempfile::tempdir().unwrap();
+        let take = |owner| {
+            PodNetworkSlot::acquire_with(dir.path(), owner, |_: &str| Ok(false), |_| true).unwrap()
+        };
+        // Server a is killed (its slot is free, its pods still run on the bridge).
+        drop(take(Some("/srv/a")));
+        // Others, named or not, get other slots meanwhile.
+        let b = take(Some("/srv/b"));
+        let anonymous = take(None);
+        assert_eq!((b.index(), anonymous.index()), (1, 2));
+        // a comes back to its own slot.
+        assert_eq!(take(Some("/srv/a")).index(), 0);
     }
 
     #[test]

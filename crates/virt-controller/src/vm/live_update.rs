@@ -84,14 +84,15 @@ fn cpu(template: &VirtualMachineInstanceSpec, vmi: &VirtualMachineInstance, live
     let (Some(want), Some(has)) = (&template.domain.cpu, &vmi.spec.domain.cpu) else {
         return;
     };
-    if want.sockets == has.sockets {
+    // An unset count is one socket (the webhook writes it into the VMI).
+    let (want, now) = (want.sockets.unwrap_or(1), has.sockets.unwrap_or(1));
+    if want == now {
         return;
     }
     if has_condition(vmi, &CondType::HotVcpuChange, "True") {
         live.wait = Some("another CPU hotplug is in progress".into());
         return;
     }
-    let (want, now) = (want.sockets.unwrap_or(1), has.sockets.unwrap_or(1));
     if want > has.max_sockets.unwrap_or(0) {
         live.restart_required = Some(
             "CPU sockets updated in template spec to a value higher than what's available".into(),
@@ -334,6 +335,15 @@ mod tests {
             plan(&vm, &vmi).restart_required.as_deref(),
             Some("memory updated in template spec to a value lower than what the VM started with")
         );
+    }
+
+    #[test]
+    fn a_template_without_sockets_matches_a_defaulted_vmi_and_writes_nothing() {
+        let mut template = domain(1, "1Gi");
+        template["domain"]["cpu"] = json!({"cores": 1});
+        template["domain"]["memory"] = json!({"guest": "1Gi"});
+        let (vm, vmi) = vm_and_vmi(&template, &domain(1, "1Gi"), &running());
+        assert_eq!(plan(&vm, &vmi), LivePlan::default());
     }
 
     #[test]
