@@ -50,6 +50,41 @@ fn guest_reports(server: &ServerProcess, pod: &str) -> Vec<(String, u64)> {
         .collect()
 }
 
+/// The samples of `family` that virt-controller's pods serve on their HTTPS port (only the
+/// leader runs the controllers that fill them), verified against the cluster's CA bundle.
+fn controller_samples(server: &ServerProcess, family: &str) -> anyhow::Result<Vec<String>> {
+    let ca = server.get(
+        &["configmap", "kubevirt-ca", "-n", "kubevirt"],
+        "{.data.ca-bundle}",
+    );
+    let ips = server.get(
+        &[
+            "pods",
+            "-n",
+            "kubevirt",
+            "-l",
+            "kubevirt.io=virt-controller",
+        ],
+        r#"{range .items[*]}{.status.podIP}{"\n"}{end}"#,
+    );
+    let mut samples = Vec::new();
+    for ip in ips.lines().filter(|l| !l.is_empty()) {
+        let (status, text) = testkit::https_get(
+            &format!("{ip}:8443"),
+            "/metrics",
+            &ca,
+            "virt-controller.kubevirt.svc",
+        )?;
+        anyhow::ensure!(status == 200, "{ip}: {status} {text}");
+        samples.extend(
+            text.lines()
+                .filter(|l| l.starts_with(&format!("{family}{{")))
+                .map(str::to_owned),
+        );
+    }
+    Ok(samples)
+}
+
 fn boots(server: &ServerProcess, pod: &str) -> usize {
     let out = server.kubectl(&["logs", pod, "-c", "guest-console-log"]);
     String::from_utf8_lossy(&out.stdout)
@@ -111,6 +146,18 @@ fn sockets_memory_and_placement_change_on_the_running_guest_and_the_rest_asks_fo
         (boots(&server, pod) == 1).then_some(())
     })?;
     let pid = qemu_pid();
+    // virt-controller's metrics count the running VMI (upstream's families).
+    wait_until(
+        DEADLINE,
+        "kubevirt_vmi_phase_count of the running VMI",
+        || {
+            let counts = controller_samples(&server, "kubevirt_vmi_phase_count").ok()?;
+            let info = controller_samples(&server, "kubevirt_vmi_info").ok()?;
+            let running = counts.iter().find(|l| l.contains(r#"phase="running""#))?;
+            let hot = info.iter().find(|l| l.contains(r#"name="hot""#))?;
+            (running.ends_with("} 1") && hot.contains(&format!(r#"vmi_pod="{pod}""#))).then_some(())
+        },
+    )?;
     let (cpus, mem_at_boot) = guest_reports(&server, pod)
         .first()
         .cloned()

@@ -10,7 +10,10 @@
 //! the controller name and the error's reason (see
 //! [`ControllerError::reason`](super::controller::ControllerError::reason)).
 
-use prometheus_client::encoding::EncodeLabelSet;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -49,6 +52,30 @@ pub struct Metrics {
     errors: Family<ErrorLabels, Counter>,
     leading: Gauge,
     ready: Gauge,
+    /// Families computed at scrape time (from informer caches), added as controllers start.
+    collectors: Arc<Mutex<Vec<Box<dyn ScrapeCollector>>>>,
+}
+
+/// Metric families computed at each scrape, from what a controller has in its caches.
+pub trait ScrapeCollector: std::fmt::Debug + Send + Sync + 'static {
+    /// Encodes the families (descriptor, then one sample per label set).
+    ///
+    /// # Errors
+    /// As the encoder's.
+    fn encode(&self, encoder: &mut DescriptorEncoder<'_>) -> Result<(), std::fmt::Error>;
+}
+
+/// Encodes, on each scrape, the collectors added to [`Metrics`] so far.
+#[derive(Debug)]
+struct Collectors(Arc<Mutex<Vec<Box<dyn ScrapeCollector>>>>);
+
+impl Collector for Collectors {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        for collector in self.0.lock().unwrap_or_else(PoisonError::into_inner).iter() {
+            collector.encode(&mut encoder)?;
+        }
+        Ok(())
+    }
 }
 
 impl Default for Metrics {
@@ -68,7 +95,17 @@ impl Metrics {
             errors: Family::default(),
             leading: Gauge::default(),
             ready: Gauge::default(),
+            collectors: Arc::default(),
         }
+    }
+
+    /// Adds a collector whose families are computed at each scrape (a controller adds one
+    /// over its informer cache once it runs); registries made earlier include it too.
+    pub fn add_collector(&self, collector: impl ScrapeCollector) {
+        self.collectors
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(Box::new(collector));
     }
 
     /// Upstream's `kubevirt_virt_controller_leading_status`: whether this process holds the
@@ -125,6 +162,7 @@ impl Metrics {
             "Indication for a virt-controller that is ready to take the lead.",
             self.ready.clone(),
         );
+        registry.register_collector(Box::new(Collectors(Arc::clone(&self.collectors))));
     }
 
     /// The handle of controller `name` (for example `virtualmachine`).

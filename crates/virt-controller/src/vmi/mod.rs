@@ -41,6 +41,7 @@
 //! The VM controller reads the same value: one channel serves both.
 
 pub mod label_sync;
+pub mod metrics;
 pub mod status;
 pub mod sync;
 pub mod template;
@@ -502,6 +503,7 @@ pub async fn run_vmi_controller(
         queue.clone(),
     ));
 
+    metrics.add_collector(metrics::VmiCollector::new(vmis.clone(), pods.clone()));
     let synced = async {
         vmis.wait_for_sync().await?;
         pods.wait_for_sync().await?;
