@@ -146,18 +146,7 @@ fn sockets_memory_and_placement_change_on_the_running_guest_and_the_rest_asks_fo
         (boots(&server, pod) == 1).then_some(())
     })?;
     let pid = qemu_pid();
-    // virt-controller's metrics count the running VMI (upstream's families).
-    wait_until(
-        DEADLINE,
-        "kubevirt_vmi_phase_count of the running VMI",
-        || {
-            let counts = controller_samples(&server, "kubevirt_vmi_phase_count").ok()?;
-            let info = controller_samples(&server, "kubevirt_vmi_info").ok()?;
-            let running = counts.iter().find(|l| l.contains(r#"phase="running""#))?;
-            let hot = info.iter().find(|l| l.contains(r#"name="hot""#))?;
-            (running.ends_with("} 1") && hot.contains(&format!(r#"vmi_pod="{pod}""#))).then_some(())
-        },
-    )?;
+    wait_for_vmi_metrics(&server, pod)?;
     let (cpus, mem_at_boot) = guest_reports(&server, pod)
         .first()
         .cloned()
@@ -213,28 +202,49 @@ fn sockets_memory_and_placement_change_on_the_running_guest_and_the_rest_asks_fo
     })?;
     assert_eq!(restart_required(&server).trim(), "");
 
-    // What only a restart applies, each with upstream's message, and gone when undone.
-    patch_template(&server, r#"{"domain":{"cpu":{"sockets":1}}}"#)?;
-    wait_restart_required(&server, "Reduction of CPU socket count requires a restart")?;
-    patch_template(&server, r#"{"domain":{"cpu":{"sockets":2}}}"#)?;
-    wait_no_restart_required(&server)?;
-    patch_template(&server, r#"{"domain":{"memory":{"guest":"1153Mi"}}}"#)?;
-    wait_restart_required(
-        &server,
-        "memory hotplug not supported, Guest memory must be 2Mi aligned",
-    )?;
-    patch_template(&server, r#"{"domain":{"memory":{"guest":"1152Mi"}}}"#)?;
-    wait_no_restart_required(&server)?;
-    patch_template(&server, r#"{"domain":{"machine":{"type":"pc-q35-7.2"}}}"#)?;
-    wait_restart_required(
-        &server,
-        "a non-live-updatable field was changed in the template spec",
-    )?;
+    restart_required_cases(&server)?;
     assert_eq!(
         server.get(&["vmi", "hot"], "{.spec.domain.cpu.sockets}"),
         "2"
     );
     assert_eq!(qemu_pid(), pid, "still the same QEMU");
     assert_eq!(boots(&server, pod), 1);
+    Ok(())
+}
+
+/// Waits until virt-controller's metrics count the running VMI (upstream's families).
+fn wait_for_vmi_metrics(server: &ServerProcess, pod: &str) -> anyhow::Result<()> {
+    wait_until(
+        DEADLINE,
+        "kubevirt_vmi_phase_count of the running VMI",
+        || {
+            let counts = controller_samples(server, "kubevirt_vmi_phase_count").ok()?;
+            let info = controller_samples(server, "kubevirt_vmi_info").ok()?;
+            let running = counts.iter().find(|l| l.contains(r#"phase="running""#))?;
+            let hot = info.iter().find(|l| l.contains(r#"name="hot""#))?;
+            (running.ends_with("} 1") && hot.contains(&format!(r#"vmi_pod="{pod}""#))).then_some(())
+        },
+    )
+}
+
+/// What only a restart applies sets `RestartRequired` with upstream's message, and undoing it
+/// removes the condition.
+fn restart_required_cases(server: &ServerProcess) -> anyhow::Result<()> {
+    patch_template(server, r#"{"domain":{"cpu":{"sockets":1}}}"#)?;
+    wait_restart_required(server, "Reduction of CPU socket count requires a restart")?;
+    patch_template(server, r#"{"domain":{"cpu":{"sockets":2}}}"#)?;
+    wait_no_restart_required(server)?;
+    patch_template(server, r#"{"domain":{"memory":{"guest":"1153Mi"}}}"#)?;
+    wait_restart_required(
+        server,
+        "memory hotplug not supported, Guest memory must be 2Mi aligned",
+    )?;
+    patch_template(server, r#"{"domain":{"memory":{"guest":"1152Mi"}}}"#)?;
+    wait_no_restart_required(server)?;
+    patch_template(server, r#"{"domain":{"machine":{"type":"pc-q35-7.2"}}}"#)?;
+    wait_restart_required(
+        server,
+        "a non-live-updatable field was changed in the template spec",
+    )?;
     Ok(())
 }
