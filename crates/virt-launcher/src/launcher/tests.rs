@@ -370,9 +370,9 @@ async fn a_sync_of_a_running_guest_plugs_vcpus_memory_and_a_disk() {
         "no GUEST-READY:\n{}",
         serial()
     );
-    let (_, mem_at_boot) = guest_reports(&serial())
+    let mem_at_boot = guest_reports(&serial())
         .first()
-        .cloned()
+        .map(|r| r.mem_kib)
         .expect("a GUEST-SEES report before GUEST-READY");
 
     let mut more = spec.clone();
@@ -398,9 +398,7 @@ async fn a_sync_of_a_running_guest_plugs_vcpus_memory_and_a_disk() {
     assert!(
         wait_until(Duration::from_secs(60), || guest_reports(&serial())
             .iter()
-            .any(
-                |(cpus, mem)| cpus == "0-1" && *mem == mem_at_boot + 128 * 1024
-            ))
+            .any(|r| r.cpus == "0-1" && r.mem_kib == mem_at_boot + 128 * 1024))
         .await,
         "the guest did not report both vCPUs and the memory:\n{}",
         serial()
@@ -429,8 +427,16 @@ async fn a_sync_of_a_running_guest_plugs_vcpus_memory_and_a_disk() {
         .unwrap();
 }
 
-/// The test guest's `GUEST-SEES` reports on its serial log: online CPUs and MemTotal (KiB).
-fn guest_reports(serial: &str) -> Vec<(String, u64)> {
+/// One `GUEST-SEES` report of the test guest.
+#[derive(Clone, Debug)]
+struct GuestSees {
+    cpus: String,
+    mem_kib: u64,
+    disks: String,
+}
+
+/// The test guest's `GUEST-SEES` reports on its serial log, oldest first.
+fn guest_reports(serial: &str) -> Vec<GuestSees> {
     serial
         .lines()
         .filter_map(|l| l.strip_prefix("GUEST-SEES "))
@@ -441,7 +447,11 @@ fn guest_reports(serial: &str) -> Vec<(String, u64)> {
                     .unwrap_or_default()
                     .to_owned()
             };
-            (field("cpus="), field("mem=").parse().unwrap_or(0))
+            GuestSees {
+                cpus: field("cpus="),
+                mem_kib: field("mem=").parse().unwrap_or(0),
+                disks: field("disks="),
+            }
         })
         .collect()
 }
@@ -480,9 +490,9 @@ async fn attach_and_detach_a_disk(
         .unwrap()
         .unwrap();
     assert!(
-        wait_until(Duration::from_secs(60), || guest_disks(&serial())
-            .as_deref()
-            == Some("vda"))
+        wait_until(Duration::from_secs(60), || guest_reports(&serial())
+            .last()
+            .is_some_and(|r| r.disks == "vda"))
         .await,
         "the guest did not see the attached disk:\n{}",
         serial()
@@ -495,23 +505,13 @@ async fn attach_and_detach_a_disk(
         .unwrap()
         .unwrap();
     assert!(
-        wait_until(Duration::from_secs(60), || guest_disks(&serial())
-            .as_deref()
-            == Some(""))
+        wait_until(Duration::from_secs(60), || guest_reports(&serial())
+            .last()
+            .is_some_and(|r| r.disks.is_empty()))
         .await,
         "the guest did not lose the detached disk:\n{}",
         serial()
     );
-}
-
-/// The block devices of the guest's latest `GUEST-SEES` report.
-fn guest_disks(serial: &str) -> Option<String> {
-    serial
-        .lines()
-        .filter_map(|l| l.strip_prefix("GUEST-SEES "))
-        .next_back()
-        .and_then(|l| l.split_whitespace().find_map(|w| w.strip_prefix("disks=")))
-        .map(str::to_owned)
 }
 
 /// QEMU's VNC server listens on the spec's socket, owner-only, and speaks RFB 3.8.
