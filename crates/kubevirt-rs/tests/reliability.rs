@@ -426,10 +426,12 @@ fn churn_with_sigkilled_components_converges_and_loses_nothing() -> anyhow::Resu
     let first_victim = rng.below(3);
     let mut log = Vec::new();
     let fail = |server: &ServerProcess, log: &[String], e: anyhow::Error| {
+        let text = server.log();
         anyhow::anyhow!(
-            "{e}\nseed {seed}; last actions: {:?}\nserver log tail:\n{}",
+            "{e}\nseed {seed}; last actions: {:?}\nlog lines of the VMs named above:\n{}\nserver log tail:\n{}",
             &log[log.len().saturating_sub(20)..],
-            tail(&server.log(), 60)
+            lines_naming(&text, &e.to_string(), 60),
+            tail(&text, 60)
         )
     };
     let mut done = 0;
@@ -536,6 +538,19 @@ fn churn_with_sigkilled_components_converges_and_loses_nothing() -> anyhow::Resu
         uids.len(),
     );
     Ok(())
+}
+
+/// The last `lines` lines of `text` that name a VM (`churn-NNN`) that `message` names.
+fn lines_naming(text: &str, message: &str, lines: usize) -> String {
+    let names: BTreeSet<&str> = message
+        .split(|c: char| !(c.is_ascii_alphanumeric() || c == '-'))
+        .filter(|w| w.starts_with("churn-"))
+        .collect();
+    let hits: Vec<&str> = text
+        .lines()
+        .filter(|l| names.iter().any(|n| l.contains(n)))
+        .collect();
+    hits[hits.len().saturating_sub(lines)..].join("\n")
 }
 
 fn tail(text: &str, lines: usize) -> String {
