@@ -14,6 +14,14 @@ pub const HOTPLUG_BLOCK_ALIGNMENT_BYTES: i128 = 2 * 1024 * 1024;
 pub const ONE_GIB: i128 = 1024 * 1024 * 1024;
 const TWO_MIB: i128 = HOTPLUG_BLOCK_ALIGNMENT_BYTES;
 
+/// The vCPUs of a topology (upstream's `GetNumberOfVCPUs`); an unset or zero count is 1.
+pub fn vcpus(sockets: Option<u32>, cores: Option<u32>, threads: Option<u32>) -> u64 {
+    [sockets, cores, threads]
+        .iter()
+        .map(|n| u64::from(n.unwrap_or(1).max(1)))
+        .product()
+}
+
 fn value_of(q: &Quantity) -> Option<ExactQuantity> {
     ExactQuantity::try_from(q).ok()
 }

@@ -7,48 +7,9 @@
 
 use std::path::Path;
 
-use testkit::{DEADLINE, ServerProcess, wait_until};
+use testkit::{DEADLINE, ServerProcess, guest_reports, wait_until};
 
 const BIN: &str = env!("CARGO_BIN_EXE_kubevirt-rs");
-
-const VM: &str = r#"apiVersion: kubevirt.io/v1
-kind: VirtualMachine
-metadata:
-  name: hot
-spec:
-  runStrategy: Always
-  template:
-    spec:
-      domain:
-        cpu: {sockets: 1, cores: 1, threads: 1}
-        memory: {guest: 1Gi}
-        firmware:
-          kernelBoot:
-            kernelArgs: "console=ttyS0 panic=-1 quiet tg.quiet=1"
-            container:
-              image: kubevirt-rs/test-guest:latest
-              kernelPath: /vmlinux
-              initrdPath: /initramfs.cpio.gz
-        devices: {}
-"#;
-
-/// The guest's `GUEST-SEES` reports: online CPUs and MemTotal in KiB.
-fn guest_reports(server: &ServerProcess, pod: &str) -> Vec<(String, u64)> {
-    let out = server.kubectl(&["logs", pod, "-c", "guest-console-log"]);
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|l| l.trim().strip_prefix("GUEST-SEES "))
-        .map(|l| {
-            let field = |key: &str| {
-                l.split_whitespace()
-                    .find_map(|w| w.strip_prefix(key))
-                    .unwrap_or_default()
-                    .to_owned()
-            };
-            (field("cpus="), field("mem=").parse().unwrap_or(0))
-        })
-        .collect()
-}
 
 /// The samples of `family` that virt-controller's pods serve on their HTTPS port (only the
 /// leader runs the controllers that fill them), verified against the cluster's CA bundle.
@@ -86,10 +47,7 @@ fn controller_samples(server: &ServerProcess, family: &str) -> anyhow::Result<Ve
 }
 
 fn boots(server: &ServerProcess, pod: &str) -> usize {
-    let out = server.kubectl(&["logs", pod, "-c", "guest-console-log"]);
-    String::from_utf8_lossy(&out.stdout)
-        .matches("GUEST-READY")
-        .count()
+    server.guest_console(pod).matches("GUEST-READY").count()
 }
 
 fn patch_template(server: &ServerProcess, spec: &str) -> anyhow::Result<()> {
@@ -127,7 +85,13 @@ fn sockets_memory_and_placement_change_on_the_running_guest_and_the_rest_asks_fo
     };
     let mut server = ServerProcess::start(Path::new(BIN), "server", &[])?;
     server.import_test_guest(guest)?;
-    server.apply(VM)?;
+    server.apply(&testkit::test_guest_vm(
+        "hot",
+        &[
+            "cpu: {sockets: 1, cores: 1, threads: 1}",
+            "memory: {guest: 1Gi}",
+        ],
+    ))?;
     wait_until(DEADLINE, "the VMI Running", || {
         (server.get(&["vmi", "hot"], "{.status.phase}") == "Running").then_some(())
     })?;
@@ -147,11 +111,12 @@ fn sockets_memory_and_placement_change_on_the_running_guest_and_the_rest_asks_fo
     })?;
     let pid = qemu_pid();
     wait_for_vmi_metrics(&server, pod)?;
-    let (cpus, mem_at_boot) = guest_reports(&server, pod)
+    let at_boot = guest_reports(&server.guest_console(pod))
         .first()
         .cloned()
         .ok_or_else(|| anyhow::anyhow!("no GUEST-SEES report at boot"))?;
-    assert_eq!(cpus, "0", "one vCPU at boot");
+    assert_eq!(at_boot.cpus, "0", "one vCPU at boot");
+    let mem_at_boot = at_boot.mem_kib;
     // The webhook gave the VMI room to grow (upstream's ratio 4).
     assert_eq!(
         server.get(
@@ -169,9 +134,9 @@ fn sockets_memory_and_placement_change_on_the_running_guest_and_the_rest_asks_fo
         DEADLINE,
         "the guest to see 2 vCPUs and 128 MiB more",
         || {
-            guest_reports(&server, pod)
+            guest_reports(&server.guest_console(pod))
                 .into_iter()
-                .find(|(cpus, mem)| cpus == "0-1" && *mem == mem_at_boot + 128 * 1024)
+                .find(|r| r.cpus == "0-1" && r.mem_kib == mem_at_boot + 128 * 1024)
         },
     )?;
     eprintln!("guest sees {seen:?} (booted with {mem_at_boot} KiB)");

@@ -17,27 +17,7 @@ fn next_release() -> String {
 }
 
 fn guest_vm(name: &str) -> String {
-    format!(
-        r#"apiVersion: kubevirt.io/v1
-kind: VirtualMachine
-metadata:
-  name: {name}
-spec:
-  runStrategy: Always
-  template:
-    spec:
-      domain:
-        memory: {{guest: 128Mi}}
-        firmware:
-          kernelBoot:
-            kernelArgs: "console=ttyS0 panic=-1 quiet tg.quiet=1"
-            container:
-              image: kubevirt-rs/test-guest:latest
-              kernelPath: /vmlinux
-              initrdPath: /initramfs.cpio.gz
-        devices: {{}}
-"#
-    )
+    testkit::test_guest_vm(name, &["memory: {guest: 128Mi}"])
 }
 
 /// `name=image` of every pod of KubeVirt's components (not the operator's).
@@ -69,10 +49,7 @@ fn launcher(server: &ServerProcess, name: &str) -> anyhow::Result<(String, i32)>
 }
 
 fn boots(server: &ServerProcess, pod: &str) -> usize {
-    let out = server.kubectl(&["logs", pod, "-c", "guest-console-log"]);
-    String::from_utf8_lossy(&out.stdout)
-        .matches("GUEST-READY")
-        .count()
+    server.guest_console(pod).matches("GUEST-READY").count()
 }
 
 /// Imports this binary as release `next` and patches the CR's `imageTag` to it; returns the

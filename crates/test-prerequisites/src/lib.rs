@@ -121,6 +121,39 @@ impl TestGuest {
     }
 }
 
+/// One `GUEST-SEES` report of the test guest's console: what it sees after boot and after
+/// every CPU, memory or block device change (`scripts/build-test-guest.sh`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GuestSees {
+    /// Online CPUs as the kernel lists them (`0-1`).
+    pub cpus: String,
+    /// `MemTotal` in KiB.
+    pub mem_kib: u64,
+    /// Block devices, comma-separated (`vda,sda`; empty for none).
+    pub disks: String,
+}
+
+/// The `GUEST-SEES` reports in a console log, oldest first.
+pub fn guest_reports(console: &str) -> Vec<GuestSees> {
+    console
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("GUEST-SEES "))
+        .map(|l| {
+            let field = |key: &str| {
+                l.split_whitespace()
+                    .find_map(|w| w.strip_prefix(key))
+                    .unwrap_or_default()
+                    .to_owned()
+            };
+            GuestSees {
+                cpus: field("cpus="),
+                mem_kib: field("mem=").parse().unwrap_or(0),
+                disks: field("disks="),
+            }
+        })
+        .collect()
+}
+
 fn guest_dir() -> Result<PathBuf, String> {
     if let Some(dir) = std::env::var_os(GUEST_ENV).filter(|d| !d.is_empty()) {
         return Ok(PathBuf::from(dir));

@@ -16,7 +16,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-pub use test_prerequisites::{TestGuest, available, test_guest};
+pub use test_prerequisites::{GuestSees, TestGuest, available, guest_reports, test_guest};
 
 mod cluster;
 pub use cluster::{InProcessCluster, client_for};
@@ -26,6 +26,33 @@ pub const SERVER_READY: &str = "kubevirt-rs server ready";
 
 /// The default deadline for conditions in end-to-end tests.
 pub const DEADLINE: Duration = Duration::from_secs(60);
+
+/// A `runStrategy: Always` VM `name` that boots the imported test guest
+/// ([`ServerProcess::import_test_guest`]) with `domain` (flow-style YAML lines such as
+/// `memory: {guest: 128Mi}`, one per line) in its template's `domain`.
+pub fn test_guest_vm(name: &str, domain: &[&str]) -> String {
+    let fields: String = domain.iter().map(|f| format!("        {f}\n")).collect();
+    format!(
+        r#"apiVersion: kubevirt.io/v1
+kind: VirtualMachine
+metadata:
+  name: {name}
+spec:
+  runStrategy: Always
+  template:
+    spec:
+      domain:
+{fields}        firmware:
+          kernelBoot:
+            kernelArgs: "console=ttyS0 panic=-1 quiet tg.quiet=1"
+            container:
+              image: kubevirt-rs/test-guest:latest
+              kernelPath: /vmlinux
+              initrdPath: /initramfs.cpio.gz
+        devices: {{}}
+"#
+    )
+}
 
 /// `virtctl` built next to the binary `bin` (cargo puts every binary of the workspace in one
 /// target directory), or why it cannot be used; for [`available`].
@@ -288,6 +315,13 @@ impl ServerProcess {
             .as_i64()
             .ok_or_else(|| anyhow::anyhow!("no pid in {record}"))?;
         Ok(i32::try_from(pid)?)
+    }
+
+    /// What the guest of launcher pod `pod` wrote on its serial console so far (the pod's
+    /// `guest-console-log` container); empty when kubectl cannot read it yet.
+    pub fn guest_console(&self, pod: &str) -> String {
+        let out = self.kubectl(&["logs", pod, "-c", "guest-console-log"]);
+        String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
     /// Runs kubectl against the server.

@@ -340,11 +340,7 @@ fn add_hotplug_conditions(vmi: &VirtualMachineInstance, conds: &mut Vec<Conditio
             .map(|q| q.value())
     };
     let status = vmi.status.as_ref();
-    let vcpus = |s: Option<u32>, c: Option<u32>, t: Option<u32>| {
-        u64::from(s.unwrap_or(1).max(1))
-            * u64::from(c.unwrap_or(1).max(1))
-            * u64::from(t.unwrap_or(1).max(1))
-    };
+    use kubevirt_api::live_update::vcpus;
     let cpu_change = match (
         &vmi.spec.domain.cpu,
         status.and_then(|s| s.current_cpu_topology.as_ref()),

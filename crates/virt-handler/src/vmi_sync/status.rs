@@ -306,14 +306,17 @@ fn running_fields(
 /// `HotMemoryChange` once the domain was asked for the spec's memory (upstream's handler
 /// removes them when its hotplug succeeded; the VMI controller adds them).
 fn finish_hotplug(vmi: &VirtualMachineInstance, status: &Value, conditions: &mut Vec<Value>) {
-    let vcpus = |v: &Value| {
-        ["sockets", "cores", "threads"]
-            .iter()
-            .map(|k| v[k].as_u64().unwrap_or(1).max(1))
-            .product::<u64>()
-    };
-    let spec_cpu = serde_json::to_value(&vmi.spec.domain.cpu).unwrap_or(Value::Null);
-    if spec_cpu.is_null() || vcpus(&spec_cpu) == vcpus(&status["currentCPUTopology"]) {
+    use kubevirt_api::live_update::vcpus;
+    let now = &status["currentCPUTopology"];
+    let count = |key: &str| now[key].as_u64().and_then(|n| u32::try_from(n).ok());
+    let plugged = vcpus(count("sockets"), count("cores"), count("threads"));
+    if vmi
+        .spec
+        .domain
+        .cpu
+        .as_ref()
+        .is_none_or(|c| vcpus(c.sockets, c.cores, c.threads) == plugged)
+    {
         set_condition(conditions, "HotVCPUChange", None);
     }
     let bytes = |v: &Value| {

@@ -8,7 +8,7 @@ use crate::spec::{
     VideoModel, VmiIdentity,
 };
 use crate::test_support::{ProcessGroupGuard, wait_until};
-use test_prerequisites::{available, qemu_binary, test_guest};
+use test_prerequisites::{available, guest_reports, qemu_binary, test_guest};
 
 fn spec_in(dir: &Path, kernel: Option<(PathBuf, PathBuf)>) -> LauncherSpec {
     let path = |name: &str| dir.join(name).to_string_lossy().into_owned();
@@ -425,35 +425,6 @@ async fn a_sync_of_a_running_guest_plugs_vcpus_memory_and_a_disk() {
         .unwrap()
         .unwrap()
         .unwrap();
-}
-
-/// One `GUEST-SEES` report of the test guest.
-#[derive(Clone, Debug)]
-struct GuestSees {
-    cpus: String,
-    mem_kib: u64,
-    disks: String,
-}
-
-/// The test guest's `GUEST-SEES` reports on its serial log, oldest first.
-fn guest_reports(serial: &str) -> Vec<GuestSees> {
-    serial
-        .lines()
-        .filter_map(|l| l.strip_prefix("GUEST-SEES "))
-        .map(|l| {
-            let field = |key: &str| {
-                l.split_whitespace()
-                    .find_map(|w| w.strip_prefix(key))
-                    .unwrap_or_default()
-                    .to_owned()
-            };
-            GuestSees {
-                cpus: field("cpus="),
-                mem_kib: field("mem=").parse().unwrap_or(0),
-                disks: field("disks="),
-            }
-        })
-        .collect()
 }
 
 /// Attaches a virtio disk to the running test guest on its free root port, waits for the guest
