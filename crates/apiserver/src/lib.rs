@@ -87,6 +87,7 @@ pub mod openapi;
 pub mod patch;
 pub mod pki;
 pub mod protobuf;
+pub mod qos;
 pub mod rbac;
 pub mod registry;
 pub mod request;

@@ -186,11 +186,39 @@ async fn metrics(State(state): State<Arc<ApiState>>) -> Response {
     resp
 }
 
+/// Counts every request in `apiserver_request_total` and its latency histogram; with
+/// `RUST_LOG=kubevirt_apiserver::requests=debug` also logs each one as it completes (verb,
+/// path, code, latency, user agent): the request log a profile of the control plane reads.
 async fn count_requests(State(state): State<Arc<ApiState>>, req: Request, next: Next) -> Response {
     let start = Instant::now();
     let method = req.method().as_str().to_owned();
+    let logged = tracing::enabled!(target: "kubevirt_apiserver::requests", tracing::Level::DEBUG)
+        .then(|| {
+            let agent = req
+                .headers()
+                .get(axum::http::header::USER_AGENT)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default()
+                .to_owned();
+            (req.uri().path().to_owned(), agent)
+        });
     let resp = next.run(req).await;
     let code = resp.status().as_u16();
+    if let Some((path, agent)) = logged {
+        let verb = resp
+            .extensions()
+            .get::<RequestInfo>()
+            .map_or(method.as_str(), |ri| ri.verb);
+        tracing::debug!(
+            target: "kubevirt_apiserver::requests",
+            verb,
+            path,
+            code,
+            elapsed_us = start.elapsed().as_micros(),
+            agent,
+            "request"
+        );
+    }
     match resp.extensions().get::<RequestInfo>() {
         Some(ri) => state.metrics.request(
             ri.verb,

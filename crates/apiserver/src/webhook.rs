@@ -31,10 +31,9 @@
 //! causes; at least 400) and the message prefixed `admission webhook "<name>" denied the
 //! request: `. `warnings` become `Warning` headers.
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use axum::body::Body;
+use axum::body::Bytes;
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
 use kubevirt_store::Store;
@@ -43,7 +42,7 @@ use tracing::{debug, warn};
 
 use crate::admission::{Admission, AdmissionRequest, Operation, Phase};
 use crate::cause::Cause;
-use crate::client::{self, TlsOptions};
+use crate::client;
 use crate::status::ApiError;
 
 /// Default `timeoutSeconds`.
@@ -54,13 +53,19 @@ pub struct WebhookAdmission {
     store: Store,
     /// PEM CA used when a webhook has no `caBundle` (the cluster CA).
     cluster_ca: Vec<u8>,
+    /// Keep-alive connections to the webhooks' endpoints.
+    pool: client::ConnectionPool,
 }
 
 impl WebhookAdmission {
     /// A hook reading configurations from `store`; `cluster_ca` (PEM) verifies webhooks
     /// without a `caBundle`.
     pub fn new(store: Store, cluster_ca: Vec<u8>) -> WebhookAdmission {
-        WebhookAdmission { store, cluster_ca }
+        WebhookAdmission {
+            store,
+            cluster_ca,
+            pool: client::ConnectionPool::default(),
+        }
     }
 
     fn configurations(&self, phase: Phase) -> Vec<Value> {
@@ -329,12 +334,8 @@ impl WebhookAdmission {
                 .map_err(|e| format!("caBundle is not base64: {e}"))?,
             _ => self.cluster_ca.clone(),
         };
-        let tls = client::tls_config(&TlsOptions {
-            ca_pem: ca,
-            ..TlsOptions::default()
-        })
-        .map_err(|e| e.to_string())?;
-        let tls = Arc::new(tls);
+        // Checked once per bundle; the pool keeps the configuration for its connections.
+        self.pool.tls_for(&ca).map_err(|e| e.to_string())?;
         let fail =
             |e: &dyn std::fmt::Display| format!("failed to call webhook: Post \"{url}\": {e}");
         // Like kube-apiserver's webhook client, a call whose connection failed (the endpoint's
@@ -367,9 +368,11 @@ impl WebhookAdmission {
             let req = req
                 .header(http::header::CONTENT_TYPE, "application/json")
                 .header(http::header::ACCEPT, "application/json")
-                .body(Body::from(serde_json::to_vec(body).unwrap_or_default()))
+                .body(Bytes::from(serde_json::to_vec(body).unwrap_or_default()))
                 .map_err(|e| (fail(&e), false))?;
-            let resp = client::send_as(Arc::clone(&tls), server_name.as_deref(), req)
+            let (status, bytes) = self
+                .pool
+                .send_collect(&ca, server_name.as_deref(), req)
                 .await
                 .map_err(|e| {
                     let mut msg = e.to_string();
@@ -380,11 +383,6 @@ impl WebhookAdmission {
                     }
                     (fail(&msg), true)
                 })?;
-            let status = resp.status();
-            let bytes = http_body_util::BodyExt::collect(resp.into_body())
-                .await
-                .map_err(|e| (fail(&e), true))?
-                .to_bytes();
             if !status.is_success() {
                 return Err((fail(&format!("the server answered {status}")), false));
             }

@@ -142,3 +142,36 @@ async fn mutating_webhooks_see_the_defaulted_object() {
         "RollingUpdate"
     );
 }
+
+#[tokio::test]
+async fn a_created_pod_reads_back_the_qos_class_of_its_defaulted_resources() {
+    let s = TestServer::start().await;
+    let pods = "/api/v1/namespaces/default/pods";
+    let cases = [
+        ("none", json!({}), "BestEffort"),
+        (
+            "requests",
+            json!({"requests": {"memory": "64Mi"}}),
+            "Burstable",
+        ),
+        // Requests default to the limits first, so limits alone are Guaranteed.
+        (
+            "limits",
+            json!({"limits": {"cpu": "1", "memory": "64Mi"}}),
+            "Guaranteed",
+        ),
+    ];
+    for (name, resources, want) in cases {
+        let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+                         "spec": {"containers": [{"name": "c", "image": "registry.example/app:v1",
+                                                  "resources": resources}]}});
+        let r = s.request("POST", pods, Some(&pod)).await;
+        assert_eq!(r.status, 201, "{}", String::from_utf8_lossy(&r.body));
+        let got = s
+            .request("GET", &format!("{pods}/{name}"), None)
+            .await
+            .json();
+        assert_eq!(got["status"]["qosClass"], want, "{name}");
+        assert_eq!(got["status"]["phase"], "Pending", "{name}");
+    }
+}

@@ -317,3 +317,44 @@ async fn a_mutating_patch_that_replaces_the_object_with_a_string_fails_and_store
         .json();
     assert_eq!(after["metadata"]["labels"]["skip"], "1", "nothing stored");
 }
+
+#[tokio::test]
+async fn repeated_writes_reuse_one_connection_to_the_webhook() {
+    let backend = Backend::start(Router::new().route("/mutate", post(mutate))).await;
+    let s = TestServer::start().await;
+    let mut only_ours = hook(
+        "m.test.io",
+        &backend.url("/mutate"),
+        &backend.ca_pem,
+        "Fail",
+        5,
+        &["configmaps"],
+    );
+    // Not the server's own `kube-root-ca.crt` ConfigMaps, written meanwhile.
+    only_ours["objectSelector"] = json!({"matchLabels": {"app": "t"}});
+    configure(&s, "MutatingWebhookConfiguration", "m", vec![only_ours]).await;
+    let connections = || {
+        backend
+            .connections
+            .load(std::sync::atomic::Ordering::SeqCst)
+    };
+    let before = connections();
+    for i in 0..5 {
+        let name = format!("c{i}");
+        let r = s
+            .request(
+                "POST",
+                "/api/v1/namespaces/default/configmaps",
+                Some(&cm(&name)),
+            )
+            .await;
+        assert_eq!(r.status, 201, "{}", String::from_utf8_lossy(&r.body));
+        // The webhook saw and shaped every one of them.
+        assert_eq!(r.json()["metadata"]["labels"]["mutated"], "yes", "{name}");
+    }
+    assert_eq!(
+        connections() - before,
+        1,
+        "five calls, one kept-alive connection"
+    );
+}

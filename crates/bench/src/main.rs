@@ -53,6 +53,13 @@ enum Command {
         /// The creation→Running CDF (PNG).
         #[arg(long, default_value = "vms-cdf.png")]
         plot: PathBuf,
+        /// Copy each server's log and its KubeVirt component pods' logs here before the
+        /// data directory is removed (for profiling from timestamps).
+        #[arg(long)]
+        keep_logs: Option<PathBuf>,
+        /// Skip the real-QEMU server (its batches and the boot measurement).
+        #[arg(long)]
+        fake_only: bool,
     },
 }
 
@@ -73,6 +80,8 @@ fn main() -> anyhow::Result<()> {
             guest_dir,
             boot_runs,
             plot,
+            keep_logs,
+            fake_only,
         } => {
             let options = vms::VmsOptions {
                 server_binary,
@@ -83,6 +92,8 @@ fn main() -> anyhow::Result<()> {
                 guest_dir,
                 boot_runs,
                 plot,
+                keep_logs,
+                fake_only,
             };
             // The benchmark future owns every server and VM: dropping it on a signal kills
             // them (see `vms::cluster`).

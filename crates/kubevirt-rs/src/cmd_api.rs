@@ -478,7 +478,7 @@ pub fn run(args: ApiArgs) -> anyhow::Result<()> {
     };
     let runtime = tokio::runtime::Runtime::new().context("starting the tokio runtime")?;
     runtime.block_on(async move {
-        let client = crate::kube_config::client(args.kubeconfig.as_deref()).await?;
+        let client = crate::kube_config::client(args.kubeconfig.as_deref(), "virt-api").await?;
         let cancel = CancellationToken::new();
         let api = start(client, setup, &cancel).await?;
         crate::shutdown_signal().await;

@@ -52,7 +52,8 @@ pub struct ControllerArgs {
 pub fn run(args: ControllerArgs) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Runtime::new().context("starting the tokio runtime")?;
     runtime.block_on(async move {
-        let client = crate::kube_config::client(args.kubeconfig.as_deref()).await?;
+        let client =
+            crate::kube_config::client(args.kubeconfig.as_deref(), "virt-controller").await?;
         let mut launcher = virt_controller::vmi::template::LauncherPodConfig {
             use_emulation: args.use_emulation,
             ..Default::default()

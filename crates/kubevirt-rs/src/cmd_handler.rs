@@ -51,7 +51,8 @@ pub struct HandlerArgs {
 pub fn run(args: HandlerArgs) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Runtime::new().context("starting the tokio runtime")?;
     runtime.block_on(async move {
-        let kube_config = crate::kube_config::load(args.kubeconfig.as_deref()).await?;
+        let kube_config =
+            crate::kube_config::load(args.kubeconfig.as_deref(), "virt-handler").await?;
         let rest = if args.server_certificates_dir.join("tls.crt").exists() {
             // Followed per handshake: the operator's renewals are served at once.
             Some(virt_handler::rest::RestConfig {
@@ -82,6 +83,7 @@ pub fn run(args: HandlerArgs) -> anyhow::Result<()> {
             use_emulation: args.use_emulation,
             rest,
             heartbeat_interval: args.heartbeat_interval,
+            migration_ip: args.pod_ip_address,
         };
         let cancel = CancellationToken::new();
         let token = cancel.clone();

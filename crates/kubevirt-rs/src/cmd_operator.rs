@@ -22,7 +22,8 @@ pub struct OperatorArgs {
 pub fn run(args: OperatorArgs) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Runtime::new().context("starting the tokio runtime")?;
     runtime.block_on(async move {
-        let client = crate::kube_config::client(args.kubeconfig.as_deref()).await?;
+        let client =
+            crate::kube_config::client(args.kubeconfig.as_deref(), "virt-operator").await?;
         let namespace = args
             .namespace
             .unwrap_or_else(|| crate::kube_config::pod_namespace("kubevirt"));

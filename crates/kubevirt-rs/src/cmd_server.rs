@@ -182,14 +182,18 @@ async fn wait_kubevirt_ready(admin: &kube::Client, namespace: &str, nodes: usize
     }
 }
 
-pub(crate) async fn client_from(kubeconfig: &Path) -> anyhow::Result<kube::Client> {
+/// A client from a kubeconfig file, sending [`crate::kube_config::user_agent`]`(component)`.
+pub(crate) async fn client_from(
+    kubeconfig: &Path,
+    component: &str,
+) -> anyhow::Result<kube::Client> {
     let kc = kube::config::Kubeconfig::read_from(kubeconfig)
         .with_context(|| format!("reading {}", kubeconfig.display()))?;
     let config =
         kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
             .await
             .context("client configuration")?;
-    kube::Client::try_from(config).context("client")
+    kube::Client::try_from(crate::kube_config::with_user_agent(config, component)).context("client")
 }
 
 /// A client of an embedded-wing component: a client certificate for user `user` in group
@@ -200,8 +204,8 @@ pub(crate) async fn client_from(kubeconfig: &Path) -> anyhow::Result<kube::Clien
 async fn component_client(
     data_dir: &Path,
     file: &str,
-    user: &str,
-    org: Option<&str>,
+    (user, org): (&str, Option<&str>),
+    agent: &str,
 ) -> anyhow::Result<kube::Client> {
     let (cert_pem, key_pem) = kubevirt_apiserver::pki::issue_client_cert(data_dir, user, org)
         .with_context(|| format!("issuing the client certificate of {user}"))?;
@@ -227,7 +231,7 @@ async fn component_client(
     let path = data_dir.join(format!("kubeconfig-{file}"));
     kubevirt_apiserver::pki::write_atomic(&path, yaml.as_bytes(), true)
         .with_context(|| format!("writing {}", path.display()))?;
-    client_from(&path).await
+    client_from(&path, agent).await
 }
 
 /// Host and port of the API server a kubeconfig names (what pods get as the `kubernetes`
@@ -320,8 +324,13 @@ async fn start_embedded_control_plane(
         local_storage: local_storage(nodes),
         ..kubevirt_controller_manager::Config::default()
     };
-    let scheduler_client =
-        component_client(data_dir, "scheduler", "system:kube-scheduler", None).await?;
+    let scheduler_client = component_client(
+        data_dir,
+        "scheduler",
+        ("system:kube-scheduler", None),
+        "kube-scheduler",
+    )
+    .await?;
     let scheduler = supervise("scheduler", cancel.clone(), move |token| {
         let client = scheduler_client.clone();
         async move {
@@ -335,8 +344,8 @@ async fn start_embedded_control_plane(
     let manager_client = component_client(
         data_dir,
         "controller-manager",
-        "system:kube-controller-manager",
-        None,
+        ("system:kube-controller-manager", None),
+        "kube-controller-manager",
     )
     .await?;
     let controller_manager = supervise("controller-manager", cancel.clone(), move |token| {
@@ -375,8 +384,8 @@ async fn start_embedded_node(
     let node_client = component_client(
         data_dir,
         &format!("node-{node_name}"),
-        &format!("system:node:{node_name}"),
-        Some("system:nodes"),
+        (&format!("system:node:{node_name}"), Some("system:nodes")),
+        "kubelet",
     )
     .await?;
     // Pods in their own network namespaces when this process can make them, on a bridge and
@@ -408,8 +417,8 @@ async fn start_embedded_node(
             let proxy_client = component_client(
                 data_dir,
                 &format!("proxy-{node_name}"),
-                "system:kube-proxy",
-                None,
+                ("system:kube-proxy", None),
+                "kube-proxy",
             )
             .await?;
             let config = kubevirt_service_proxy::ProxyConfig {
@@ -608,7 +617,7 @@ async fn serve(args: ServerArgs) -> anyhow::Result<()> {
     }
 
     if !args.no_kubevirt {
-        let admin = client_from(&data_dir.join("kubeconfig")).await?;
+        let admin = client_from(&data_dir.join("kubeconfig"), "kubevirt-rs-server").await?;
         let cr = default_kubevirt_cr(&install, use_emulation, &args)?;
         install_kubevirt(&admin, &install, cr).await?;
         tokio::select! {

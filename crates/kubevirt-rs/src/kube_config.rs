@@ -12,30 +12,55 @@ use base64::Engine;
 /// Where a service account's files are mounted in a pod.
 pub const SERVICE_ACCOUNT_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
 
-/// The client configuration of a component (see the module documentation).
-pub async fn load(kubeconfig: Option<&Path>) -> anyhow::Result<kube::Config> {
-    if let Some(path) = kubeconfig {
+/// The `User-Agent` a component sends, in client-go's form
+/// (`virt-controller/0.1.0 (linux/amd64) kubevirt-rs`): the API server's request log and
+/// audit name the writer by it.
+pub fn user_agent(component: &str) -> String {
+    let arch = match std::env::consts::ARCH {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        other => other,
+    };
+    format!(
+        "{component}/{} ({}/{arch}) kubevirt-rs",
+        env!("CARGO_PKG_VERSION"),
+        std::env::consts::OS
+    )
+}
+
+/// `config` sending [`user_agent`]`(component)` with every request.
+pub fn with_user_agent(mut config: kube::Config, component: &str) -> kube::Config {
+    let value = http::HeaderValue::from_str(&user_agent(component))
+        .unwrap_or_else(|_| http::HeaderValue::from_static("kubevirt-rs"));
+    config
+        .headers
+        .retain(|(name, _)| name != http::header::USER_AGENT);
+    config.headers.push((http::header::USER_AGENT, value));
+    config
+}
+
+/// The client configuration of `component` (see the module documentation).
+pub async fn load(kubeconfig: Option<&Path>, component: &str) -> anyhow::Result<kube::Config> {
+    let config = if let Some(path) = kubeconfig {
         let kc = kube::config::Kubeconfig::read_from(path)
             .with_context(|| format!("reading {}", path.display()))?;
-        return kube::Config::from_custom_kubeconfig(
-            kc,
-            &kube::config::KubeConfigOptions::default(),
-        )
-        .await
-        .context("client configuration");
-    }
-    if std::env::var_os("KUBERNETES_SERVICE_HOST").is_some() {
+        kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+            .await
+            .context("client configuration")?
+    } else if std::env::var_os("KUBERNETES_SERVICE_HOST").is_some() {
         tracing::info!("in-cluster configuration (service-account token)");
-        return kube::Config::incluster().context("in-cluster client configuration");
-    }
-    kube::Config::infer()
-        .await
-        .context("client configuration (no --kubeconfig, KUBECONFIG or in-cluster configuration)")
+        kube::Config::incluster().context("in-cluster client configuration")?
+    } else {
+        kube::Config::infer().await.context(
+            "client configuration (no --kubeconfig, KUBECONFIG or in-cluster configuration)",
+        )?
+    };
+    Ok(with_user_agent(config, component))
 }
 
 /// A client built from [`load`].
-pub async fn client(kubeconfig: Option<&Path>) -> anyhow::Result<kube::Client> {
-    kube::Client::try_from(load(kubeconfig).await?).context("client")
+pub async fn client(kubeconfig: Option<&Path>, component: &str) -> anyhow::Result<kube::Client> {
+    kube::Client::try_from(load(kubeconfig, component).await?).context("client")
 }
 
 /// The cluster CA of a configuration as PEM, when it names one.

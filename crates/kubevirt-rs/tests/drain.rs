@@ -6,10 +6,10 @@
 //! - `External`: the eviction is refused with upstream's message (429, so `kubectl drain`
 //!   would retry) and the VMI is marked with `status.evacuationNodeName`; a second eviction
 //!   says the evacuation is in progress;
-//! - `LiveMigrate`: a `LiveMigratable` VMI is marked alike (no controller migrates it yet),
-//!   one that is not migratable is refused with upstream's message and left unmarked; the
-//!   evacuation controller creates a `kubevirt-evacuation-…` migration for the marked one
-//!   (which nothing carries out yet).
+//! - `LiveMigrate`: a `LiveMigratable` VMI is marked alike, one that is not migratable is
+//!   refused with upstream's message and left unmarked; the evacuation controller creates a
+//!   `kubevirt-evacuation-…` migration for the marked one, which the migration controller and
+//!   the handlers carry out: the VMI moves to the other node.
 
 use std::path::Path;
 use std::time::Duration;
@@ -133,9 +133,8 @@ fn external_is_marked(server: &ServerProcess) -> anyhow::Result<()> {
 
 /// `LiveMigrate`: marked when `LiveMigratable`, refused unmarked otherwise.
 fn live_migrate_is_marked_only_when_migratable(server: &ServerProcess) -> anyhow::Result<()> {
-    // LiveMigrate: a migratable VMI (masquerade) is marked the same way; nothing migrates
-    // it yet, so it stays on its node. One that cannot migrate (the default bridge
-    // interface) is refused without a mark.
+    // LiveMigrate: a migratable VMI (masquerade) is marked the same way and migrated away.
+    // One that cannot migrate (the default bridge interface) is refused without a mark.
     let masquerade = "{interfaces: [{name: default, masquerade: {}}]}";
     server.apply(&vm_with_devices(
         "migratable",
@@ -156,15 +155,19 @@ fn live_migrate_is_marked_only_when_migratable(server: &ServerProcess) -> anyhow
             (m == "True" && p == "False").then_some(())
         }),
     )?;
+    let node = server.get(&["vmi", "migratable"], "{.status.nodeName}");
     let refused = evict(server, &launcher_pod(server, "migratable")?)?;
     assert!(
         refused.contains("Eviction triggered evacuation of VMI \"default/migratable\""),
         "{refused}"
     );
+    let marked = server.get(
+        &["vmi", "migratable"],
+        "{.status.evacuationNodeName}{.status.migrationState.sourceNode}",
+    );
     assert!(
-        !server
-            .get(&["vmi", "migratable"], "{.status.evacuationNodeName}")
-            .is_empty()
+        marked.starts_with(&node),
+        "marked or migrating off {node}: {marked}"
     );
     let refused = evict(server, &launcher_pod(server, "pinned")?)?;
     assert!(
@@ -180,7 +183,6 @@ fn live_migrate_is_marked_only_when_migratable(server: &ServerProcess) -> anyhow
     );
     // The evacuation controller asks for the migration of the marked VMI (and of no other).
     let migrations = r#"{range .items[*]}{.metadata.name} {.spec.vmiName} {.spec.priority} {.metadata.annotations.kubevirt\.io/evacuationMigration}{"\n"}{end}"#;
-    let node = server.get(&["vmi", "migratable"], "{.status.nodeName}");
     let created = with_log(
         server,
         wait_until(DEADLINE, "an evacuation migration", || {
@@ -200,6 +202,27 @@ fn live_migrate_is_marked_only_when_migratable(server: &ServerProcess) -> anyhow
         server.get(&["vmim"], migrations).lines().count(),
         1,
         "only the LiveMigrate VMI is migrated"
+    );
+    // The migration controller carries the evacuation out: the VMI leaves the node.
+    let name = fields[0];
+    with_log(
+        server,
+        wait_until(DEADLINE, "the evacuation migration to succeed", || {
+            let state = server.get(
+                &["vmim", name],
+                "{.status.phase} {.status.migrationState.sourceNode}",
+            );
+            (state == format!("Succeeded {node}")).then_some(())
+        }),
+    )?;
+    let moved = server.get(
+        &["vmi", "migratable"],
+        "{.status.phase} {.status.nodeName} {.status.evacuationNodeName}",
+    );
+    let fields: Vec<&str> = moved.split_whitespace().collect();
+    assert!(
+        fields.len() == 2 && fields[0] == "Running" && fields[1] != node,
+        "the evacuated VMI runs elsewhere and is no longer marked: {moved}"
     );
     server.ok(&["delete", "vm", "migratable", "pinned", "--wait=false"])?;
 

@@ -624,21 +624,32 @@ impl PodRunner {
             .and_then(|t| serde_json::to_value(t).ok())
             .and_then(|v| v.as_str().map(str::to_owned))
             .unwrap_or_else(|| now.clone());
-        let wanted = status::pod_status(
-            containers,
-            restart_policy(pod),
-            readiness_gates_true(pod),
-            &self.config.host_ip,
-            pod_ip,
-            &start_time,
-            &now,
-        );
+        let status_with = |gates_ready: bool| {
+            status::pod_status(
+                containers,
+                restart_policy(pod),
+                gates_ready,
+                &self.config.host_ip,
+                pod_ip,
+                &start_time,
+                &now,
+            )
+        };
+        let mut wanted = status_with(readiness_gates_true(pod));
         let current = pod
             .status
             .as_ref()
             .and_then(|s| serde_json::to_value(s).ok());
         if status::same_report(current.as_ref(), &wanted) {
             return Ok(());
+        }
+        // About to write: a gate the pass's copy of the pod did not show yet is not reported
+        // missing (see `gate_set_meanwhile`).
+        if self.gate_set_meanwhile(pod, containers).await {
+            wanted = status_with(true);
+            if status::same_report(current.as_ref(), &wanted) {
+                return Ok(());
+            }
         }
         let uid = pod.metadata.uid.clone().unwrap_or_default();
         if let Some((version, sent)) = self.reported.get(&uid)
@@ -652,6 +663,7 @@ impl PodRunner {
             pod.metadata.namespace.as_deref().unwrap_or_default(),
         );
         let name = pod.metadata.name.clone().unwrap_or_default();
+        tracing::debug!(pod = %pod_key(pod), status = %wanted, "reporting the pod status");
         api.patch_status(
             &name,
             &PatchParams::default(),
@@ -667,6 +679,35 @@ impl PodRunner {
         self.reported
             .insert(uid, (pod.metadata.resource_version.clone(), wanted));
         Ok(())
+    }
+
+    /// Whether the pod's readiness gates, false in the pass's copy of the pod, hold by now.
+    /// That copy may be older than a gate's condition (virt-controller sets
+    /// `kubevirt.io/virtual-machine-unpaused` right after the binding, while the network was
+    /// being set up). Only when a status is about to be written, the containers are ready
+    /// and only a gate stands between the pod and `Ready`, is the pod read again (kubelet's
+    /// status manager reads the pod before it writes): one read instead of a `Ready=False`
+    /// write followed by a `Ready=True` one.
+    async fn gate_set_meanwhile(&self, pod: &Pod, containers: &[status::ContainerReport]) -> bool {
+        if readiness_gates_true(pod)
+            || containers.is_empty()
+            || !containers.iter().all(status::ContainerReport::is_ready)
+        {
+            return false;
+        }
+        let api: Api<Pod> = Api::namespaced(
+            self.client.clone(),
+            pod.metadata.namespace.as_deref().unwrap_or_default(),
+        );
+        match api
+            .get_opt(pod.metadata.name.as_deref().unwrap_or_default())
+            .await
+        {
+            Ok(Some(fresh)) if fresh.metadata.uid == pod.metadata.uid => {
+                readiness_gates_true(&fresh)
+            }
+            _ => false,
+        }
     }
 
     /// kubelet's stop: `SIGTERM` to each container's main process, `SIGKILL` to what is left

@@ -106,6 +106,45 @@ pub fn node_capacity(facts: &HostFacts) -> BTreeMap<String, String> {
     capacity
 }
 
+/// The pod addresses of `cidr` (`a.b.c.d/p`): all but the network, broadcast and bridge
+/// gateway addresses.
+pub fn pod_addresses(cidr: &str) -> Option<u64> {
+    let prefix: u32 = cidr.split_once('/')?.1.parse().ok().filter(|p| *p <= 30)?;
+    Some((1u64 << (32 - prefix)) - 3)
+}
+
+/// The capacity overrides with `pods` at most what the pod CIDR has addresses for.
+///
+/// kubelet reports `maxPods` whatever the CIDR holds, and the pods past its addresses then
+/// fail their sandbox one after the other ("no IP addresses available") while the scheduler
+/// keeps binding more. Reporting no more pods than addresses makes those pods `Pending` with
+/// kube-scheduler's `Too many pods` instead, which says what is wrong.
+pub fn pods_within_cidr(
+    mut overrides: BTreeMap<String, String>,
+    pod_cidr: Option<&str>,
+) -> BTreeMap<String, String> {
+    let Some(addresses) = pod_cidr.and_then(pod_addresses) else {
+        return overrides;
+    };
+    let asked = overrides
+        .get("pods")
+        .map_or("110", String::as_str)
+        .to_owned();
+    let asked_count = k8s_quantity::Quantity::parse(&asked)
+        .ok()
+        .and_then(|q| u64::try_from(q.value()).ok());
+    if asked_count.is_some_and(|n| n > addresses) {
+        warn!(
+            pods = %asked,
+            pod_cidr = pod_cidr.unwrap_or_default(),
+            addresses,
+            "the node's pod capacity exceeds its pod CIDR; reporting the addresses it has"
+        );
+        overrides.insert("pods".to_owned(), addresses.to_string());
+    }
+    overrides
+}
+
 /// The labels kubelet puts on the Node it registers.
 pub fn node_labels(node_name: &str) -> BTreeMap<String, String> {
     BTreeMap::from([
@@ -289,7 +328,7 @@ pub async fn run(
 ) {
     let api: Api<Node> = Api::all(client);
     let facts = HostFacts {
-        capacity_overrides,
+        capacity_overrides: pods_within_cidr(capacity_overrides, pod_cidr.as_deref()),
         ..HostFacts::read()
     };
     loop {
@@ -363,6 +402,34 @@ mod tests {
             capacity["memory"],
             format!("{}Ki", 1 << 20),
             "not overridden: the host's"
+        );
+    }
+
+    #[test]
+    fn pods_beyond_the_pod_cidr_are_not_reported() {
+        let asked = |pods: Option<&str>| {
+            pods.map(|p| BTreeMap::from([("pods".to_owned(), p.to_owned())]))
+                .unwrap_or_default()
+        };
+        assert_eq!(pod_addresses("10.245.3.0/24"), Some(253));
+        assert_eq!(pod_addresses("10.0.0.0/16"), Some(65_533));
+        assert_eq!(pod_addresses("10.0.0.0/32"), None);
+        // More than a /24 holds: the addresses it has.
+        assert_eq!(
+            pods_within_cidr(asked(Some("10k")), Some("10.245.3.0/24"))["pods"],
+            "253"
+        );
+        // Within it, or without a pod network (host-network pods need no address): as asked.
+        assert_eq!(
+            pods_within_cidr(asked(Some("200")), Some("10.245.3.0/24"))["pods"],
+            "200"
+        );
+        assert_eq!(pods_within_cidr(asked(Some("10k")), None)["pods"], "10k");
+        // kubelet's default 110 fits a /24 and stays the default; a /26 does not hold it.
+        assert!(pods_within_cidr(asked(None), Some("10.245.3.0/24")).is_empty());
+        assert_eq!(
+            pods_within_cidr(asked(None), Some("10.245.3.0/26"))["pods"],
+            "61"
         );
     }
 

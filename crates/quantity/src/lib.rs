@@ -33,6 +33,7 @@ use std::fmt;
 use std::hash::{Hash, Hasher};
 use std::str::FromStr;
 
+#[cfg(feature = "k8s-openapi")]
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity as K8sQuantity;
 
 /// Nano-units in one unit.
@@ -252,6 +253,7 @@ impl FromStr for Quantity {
 
 /// The value of an API quantity; surrounding whitespace is ignored, as Kubernetes' JSON decoding
 /// ignores it.
+#[cfg(feature = "k8s-openapi")]
 impl TryFrom<&K8sQuantity> for Quantity {
     type Error = QuantityError;
 
@@ -260,12 +262,14 @@ impl TryFrom<&K8sQuantity> for Quantity {
     }
 }
 
+#[cfg(feature = "k8s-openapi")]
 impl From<Quantity> for K8sQuantity {
     fn from(q: Quantity) -> Self {
         K8sQuantity(q.to_string())
     }
 }
 
+#[cfg(feature = "k8s-openapi")]
 impl From<&Quantity> for K8sQuantity {
     fn from(q: &Quantity) -> Self {
         K8sQuantity(q.to_string())

@@ -2,6 +2,7 @@
 //! back as the same value, integer mantissas scale exactly by their suffix, and decoding the
 //! same JSON through k8s-openapi's `Quantity` gives the same value.
 
+#[cfg(feature = "k8s-openapi")]
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity as K8sQuantity;
 use proptest::prelude::*;
 use serde_json::json;
@@ -88,6 +89,7 @@ proptest! {
         prop_assert_eq!(q.map(|q| q.nano_value()), Ok(want));
     }
 
+    #[cfg(feature = "k8s-openapi")]
     #[test]
     fn json_strings_decode_to_the_same_value_as_k8s_openapi_quantities(text in quantity_text()) {
         let ours: Quantity = serde_json::from_value(json!(text)).map_err(|e| {
@@ -103,6 +105,7 @@ proptest! {
         prop_assert_eq!(Quantity::try_from(&theirs), Ok(ours));
     }
 
+    #[cfg(feature = "k8s-openapi")]
     #[test]
     fn json_numbers_decode_to_the_same_value_as_k8s_openapi_quantities(
         int in any::<i64>(),

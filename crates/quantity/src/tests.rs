@@ -1,3 +1,4 @@
+#[cfg(feature = "k8s-openapi")]
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity as K8sQuantity;
 use serde_json::json;
 
@@ -236,6 +237,7 @@ fn constructors_build_the_value_in_the_given_format() {
     );
 }
 
+#[cfg(feature = "k8s-openapi")]
 #[test]
 fn api_quantities_convert_both_ways() {
     let api = K8sQuantity(" 1.5Gi ".to_owned());

@@ -4,8 +4,9 @@
 //!
 //! Data flow: watches pods without `spec.nodeName` whose `schedulerName` is empty or
 //! `default-scheduler`, and all nodes; for each pending pod it runs the pure filters of
-//! [`fit`] against the nodes and what their pods already request, then `POST`s a
-//! `pods/binding`. When nothing fits it sets the pod's `PodScheduled=False` condition with
+//! [`fit`] against the nodes and what their pods already request (the [`ledger`], kept
+//! from the pod watch event by event, with the pods it bound assumed until the watch shows
+//! them bound), then `POST`s a `pods/binding`. When nothing fits it sets the pod's `PodScheduled=False` condition with
 //! reason `Unschedulable` and kube-scheduler's message (which the VMI controller copies, so
 //! the VM shows `ErrorUnschedulable`), and retries when nodes or pods change.
 //!
@@ -17,9 +18,9 @@
 //! controller has bound the claim.
 
 pub mod fit;
+pub mod ledger;
 pub mod volume_binding;
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -75,36 +76,6 @@ fn is_pending_for_us(pod: &Pod) -> bool {
     scheduler_ok && unbound && phase_ok && pod.metadata.deletion_timestamp.is_none()
 }
 
-fn is_terminated(pod: &Pod) -> bool {
-    matches!(
-        pod.status.as_ref().and_then(|s| s.phase.as_deref()),
-        Some("Succeeded" | "Failed")
-    )
-}
-
-/// What the pods bound to each node request.
-fn requested_by_node(pods: &[std::sync::Arc<Pod>]) -> BTreeMap<String, BTreeMap<String, i128>> {
-    let mut out: BTreeMap<String, BTreeMap<String, i128>> = BTreeMap::new();
-    for pod in pods {
-        let Some(node) = pod
-            .spec
-            .as_ref()
-            .and_then(|s| s.node_name.clone())
-            .filter(|n| !n.is_empty())
-        else {
-            continue;
-        };
-        if is_terminated(pod) {
-            continue;
-        }
-        let entry = out.entry(node).or_default();
-        for (resource, v) in fit::pod_requests(pod) {
-            *entry.entry(resource).or_default() += v;
-        }
-    }
-    out
-}
-
 fn unschedulable_message(pod: &Pod) -> Option<&str> {
     pod.status
         .as_ref()
@@ -115,51 +86,37 @@ fn unschedulable_message(pod: &Pod) -> Option<&str> {
         .and_then(|c| c.message.as_deref())
 }
 
-/// Pods this scheduler bound that its cache does not show bound yet: pod uid → node
-/// (kube-scheduler's "assumed" pods).
-pub type Assumed = BTreeMap<String, String>;
+/// Bindings sent at once in one pass (kube-scheduler binds each pod in a goroutine of its
+/// own; here a bounded number of requests are in flight).
+const CONCURRENT_BINDINGS: usize = 16;
 
 /// One scheduling pass over every pending pod. Returns how many were bound.
 ///
-/// # Guarantees
-/// A pod is bound at most once: pods in `assumed` are not bound again while the cache still
-/// shows them pending, and they count against their node.
+/// Nodes are chosen one pod after the other against `ledger`, each chosen pod assumed on its
+/// node before the next is placed; the bindings are then sent concurrently, and a binding
+/// that fails is forgotten again.
 ///
-/// # Caveats
-/// Pods bound in this pass count against their node for the rest of the pass, so a burst of
-/// pods never overcommits a node between two cache refreshes.
+/// # Guarantees
+/// A pod is bound at most once: a pod the ledger holds as assumed is not bound again while
+/// the cache still shows it pending, and it counts against its node, so a burst of pods
+/// never overcommits a node between two cache refreshes.
 pub async fn schedule_pending(
     client: &kube::Client,
     pods: &[std::sync::Arc<Pod>],
     nodes: &[Node],
     volumes: volume_binding::Volumes<'_>,
-    assumed: &mut Assumed,
+    ledger: &mut ledger::Ledger,
 ) -> Result<usize, SchedulerError> {
-    let mut requested = requested_by_node(pods);
-    // Forget assumptions the cache has caught up with (bound, or the pod is gone).
-    assumed.retain(|uid, _| {
-        pods.iter()
-            .any(|p| p.metadata.uid.as_deref() == Some(uid.as_str()) && is_pending_for_us(p))
-    });
-    for pod in pods.iter().filter(|p| is_pending_for_us(p)) {
-        if let Some(node) = pod.metadata.uid.as_ref().and_then(|uid| assumed.get(uid)) {
-            let entry = requested.entry(node.clone()).or_default();
-            for (resource, v) in fit::pod_requests(pod) {
-                *entry.entry(resource).or_default() += v;
-            }
-        }
-    }
-    let mut bound = 0;
+    let mut to_bind: Vec<(std::sync::Arc<Pod>, String)> = Vec::new();
     for pod in pods.iter().filter(|p| is_pending_for_us(p)) {
         if pod
             .metadata
             .uid
-            .as_ref()
-            .is_some_and(|uid| assumed.contains_key(uid))
+            .as_deref()
+            .is_some_and(|uid| ledger.is_assumed(uid))
         {
             continue;
         }
-        let name = pod.metadata.name.clone().unwrap_or_default();
         let namespace = pod.metadata.namespace.clone().unwrap_or_default();
         let api: Api<Pod> = Api::namespaced(client.clone(), &namespace);
         let pod_volumes = match volume_binding::pre_filter(pod, volumes) {
@@ -174,64 +131,86 @@ pub async fn schedule_pending(
             // Its claims are being bound on the node they were given: bind it after them.
             continue;
         }
-        match fit::choose_node_with(pod, nodes, &requested, |n| pod_volumes.admits(n)) {
+        match fit::choose_node_with(pod, nodes, ledger.requested(), |n| pod_volumes.admits(n)) {
             Ok(node) => {
                 let node_name = node.metadata.name.clone().unwrap_or_default();
                 if !pod_volumes.to_select.is_empty() {
                     select_node(client, &pod_volumes.to_select, &node_name).await?;
+                    let name = pod.metadata.name.as_deref().unwrap_or_default();
                     info!(pod = %format!("{namespace}/{name}"), node = %node_name, "selected the node of the pod's claims");
                     continue;
                 }
-                let binding = Binding {
-                    metadata: kube::api::ObjectMeta {
-                        name: Some(name.clone()),
-                        namespace: Some(namespace.clone()),
-                        ..Default::default()
-                    },
-                    target: ObjectReference {
-                        kind: Some("Node".into()),
-                        name: Some(node_name.clone()),
-                        api_version: Some("v1".into()),
-                        ..Default::default()
-                    },
-                };
-                let res = api
-                    .create_subresource::<_, serde_json::Value>(
-                        "binding",
-                        &name,
-                        &PostParams::default(),
-                        &binding,
-                    )
-                    .await;
-                match res {
-                    Ok(_) => {
-                        if let Some(uid) = &pod.metadata.uid {
-                            assumed.insert(uid.clone(), node_name.clone());
-                        }
-                        info!(pod = %format!("{namespace}/{name}"), node = %node_name, "bound pod");
-                        let entry = requested.entry(node_name).or_default();
-                        for (resource, v) in fit::pod_requests(pod) {
-                            *entry.entry(resource).or_default() += v;
-                        }
-                        bound += 1;
-                    }
-                    // Already bound (a racing pass) or deleted meanwhile: the next event repairs.
-                    Err(kube::Error::Api(e)) if e.code == 409 || e.code == 404 => {
-                        debug!(pod = %name, code = e.code, "binding skipped");
-                    }
-                    Err(source) => {
-                        return Err(SchedulerError::Bind {
-                            pod: name,
-                            node: node_name,
-                            source,
-                        });
-                    }
-                }
+                ledger.assume(pod, &node_name);
+                to_bind.push((std::sync::Arc::clone(pod), node_name));
             }
             Err(message) => mark_unschedulable(&api, pod, &message).await?,
         }
     }
-    Ok(bound)
+    let results: Vec<_> = futures::stream::iter(to_bind)
+        .map(|(pod, node)| {
+            let client = client.clone();
+            async move {
+                let outcome = bind(&client, &pod, &node).await;
+                (pod, node, outcome)
+            }
+        })
+        .buffer_unordered(CONCURRENT_BINDINGS)
+        .collect()
+        .await;
+    let mut bound = 0;
+    let mut failed = None;
+    for (pod, node, outcome) in results {
+        let uid = pod.metadata.uid.as_deref().unwrap_or_default();
+        match outcome {
+            Ok(()) => bound += 1,
+            // Already bound (by someone else) or deleted meanwhile: the watch repairs.
+            Err(kube::Error::Api(e)) if e.code == 409 || e.code == 404 => {
+                ledger.forget(uid);
+                debug!(pod = ?pod.metadata.name, code = e.code, "binding skipped");
+            }
+            Err(source) => {
+                ledger.forget(uid);
+                failed.get_or_insert(SchedulerError::Bind {
+                    pod: pod.metadata.name.clone().unwrap_or_default(),
+                    node,
+                    source,
+                });
+            }
+        }
+    }
+    match failed {
+        Some(e) => Err(e),
+        None => Ok(bound),
+    }
+}
+
+/// `POST`s the pod's `binding` to `node`.
+async fn bind(client: &kube::Client, pod: &Pod, node: &str) -> Result<(), kube::Error> {
+    let name = pod.metadata.name.clone().unwrap_or_default();
+    let namespace = pod.metadata.namespace.clone().unwrap_or_default();
+    let api: Api<Pod> = Api::namespaced(client.clone(), &namespace);
+    let binding = Binding {
+        metadata: kube::api::ObjectMeta {
+            name: Some(name.clone()),
+            namespace: Some(namespace.clone()),
+            ..Default::default()
+        },
+        target: ObjectReference {
+            kind: Some("Node".into()),
+            name: Some(node.to_owned()),
+            api_version: Some("v1".into()),
+            ..Default::default()
+        },
+    };
+    api.create_subresource::<_, serde_json::Value>(
+        "binding",
+        &name,
+        &PostParams::default(),
+        &binding,
+    )
+    .await?;
+    info!(pod = %format!("{namespace}/{name}"), %node, "bound pod");
+    Ok(())
 }
 
 /// Sets the pod's `PodScheduled=False` condition (reason `Unschedulable`) unless it already
@@ -298,11 +277,11 @@ pub async fn run(client: kube::Client) {
     let pods = watcher(Api::<Pod>::all(client.clone()), watcher::Config::default())
         .default_backoff()
         .reflect(pod_writer)
-        .map(|_| ());
+        .map(|event| event.map_or(Change::Other, |e| Change::Pod(Box::new(e))));
     let nodes = watcher(Api::<Node>::all(client.clone()), watcher::Config::default())
         .default_backoff()
         .reflect(node_writer)
-        .map(|_| ());
+        .map(|_| Change::Other);
     let (claim_store, claim_writer) = reflector::store::<PersistentVolumeClaim>();
     let (volume_store, volume_writer) = reflector::store::<PersistentVolume>();
     let (class_store, class_writer) = reflector::store::<StorageClass>();
@@ -312,21 +291,21 @@ pub async fn run(client: kube::Client) {
     )
     .default_backoff()
     .reflect(claim_writer)
-    .map(|_| ());
+    .map(|_| Change::Other);
     let volumes = watcher(
         Api::<PersistentVolume>::all(client.clone()),
         watcher::Config::default(),
     )
     .default_backoff()
     .reflect(volume_writer)
-    .map(|_| ());
+    .map(|_| Change::Other);
     let classes = watcher(
         Api::<StorageClass>::all(client.clone()),
         watcher::Config::default(),
     )
     .default_backoff()
     .reflect(class_writer)
-    .map(|_| ());
+    .map(|_| Change::Other);
     let mut changes = futures::stream::select_all([
         pods.boxed(),
         nodes.boxed(),
@@ -335,14 +314,19 @@ pub async fn run(client: kube::Client) {
         classes.boxed(),
     ]);
     let mut retry = tokio::time::interval(Duration::from_secs(1));
-    let mut assumed = Assumed::new();
+    let mut ledger = ledger::Ledger::default();
     loop {
         tokio::select! {
-            change = changes.next() => if change.is_none() { return },
+            change = changes.next() => match change {
+                Some(change) => observe(&mut ledger, change),
+                None => return,
+            },
             _ = retry.tick() => {},
         }
         // Drain whatever else is ready so a burst of events gives one pass.
-        while let Some(Some(())) = futures::FutureExt::now_or_never(changes.next()) {}
+        while let Some(Some(change)) = futures::FutureExt::now_or_never(changes.next()) {
+            observe(&mut ledger, change);
+        }
         // Not ready until every initial list is in; blocking here would stop the watchers.
         let states = [
             ready(&pod_store),
@@ -369,10 +353,28 @@ pub async fn run(client: kube::Client) {
             classes: &classes,
         };
         if let Err(e) =
-            schedule_pending(&client, &pod_store.state(), &nodes, seen, &mut assumed).await
+            schedule_pending(&client, &pod_store.state(), &nodes, seen, &mut ledger).await
         {
             warn!(error = %e, "scheduling pass failed; retrying");
         }
+    }
+}
+
+/// What a watch delivered: a pod event (for the ledger) or any other change.
+enum Change {
+    Pod(Box<watcher::Event<Pod>>),
+    Other,
+}
+
+/// Keeps the ledger in step with the pod watch (the reflector has applied the same event to
+/// the pod cache).
+fn observe(ledger: &mut ledger::Ledger, change: Change) {
+    let Change::Pod(event) = change else { return };
+    match *event {
+        watcher::Event::Apply(pod) | watcher::Event::InitApply(pod) => ledger.apply(&pod),
+        watcher::Event::Delete(pod) => ledger.delete(&pod),
+        watcher::Event::Init => ledger.restart(),
+        watcher::Event::InitDone => ledger.relisted(),
     }
 }
 

@@ -1,5 +1,5 @@
 //! virt-controller as an application: leader election, the KubeVirt CR's settings, and the
-//! VM, VMI, node and evacuation controllers — what `kubevirt-rs controller` and `kubevirt-rs server` run.
+//! VM, VMI, node, evacuation and migration controllers — what `kubevirt-rs controller` and `kubevirt-rs server` run.
 //!
 //! Data flow: the shared CR watch ([`kubevirt_api::cluster_config::subscribe`]) publishes the
 //! CR's settings ([`ClusterSettings`]); the effective
@@ -20,6 +20,7 @@ use tracing::{info, warn};
 use crate::evacuation::run_evacuation_controller;
 use crate::kubevirt_config::{ClusterSettings, effective_flag};
 use crate::metadata_sync::{MetadataSyncPatterns, SyncPatterns};
+use crate::migration::run_migration_controller;
 use crate::node::{NodeControllerConfig, run_node_controller};
 use crate::runtime::leader::{LeaderElectionConfig, LeaderElector};
 use crate::runtime::metrics::Metrics;
@@ -127,8 +128,9 @@ pub async fn run_controller(
                 let vmi = run_vmi_controller(client.clone(), vmi_config, metrics, controllers.clone());
                 let node = run_node_controller(client.clone(), config.node, metrics, controllers.clone());
                 let evacuation = run_evacuation_controller(client.clone(), cluster_rx.clone(), metrics, controllers.clone());
+                let migration = run_migration_controller(client.clone(), config.launcher.clone(), cluster_rx.clone(), metrics, controllers.clone());
                 tokio::select! {
-                    _ = async { tokio::join!(vm, vmi, node, evacuation) } => Ok(()),
+                    _ = async { tokio::join!(vm, vmi, node, evacuation, migration) } => Ok(()),
                     _ = status.lost() => {
                         warn!("lost the virt-controller lease; stopping controllers");
                         controllers.cancel();

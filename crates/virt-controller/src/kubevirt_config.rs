@@ -34,6 +34,9 @@ pub struct ClusterSettings {
     /// `spec.configuration.migrations.nodeDrainTaintKey` (upstream's default
     /// `kubevirt.io/drain` when unset).
     pub node_drain_taint_key: Option<String>,
+    /// `spec.configuration.migrations` (the migration controller's limits and the
+    /// configuration it hands to the handlers).
+    pub migrations: Option<kubevirt_api::v1::MigrationConfiguration>,
     /// `spec.configuration.vmRolloutStrategy` (`LiveUpdate` when unset).
     pub vm_rollout_strategy: Option<String>,
 }
@@ -70,6 +73,7 @@ impl ClusterSettings {
             node_drain_taint_key: configuration
                 .and_then(|c| c.migrations.as_ref())
                 .and_then(|m| m.node_drain_taint_key.clone()),
+            migrations: configuration.and_then(|c| c.migrations.clone()),
             api_flags: flags.api,
             controller_flags: flags.controller,
             handler_flags: flags.handler,

@@ -16,6 +16,7 @@ pub mod vm;
 pub mod app;
 pub mod evacuation;
 pub mod kubevirt_config;
+pub mod migration;
 pub mod node;
 pub mod serving;
 pub mod vmi;

@@ -43,6 +43,8 @@ pub struct HandlerConfig {
     pub rest: Option<rest::RestConfig>,
     /// The heartbeat period ([`node::HEARTBEAT_INTERVAL`] unless `--heartbeat-interval`).
     pub heartbeat_interval: std::time::Duration,
+    /// The handler's pod IP (`--pod-ip-address`): where migration targets listen.
+    pub migration_ip: Option<std::net::IpAddr>,
 }
 
 impl HandlerConfig {
@@ -161,6 +163,7 @@ pub async fn run_handler(
             kube::Api::all(client.clone()),
             vmi_sync::ClusterSettings::from_kubevirt,
         ),
+        migration_ip: config.migration_ip,
     };
     let (vmi_store, vmi_writer) = kube::runtime::reflector::store();
     let _rest = match &config.rest {
@@ -212,6 +215,7 @@ mod tests {
             use_emulation: None,
             rest: None,
             heartbeat_interval: node::HEARTBEAT_INTERVAL,
+            migration_ip: None,
         };
         create_state_dirs(&config).expect("create");
         for dir in [

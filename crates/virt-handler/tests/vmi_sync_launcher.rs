@@ -81,6 +81,7 @@ impl Cluster {
             host_disk_dir: self.data.join("hostdisks"),
             use_emulation: Some(true),
             cluster: ClusterConfigWatch::fixed(vmi_sync::ClusterSettings::default()),
+            migration_ip: None,
         }
     }
 

@@ -27,6 +27,16 @@ pub const QMP_SOCKET: &str = "qmp.sock";
 pub const PID_FILE: &str = "qemu.pid";
 /// QEMU's stdout and stderr.
 pub const QEMU_LOG: &str = "qemu.log";
+/// Where a migration target's QEMU listens for the incoming migration (virt-handler's
+/// migration proxy connects to it).
+pub const MIGRATION_TARGET_SOCKET: &str = "migration-target.sock";
+/// Where a migration source's QEMU sends the migration (virt-handler's migration proxy
+/// listens on it).
+pub const MIGRATION_SOURCE_SOCKET: &str = "migration-source.sock";
+/// Where a migration target's QEMU serves its disks over NBD for a block migration.
+pub const MIGRATION_TARGET_BLOCK_SOCKET: &str = "migration-target-block.sock";
+/// Where a migration source's QEMU mirrors its disks to (virt-handler's proxy listens).
+pub const MIGRATION_SOURCE_BLOCK_SOCKET: &str = "migration-source-block.sock";
 
 /// The files of one launcher directory.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -72,6 +82,22 @@ impl PodLayout {
     pub fn qemu_log(&self) -> PathBuf {
         self.dir.join(QEMU_LOG)
     }
+
+    pub fn migration_target_socket(&self) -> PathBuf {
+        self.dir.join(MIGRATION_TARGET_SOCKET)
+    }
+
+    pub fn migration_source_socket(&self) -> PathBuf {
+        self.dir.join(MIGRATION_SOURCE_SOCKET)
+    }
+
+    pub fn migration_target_block_socket(&self) -> PathBuf {
+        self.dir.join(MIGRATION_TARGET_BLOCK_SOCKET)
+    }
+
+    pub fn migration_source_block_socket(&self) -> PathBuf {
+        self.dir.join(MIGRATION_SOURCE_BLOCK_SOCKET)
+    }
 }
 
 #[cfg(test)]
@@ -89,6 +115,10 @@ mod tests {
             layout.qmp_socket(),
             layout.pid_file(),
             layout.qemu_log(),
+            layout.migration_target_socket(),
+            layout.migration_source_socket(),
+            layout.migration_target_block_socket(),
+            layout.migration_source_block_socket(),
         ];
         for f in &files {
             assert_eq!(f.parent(), Some(layout.dir()), "{f:?}");

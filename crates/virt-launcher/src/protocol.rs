@@ -112,6 +112,41 @@ pub enum Command {
     Unpause,
     /// Report the domain's state (the ack carries it).
     Status,
+    /// Start the domain described by the spec as the target of a live migration: QEMU
+    /// listens for the incoming migration on the unix socket `socket` (a path as the launcher
+    /// sees it) and the domain is `Paused` (reason `Migration`) until the migration ends;
+    /// then it runs on (`Running`, reason `Migrated`). Newer than version 1's first revision:
+    /// an older launcher answers with an error.
+    Receive {
+        /// The domain.
+        spec: Box<LauncherSpec>,
+        /// Where QEMU listens for the migration stream.
+        socket: String,
+        /// Block migration: where QEMU serves `block_disks` over NBD (a unix socket).
+        block_socket: Option<String>,
+        /// The disks (spec names) the source copies.
+        block_disks: Vec<String>,
+    },
+    /// Live-migrate the running domain to `uri` (QEMU's URI, e.g. `unix:/path`); progress is
+    /// reported in [`DomainStatus::migration`]. After success QEMU quits and the domain ends
+    /// `Shutoff`, reason `Migrated`.
+    Migrate {
+        /// Where the migration stream goes.
+        uri: String,
+        /// Abort when the remaining data has not shrunk for this long (0: never).
+        progress_timeout_seconds: u64,
+        /// Abort when the migration has not completed after this long (0: never).
+        completion_timeout_seconds: u64,
+        /// Cap of the migration stream in bytes per second (0: QEMU's default).
+        bandwidth_bytes_per_second: u64,
+        /// Block migration: the target's NBD server (QEMU's URI-less unix socket path) that
+        /// `block_disks` are mirrored to before the memory goes.
+        block_socket: Option<String>,
+        /// The disks (spec names) to copy.
+        block_disks: Vec<String>,
+    },
+    /// Abort the running outgoing migration (QMP `migrate_cancel`).
+    CancelMigration,
 }
 
 /// A message from the handler to the launcher.
@@ -166,6 +201,10 @@ pub enum StateReason {
     FailedToStart,
     /// The guest reported a kernel panic.
     Panicked,
+    /// Paused while an incoming migration fills the domain (libvirt's `migration`).
+    Migration,
+    /// Running after an incoming migration, or shut off after an outgoing one.
+    Migrated,
 }
 
 /// A snapshot of the domain, sent as a `domain` event and in `status`/`sync` acks.
@@ -195,6 +234,39 @@ pub struct DomainStatus {
     /// The guest memory now; set once QEMU runs. Older peers ignore the field.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory: Option<GuestMemory>,
+    /// The outgoing live migration, once one was asked for. Older peers ignore the field.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub migration: Option<MigrationInfo>,
+}
+
+/// Where an outgoing live migration stands (upstream keeps this in the domain's metadata).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum MigrationJobState {
+    /// Data is being sent.
+    Active,
+    /// The target has the domain; the source's QEMU quits.
+    Completed,
+    /// The migration failed or was aborted; the domain runs on here.
+    Failed,
+}
+
+/// An outgoing live migration.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MigrationInfo {
+    /// Where it stands.
+    pub state: MigrationJobState,
+    /// When it started (RFC 3339).
+    pub started_at: String,
+    /// When it ended (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ended_at: Option<String>,
+    /// Why it failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure_reason: Option<String>,
+    /// An abort was asked for (`cancelMigration`).
+    #[serde(default)]
+    pub abort_requested: bool,
 }
 
 /// vCPU topology of a running domain.
@@ -234,6 +306,7 @@ impl DomainStatus {
             message: None,
             cpu: None,
             memory: None,
+            migration: None,
         }
     }
 
@@ -277,6 +350,33 @@ struct SyncBody {
     spec: Box<LauncherSpec>,
 }
 
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ReceiveBody {
+    spec: Box<LauncherSpec>,
+    socket: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    block_socket: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    block_disks: Vec<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct MigrateBody {
+    uri: String,
+    #[serde(default)]
+    progress_timeout_seconds: u64,
+    #[serde(default)]
+    completion_timeout_seconds: u64,
+    #[serde(default)]
+    bandwidth_bytes_per_second: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    block_socket: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    block_disks: Vec<String>,
+}
+
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 struct Empty {}
 
@@ -301,6 +401,16 @@ struct Wire {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     status: Option<Empty>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    receive: Option<ReceiveBody>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    migrate: Option<MigrateBody>,
+    #[serde(
+        rename = "cancelMigration",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    cancel_migration: Option<Empty>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     ok: Option<Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     error: Option<ErrorBody>,
@@ -318,6 +428,9 @@ impl Wire {
             self.pause.is_some(),
             self.unpause.is_some(),
             self.status.is_some(),
+            self.receive.is_some(),
+            self.migrate.is_some(),
+            self.cancel_migration.is_some(),
             self.ok.is_some(),
             self.error.is_some(),
             self.domain.is_some(),
@@ -381,6 +494,24 @@ impl DownMessage {
             Command::Unpause
         } else if w.status.is_some() {
             Command::Status
+        } else if let Some(r) = w.receive {
+            Command::Receive {
+                spec: r.spec,
+                socket: r.socket,
+                block_socket: r.block_socket,
+                block_disks: r.block_disks,
+            }
+        } else if let Some(m) = w.migrate {
+            Command::Migrate {
+                uri: m.uri,
+                progress_timeout_seconds: m.progress_timeout_seconds,
+                completion_timeout_seconds: m.completion_timeout_seconds,
+                bandwidth_bytes_per_second: m.bandwidth_bytes_per_second,
+                block_socket: m.block_socket,
+                block_disks: m.block_disks,
+            }
+        } else if w.cancel_migration.is_some() {
+            Command::CancelMigration
         } else {
             return Err(ProtocolError::Malformed("not a handler message".into()));
         };
@@ -407,6 +538,37 @@ impl DownMessage {
                     Command::Pause => w.pause = Some(Empty {}),
                     Command::Unpause => w.unpause = Some(Empty {}),
                     Command::Status => w.status = Some(Empty {}),
+                    Command::Receive {
+                        spec,
+                        socket,
+                        block_socket,
+                        block_disks,
+                    } => {
+                        w.receive = Some(ReceiveBody {
+                            spec: spec.clone(),
+                            socket: socket.clone(),
+                            block_socket: block_socket.clone(),
+                            block_disks: block_disks.clone(),
+                        });
+                    }
+                    Command::Migrate {
+                        uri,
+                        progress_timeout_seconds,
+                        completion_timeout_seconds,
+                        bandwidth_bytes_per_second,
+                        block_socket,
+                        block_disks,
+                    } => {
+                        w.migrate = Some(MigrateBody {
+                            uri: uri.clone(),
+                            progress_timeout_seconds: *progress_timeout_seconds,
+                            completion_timeout_seconds: *completion_timeout_seconds,
+                            bandwidth_bytes_per_second: *bandwidth_bytes_per_second,
+                            block_socket: block_socket.clone(),
+                            block_disks: block_disks.clone(),
+                        });
+                    }
+                    Command::CancelMigration => w.cancel_migration = Some(Empty {}),
                 }
             }
         }
@@ -614,6 +776,15 @@ mod tests {
             Command::Pause,
             Command::Unpause,
             Command::Status,
+            Command::Migrate {
+                uri: "unix:/var/run/kubevirt/migration-source.sock".into(),
+                progress_timeout_seconds: 150,
+                completion_timeout_seconds: 300,
+                bandwidth_bytes_per_second: 1 << 20,
+                block_socket: Some("/var/run/kubevirt/migration-source-block.sock".into()),
+                block_disks: vec!["scratch".into()],
+            },
+            Command::CancelMigration,
         ] {
             let message = DownMessage::Command { id: 7, command };
             assert_eq!(DownMessage::decode(&message.encode()).unwrap(), message);
@@ -667,8 +838,19 @@ mod tests {
                 threads: 1,
             }),
             memory: None,
+            migration: Some(MigrationInfo {
+                state: MigrationJobState::Failed,
+                started_at: "2026-11-29T12:00:00Z".into(),
+                ended_at: Some("2026-11-29T12:00:05Z".into()),
+                failure_reason: Some("Live migration has been aborted".into()),
+                abort_requested: true,
+            }),
         };
         let line = UpMessage::Domain(status.clone()).encode();
+        assert!(
+            line.contains(r#""migration":{"state":"Failed","startedAt""#),
+            "{line}"
+        );
         assert!(
             line.contains(r#""state":"Shutoff","reason":"GuestShutdown","qemuPid":42"#),
             "{line}"

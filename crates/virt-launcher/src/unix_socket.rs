@@ -34,6 +34,28 @@ pub async fn connect(path: &Path) -> std::io::Result<UnixStream> {
     stream
 }
 
+/// Binds a listening unix socket at `path`, however long the path is (through its directory,
+/// as [`connect`]). Must be called inside a tokio runtime.
+///
+/// # Errors
+/// The error of opening the directory or of binding.
+pub fn bind(path: &Path) -> std::io::Result<tokio::net::UnixListener> {
+    use std::os::unix::ffi::OsStrExt;
+    if path.as_os_str().as_bytes().len() <= MAX_SUN_PATH {
+        return tokio::net::UnixListener::bind(path);
+    }
+    let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
+        return tokio::net::UnixListener::bind(path);
+    };
+    let dir = std::fs::File::open(dir)?;
+    let short = Path::new("/proc/self/fd")
+        .join(std::os::fd::AsRawFd::as_raw_fd(&dir).to_string())
+        .join(name);
+    let listener = tokio::net::UnixListener::bind(&short);
+    drop(dir);
+    listener
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -46,11 +68,7 @@ mod tests {
         let socket = deep.join("launcher.sock");
         assert!(socket.as_os_str().len() > MAX_SUN_PATH);
         // Bind through the same directory trick (bind has the same limit).
-        let dir = std::fs::File::open(&deep).expect("open");
-        let short = Path::new("/proc/self/fd")
-            .join(std::os::fd::AsRawFd::as_raw_fd(&dir).to_string())
-            .join("launcher.sock");
-        let listener = tokio::net::UnixListener::bind(&short).expect("bind");
+        let listener = bind(&socket).expect("bind");
         assert!(
             UnixStream::connect(&socket).await.is_err(),
             "the plain path is too long"

@@ -57,6 +57,16 @@ pub async fn connect(
             .map_err(|e| boxed(Box::new(e)))?,
     };
     let ns = namespace.map_or_else(|| config.default_namespace.clone(), str::to_owned);
+    let mut config = config;
+    // As kubectl names itself: the API server's request log shows who wrote.
+    config.headers.push((
+        http::header::USER_AGENT,
+        http::HeaderValue::from_static(concat!(
+            "virtctl/",
+            env!("CARGO_PKG_VERSION"),
+            " kubevirt-rs"
+        )),
+    ));
     let client = kube::Client::try_from(config).map_err(|e| boxed(Box::new(e)))?;
     Ok((client, ns))
 }

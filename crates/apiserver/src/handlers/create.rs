@@ -105,7 +105,8 @@ fn prepare_for_create(info: &ResourceInfo, obj: &mut Value) {
     }
     match (info.group.as_str(), info.kind.as_str()) {
         ("", "Pod") => {
-            obj["status"] = json!({"phase": "Pending", "qosClass": "BestEffort"});
+            // `qosClass` once mutating admission is through (see `create`).
+            obj["status"] = json!({"phase": "Pending"});
         }
         ("", "Namespace") => {
             let name = obj["metadata"]["name"].clone();
@@ -188,6 +189,9 @@ pub async fn create(
     let mut warnings = admit(state, Phase::Mutating, &req, &mut obj).await?;
     // A webhook may not rename the object.
     meta_mut(&mut obj).insert("name".into(), json!(name));
+    if info.group.is_empty() && info.kind == "Pod" {
+        obj["status"]["qosClass"] = json!(crate::qos::pod_qos_class(&obj));
+    }
     warnings.extend(validate_object(info, &mut obj, opts.field_validation)?);
     warnings.extend(admit(state, Phase::Validating, &req, &mut obj).await?);
     check_size(&obj)?;

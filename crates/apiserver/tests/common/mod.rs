@@ -153,6 +153,8 @@ impl TestServer {
 pub struct Backend {
     pub addr: SocketAddr,
     pub ca_pem: String,
+    /// TCP connections accepted so far.
+    pub connections: Arc<std::sync::atomic::AtomicUsize>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -223,12 +225,15 @@ impl Backend {
         let acceptor = TlsAcceptor::from(Arc::new(cfg));
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
+        let connections = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let accepted = Arc::clone(&connections);
         let task = tokio::spawn(async move {
             let mut conns = tokio::task::JoinSet::new();
             loop {
                 let Ok((tcp, _)) = listener.accept().await else {
                     continue;
                 };
+                accepted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                 let acceptor = acceptor.clone();
                 let app = app.clone();
                 conns.spawn(async move {
@@ -246,7 +251,12 @@ impl Backend {
                 });
             }
         });
-        Backend { addr, ca_pem, task }
+        Backend {
+            addr,
+            ca_pem,
+            connections,
+            task,
+        }
     }
 
     pub fn url(&self, path: &str) -> String {

@@ -158,6 +158,30 @@ impl Cluster {
         self.server.data_dir()
     }
 
+    /// Copies `server.log` and every pod's container logs (`<pod uid>-<container>.log`) into
+    /// `dir`.
+    pub fn save_logs(&self, dir: &Path) -> anyhow::Result<()> {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        std::fs::copy(self.data_dir().join("server.log"), dir.join("server.log"))
+            .context("copying server.log")?;
+        for pod in pod_dirs(self.data_dir()) {
+            let uid = pod.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+            for entry in std::fs::read_dir(&pod).into_iter().flatten().flatten() {
+                let name = entry.file_name();
+                let Some(name) = name.to_str().filter(|n| n.ends_with(".log")) else {
+                    continue;
+                };
+                // Launcher logs are many and small; KubeVirt's components are what matters.
+                if name.starts_with("compute") {
+                    continue;
+                }
+                std::fs::copy(entry.path(), dir.join(format!("{uid}-{name}")))
+                    .with_context(|| format!("copying {}", entry.path().display()))?;
+            }
+        }
+        Ok(())
+    }
+
     pub fn vms(&self) -> Api<DynamicObject> {
         Api::namespaced_with(self.client.clone(), NAMESPACE, &vm_resource())
     }

@@ -47,6 +47,22 @@ pub struct VmsOptions {
     pub boot_runs: usize,
     /// Where the creation→Running CDF is written.
     pub plot: PathBuf,
+    /// Where each server's logs are copied before its data directory goes.
+    pub keep_logs: Option<PathBuf>,
+    /// Run the fake-QEMU server only.
+    pub fake_only: bool,
+}
+
+/// Copies the cluster's logs to `<keep_logs>/<name>/` when asked to (a failure is a note,
+/// not an error: the figures stand without the logs).
+fn keep_logs(cluster: &Cluster, options: &VmsOptions, name: &str, results: &mut Results) {
+    if let Some(dir) = &options.keep_logs {
+        let dir = dir.join(name);
+        match cluster.save_logs(&dir) {
+            Ok(()) => eprintln!("logs copied to {}", dir.display()),
+            Err(e) => results.notes.push(format!("Logs not kept: {e:#}")),
+        }
+    }
 }
 
 /// Guest memory of the idle real-QEMU VMs.
@@ -185,8 +201,13 @@ async fn fake_qemu(
         },
     ];
     for b in plan.iter().filter(|b| b.count > 0) {
-        results.add("fake QEMU", density::run(&cluster, b).await?);
+        let result = density::run(&cluster, b).await;
+        if result.is_err() {
+            keep_logs(&cluster, options, "fake-qemu", results);
+        }
+        results.add("fake QEMU", result?);
     }
+    keep_logs(&cluster, options, "fake-qemu", results);
     Ok(())
 }
 
@@ -222,6 +243,7 @@ async fn real_qemu(
             .notes
             .push("Boot overhead not measured: no test guest (`--guest-dir`).".into()),
     }
+    keep_logs(&cluster, options, "real-qemu", results);
     Ok(())
 }
 
@@ -237,7 +259,11 @@ pub async fn run(options: VmsOptions) -> anyhow::Result<String> {
             .notes
             .push(format!("The fake-QEMU run failed: {e:#}"));
     }
-    if let Err(e) = real_qemu(&binary, &options, &mut results).await {
+    if options.fake_only {
+        results
+            .notes
+            .push("Real QEMU not run (`--fake-only`).".into());
+    } else if let Err(e) = real_qemu(&binary, &options, &mut results).await {
         eprintln!("real QEMU run failed: {e:#}");
         results
             .notes

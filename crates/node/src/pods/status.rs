@@ -55,7 +55,8 @@ impl ContainerReport {
         matches!(self.state, ContainerState::Running { .. })
     }
 
-    fn is_ready(&self) -> bool {
+    /// Running, and ready by its probes.
+    pub fn is_ready(&self) -> bool {
         self.running() && self.ready
     }
 }
@@ -92,7 +93,8 @@ pub fn pod_phase(containers: &[ContainerReport], restart_policy: &str) -> &'stat
     }
 }
 
-/// The pod status for `containers`.
+/// The pod status for `containers` (without `qosClass`: the API server set it at creation,
+/// and the strategic-merge report leaves it).
 ///
 /// `gates_ready` tells whether every readiness gate of the pod has its condition `True`: the
 /// pod is `Ready` only when its containers are and its gates are, as kubelet computes it.
@@ -147,7 +149,6 @@ pub fn pod_status(
         "hostIP": host_ip,
         "hostIPs": [{"ip": host_ip}],
         "startTime": start_time,
-        "qosClass": "Burstable",
         "conditions": [
             condition("PodReadyToStartContainers", !pod_ip.is_empty(), now),
             condition("Initialized", true, now),

@@ -17,9 +17,7 @@
 //! `system-maintenance` when the descheduler asked) and a `SuccessfulCreate` /
 //! `FailedCreate` event.
 //!
-//! # Caveats
-//! No migration controller acts on the migrations yet: they stay `Pending`, and an evacuated
-//! VMI stays on its node.
+//! The migration controller ([`crate::migration`]) carries the migrations out.
 
 #[cfg(test)]
 mod tests;

@@ -22,6 +22,13 @@ use kube::Resource;
 use kube::api::Patch;
 use serde_json::Value;
 
+/// Whether a failed patch failed only because the object changed since the cached copy it
+/// was built from: a `resourceVersion` conflict or a failed JSON Patch `test`. The newer
+/// object is then on its way through the watch, and its arrival reconciles again.
+pub fn lost_race(e: &kube::core::Status) -> bool {
+    e.code == 409 || (e.code == 422 && e.message.starts_with("testing value"))
+}
+
 /// A JSON Patch request from a list of operations (what every controller writes).
 pub fn json_patch(ops: Vec<Value>) -> Result<Patch<()>, serde_json::Error> {
     serde_json::from_value::<json_patch::Patch>(Value::Array(ops)).map(Patch::Json)

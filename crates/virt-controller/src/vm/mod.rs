@@ -361,6 +361,31 @@ async fn requeue_on_config_change(
 }
 
 /// One reconcile of the VM `key`.
+/// Whether the status write after `actions` succeeded is moot:
+/// - a VMI created just now is not in the cache yet, so the status would say `Stopped`; its
+///   arrival reconciles the VM again, and that status (`Starting`) is the one written;
+/// - removing the last finalizer of a deleted VM removes the VM.
+fn status_moot_after(
+    vm: &VirtualMachine,
+    vmi: Option<&VirtualMachineInstance>,
+    actions: &[sync::VmAction],
+) -> bool {
+    let creates_vmi = vmi.is_none()
+        && actions
+            .iter()
+            .any(|a| matches!(a, sync::VmAction::CreateVmi { .. }));
+    let removes_vm = vm.metadata.deletion_timestamp.is_some()
+        && vm
+            .metadata
+            .finalizers
+            .as_ref()
+            .is_some_and(|f| f.len() == 1 && f[0] == VM_CONTROLLER_FINALIZER)
+        && actions
+            .iter()
+            .any(|a| matches!(a, sync::VmAction::PatchVmFinalizers(_)));
+    creates_vmi || removes_vm
+}
+
 async fn reconcile(ctx: &Context, key: &str) -> Result<Action, VmError> {
     let Some(vm) = ctx.vms.get_by_key(key) else {
         ctx.expectations.delete_expectations(key);
@@ -402,6 +427,7 @@ async fn reconcile(ctx: &Context, key: &str) -> Result<Action, VmError> {
         vm: &vm,
         recorder: &ctx.recorder,
     };
+    let status_moot = status_moot_after(&vm, vmi.as_deref(), &plan.actions);
     let outcome = match plan.error.clone() {
         Some(failure) => Err(failure),
         None => match executor.run(plan.actions).await {
@@ -430,7 +456,10 @@ async fn reconcile(ctx: &Context, key: &str) -> Result<Action, VmError> {
         },
         &mut rand::rng(),
     );
-    if let Some(ops) = status_patch(vm.status.as_ref(), &status) {
+    if !(status_moot && outcome.is_ok())
+        && let Some(ops) = status_patch(vm.status.as_ref(), &status)
+    {
+        tracing::debug!(vm = key, ops = %serde_json::Value::Array(ops.clone()), "patching the VM status");
         let patch = json_patch(ops)
             .map_err(|e| VmError::Sync(SyncFailure::new("FailedUpdateStatus", e.to_string())))?;
         vms.patch_status(name, &PatchParams::default(), &patch)
@@ -564,13 +593,15 @@ pub fn vmi_finalizer_ops(vmi: &VirtualMachineInstance) -> Option<Vec<serde_json:
     if !done || !finalizers.iter().any(|f| f == VM_CONTROLLER_FINALIZER) {
         return None;
     }
-    let next: Vec<&String> = finalizers
+    // By position, so that the other finalizers (the VMI controller's own) may change
+    // meanwhile without this patch failing: upstream tests and replaces the whole list.
+    let index = finalizers
         .iter()
-        .filter(|f| *f != VM_CONTROLLER_FINALIZER)
-        .collect();
+        .position(|f| f == VM_CONTROLLER_FINALIZER)?;
+    let path = format!("/metadata/finalizers/{index}");
     Some(vec![
-        json!({"op": "test", "path": "/metadata/finalizers", "value": finalizers}),
-        json!({"op": "replace", "path": "/metadata/finalizers", "value": next}),
+        json!({"op": "test", "path": path, "value": VM_CONTROLLER_FINALIZER}),
+        json!({"op": "remove", "path": path}),
     ])
 }
 
@@ -589,6 +620,15 @@ async fn remove_vmi_finalizer(
     match vmis.patch(name, &PatchParams::default(), &patch).await {
         Ok(_) => Ok(()),
         Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        // The list moved under us (the cache is behind): the newer VMI's arrival reconciles
+        // the VM again.
+        Err(kube::Error::Api(s)) if crate::runtime::lost_race(&s) => {
+            tracing::debug!(
+                vmi = name,
+                "VMI finalizer patch lost a race; waiting for the newer VMI"
+            );
+            Ok(())
+        }
         Err(e) => Err(VmError::VmiFinalizer(e)),
     }
 }

@@ -227,9 +227,10 @@ pub fn plan(input: &SyncInput<'_>) -> SyncPlan {
     if !has_finalizer {
         let mut next = finalizers.cloned().unwrap_or_default();
         next.push(VM_CONTROLLER_FINALIZER.to_owned());
-        plan.actions.push(VmAction::PatchVmFinalizers(finalizer_ops(
-            finalizers, &next,
-        )));
+        let mut ops = finalizer_ops(finalizers, &next);
+        // A new VM gets its finalizer and its firmware UUID in one write (upstream: two).
+        ops.extend(firmware_uuid_ops(vm).into_iter().flatten());
+        plan.actions.push(VmAction::PatchVmFinalizers(ops));
     }
     let strategy = match vm.run_strategy() {
         Ok(s) => s,
@@ -263,7 +264,7 @@ pub fn plan(input: &SyncInput<'_>) -> SyncPlan {
             }
         }
     }
-    if let Some(ops) = firmware_uuid_ops(vm) {
+    if has_finalizer && let Some(ops) = firmware_uuid_ops(vm) {
         plan.actions.push(VmAction::PatchVmFirmware(ops));
     }
     if let Some(vmi) = input.vmi {

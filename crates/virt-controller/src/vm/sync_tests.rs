@@ -588,3 +588,21 @@ fn a_template_without_firmware_uuid_gets_the_legacy_uuid_of_the_vm_name() {
     let vm = super::super::tests::fixtures::vm(RunStrategy::Halted);
     assert!(run(&vm, None).actions.is_empty());
 }
+
+#[test]
+fn a_new_vm_gets_its_finalizer_and_firmware_uuid_in_one_patch() {
+    let mut vm = vm(RunStrategy::Always);
+    vm.metadata.finalizers = None;
+    vm.spec.template.spec.as_mut().unwrap().domain.firmware = None;
+    let plan = run(&vm, None);
+    assert_eq!(kinds(&plan), ["patch-finalizers", "create"]);
+    let path = "/spec/template/spec/domain/firmware";
+    assert_eq!(
+        plan.actions[0],
+        VmAction::PatchVmFinalizers(vec![
+            json!({"op": "add", "path": "/metadata/finalizers", "value": [VM_CONTROLLER_FINALIZER]}),
+            json!({"op": "test", "path": path, "value": null}),
+            json!({"op": "add", "path": path, "value": {"uuid": legacy_firmware_uuid("testvm")}}),
+        ])
+    );
+}

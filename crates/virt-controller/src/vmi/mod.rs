@@ -28,6 +28,13 @@
 //! | labels `kubevirt.io/nodeName`, `kubevirt.io/outdatedLauncherImage` | owns | reads (selects its VMIs by node) |
 //! | finalizers `kubevirt.io/foregroundDeleteVirtualMachine` | removes when final and podless | — |
 //!
+//! The migration controller ([`crate::migration`]) writes a fresh `migrationState` and the
+//! label `kubevirt.io/migrationTargetNodeName` at a migration's hand-off, and
+//! `migrationState.abortRequested`; the target node's handler then moves `nodeName` and the
+//! label `kubevirt.io/nodeName` to its node once the guest runs there (as upstream). Migration
+//! target pods are controlled by the VMI too: they appear in `activePods`, and the launcher pod
+//! this controller follows is the newest on `status.nodeName`.
+//!
 //! "Hand-off" is the VMI being read in phase `Scheduled` or `Running`: from then on this
 //! controller patches only `conditions`, `activePods`, `phase`, `launcherContainerImageVersion`,
 //! labels and finalizers, each with a `test` of the value it read.
@@ -68,7 +75,7 @@ use crate::runtime::expectations::Expectations;
 use crate::runtime::informer::{Change, Informer, InformerHandle};
 use crate::runtime::metrics::Metrics;
 use crate::runtime::queue::{RateLimiterConfig, WorkQueue};
-use crate::runtime::{json_patch, key_of};
+use crate::runtime::{json_patch, key_of, lost_race};
 use crate::sync_failure::SyncFailure;
 use crate::vm::EVENT_COMPONENT;
 use status::Observed;
@@ -213,7 +220,10 @@ fn now_seconds() -> Time {
 /// The launcher configuration with the KubeVirt CR's CPU allocation ratio, when it sets a
 /// positive one, and its `developerConfiguration.useEmulation`, when set (upstream reads
 /// both from the CR, not from flags).
-fn effective_launcher(base: &LauncherPodConfig, cluster: &ClusterSettings) -> LauncherPodConfig {
+pub(crate) fn effective_launcher(
+    base: &LauncherPodConfig,
+    cluster: &ClusterSettings,
+) -> LauncherPodConfig {
     let mut launcher = base.clone();
     if let Some(emulation) = cluster.use_emulation {
         launcher.use_emulation = emulation;
@@ -338,6 +348,7 @@ impl VmiReconciler {
         if ops.is_empty() {
             return Ok(());
         }
+        tracing::debug!(vmi = key, ops = %serde_json::Value::Array(ops.clone()), "patching the VMI");
         let patch = json_patch(ops).map_err(|e| VmiError::PatchVmi(kube::Error::SerdeError(e)))?;
         let ns = old.metadata.namespace.as_deref().unwrap_or_default();
         let api: Api<VirtualMachineInstance> = Api::namespaced(self.client.clone(), ns);
@@ -347,6 +358,14 @@ impl VmiReconciler {
             .await
         {
             Ok(_) => Ok(()),
+            // Our cache is behind: the newer VMI is on its way through the watch, and its
+            // arrival reconciles again. A retry now would read the same stale VMI and fail
+            // the same way (the burst of conflicts the write figures showed).
+            Err(kube::Error::Api(e)) if lost_race(&e) => {
+                self.vmi_expectations.set_expectations(key, 0, 0);
+                tracing::debug!(vmi = key, reason = %e.message, "VMI patch lost a race; waiting for the newer VMI");
+                Ok(())
+            }
             Err(err) => {
                 self.vmi_expectations.set_expectations(key, 0, 0);
                 Err(VmiError::PatchVmi(err))

@@ -713,6 +713,9 @@ pub fn vmi_patch(old: &VirtualMachineInstance, new: &VirtualMachineInstance) -> 
         finalizers(old).as_ref(),
         finalizers(new).as_ref(),
     );
+    if only_deferrable(old, new, &ops) {
+        return Vec::new();
+    }
     if !ops.is_empty()
         && !handler
         && let Some(rv) = old.metadata.resource_version.as_deref()
@@ -723,6 +726,30 @@ pub fn vmi_patch(old: &VirtualMachineInstance, new: &VirtualMachineInstance) -> 
         );
     }
     ops
+}
+
+/// Status fields that may wait while the VMI stays `Scheduling`: the node the pod was bound
+/// to (`activePods`) and the pod's QoS class. The `Scheduled` write carries them a moment
+/// later, so writing them alone costs a VMI write for nothing (upstream writes them at once;
+/// nothing reads them before `Scheduled`).
+const DEFERRABLE_WHILE_SCHEDULING: &[&str] = &["/status/activePods", "/status/qosClass"];
+
+/// Whether `ops` change nothing but [`DEFERRABLE_WHILE_SCHEDULING`] of a VMI that is and
+/// stays `Scheduling`.
+fn only_deferrable(
+    old: &VirtualMachineInstance,
+    new: &VirtualMachineInstance,
+    ops: &[Value],
+) -> bool {
+    let phase = |v: &VirtualMachineInstance| v.status.as_ref().and_then(|s| s.phase.clone());
+    let scheduling = Some(Phase::Scheduling);
+    phase(old) == scheduling
+        && phase(new) == scheduling
+        && !ops.is_empty()
+        && ops
+            .iter()
+            .filter(|op| op["op"] != "test")
+            .all(|op| DEFERRABLE_WHILE_SCHEDULING.contains(&op["path"].as_str().unwrap_or("")))
 }
 
 /// Appends the new phase transitions (`add …/-`), or adds the list when there was none.
@@ -1356,6 +1383,43 @@ mod tests {
             &json!({"op": "add", "path": "/status/phaseTransitionTimestamps",
             "value": [{"phase": "Scheduled", "phaseTransitionTimestamp": "2023-11-14T22:13:20Z"}]})
         ));
+    }
+
+    #[test]
+    fn a_bound_pod_alone_writes_nothing_until_the_vmi_is_scheduled() {
+        // As the VMI stands once its pod is created: written, the pod not bound yet.
+        let unbound = pod("Pending", false, json!({"spec": {"nodeName": null}}));
+        let (old, _) = run(&vmi(&Phase::Scheduling, json!({})), Some(&unbound), None);
+        assert_eq!(
+            old.status
+                .as_ref()
+                .and_then(|s| s.active_pods.get("pod-uid"))
+                .map(String::as_str),
+            Some("")
+        );
+        let bound = pod("Pending", false, json!({}));
+        let (new, _) = run(&old, Some(&bound), None);
+        let status = new.status.as_ref().expect("status");
+        assert_eq!(status.phase, Some(Phase::Scheduling));
+        assert_eq!(
+            status.active_pods.get("pod-uid").map(String::as_str),
+            Some("node01")
+        );
+        let ops = vmi_patch(&old, &new);
+        assert!(
+            ops.is_empty(),
+            "the node name and QoS class wait for the Scheduled write: {ops:?}"
+        );
+        // A change beside them is written, and takes them along.
+        let (scheduled, _) = run(&old, Some(&pod("Running", true, json!({}))), None);
+        let paths: Vec<String> = vmi_patch(&old, &scheduled)
+            .iter()
+            .filter_map(|o| o["path"].as_str().map(str::to_owned))
+            .collect();
+        assert!(
+            paths.contains(&"/status/activePods".to_owned()),
+            "{paths:?}"
+        );
     }
 
     #[test]

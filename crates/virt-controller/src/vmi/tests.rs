@@ -609,3 +609,23 @@ fn claim_backed_volumes_report_their_cached_claim() {
     assert_eq!(info.requests["storage"].0, "1Gi");
     assert_eq!(info.access_modes, vec!["ReadWriteOnce".to_owned()]);
 }
+
+#[test]
+fn only_conflicts_and_failed_tests_are_lost_races() {
+    let response = |code: u16, message: &str| -> kube::core::Status {
+        serde_json::from_value(serde_json::json!({
+            "status": "Failure", "message": message, "reason": "", "code": code
+        }))
+        .expect("a Status")
+    };
+    assert!(lost_race(&response(409, "the object has been modified")));
+    assert!(lost_race(&response(
+        422,
+        "testing value /status/phase failed: found \"Succeeded\""
+    )));
+    assert!(!lost_race(&response(
+        422,
+        "VirtualMachineInstance.kubevirt.io \"v\" is invalid: status.phase: Unsupported value"
+    )));
+    assert!(!lost_race(&response(500, "etcdserver: request timed out")));
+}

@@ -27,6 +27,7 @@
 //!   create its socket keeps a Scheduled VMI waiting.
 
 pub mod link;
+pub mod migration;
 pub mod pull;
 pub mod status;
 pub mod worker;
@@ -68,6 +69,9 @@ pub struct VmiSyncConfig {
     pub use_emulation: Option<bool>,
     /// The KubeVirt CR's settings, as the shared CR watch keeps them.
     pub cluster: ClusterConfigWatch<ClusterSettings>,
+    /// The handler's own address (its pod IP), where migration targets listen; `None`:
+    /// loopback ([`migration::announced_ip`]).
+    pub migration_ip: Option<std::net::IpAddr>,
 }
 
 /// What the handler needs from the `KubeVirt` CR, kept current by
@@ -103,6 +107,75 @@ pub fn choose_accel(use_emulation: Option<bool>, cluster: &ClusterSettings) -> A
     }
 }
 
+/// Runs the migration targets of this node until `cancel` fires: a watch on VMIs labelled
+/// `kubevirt.io/migrationTargetNodeName=<node>` starts one target worker per migration that
+/// targets this node ([`migration::target_wanted`]), fed the VMI's updates.
+pub async fn run_targets(
+    client: kube::Client,
+    config: Arc<VmiSyncConfig>,
+    cancel: CancellationToken,
+) {
+    let api: Api<VirtualMachineInstance> = Api::all(client.clone());
+    let selector = format!(
+        "{}={}",
+        kubevirt_api::constants::MIGRATION_TARGET_NODE_NAME_LABEL,
+        config.node_name
+    );
+    let (store, writer) = reflector::store();
+    let mut events = watcher(api, watcher::Config::default().labels(&selector))
+        .default_backoff()
+        .reflect(writer)
+        .boxed();
+    // Keyed by migration UID: a migration is prepared once.
+    let mut workers: BTreeMap<String, watch::Sender<Arc<VirtualMachineInstance>>> = BTreeMap::new();
+    loop {
+        tokio::select! {
+            () = cancel.cancelled() => return,
+            event = events.next() => match event {
+                None => return,
+                Some(Err(e)) => tracing::warn!(error = %e, "migration target VMI watch failed; retrying"),
+                Some(Ok(_)) => {}
+            },
+        }
+        while let Some(Some(_)) = futures::FutureExt::now_or_never(events.next()) {}
+        match futures::FutureExt::now_or_never(store.wait_until_ready()) {
+            None => continue,
+            Some(Err(_)) => return,
+            Some(Ok(())) => {}
+        }
+        for vmi in store.state() {
+            let Some(uid) = migration::state(&vmi).and_then(|s| s.migration_uid.clone()) else {
+                continue;
+            };
+            match workers.get(&uid) {
+                Some(tx) => {
+                    tx.send_if_modified(|current| {
+                        let changed =
+                            current.metadata.resource_version != vmi.metadata.resource_version;
+                        if changed {
+                            *current = Arc::clone(&vmi);
+                        }
+                        changed
+                    });
+                }
+                None if migration::target_wanted(&vmi, &config.node_name) => {
+                    tracing::info!(vmi = ?vmi.metadata.name, migration = %uid, "preparing the migration target");
+                    let (tx, rx) = watch::channel(Arc::clone(&vmi));
+                    workers.insert(uid, tx);
+                    tokio::spawn(worker::run_target(
+                        client.clone(),
+                        Arc::clone(&config),
+                        rx,
+                        cancel.child_token(),
+                    ));
+                }
+                None => {}
+            }
+        }
+        // Finished workers are kept (closed) so that their migration is not prepared again.
+    }
+}
+
 /// Runs the VMI sync loop until `cancel` fires. `vmis` receives this node's VMIs (those
 /// labelled `kubevirt.io/nodeName=<node>`); its readers (the REST server) share the cache.
 pub async fn run(
@@ -112,6 +185,11 @@ pub async fn run(
     cancel: CancellationToken,
 ) {
     let config = Arc::new(config);
+    tokio::spawn(run_targets(
+        client.clone(),
+        Arc::clone(&config),
+        cancel.child_token(),
+    ));
     let api: Api<VirtualMachineInstance> = Api::all(client.clone());
     let selector = format!("{NODE_NAME_LABEL}={}", config.node_name);
     let (store, writer) = (vmis.as_reader(), vmis);

@@ -69,6 +69,8 @@ pub fn phase_for(domain: &DomainStatus, acpi_shutdown: bool) -> Option<Phase> {
             // Destroyed after a graceful shutdown was tried means the grace period ran out: a
             // failure. Without a grace period or ACPI a destroyed domain is fine, as upstream.
             StateReason::Destroyed if acpi_shutdown => Some(Phase::Failed),
+            // Migrated away: the VMI runs on, on the target node.
+            StateReason::Migrated => None,
             _ => Some(Phase::Succeeded),
         },
         DomainState::Crashed => Some(Phase::Failed),
@@ -196,6 +198,7 @@ pub fn desired_status(
             Some(migratable::live_migratable(vmi)),
         );
         update_condition(&mut conditions, migratable::storage_live_migratable(vmi));
+        status["migrationMethod"] = json!(migratable::migration_method(vmi));
         let tcg = facts.spec.as_ref().is_some_and(|s| s.accel == Accel::Tcg);
         let emulation = tcg.then(|| {
             condition(
@@ -339,6 +342,7 @@ fn finish_hotplug(vmi: &VirtualMachineInstance, status: &Value, conditions: &mut
 /// The fields [`desired_status`] may change, in patch order.
 const OWNED: &[&str] = &[
     "interfaces",
+    "migrationMethod",
     "machine",
     "currentCPUTopology",
     "memory",
@@ -375,7 +379,7 @@ pub fn status_patch(vmi: &VirtualMachineInstance, desired: &Value) -> Option<Val
     }
     for field in OWNED {
         if let Some(new) = desired.get(*field)
-            && current.get(*field) != Some(new)
+            && !same_field(current.get(*field), new)
         {
             ops.push(json!({"op": "add", "path": format!("/status/{field}"), "value": new}));
             changed = true;
@@ -384,7 +388,23 @@ pub fn status_patch(vmi: &VirtualMachineInstance, desired: &Value) -> Option<Val
     changed.then_some(Value::Array(ops))
 }
 
-mod migratable;
+/// Whether a status field reads `new` already. The typed status omits empty lists and
+/// objects when it is serialized, so an absent field equals an empty one: without this an
+/// `interfaces: []` would be written again on every observation.
+fn same_field(current: Option<&Value>, new: &Value) -> bool {
+    let empty = |v: &Value| match v {
+        Value::Null => true,
+        Value::Array(a) => a.is_empty(),
+        Value::Object(o) => o.is_empty(),
+        _ => false,
+    };
+    match current {
+        Some(current) => current == new || (empty(current) && empty(new)),
+        None => empty(new),
+    }
+}
+
+pub(crate) mod migratable;
 
 #[cfg(test)]
 mod tests;

@@ -11,10 +11,11 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 use virt_launcher::pod_layout::PodLayout;
-use virt_launcher::protocol::{Command, DomainState, DomainStatus, UpMessage};
+use virt_launcher::protocol::{Command, DomainState, DomainStatus, StateReason, UpMessage};
 
 use super::VmiSyncConfig;
 use super::link::LauncherLink;
+use super::migration::SourceMigration;
 use super::pull::{PullBackoff, ensure_images};
 use super::status::{DomainFacts, Observation, desired_status, status_patch};
 use crate::launcher_spec::{
@@ -22,7 +23,7 @@ use crate::launcher_spec::{
 };
 
 /// How often a missing launcher socket is retried.
-const RETRY: Duration = Duration::from_millis(500);
+pub(super) const RETRY: Duration = Duration::from_millis(500);
 /// How often a refused sync is retried when nothing else changes.
 const SYNC_RETRY: Duration = Duration::from_secs(10);
 
@@ -49,25 +50,41 @@ fn name(vmi: &VirtualMachineInstance) -> String {
 /// path component here: only keys that are pod UIDs in their canonical form (lower-case,
 /// hyphenated) are used, so a key can never leave `pods_dir` (`../…`, `/…`, `a/b`). Other keys
 /// for this node are ignored with a warning.
+///
+/// A node can hold more than one pod of the VMI (it migrated away and back: the old pod
+/// completed but still exists): a directory whose launcher socket is there and that has no
+/// final state is preferred, then one without a final state (its launcher is starting), then
+/// the first.
 pub fn active_pod_dir(
     vmi: &VirtualMachineInstance,
     node_name: &str,
     kubelet_pods_dir: &Path,
 ) -> Option<PathBuf> {
     let status = vmi.status.as_ref()?;
-    let uid = status
+    let dirs: Vec<PathBuf> = status
         .active_pods
         .iter()
         .filter(|(_, node)| node.as_str() == node_name)
         .map(|(uid, _)| uid)
-        .find(|uid| {
+        .filter(|uid| {
             let valid = is_canonical_uuid(uid);
             if !valid {
                 warn!(vmi = %name(vmi), key = %uid, "ignoring an activePods key that is not a pod UID");
             }
             valid
-        })?;
-    Some(launcher_dir_on_host(kubelet_pods_dir, uid))
+        })
+        .map(|uid| launcher_dir_on_host(kubelet_pods_dir, uid))
+        .collect();
+    if dirs.len() <= 1 {
+        return dirs.into_iter().next();
+    }
+    let ended = |d: &PathBuf| d.join(virt_launcher::protocol::FINAL_STATE_FILE).exists();
+    let live = |d: &PathBuf| PodLayout::new(d).launcher_socket().exists() && !ended(d);
+    dirs.iter()
+        .find(|d| live(d))
+        .or_else(|| dirs.iter().find(|d| !ended(d)))
+        .or_else(|| dirs.first())
+        .cloned()
 }
 
 /// Where the launcher pod's [`LAUNCHER_VOLUME`] emptyDir is on the node: kubelet's layout
@@ -86,7 +103,7 @@ pub fn launcher_dir_on_host(kubelet_pods_dir: &Path, pod_uid: &str) -> PathBuf {
 /// its launcher was started with the UID of the VMI the pod was made for (`--uid`); a key
 /// naming another VMI's pod on this node therefore reaches a launcher that reports another
 /// UID, and one that reports none is not trusted either.
-fn serves(link: &LauncherLink, vmi: &VirtualMachineInstance) -> bool {
+pub(super) fn serves(link: &LauncherLink, vmi: &VirtualMachineInstance) -> bool {
     reports_vmi(link.vmi_uid(), vmi)
 }
 
@@ -115,12 +132,12 @@ fn grace_seconds(vmi: &VirtualMachineInstance) -> u64 {
 }
 
 /// One VMI's state in the worker.
-struct Follow {
-    client: kube::Client,
-    config: Arc<VmiSyncConfig>,
-    vmi: watch::Receiver<Arc<VirtualMachineInstance>>,
-    current: Arc<VirtualMachineInstance>,
-    facts: DomainFacts,
+pub(super) struct Follow {
+    pub(super) client: kube::Client,
+    pub(super) config: Arc<VmiSyncConfig>,
+    pub(super) vmi: watch::Receiver<Arc<VirtualMachineInstance>>,
+    pub(super) current: Arc<VirtualMachineInstance>,
+    pub(super) facts: DomainFacts,
     observation: Option<Observation>,
     pull_backoff: PullBackoff,
 }
@@ -142,27 +159,55 @@ pub async fn run(
     vmi: watch::Receiver<Arc<VirtualMachineInstance>>,
     cancel: CancellationToken,
 ) {
-    let current = vmi.borrow().clone();
-    let mut follow = Follow {
-        client,
-        config,
-        vmi,
-        current,
-        facts: DomainFacts {
-            spec: None,
-            accel_reason: String::new(),
-            pod_interface: None,
-        },
-        observation: None,
-        pull_backoff: PullBackoff::default(),
-    };
+    let mut follow = Follow::new(client, config, vmi);
     tokio::select! {
         () = cancel.cancelled() => {}
         () = follow.run() => {}
     }
 }
 
+/// Prepares this node as the target of the VMI's migration until the domain runs here, the
+/// migration is over, or `cancel` fires ([`super::migration`]).
+pub async fn run_target(
+    client: kube::Client,
+    config: Arc<VmiSyncConfig>,
+    vmi: watch::Receiver<Arc<VirtualMachineInstance>>,
+    cancel: CancellationToken,
+) {
+    let mut follow = Follow::new(client, config, vmi);
+    tokio::select! {
+        () = cancel.cancelled() => {}
+        () = follow.run_target() => {}
+    }
+}
+
 impl Follow {
+    fn new(
+        client: kube::Client,
+        config: Arc<VmiSyncConfig>,
+        vmi: watch::Receiver<Arc<VirtualMachineInstance>>,
+    ) -> Self {
+        let current = vmi.borrow().clone();
+        Follow {
+            client,
+            config,
+            vmi,
+            current,
+            facts: DomainFacts {
+                spec: None,
+                accel_reason: String::new(),
+                pod_interface: None,
+            },
+            observation: None,
+            pull_backoff: PullBackoff::default(),
+        }
+    }
+
+    /// `namespace/name` of the VMI, for logs.
+    pub(super) fn name(&self) -> String {
+        name(&self.current)
+    }
+
     async fn run(&mut self) {
         let mut connected_once = false;
         loop {
@@ -205,8 +250,11 @@ impl Follow {
                 Err(e) => {
                     let running = phase(&self.current) == Some(Phase::Running);
                     if let Some(last) = final_state(&dir) {
-                        // The launcher ended and left the domain's final state behind.
-                        self.observe(Observation::Domain(last)).await;
+                        // The launcher ended and left the domain's final state behind; a
+                        // domain that migrated away runs on the target node.
+                        if last.reason != StateReason::Migrated {
+                            self.observe(Observation::Domain(last)).await;
+                        }
                         return;
                     }
                     if running || connected_once || launcher_exited(&dir, &e) {
@@ -225,7 +273,7 @@ impl Follow {
     }
 
     /// Waits for a VMI update (true) or `timeout` (true); false when the VMI is gone.
-    async fn wait_change(&mut self, timeout: Option<Duration>) -> bool {
+    pub(super) async fn wait_change(&mut self, timeout: Option<Duration>) -> bool {
         let changed = async {
             let ok = self.vmi.changed().await.is_ok();
             if ok {
@@ -241,15 +289,18 @@ impl Follow {
 
     async fn session(&mut self, mut link: LauncherLink, dir: &Path) -> SessionEnd {
         self.facts.pod_interface = link.pod_interface().cloned();
-        let mut sync_id = None;
-        let mut live_asked = LiveAsk::default();
+        let mut st = SessionState {
+            sync_id: None,
+            live_asked: LiveAsk::default(),
+            domain: DomainStatus::pending(),
+            source: SourceMigration::default(),
+        };
         let mut shutdown_sent = false;
         let mut sync_retry = tokio::time::interval(SYNC_RETRY);
         sync_retry.reset();
-        let mut domain = DomainStatus::pending();
         loop {
             let deleting = self.current.metadata.deletion_timestamp.is_some();
-            let active = matches!(domain.state, DomainState::Running | DomainState::Paused);
+            let active = matches!(st.domain.state, DomainState::Running | DomainState::Paused);
             if deleting && active && !shutdown_sent {
                 let grace = grace_seconds(&self.current);
                 info!(vmi = %name(&self.current), grace, "VMI is being deleted: powering the guest off");
@@ -264,56 +315,35 @@ impl Follow {
                 }
                 shutdown_sent = true;
             }
-            let pull_retry = self
-                .pull_backoff
-                .next_attempt()
-                .filter(|_| domain.state == DomainState::Pending && sync_id.is_none() && !deleting);
+            let pull_retry = self.pull_backoff.next_attempt().filter(|_| {
+                st.domain.state == DomainState::Pending && st.sync_id.is_none() && !deleting
+            });
             tokio::select! {
                 () = sleep_until(pull_retry), if pull_retry.is_some() => {
-                    sync_id = self.sync(&mut link, dir).await;
+                    st.sync_id = self.sync(&mut link, dir).await;
                 }
                 message = link.recv() => match message {
                     None => return SessionEnd::Disconnected,
                     Some(UpMessage::Domain(status)) => {
-                        domain = status.clone();
-                        let first = self.facts.spec.is_none();
-                        let mut sync_failed = false;
-                        if domain.state == DomainState::Pending && sync_id.is_none() && !deleting {
-                            sync_id = self.sync(&mut link, dir).await;
-                            // A pending domain whose sync failed keeps its Synchronized=False
-                            // (ErrImagePull …): reporting the domain would clear it at once.
-                            sync_failed = sync_id.is_none()
-                                && matches!(self.observation, Some(Observation::SyncFailed(..)));
-                        } else if first {
-                            // Re-attached to a started domain: rebuild the spec for the
-                            // status fields (files exist) and catch up on live changes.
-                            self.build(dir).await.ok();
-                            if !deleting && self.update_live(&mut link, dir, &domain, &mut live_asked).await.is_err() {
-                                return SessionEnd::Disconnected;
-                            }
-                        }
-                        if !sync_failed {
-                            self.observe(Observation::Domain(status)).await;
-                        }
-                        if domain.is_final() {
-                            return SessionEnd::Final;
+                        if let Some(end) = self.on_domain(&mut link, dir, status, &mut st).await {
+                            return end;
                         }
                     }
-                    Some(UpMessage::Ack { id, result: Err(message) }) if Some(id) == sync_id => {
+                    Some(UpMessage::Ack { id, result: Err(message) }) if Some(id) == st.sync_id => {
                         warn!(vmi = %name(&self.current), %message, "the launcher refused the spec");
-                        sync_id = None;
-                        if domain.state == DomainState::Pending {
+                        st.sync_id = None;
+                        if st.domain.state == DomainState::Pending {
                             self.observe(Observation::SyncFailed("SyncFailed".into(), message)).await;
                         }
                     }
                     Some(UpMessage::Ack { id, result: Err(message) }) => {
                         warn!(vmi = %name(&self.current), id, %message, "the launcher refused a command");
+                        self.source_refused(id, &message, &mut st.source).await;
                     }
-                    Some(UpMessage::Ack { .. }) => {}
+                    Some(UpMessage::Ack { .. } | UpMessage::Hello(_)) => {}
                     Some(UpMessage::Error(message)) => {
                         warn!(vmi = %name(&self.current), %message, "launcher error");
                     }
-                    Some(UpMessage::Hello(_)) => {}
                 },
                 changed = self.vmi.changed() => {
                     if changed.is_err() {
@@ -326,21 +356,88 @@ impl Follow {
                     if let Some(observation) = self.observation.clone() {
                         self.observe(observation).await;
                     }
-                    let active = matches!(domain.state, DomainState::Running | DomainState::Paused);
+                    let active = matches!(st.domain.state, DomainState::Running | DomainState::Paused);
                     if active
                         && self.current.metadata.deletion_timestamp.is_none()
-                        && self.update_live(&mut link, dir, &domain, &mut live_asked).await.is_err()
+                        && self.update_live(&mut link, dir, &st.domain, &mut st.live_asked).await.is_err()
                     {
+                        return SessionEnd::Disconnected;
+                    }
+                    if active && self.source_step(&mut link, dir, &st.domain, &mut st.source).await.is_err() {
                         return SessionEnd::Disconnected;
                     }
                 }
                 _ = sync_retry.tick() => {
-                    if domain.state == DomainState::Pending && sync_id.is_none() && !deleting {
-                        sync_id = self.sync(&mut link, dir).await;
+                    if st.domain.state == DomainState::Pending && st.sync_id.is_none() && !deleting {
+                        st.sync_id = self.sync(&mut link, dir).await;
                     }
                 }
             }
         }
+    }
+
+    /// A domain event of the session; `Some` ends the session.
+    async fn on_domain(
+        &mut self,
+        link: &mut LauncherLink,
+        dir: &Path,
+        status: DomainStatus,
+        st: &mut SessionState,
+    ) -> Option<SessionEnd> {
+        let deleting = self.current.metadata.deletion_timestamp.is_some();
+        st.domain = status.clone();
+        let domain = &st.domain;
+        let migrated_away = domain.is_final() && domain.reason == StateReason::Migrated;
+        if domain.reason == StateReason::Migration || migrated_away {
+            // Paused for the switch-over, or gone to the target: the target handler reports
+            // the VMI from now on.
+            let domain = domain.clone();
+            if self
+                .source_step(link, dir, &domain, &mut st.source)
+                .await
+                .is_err()
+            {
+                return Some(SessionEnd::Disconnected);
+            }
+            return domain.is_final().then_some(SessionEnd::Final);
+        }
+        let first = self.facts.spec.is_none();
+        let mut sync_failed = false;
+        if domain.state == DomainState::Pending && st.sync_id.is_none() && !deleting {
+            st.sync_id = self.sync(link, dir).await;
+            // A pending domain whose sync failed keeps its Synchronized=False (ErrImagePull …):
+            // reporting the domain would clear it at once.
+            sync_failed = st.sync_id.is_none()
+                && matches!(self.observation, Some(Observation::SyncFailed(..)));
+        } else if first {
+            // Re-attached to a started domain: rebuild the spec for the status fields (files
+            // exist) and catch up on live changes.
+            self.build(dir).await.ok();
+            let domain = st.domain.clone();
+            if !deleting
+                && self
+                    .update_live(link, dir, &domain, &mut st.live_asked)
+                    .await
+                    .is_err()
+            {
+                return Some(SessionEnd::Disconnected);
+            }
+        }
+        if !sync_failed {
+            self.observe(Observation::Domain(status)).await;
+        }
+        if st.domain.is_final() {
+            return Some(SessionEnd::Final);
+        }
+        let domain = st.domain.clone();
+        if self
+            .source_step(link, dir, &domain, &mut st.source)
+            .await
+            .is_err()
+        {
+            return Some(SessionEnd::Disconnected);
+        }
+        None
     }
 
     /// Sends the VMI's spec to its running domain when it wants vCPUs or memory the domain
@@ -452,6 +549,17 @@ impl Follow {
 
     /// Pulls the images, builds, prepares and sends the spec; returns the sync command's id.
     async fn sync(&mut self, link: &mut LauncherLink, dir: &Path) -> Option<u64> {
+        self.sync_as(link, dir, None).await
+    }
+
+    /// As [`Self::sync`]; with `receive` (the incoming sockets as the launcher sees them) the
+    /// domain starts as a migration target.
+    pub(super) async fn sync_as(
+        &mut self,
+        link: &mut LauncherLink,
+        dir: &Path,
+        receive: Option<super::migration::Receive>,
+    ) -> Option<u64> {
         if !self.pull_images().await {
             return None;
         }
@@ -488,8 +596,17 @@ impl Follow {
                 return None;
             }
         }
-        info!(vmi = %name(&self.current), accel = ?prepared.spec.accel, "starting the domain");
-        link.send(Command::Sync(Box::new(prepared.spec))).await.ok()
+        info!(vmi = %name(&self.current), accel = ?prepared.spec.accel, incoming = receive.is_some(), "starting the domain");
+        let command = match receive {
+            Some(receive) => Command::Receive {
+                spec: Box::new(prepared.spec),
+                socket: receive.socket,
+                block_socket: receive.block_socket,
+                block_disks: receive.block_disks,
+            },
+            None => Command::Sync(Box::new(prepared.spec)),
+        };
+        link.send(command).await.ok()
     }
 
     async fn report_sync_error(&mut self, e: &crate::launcher_spec::SpecError) {
@@ -517,6 +634,7 @@ impl Follow {
             let Some(patch) = status_patch(&self.current, &desired) else {
                 return;
             };
+            debug!(vmi = %name(&self.current), %patch, "patching the VMI status");
             let patch: json_patch::Patch = match serde_json::from_value(patch) {
                 Ok(p) => p,
                 Err(e) => {
@@ -553,6 +671,17 @@ impl Follow {
         }
         warn!(vmi = %name(&self.current), "status patch kept losing races; retrying on the next update");
     }
+}
+
+/// What one launcher session keeps between messages.
+struct SessionState {
+    /// The id of the `sync` sent to a pending domain.
+    sync_id: Option<u64>,
+    live_asked: LiveAsk,
+    /// The domain as last reported.
+    domain: DomainStatus,
+    /// The source side of the VMI's migration.
+    source: SourceMigration,
 }
 
 /// What the worker last asked of a running domain, so a refused change is not asked again
@@ -752,6 +881,33 @@ mod tests {
         assert!(!reports_vmi(None, &vmi));
         vmi.metadata.uid = None;
         assert!(!reports_vmi(None, &vmi));
+    }
+
+    #[test]
+    fn of_two_pods_on_this_node_the_one_whose_launcher_lives_is_followed() {
+        let (old, new) = (
+            "6f1b2a34-5c6d-4e7f-8a9b-0c1d2e3f4a5b",
+            "0a1b2a34-5c6d-4e7f-8a9b-0c1d2e3f4a5b",
+        );
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let (old_dir, new_dir) = (
+            launcher_dir_on_host(tmp.path(), old),
+            launcher_dir_on_host(tmp.path(), new),
+        );
+        std::fs::create_dir_all(&old_dir).expect("dir");
+        std::fs::create_dir_all(&new_dir).expect("dir");
+        std::fs::write(
+            old_dir.join(virt_launcher::protocol::FINAL_STATE_FILE),
+            "{}",
+        )
+        .expect("final");
+        let vmi = vmi_with_active_pods(&[(old, NODE), (new, NODE)]);
+        assert_eq!(
+            active_pod_dir(&vmi, NODE, tmp.path()),
+            Some(new_dir.clone())
+        );
+        std::fs::write(PodLayout::new(&new_dir).launcher_socket(), "").expect("socket");
+        assert_eq!(active_pod_dir(&vmi, NODE, tmp.path()), Some(new_dir));
     }
 
     #[test]

@@ -27,17 +27,19 @@ use crate::spec::{Bootloader, InterfaceBinding, LauncherSpec};
 
 /// What the handler last asked the domain to do; decides how an exit is reported.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-enum Intent {
+pub(super) enum Intent {
     #[default]
     None,
     Pause,
     Shutdown,
     Kill,
+    /// The domain has migrated away: QEMU is told to quit.
+    Migrated,
 }
 
 /// State shared with the supervisor task.
 #[derive(Debug)]
-struct Shared {
+pub(super) struct Shared {
     status: watch::Sender<DomainStatus>,
     /// Ids of devices QEMU reported deleted (`DEVICE_DELETED`), for a detach to wait on.
     device_deleted: tokio::sync::broadcast::Sender<String>,
@@ -46,16 +48,16 @@ struct Shared {
 }
 
 impl Shared {
-    fn intent(&self) -> Intent {
+    pub(super) fn intent(&self) -> Intent {
         *self.intent.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn set_intent(&self, intent: Intent) {
+    pub(super) fn set_intent(&self, intent: Intent) {
         *self.intent.lock().unwrap_or_else(PoisonError::into_inner) = intent;
     }
 
     /// Moves to `state`/`reason`, keeping pid and start time; final states are sticky.
-    fn transition(&self, state: DomainState, reason: StateReason) {
+    pub(super) fn transition(&self, state: DomainState, reason: StateReason) {
         self.status.send_if_modified(|status| {
             if status.is_final() || (status.state == state && status.reason == reason) {
                 return false;
@@ -91,6 +93,19 @@ impl Shared {
                 }
                 _ => false,
             });
+    }
+
+    /// Records the outgoing migration's progress.
+    pub(super) fn set_migration(
+        &self,
+        update: impl FnOnce(&mut Option<crate::protocol::MigrationInfo>),
+    ) {
+        self.status
+            .send_modify(|status| update(&mut status.migration));
+    }
+
+    pub(super) fn current(&self) -> DomainStatus {
+        self.status.borrow().clone()
     }
 
     fn publish(&self, status: DomainStatus) {
@@ -171,7 +186,55 @@ impl Domain {
     /// Executes one protocol command; the result becomes the ack.
     pub(super) async fn execute(&self, command: Command) -> Result<Value, String> {
         match command {
-            Command::Sync(spec) => self.sync(&spec).await,
+            Command::Sync(spec) => self.sync(&spec, None).await,
+            Command::Receive {
+                spec,
+                socket,
+                block_socket,
+                block_disks,
+            } => {
+                let value = self.sync(&spec, Some(&socket)).await?;
+                if let Some(block_socket) = block_socket {
+                    let nodes = self.block_nodes(&block_disks).await;
+                    let (_, qmp) = self.started().await?;
+                    if let Some(qmp) = qmp {
+                        super::migration::export_disks(&qmp, &block_socket, &nodes).await?;
+                    }
+                }
+                Ok(value)
+            }
+            Command::Migrate {
+                uri,
+                progress_timeout_seconds,
+                completion_timeout_seconds,
+                bandwidth_bytes_per_second,
+                block_socket,
+                block_disks,
+            } => {
+                let (_, qmp) = self.started().await?;
+                let mirror = match block_socket {
+                    Some(socket) => Some((socket, self.block_nodes(&block_disks).await)),
+                    None => None,
+                };
+                super::migration::start(
+                    &self.shared,
+                    qmp,
+                    &uri,
+                    super::migration::Options {
+                        progress_timeout: Duration::from_secs(progress_timeout_seconds),
+                        completion_timeout: Duration::from_secs(completion_timeout_seconds),
+                        bandwidth_bytes_per_second,
+                        mirror,
+                    },
+                )
+                .await?;
+                Ok(self.current_value())
+            }
+            Command::CancelMigration => {
+                let (_, qmp) = self.started().await?;
+                super::migration::cancel(&self.shared, qmp).await?;
+                Ok(self.current_value())
+            }
             Command::Status => Ok(self.current_value()),
             Command::Shutdown {
                 grace_period_seconds,
@@ -185,10 +248,12 @@ impl Domain {
         }
     }
 
-    async fn sync(&self, spec: &LauncherSpec) -> Result<Value, String> {
+    /// Starts the domain (as a migration target listening on `incoming`, when given) or
+    /// applies the live changes of a running one.
+    async fn sync(&self, spec: &LauncherSpec, incoming: Option<&str>) -> Result<Value, String> {
         let mut started = self.started.lock().await;
         if let Some(running) = started.as_mut() {
-            if !self.current().is_final() {
+            if !self.current().is_final() && incoming.is_none() {
                 self.update_live(running, spec).await?;
             }
             return Ok(self.current_value());
@@ -197,16 +262,27 @@ impl Domain {
             // The domain failed to start: report where it is.
             return Ok(self.current_value());
         }
-        let argv = crate::argv::qemu_argv(spec).map_err(|e| e.to_string())?;
+        let mut argv = crate::argv::qemu_argv(spec).map_err(|e| e.to_string())?;
+        if let Some(socket) = incoming {
+            remove_stale_socket(Path::new(socket));
+            argv.extend(["-incoming".to_owned(), format!("unix:{socket}")]);
+        }
         if let Some(base) = &self.opts.base_dir {
             check_host_paths(base, self.opts.claim_disks_dir.as_deref(), spec)
                 .map_err(|e| e.to_string())?;
         }
         create_claim_disks(self.opts.claim_disks_dir.as_deref(), spec)?;
         *started = Some(if self.opts.fake_qemu {
+            let (state, reason) = match incoming {
+                Some(socket) => {
+                    super::migration::fake_incoming(&self.shared, socket)?;
+                    (DomainState::Paused, StateReason::Migration)
+                }
+                None => (DomainState::Running, StateReason::Booted),
+            };
             self.shared.publish(DomainStatus {
-                state: DomainState::Running,
-                reason: StateReason::Booted,
+                state,
+                reason,
                 started_at: Some(jiff::Timestamp::now().to_string()),
                 ..booted(spec)
             });
@@ -219,7 +295,7 @@ impl Domain {
             }
         } else {
             let dhcp = self.setup_network(spec).await?;
-            let mut started = self.start_qemu(spec, &argv).await?;
+            let mut started = self.start_qemu(spec, &argv, incoming.is_some()).await?;
             started._dhcp = dhcp;
             started
         });
@@ -284,7 +360,12 @@ impl Domain {
         Ok(())
     }
 
-    async fn start_qemu(&self, spec: &LauncherSpec, argv: &[String]) -> Result<Started, String> {
+    async fn start_qemu(
+        &self,
+        spec: &LauncherSpec,
+        argv: &[String],
+        incoming: bool,
+    ) -> Result<Started, String> {
         let qmp_path = Path::new(&spec.paths.qmp_socket);
         remove_stale_socket(qmp_path);
         if let Some(graphics) = &spec.graphics {
@@ -349,9 +430,16 @@ impl Domain {
             return Err(fail(why));
         }
         let qmp = Arc::new(qmp);
+        // A migration target waits, paused, for the incoming state; QEMU resumes it itself
+        // when the migration completes (a `RESUME` event, see `supervise`).
+        let (state, reason) = if incoming {
+            (DomainState::Paused, StateReason::Migration)
+        } else {
+            (DomainState::Running, StateReason::Booted)
+        };
         self.shared.publish(DomainStatus {
-            state: DomainState::Running,
-            reason: StateReason::Booted,
+            state,
+            reason,
             qemu_pid: pid,
             started_at: Some(started_at),
             ..booted(spec)
@@ -447,6 +535,24 @@ impl Domain {
                 Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
             }
         }
+    }
+
+    /// The format node names (`disk-<index>`) of the boot-time, writable disks of the running
+    /// spec named in `names`.
+    async fn block_nodes(&self, names: &[String]) -> Vec<String> {
+        let started = self.started.lock().await;
+        let Some(running) = started.as_ref() else {
+            return Vec::new();
+        };
+        running
+            .spec
+            .disks
+            .iter()
+            .enumerate()
+            .filter(|(_, d)| names.contains(&d.name) && !d.readonly && !d.cdrom)
+            .filter(|(_, d)| !running.attached.contains_key(&d.name))
+            .map(|(i, _)| format!("disk-{i}"))
+            .collect()
     }
 
     async fn started(&self) -> Result<(Option<u32>, Option<Arc<QmpClient>>), String> {
@@ -588,10 +694,25 @@ async fn supervise(
                     QmpEventKind::Shutdown { guest, .. } => guest_shutdown |= guest,
                     QmpEventKind::GuestPanicked => panicked = true,
                     QmpEventKind::Stop if !guest_shutdown => {
-                        let reason = if shared.intent() == Intent::Pause { StateReason::User } else { StateReason::Emulator };
+                        let migrating = shared.current().migration.is_some_and(|m| m.state == crate::protocol::MigrationJobState::Active);
+                        let reason = if shared.intent() == Intent::Pause {
+                            StateReason::User
+                        } else if migrating {
+                            StateReason::Migration
+                        } else {
+                            StateReason::Emulator
+                        };
                         shared.transition(DomainState::Paused, reason);
                     }
-                    QmpEventKind::Resume => shared.transition(DomainState::Running, StateReason::Unpaused),
+                    QmpEventKind::Resume => {
+                        let reason = if shared.current().reason == StateReason::Migration {
+                            tracing::info!("the incoming migration completed; the domain runs here");
+                            StateReason::Migrated
+                        } else {
+                            StateReason::Unpaused
+                        };
+                        shared.transition(DomainState::Running, reason);
+                    }
                     QmpEventKind::MemoryDeviceSizeChange { device, size }
                         if device.as_deref() == Some(crate::argv::memory::HOTPLUG_MEMORY_DEVICE) =>
                     {
@@ -668,6 +789,8 @@ fn final_state(
         (DomainState::Crashed, StateReason::Panicked)
     } else if guest_shutdown {
         (DomainState::Shutoff, StateReason::GuestShutdown)
+    } else if intent == Intent::Migrated {
+        (DomainState::Shutoff, StateReason::Migrated)
     } else if matches!(intent, Intent::Shutdown | Intent::Kill) {
         (DomainState::Shutoff, StateReason::Destroyed)
     } else if exit.is_some_and(ExitStatus::success) {

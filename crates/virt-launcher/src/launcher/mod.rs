@@ -22,6 +22,7 @@
 mod connection;
 mod domain;
 mod live;
+mod migration;
 mod qemu_process;
 
 use std::path::PathBuf;

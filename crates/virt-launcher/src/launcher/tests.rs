@@ -139,6 +139,86 @@ async fn fake_qemu_runs_pauses_and_shuts_down_over_the_socket() {
 }
 
 #[tokio::test]
+async fn a_fake_domain_migrates_from_one_launcher_to_another_through_their_sockets() {
+    let (source_dir, target_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let mut launchers = Vec::new();
+    let mut clients = Vec::new();
+    for dir in [&source_dir, &target_dir] {
+        let mut opts = options(dir.path());
+        opts.fake_qemu = true;
+        let socket = opts.socket_path.clone();
+        launchers.push(tokio::spawn(run_launcher(opts)));
+        let mut client = connect(&socket).await;
+        assert_eq!(next_domain(&mut client).await.state, DomainState::Pending);
+        clients.push(client);
+    }
+    let (mut source, mut target) = (clients.remove(0), clients.remove(0));
+    source
+        .request(Command::Sync(Box::new(spec_in(source_dir.path(), None))))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(next_domain(&mut source).await.state, DomainState::Running);
+    let incoming = target_dir.path().join("migration-target.sock");
+    let ack = target
+        .request(Command::Receive {
+            spec: Box::new(spec_in(target_dir.path(), None)),
+            socket: incoming.display().to_string(),
+            block_socket: None,
+            block_disks: Vec::new(),
+        })
+        .await
+        .unwrap();
+    let waiting = status_of(ack);
+    assert_eq!(
+        (waiting.state, waiting.reason),
+        (DomainState::Paused, StateReason::Migration)
+    );
+    assert_eq!(
+        next_domain(&mut target).await.reason,
+        StateReason::Migration
+    );
+    source
+        .request(Command::Migrate {
+            uri: format!("unix:{}", incoming.display()),
+            progress_timeout_seconds: 150,
+            completion_timeout_seconds: 150,
+            bandwidth_bytes_per_second: 0,
+            block_socket: None,
+            block_disks: Vec::new(),
+        })
+        .await
+        .unwrap()
+        .unwrap();
+    let arrived = next_domain(&mut target).await;
+    assert_eq!(
+        (arrived.state, arrived.reason),
+        (DomainState::Running, StateReason::Migrated)
+    );
+    let gone = loop {
+        let status = next_domain(&mut source).await;
+        if status.is_final() {
+            break status;
+        }
+    };
+    assert_eq!(
+        (gone.state, gone.reason),
+        (DomainState::Shutoff, StateReason::Migrated)
+    );
+    assert_eq!(
+        gone.migration.map(|m| m.state),
+        Some(crate::protocol::MigrationJobState::Completed)
+    );
+    let source_launcher = launchers.remove(0);
+    tokio::time::timeout(Duration::from_secs(10), source_launcher)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    target.request(Command::Kill).await.unwrap().unwrap();
+}
+
+#[tokio::test]
 async fn a_reconnecting_handler_first_learns_the_current_state() {
     let dir = tempfile::tempdir().unwrap();
     let mut opts = options(dir.path());

@@ -3,14 +3,14 @@
 //!
 //! Checks this handler can make from the VMI alone, in upstream's order: the pod network's
 //! interface, host devices and GPUs, SEV/TDX, Hyper-V passthrough, then (for
-//! `LiveMigratable` only) non-shared host disks.
+//! `LiveMigratable` only) the volumes ([`volume_check`]: unshared claims and host disks).
 //!
 //! # Caveats
 //! - Network binding plugins are not read from the cluster configuration, so a plugin
 //!   binding counts as not migratable; a single GPU counts as the `VGPULiveMigration`
 //!   feature gate being off.
-//! - The CPU host-model, TSC-frequency and PVC access-mode checks are not made (the handler
-//!   has no node labels and writes no `volumeStatus` claim info).
+//! - The CPU host-model and TSC-frequency checks are not made (the handler has no node
+//!   labels here).
 
 use kubevirt_api::v1::VirtualMachineInstance;
 use serde_json::{Value, json};
@@ -108,25 +108,99 @@ fn cond(type_: &str, blocker: Option<(&str, String)>) -> Value {
 /// The `LiveMigratable` condition: the first failing check, as upstream (no timestamps, as
 /// upstream's condition carries none).
 pub fn live_migratable(vmi: &VirtualMachineInstance) -> Value {
-    let non_shared_host_disk = vmi.spec.volumes.iter().any(|v| {
-        v.volume_source
-            .host_disk
-            .as_ref()
-            .is_some_and(|h| h.shared != Some(true))
-    });
-    let first = blockers(vmi).into_iter().next().or_else(|| {
-        non_shared_host_disk.then(|| {
-            (
-                "DisksNotLiveMigratable",
-                "cannot migrate VMI with non-shared HostDisk".to_owned(),
-            )
-        })
-    });
+    let (_, disks) = volume_check(vmi);
+    let first = blockers(vmi)
+        .into_iter()
+        .next()
+        .or_else(|| disks.map(|message| ("DisksNotLiveMigratable", message)));
     cond("LiveMigratable", first)
 }
 
-/// The `StorageLiveMigratable` condition: every failing check, joined as
-/// `Reason: message, …` under reason `NotMigratable`, as upstream.
+/// Upstream's `checkVolumesForMigration`: whether a migration must copy local disks (block
+/// migration), and why the volumes cannot migrate at all, if they cannot. Claims must be
+/// shared (`ReadWriteMany`, read from the claim info the VMI controller writes into
+/// `status.volumeStatus`; the local provisioner's node-local claims are not), a `hostDisk` must
+/// be `shared`; virtiofs filesystems and read-only CD-ROMs need nothing; every other volume
+/// (containerDisk, emptyDisk, cloud-init, ephemeral …) is copied by a block migration.
+pub fn volume_check(vmi: &VirtualMachineInstance) -> (bool, Option<String>) {
+    let (local, error) = volumes_to_copy(vmi);
+    (!local.is_empty(), error)
+}
+
+/// The volumes a block migration copies (see [`volume_check`]) and why the VMI's volumes
+/// cannot migrate, if they cannot.
+pub fn volumes_to_copy(vmi: &VirtualMachineInstance) -> (Vec<String>, Option<String>) {
+    let not_shared = |claim: &str| {
+        format!(
+            "cannot migrate VMI: PVC {claim} is not shared, live migration requires that all PVCs must be shared (using ReadWriteMany access mode)"
+        )
+    };
+    let status_of = |name: &str| {
+        vmi.status
+            .as_ref()?
+            .volume_status
+            .iter()
+            .find(|v| v.name == name)?
+            .persistent_volume_claim_info
+            .as_ref()
+    };
+    let shared = |info: &kubevirt_api::v1::PersistentVolumeClaimInfo| {
+        info.access_modes.iter().any(|m| m == "ReadWriteMany")
+    };
+    let devices = &vmi.spec.domain.devices;
+    let mut local = Vec::new();
+    for volume in &vmi.spec.volumes {
+        let source = &volume.volume_source;
+        if let Some(claim) = source.claim_name() {
+            match status_of(&volume.name) {
+                None => {
+                    return (
+                        local,
+                        Some(format!(
+                            "cannot migrate VMI: Unable to determine if PVC {claim} is shared, live migration requires that all PVCs must be shared (using ReadWriteMany access mode)"
+                        )),
+                    );
+                }
+                Some(info) if !shared(info) => return (local, Some(not_shared(claim))),
+                Some(_) => {}
+            }
+        } else if let Some(host_disk) = &source.host_disk {
+            if let Some(info) = status_of(&volume.name) {
+                if !shared(info) {
+                    let claim = info.claim_name.as_deref().unwrap_or_default();
+                    return (local, Some(not_shared(claim)));
+                }
+                continue;
+            }
+            if host_disk.shared != Some(true) {
+                return (
+                    local,
+                    Some("cannot migrate VMI with non-shared HostDisk".to_owned()),
+                );
+            }
+        } else {
+            let virtiofs = devices.filesystems.iter().any(|f| f.name == volume.name);
+            let read_only_cdrom = devices.disks.iter().any(|d| {
+                d.name == volume.name && d.cdrom.as_ref().is_some_and(|c| c.readonly != Some(false))
+            });
+            if !virtiofs && !read_only_cdrom {
+                local.push(volume.name.clone());
+            }
+        }
+    }
+    (local, None)
+}
+
+/// `status.migrationMethod`: `BlockMigration` when local disks must be copied, else
+/// `LiveMigration`.
+pub fn migration_method(vmi: &VirtualMachineInstance) -> &'static str {
+    if volume_check(vmi).0 {
+        "BlockMigration"
+    } else {
+        "LiveMigration"
+    }
+}
+
 pub fn storage_live_migratable(vmi: &VirtualMachineInstance) -> Value {
     let all = blockers(vmi);
     let joined = (!all.is_empty()).then(|| {
@@ -157,6 +231,40 @@ mod tests {
             "domain": {"devices": {"interfaces": [interface]}},
             "networks": [{"name": "default", "pod": {}}]
         }))
+    }
+
+    #[test]
+    fn unshared_claims_block_migration_and_local_disks_need_a_block_migration() {
+        let with = |access: &str| {
+            let mut v = vmi(&json!({
+                "domain": {"devices": {"disks": [{"name": "root", "disk": {}}]}},
+                "volumes": [{"name": "root", "persistentVolumeClaim": {"claimName": "data"}}]
+            }));
+            v.status = Some(
+                serde_json::from_value(json!({"volumeStatus": [{"name": "root", "target": "",
+                "persistentVolumeClaimInfo": {"claimName": "data", "accessModes": [access]}}]}))
+                .unwrap(),
+            );
+            v
+        };
+        let local = live_migratable(&with("ReadWriteOnce"));
+        assert_eq!(local["reason"], "DisksNotLiveMigratable");
+        assert_eq!(
+            local["message"],
+            "cannot migrate VMI: PVC data is not shared, live migration requires that all PVCs must be shared (using ReadWriteMany access mode)"
+        );
+        assert_eq!(live_migratable(&with("ReadWriteMany"))["status"], "True");
+        assert_eq!(migration_method(&with("ReadWriteMany")), "LiveMigration");
+        let container_disk = vmi(&json!({
+            "domain": {"devices": {"disks": [{"name": "root", "disk": {}}]}},
+            "volumes": [{"name": "root", "containerDisk": {"image": "i"}}]
+        }));
+        assert_eq!(live_migratable(&container_disk)["status"], "True");
+        assert_eq!(migration_method(&container_disk), "BlockMigration");
+        assert_eq!(
+            migration_method(&vmi(&json!({"domain": {"devices": {}}}))),
+            "LiveMigration"
+        );
     }
 
     #[test]

@@ -252,6 +252,29 @@ fn an_unchanged_observation_writes_nothing() {
 }
 
 #[test]
+fn a_domain_without_interfaces_is_not_written_again() {
+    let vmi = scheduled_vmi();
+    let mut spec = spec(Accel::Kvm);
+    spec.interfaces.clear();
+    let obs = domain(DomainState::Running, StateReason::Booted);
+    let mut facts = facts(Accel::Kvm);
+    facts.spec = Some(spec);
+    let desired = desired_status(&vmi, &obs, &facts, NOW);
+    assert_eq!(desired["interfaces"], json!([]));
+    // What the handler reads back: the typed status leaves the empty list out.
+    let running = with_status(vmi, &desired);
+    assert!(
+        serde_json::to_value(&running.status)
+            .unwrap()
+            .get("interfaces")
+            .is_none(),
+        "the typed status drops an empty interfaces list"
+    );
+    let again = desired_status(&running, &obs, &facts, "2026-11-30T10:05:00Z");
+    assert_eq!(status_patch(&running, &again), None);
+}
+
+#[test]
 fn pause_sets_and_unpause_clears_the_paused_condition() {
     let vmi = scheduled_vmi();
     let running = with_status(

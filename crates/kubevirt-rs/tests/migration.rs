@@ -1,0 +1,443 @@
+//! End-to-end: live migration between the two nodes of `kubevirt-rs server --nodes 2`. A real
+//! guest (the test guest, TCG) runs on one node; `virtctl migrate` moves it to the other: the
+//! migration reaches `Succeeded`, the VMI's `status.nodeName` changes, `migrationState` says
+//! `completed`, the source launcher pod completes, and the guest did not reboot — a file it
+//! wrote in its RAM-only root before the migration is still there afterwards, its uptime went
+//! on, the target's console shows no boot, and what it wrote on its emptyDisk is on the
+//! target's disk (block migration). Skips (saying why) when the test guest, QEMU
+//! or virtctl is missing.
+//!
+//! Then a second migration, slowed to 1 MiB/s through the KubeVirt CR, is cancelled while it
+//! runs (`virtctl migrate-cancel`): the migration goes away, the VMI stays on its node with
+//! `migrationState.failed` and upstream's abort reason, and the guest runs on. Last, a
+//! migration whose target pod no node can take fails after the pending-pod timeout.
+
+use std::io::{Read, Write};
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use testkit::{DEADLINE, ServerProcess, wait_until};
+
+const BIN: &str = env!("CARGO_BIN_EXE_kubevirt-rs");
+/// A migration of a small guest under TCG, plus the target pod's start.
+const MIGRATION_DEADLINE: Duration = Duration::from_secs(240);
+
+const VM: &str = r#"apiVersion: kubevirt.io/v1
+kind: VirtualMachine
+metadata:
+  name: mover
+spec:
+  runStrategy: Always
+  template:
+    spec:
+      domain:
+        memory: {guest: 128Mi}
+        firmware:
+          kernelBoot:
+            kernelArgs: "console=ttyS0 panic=-1 quiet tg.quiet=1"
+            container:
+              image: kubevirt-rs/test-guest:latest
+              kernelPath: /vmlinux
+              initrdPath: /initramfs.cpio.gz
+        devices:
+          disks: [{name: scratch, disk: {}}]
+          interfaces: [{name: default, masquerade: {}}]
+      networks: [{name: default, pod: {}}]
+      volumes: [{name: scratch, emptyDisk: {capacity: 16Mi}}]
+"#;
+
+fn virtctl() -> PathBuf {
+    Path::new(BIN).with_file_name("virtctl")
+}
+
+fn with_log<T>(server: &ServerProcess, result: anyhow::Result<T>) -> anyhow::Result<T> {
+    result.map_err(|e| anyhow::anyhow!("{e}\nserver log (tail):\n{}", tail(&server.log(), 200)))
+}
+
+fn tail(text: &str, lines: usize) -> String {
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+/// Reads from the pty master until `needle` appears or the deadline passes.
+fn read_until(master: &mut std::fs::File, needle: &str, deadline: Duration) -> String {
+    let start = Instant::now();
+    let mut seen = String::new();
+    let mut buf = [0u8; 4096];
+    while start.elapsed() < deadline && !seen.contains(needle) {
+        match master.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => seen.push_str(&String::from_utf8_lossy(&buf[..n])),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(_) => break,
+        }
+    }
+    seen
+}
+
+/// Runs `command` in the guest through `virtctl console` and returns what the guest printed
+/// up to its `RUN-DONE` line.
+fn guest_run(server: &ServerProcess, command: &str) -> anyhow::Result<String> {
+    let pty = nix::pty::openpty(None, None)?;
+    let slave: OwnedFd = pty.slave;
+    let mut child = Command::new(virtctl())
+        .args(["console", "mover"])
+        .env("KUBECONFIG", server.kubeconfig())
+        .stdin(Stdio::from(slave.try_clone()?))
+        .stdout(Stdio::from(slave.try_clone()?))
+        .stderr(Stdio::from(slave))
+        .spawn()?;
+    let mut master = std::fs::File::from(pty.master);
+    nix::fcntl::fcntl(
+        &master,
+        nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK),
+    )?;
+    let result = (|| {
+        let banner = read_until(&mut master, "escape sequence is ^]", DEADLINE);
+        anyhow::ensure!(
+            banner.contains("Successfully connected to mover console"),
+            "virtctl console: {banner}"
+        );
+        wait_until(DEADLINE, &format!("the guest to run {command:?}"), || {
+            master
+                .write_all(format!("run {command}\r").as_bytes())
+                .ok()?;
+            let seen = read_until(&mut master, "RUN-DONE", Duration::from_secs(5));
+            seen.contains("RUN-DONE").then_some(seen)
+        })
+    })();
+    let _ = master.write_all(&[0x1d]); // Ctrl+]
+    let _ = wait_until(Duration::from_secs(10), "virtctl console to exit", || {
+        child.try_wait().ok().flatten()
+    });
+    let _ = child.kill();
+    let _ = child.wait();
+    result
+}
+
+/// The guest's uptime in seconds from a `MARK <tag> <uptime>` line.
+fn uptime_after(output: &str, tag: &str) -> Option<f64> {
+    output
+        .lines()
+        .find_map(|l| l.trim().strip_prefix(&format!("MARK {tag} ")))
+        .and_then(|rest| rest.split_whitespace().next()?.parse().ok())
+}
+
+fn vmi_field(server: &ServerProcess, template: &str) -> String {
+    server.get(&["vmi", "mover"], template)
+}
+
+fn virtctl_ok(server: &ServerProcess, args: &[&str]) -> anyhow::Result<()> {
+    let out = Command::new(virtctl())
+        .args(args)
+        .env("KUBECONFIG", server.kubeconfig())
+        .output()?;
+    anyhow::ensure!(out.status.success(), "virtctl {args:?}: {out:?}");
+    Ok(())
+}
+
+/// The names of the migrations, in creation order.
+fn migrations(server: &ServerProcess) -> Vec<String> {
+    server
+        .get(
+            &["vmim", "--sort-by=.metadata.creationTimestamp"],
+            "{.items[*].metadata.name}",
+        )
+        .split_whitespace()
+        .map(str::to_owned)
+        .collect()
+}
+
+/// `virtctl migrate mover`; returns the new migration's name.
+fn start_migration(server: &ServerProcess) -> anyhow::Result<String> {
+    let before = migrations(server);
+    virtctl_ok(server, &["migrate", "mover"])?;
+    wait_until(DEADLINE, "the new migration", || {
+        migrations(server).into_iter().find(|m| !before.contains(m))
+    })
+}
+
+/// Boots the VM and waits for its guest; returns its node and launcher pod.
+fn boot_mover(server: &ServerProcess) -> anyhow::Result<(String, String)> {
+    server.apply(VM)?;
+    with_log(
+        server,
+        wait_until(DEADLINE, "the VMI Running and LiveMigratable", || {
+            (vmi_field(
+                server,
+                r#"{.status.phase} {.status.conditions[?(@.type=="LiveMigratable")].status}"#,
+            ) == "Running True")
+                .then_some(())
+        }),
+    )?;
+    let node = vmi_field(server, "{.status.nodeName}");
+    let pod = server.get(
+        &["pods", "-l", "vm.kubevirt.io/name=mover"],
+        "{.items[0].metadata.name}",
+    );
+    with_log(
+        server,
+        wait_until(DEADLINE, "the guest to boot", || {
+            server
+                .guest_console(&pod)
+                .contains("GUEST-READY")
+                .then_some(())
+        }),
+    )?;
+    Ok((node, pod))
+}
+
+/// Runs the migration to its end and checks that the VMI moved; returns the target node
+/// and pod.
+fn migrate_away(
+    server: &ServerProcess,
+    source_node: &str,
+    source_pod: &str,
+) -> anyhow::Result<(String, String)> {
+    let started = Instant::now();
+    let name = start_migration(server)?;
+    let phase = with_log(
+        server,
+        wait_until(MIGRATION_DEADLINE, "the migration to end", || {
+            let phase = server.get(&["vmim", &name], "{.status.phase}");
+            matches!(phase.as_str(), "Succeeded" | "Failed").then_some(phase)
+        }),
+    )?;
+    let events = server.kubectl(&["get", "events", "--sort-by=.lastTimestamp"]);
+    let events = String::from_utf8_lossy(&events.stdout).into_owned();
+    anyhow::ensure!(
+        phase == "Succeeded",
+        "the migration {phase}: {}\nevents:\n{events}\nserver log (tail):\n{}",
+        server.get(&["vmim", &name], "{.status}"),
+        tail(&server.log(), 200)
+    );
+    eprintln!("migration succeeded after {:?}", started.elapsed());
+    for reason in [
+        "SuccessfulCreate",
+        "SuccessfulHandOver",
+        "PreparingTarget",
+        "Migrating",
+        "Migrated",
+        "SuccessfulMigration",
+    ] {
+        assert!(events.contains(reason), "event {reason} in:\n{events}");
+    }
+    let target_node = vmi_field(server, "{.status.nodeName}");
+    assert_ne!(target_node, source_node, "status.nodeName moved");
+    assert_eq!(
+        vmi_field(server, "{.status.migrationMethod}"),
+        "BlockMigration"
+    );
+    assert_eq!(
+        vmi_field(
+            server,
+            "{.status.phase} {.status.migrationState.completed} {.status.migrationState.sourceNode} {.status.migrationState.targetNode} {.metadata.labels.kubevirt\\.io/nodeName}"
+        ),
+        format!("Running true {source_node} {target_node} {target_node}")
+    );
+    // The migration keeps a copy of the final state.
+    assert_eq!(
+        server.get(&["vmim", &name], "{.status.migrationState.completed}"),
+        "true"
+    );
+    let target_pod = vmi_field(server, "{.status.migrationState.targetPod}");
+    assert_eq!(
+        server.get(&["pod", &target_pod], "{.spec.nodeName}"),
+        target_node
+    );
+    // The source launcher exits after handing over: its pod completes (or is gone).
+    with_log(
+        server,
+        wait_until(DEADLINE, "the source pod to complete", || {
+            let phase = server.get(
+                &["pods", "--ignore-not-found", source_pod],
+                "{.status.phase}",
+            );
+            (phase.is_empty() || phase == "Succeeded").then_some(())
+        }),
+    )?;
+    Ok((target_node, target_pod))
+}
+
+/// Slows migrations down to 1 MiB/s (the CR's `bandwidthPerMigration`), starts one, cancels
+/// it once it runs (`virtctl migrate-cancel`) and checks that the VMI stayed on `node`.
+fn cancel_slow_migration(server: &ServerProcess, node: &str) -> anyhow::Result<()> {
+    server.ok(&[
+        "-n",
+        "kubevirt",
+        "patch",
+        "kubevirt",
+        "kubevirt",
+        "--type=merge",
+        "-p",
+        r#"{"spec":{"configuration":{"migrations":{"bandwidthPerMigration":"1Mi"}}}}"#,
+    ])?;
+    let name = start_migration(server)?;
+    with_log(
+        server,
+        wait_until(MIGRATION_DEADLINE, "the slow migration to run", || {
+            let phase = server.get(&["vmim", &name], "{.status.phase}");
+            matches!(phase.as_str(), "Running" | "Succeeded" | "Failed").then_some(())
+        }),
+    )?;
+    assert_eq!(
+        server.get(&["vmim", &name], "{.status.phase}"),
+        "Running",
+        "the migration was to be still running"
+    );
+    assert_eq!(
+        vmi_field(
+            server,
+            "{.status.migrationState.migrationConfiguration.bandwidthPerMigration}"
+        ),
+        "1Mi"
+    );
+    let target_pod = vmi_field(server, "{.status.migrationState.targetPod}");
+    virtctl_ok(server, &["migrate-cancel", "mover"])?;
+    with_log(
+        server,
+        wait_until(MIGRATION_DEADLINE, "the cancelled migration to go", || {
+            server
+                .get(&["vmim", "--ignore-not-found", &name], "{.metadata.name}")
+                .is_empty()
+                .then_some(())
+        }),
+    )?;
+    // The source handler reports the abort; the migration may have ended a moment before
+    // (its target pod went down when the source stopped sending).
+    let want = format!("Running {node} true Succeeded Live migration has been aborted");
+    with_log(
+        server,
+        wait_until(DEADLINE, "the VMI to report the aborted migration", || {
+            let state = vmi_field(
+                server,
+                "{.status.phase} {.status.nodeName} {.status.migrationState.failed} {.status.migrationState.abortStatus} {.status.migrationState.failureReason}",
+            );
+            (state == want).then_some(())
+        }),
+    )?;
+    with_log(
+        server,
+        wait_until(
+            DEADLINE,
+            "the cancelled migration's target pod to go",
+            || {
+                let pod = server.get(
+                    &["pod", "--ignore-not-found", &target_pod],
+                    "{.metadata.name}:{.metadata.deletionTimestamp}",
+                );
+                (pod.is_empty() || !pod.ends_with(':')).then_some(())
+            },
+        ),
+    )?;
+    Ok(())
+}
+
+#[test]
+fn virtctl_migrate_moves_a_running_guest_to_the_other_node_and_migrate_cancel_keeps_it()
+-> anyhow::Result<()> {
+    let Some(guest) = testkit::available(testkit::test_guest()) else {
+        return Ok(());
+    };
+    if testkit::available(testkit::virtctl_beside(Path::new(BIN))).is_none() {
+        return Ok(());
+    }
+    let mut server = ServerProcess::start(
+        Path::new(BIN),
+        "server",
+        &["--nodes", "2", "--node-name", "mignode"],
+    )?;
+    server.import_test_guest(guest)?;
+    let (source_node, source_pod) = boot_mover(&server)?;
+    let before = guest_run(
+        &server,
+        "touch /tmp/before-migration; echo DISK-MARK-42 >/dev/vda; sync; echo MARK before $(cut -d' ' -f1 /proc/uptime)",
+    )?;
+    let up_before = uptime_after(&before, "before")
+        .ok_or_else(|| anyhow::anyhow!("no uptime before the migration in {before:?}"))?;
+
+    let (target_node, target_pod) = migrate_away(&server, &source_node, &source_pod)?;
+    // The page cache is dropped first, so the disk's content is read from the target's disk.
+    let after = guest_run(
+        &server,
+        "test -f /tmp/before-migration && echo 3 >/proc/sys/vm/drop_caches && echo DISK $(head -c 12 /dev/vda) && echo MARK after $(cut -d' ' -f1 /proc/uptime)",
+    )?;
+    assert!(
+        after.contains("DISK DISK-MARK-42"),
+        "the emptyDisk's content did not reach the target (block migration): {after:?}"
+    );
+    let up_after = uptime_after(&after, "after").ok_or_else(|| {
+        anyhow::anyhow!("the guest lost what it wrote before the migration: {after:?}")
+    })?;
+    assert!(
+        up_after > up_before,
+        "uptime went on: {up_before} s before, {up_after} s after"
+    );
+    let target_console = server.guest_console(&target_pod);
+    assert!(
+        !target_console.contains("GUEST-READY") && !target_console.contains("UPTIME:"),
+        "the guest booted again on the target: {target_console}"
+    );
+    eprintln!("guest uptime {up_before} s before, {up_after} s after the migration");
+
+    cancel_slow_migration(&server, &target_node)?;
+    let cancelled = guest_run(
+        &server,
+        "test -f /tmp/before-migration && echo MARK cancelled $(cut -d' ' -f1 /proc/uptime)",
+    )?;
+    let up_cancelled = uptime_after(&cancelled, "cancelled").ok_or_else(|| {
+        anyhow::anyhow!("the guest is not the same after the cancel: {cancelled:?}")
+    })?;
+    assert!(up_cancelled > up_after, "uptime went on after the cancel");
+    unschedulable_target_fails_the_migration(&server, &target_node)
+}
+
+/// A migration whose target pod cannot be scheduled (`addedNodeSelector` no node matches)
+/// fails once upstream's pending-pod timeout (shortened by its annotations) passes.
+fn unschedulable_target_fails_the_migration(
+    server: &ServerProcess,
+    node: &str,
+) -> anyhow::Result<()> {
+    server.apply(
+        r#"apiVersion: kubevirt.io/v1
+kind: VirtualMachineInstanceMigration
+metadata:
+  name: nowhere
+  annotations:
+    kubevirt.io/migrationUnschedulablePodTimeoutSeconds: "5"
+    kubevirt.io/migrationPendingPodTimeoutSeconds: "5"
+spec:
+  vmiName: mover
+  addedNodeSelector: {example.com/no-such-node: "true"}
+"#,
+    )?;
+    with_log(
+        server,
+        wait_until(
+            MIGRATION_DEADLINE,
+            "the unschedulable migration to fail",
+            || (server.get(&["vmim", "nowhere"], "{.status.phase}") == "Failed").then_some(()),
+        ),
+    )?;
+    let events = server.kubectl(&[
+        "get",
+        "events",
+        "--field-selector",
+        "involvedObject.name=nowhere",
+    ]);
+    let events = String::from_utf8_lossy(&events.stdout).into_owned();
+    assert!(
+        events.contains("timeout period exceeded")
+            && events.contains("Migration target pod was removed during active migration."),
+        "{events}"
+    );
+    assert_eq!(
+        vmi_field(server, "{.status.phase} {.status.nodeName}"),
+        format!("Running {node}")
+    );
+    Ok(())
+}
