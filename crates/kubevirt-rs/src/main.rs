@@ -9,6 +9,7 @@ mod cmd_api;
 mod cmd_console_log;
 mod cmd_controller;
 mod cmd_handler;
+mod cmd_hotplug_disk;
 mod cmd_images;
 mod cmd_launcher;
 mod cmd_manifests;
@@ -48,6 +49,9 @@ enum Command {
     Launcher(cmd_launcher::LauncherArgs),
     /// Stream a VMI's serial console log (the launcher pod's `guest-console-log` container).
     GuestConsoleLog(cmd_console_log::ConsoleLogArgs),
+    /// Keep a hotplug attachment pod running (its `hotplug-disk` container) and let
+    /// virt-handler find its mounts.
+    HotplugDisk(cmd_hotplug_disk::HotplugDiskArgs),
     /// Print KubeVirt's install manifests (the files of `deploy/`) as multi-document YAML.
     Manifests(cmd_manifests::ManifestsArgs),
     /// Manage the local image store.
@@ -147,6 +151,7 @@ fn main() -> anyhow::Result<()> {
         Command::Operator(args) => cmd_operator::run(args)?,
         Command::Launcher(args) => cmd_launcher::run(args)?,
         Command::GuestConsoleLog(args) => cmd_console_log::run(&args)?,
+        Command::HotplugDisk(args) => cmd_hotplug_disk::run(&args)?,
         Command::Images(args) => cmd_images::run(args)?,
         Command::Manifests(args) => cmd_manifests::run(args)?,
     }

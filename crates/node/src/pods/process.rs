@@ -160,19 +160,36 @@ pub struct Sandbox {
 /// Creates the mount points of `mounts` on the host file system: without a private root
 /// (the container sees the host's files, see the ADR on pod isolation) a bind mount needs
 /// an existing target. A directory for a directory source, an empty file for a file.
+///
+/// A mount below an earlier one (a claim at `/path/vol` in a volume at `/path`, as in a
+/// hotplug attachment pod) lands on what the earlier mount shows there, so its mount point is
+/// created in the earlier mount's source instead — as a container runtime creates it inside
+/// the mounted volume.
 fn create_mount_points(mounts: &[BindMount]) -> std::io::Result<()> {
-    for m in mounts {
+    for (i, m) in mounts.iter().enumerate() {
+        let target = mounts[..i]
+            .iter()
+            .rev()
+            .find_map(|outer| {
+                let rest = m.target.strip_prefix(&outer.target).ok()?;
+                let plain = rest
+                    .components()
+                    .all(|c| matches!(c, std::path::Component::Normal(_)));
+                (plain && !rest.as_os_str().is_empty() && outer.source.is_dir())
+                    .then(|| outer.source.join(rest))
+            })
+            .unwrap_or_else(|| m.target.clone());
         if m.source.is_dir() {
-            std::fs::create_dir_all(&m.target)?;
-        } else if !m.target.exists() {
-            if let Some(parent) = m.target.parent() {
+            std::fs::create_dir_all(&target)?;
+        } else if !target.exists() {
+            if let Some(parent) = target.parent() {
                 std::fs::create_dir_all(parent)?;
             }
             std::fs::OpenOptions::new()
                 .create(true)
                 .truncate(false)
                 .write(true)
-                .open(&m.target)?;
+                .open(&target)?;
         }
     }
     Ok(())
@@ -355,6 +372,26 @@ pub fn signal_group(record: &ProcessRecord, signal: Signal) {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_mount_below_another_gets_its_mount_point_inside_the_outer_source() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (outer, inner) = (tmp.path().join("outer-src"), tmp.path().join("inner-src"));
+        std::fs::create_dir_all(&outer).unwrap();
+        std::fs::create_dir_all(&inner).unwrap();
+        let root = tmp.path().join("root");
+        let mount = |source: &std::path::Path, target: &str| super::BindMount {
+            source: source.to_owned(),
+            target: root.join(target),
+            read_only: false,
+        };
+        let escape = mount(&inner, "path/../elsewhere");
+        super::create_mount_points(&[mount(&outer, "path"), mount(&inner, "path/vol"), escape])
+            .unwrap();
+        assert!(outer.join("vol").is_dir(), "created where the outer mount shows it");
+        assert!(!root.join("path/vol").exists());
+        assert!(!outer.join("../elsewhere").exists(), "never outside the outer source");
+    }
+
     use super::*;
 
     #[tokio::test]

@@ -11,7 +11,7 @@ use serde_json::Value;
 
 use super::sync::{
     ANNOTATIONS_LABELS_CHANGE_ERROR, FAILED_CREATE, FAILED_DELETE, FAILED_UPDATE,
-    FIRMWARE_UUID_ERROR, SUCCESSFUL_CREATE, SUCCESSFUL_DELETE, VmAction,
+    FIRMWARE_UUID_ERROR, HOTPLUG_VOLUME_ERROR, SUCCESSFUL_CREATE, SUCCESSFUL_DELETE, VmAction,
 };
 use super::{SyncFailure, VmError};
 use crate::runtime::events::{EventRecorder, EventType};
@@ -140,6 +140,8 @@ impl Executor<'_> {
                     format!("Error encountered while updating the running VMI: {e}"),
                 )
             }),
+            VmAction::PatchVmVolumes(ops) => self.patch_vm(ops, false).await.map_err(volume_failure),
+            VmAction::PatchVmiVolumes(ops) => self.patch_vmi(ops).await.map_err(volume_failure),
             VmAction::DeleteVmi(name) => {
                 let object_key = format!("{}/{name}", self.namespace);
                 self.expectations
@@ -229,4 +231,12 @@ impl Executor<'_> {
             }
         }
     }
+}
+
+/// Upstream's sync error for a volume request that could not be applied.
+fn volume_failure(e: impl std::fmt::Display) -> SyncFailure {
+    SyncFailure::new(
+        HOTPLUG_VOLUME_ERROR,
+        format!("Error encountered while handling volume hotplug requests: {e}"),
+    )
 }

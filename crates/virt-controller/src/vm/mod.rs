@@ -26,6 +26,7 @@ pub mod label_sync;
 pub mod start;
 pub mod status;
 pub mod sync;
+pub mod volume_requests;
 
 use std::sync::Arc;
 

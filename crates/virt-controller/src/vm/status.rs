@@ -9,10 +9,10 @@
 //! Deviations from upstream:
 //! - upstream replaces the whole status (`UpdateStatus`) when it changed; we send a JSON Patch
 //!   touching only the changed top-level status fields, and nothing when nothing changed. A
-//!   changed `stateChangeRequests` list is guarded by a `test` of the list we read, so a request
-//!   appended concurrently by the subresource API is never lost.
+//!   changed `stateChangeRequests` or `volumeRequests` list is guarded by a `test` of the list we
+//!   read, so a request appended concurrently by the subresource API is never lost.
 //! - DataVolume/PVC states (`Provisioning`, `DataVolumeError`, `WaitingForVolumeBinding`),
-//!   volume requests, memory dumps and changed block tracking are not derived yet.
+//!   memory dumps and changed block tracking are not derived yet.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
@@ -137,6 +137,7 @@ pub fn compute_status(input: &StatusInput<'_>, rng: &mut impl Rng) -> VirtualMac
         status.run_strategy = Some(s.clone());
     }
     pop_state_change_request(&mut status, vmi);
+    super::volume_requests::trim_done(&mut status, vm, vmi);
     let effective = strategy.clone().unwrap_or(RunStrategy::Unknown);
     status.start_failure = next_start_failure(
         status.start_failure.as_ref(),
@@ -455,7 +456,8 @@ pub fn status_patch(
         match (old_map.get(key), new_map.get(key)) {
             (Some(a), Some(b)) if a == b => {}
             (Some(a), next) => {
-                if key == "stateChangeRequests" {
+                // Lists virt-api appends to concurrently: never write over an append.
+                if key == "stateChangeRequests" || key == "volumeRequests" {
                     ops.push(json!({"op": "test", "path": path, "value": a}));
                 }
                 match next {

@@ -9,10 +9,12 @@
 //!
 //! When no create/delete was planned (upstream re-checks its expectations there), a template
 //! without a firmware UUID gets upstream's legacy UUID of the VM name written back (upstream's
-//! firmware synchronizer), before the label/annotation sync onto the VMI.
+//! firmware synchronizer), then the VM's `status.volumeRequests` are applied to the template
+//! and the running VMI ([`super::volume_requests`]), before the label/annotation sync onto
+//! the VMI.
 //!
-//! Not planned (yet) compared to upstream: DataVolumes, instancetypes, network/volume/memory
-//! hotplug and other live updates, and the decentralized-migration special case of `Always`.
+//! Not planned (yet) compared to upstream: DataVolumes, instancetypes, NIC hotplug, and the
+//! decentralized-migration special case of `Always`.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -51,6 +53,8 @@ pub const SUCCESSFUL_DELETE: &str = "SuccessfulDelete";
 pub const ANNOTATIONS_LABELS_CHANGE_ERROR: &str = "AnnotationsLabelsChangeError";
 /// Reason of a failed VM metadata or spec patch.
 pub const FAILED_UPDATE: &str = "FailedUpdate";
+/// Reason of a failed application of the VM's volume requests.
+pub const HOTPLUG_VOLUME_ERROR: &str = "HotPlugVolumeError";
 /// Reason of a failed write of the firmware UUID into the VM template.
 pub const FIRMWARE_UUID_ERROR: &str = "FirmwareUUIDError";
 /// How soon a live update waiting for a hotplug in progress is tried again.
@@ -92,6 +96,11 @@ pub enum VmAction {
     /// JSON Patch of the running VMI's spec with the template's live-updatable changes
     /// ([`super::live_update`]).
     LiveUpdateVmi(Vec<Value>),
+    /// JSON Patch of the VM template's volumes and disks with the VM's volume requests
+    /// ([`super::volume_requests`]).
+    PatchVmVolumes(Vec<Value>),
+    /// JSON Patch of the running VMI's volumes and disks with the VM's volume requests.
+    PatchVmiVolumes(Vec<Value>),
 }
 
 /// What one reconcile intends to do.
@@ -266,6 +275,14 @@ pub fn plan(input: &SyncInput<'_>) -> SyncPlan {
     }
     if has_finalizer && let Some(ops) = firmware_uuid_ops(vm) {
         plan.actions.push(VmAction::PatchVmFirmware(ops));
+    }
+    let volumes = super::volume_requests::plan(vm, input.vmi);
+    if !volumes.template_ops.is_empty() {
+        plan.actions
+            .push(VmAction::PatchVmVolumes(volumes.template_ops));
+    }
+    if !volumes.vmi_ops.is_empty() {
+        plan.actions.push(VmAction::PatchVmiVolumes(volumes.vmi_ops));
     }
     if let Some(vmi) = input.vmi {
         let bump = vmi_generation(input, vmi).1;

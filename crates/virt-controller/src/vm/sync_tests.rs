@@ -48,6 +48,8 @@ fn kinds(plan: &SyncPlan) -> Vec<&'static str> {
             VmAction::PatchVmStatus(_) => "start-request",
             VmAction::PatchVmi(_) => "patch-vmi",
             VmAction::LiveUpdateVmi(_) => "live-update-vmi",
+            VmAction::PatchVmVolumes(_) => "patch-vm-volumes",
+            VmAction::PatchVmiVolumes(_) => "patch-vmi-volumes",
         })
         .collect()
 }

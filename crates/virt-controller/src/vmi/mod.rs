@@ -47,6 +47,7 @@
 //! `customizeComponents.flags.controller`, see [`crate::kubevirt_config`]) needs no restart.
 //! The VM controller reads the same value: one channel serves both.
 
+pub mod hotplug;
 pub mod label_sync;
 pub mod metrics;
 pub mod status;
@@ -59,7 +60,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 use kubevirt_api::constants as c;
@@ -70,7 +71,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::kubevirt_config::ClusterSettings;
 use crate::runtime::controller::{Action, Controller, ControllerError, Reconciler};
-use crate::runtime::events::EventRecorder;
+use crate::runtime::events::{EventRecorder, EventType};
 use crate::runtime::expectations::Expectations;
 use crate::runtime::informer::{Change, Informer, InformerHandle};
 use crate::runtime::metrics::Metrics;
@@ -280,6 +281,45 @@ impl VmiReconciler {
         let pod = current_pod(&vmi, &pods);
         let now = now_seconds();
         let claim_volumes = claim_volume_status(&vmi, |key| self.claims.get_by_key(key));
+        let namespace_pods = self.namespace_pods(ns);
+        let namespace_pods: Vec<&Pod> = namespace_pods.iter().map(AsRef::as_ref).collect();
+        let hotplug_failure = self
+            .sync_hotplug(key, &vmi, &pods_api, &pods, pod, &namespace_pods, &launcher)
+            .await
+            .err();
+        let sync_failure = sync_failure.or(hotplug_failure);
+        let hotplug_status = pod
+            .filter(|_| status::phase_is_running(&vmi))
+            .map(|launcher_pod| {
+                let mut statuses = vmi
+                    .status
+                    .as_ref()
+                    .map(|s| s.volume_status.clone())
+                    .unwrap_or_default();
+                let attached = hotplug::attachment_pods(&namespace_pods, launcher_pod);
+                let claims: Vec<Arc<PersistentVolumeClaim>> = vmi
+                    .spec
+                    .volumes
+                    .iter()
+                    .filter_map(|v| v.volume_source.claim_name())
+                    .filter_map(|claim| self.claims.get_by_key(&format!("{ns}/{claim}")))
+                    .collect();
+                let lookup = |name: &str| {
+                    claims
+                        .iter()
+                        .map(AsRef::as_ref)
+                        .find(|c| c.metadata.name.as_deref() == Some(name))
+                };
+                hotplug::update_volume_status(
+                    &vmi,
+                    &mut statuses,
+                    launcher_pod,
+                    &attached,
+                    &claim_volumes,
+                    lookup,
+                );
+                statuses
+            });
         let observed = Observed {
             pod,
             pods: &pods,
@@ -288,6 +328,7 @@ impl VmiReconciler {
             owner_vm_exists: has_owner_vm(&vmi, |key| self.vms.get_by_key(key)),
             now: &now,
             claim_volumes: &claim_volumes,
+            hotplug_volume_status: hotplug_status.as_deref(),
         };
         let (desired, status_failure) = status::desired_vmi(&vmi, &observed)?;
         // As upstream: whenever a launcher pod exists, whatever its state.
@@ -303,6 +344,167 @@ impl VmiReconciler {
             Some(f) => Err(VmiError::Sync(f)),
             None => Ok(Action::Done),
         }
+    }
+
+    /// The cached launcher and attachment pods of a namespace.
+    fn namespace_pods(&self, ns: &str) -> Vec<Arc<Pod>> {
+        self.pods
+            .store()
+            .state()
+            .into_iter()
+            .filter(|p| p.metadata.namespace.as_deref() == Some(ns))
+            .collect()
+    }
+
+    /// Upstream's hotplug steps of `sync` (reference §3.2 steps 2, 3 and 7): a final VMI's
+    /// attachment pods go; so do those of finished launcher pods; and with a ready launcher
+    /// pod that is not being deleted the attachment pods follow the ready hotplug volumes.
+    #[allow(clippy::too_many_arguments)]
+    async fn sync_hotplug(
+        &self,
+        key: &str,
+        vmi: &VirtualMachineInstance,
+        pods_api: &Api<Pod>,
+        controlled: &[&Pod],
+        launcher_pod: Option<&Pod>,
+        namespace_pods: &[&Pod],
+        launcher: &LauncherPodConfig,
+    ) -> Result<(), SyncFailure> {
+        if vmi.metadata.deletion_timestamp.is_some() {
+            return Ok(());
+        }
+        let final_vmi = status::phase_is_final(vmi);
+        if final_vmi {
+            if let Some(pod) = launcher_pod {
+                let doomed = hotplug::attachment_pods(namespace_pods, pod);
+                self.delete_attachment_pods(key, vmi, pods_api, &doomed)
+                    .await
+                    .map_err(|e| SyncFailure::new(hotplug::FAILED_HOTPLUG_SYNC, e))?;
+            }
+            return Ok(());
+        }
+        for finished in controlled.iter().filter(|p| status::pod_is_down(p)) {
+            let doomed = hotplug::attachment_pods(namespace_pods, finished);
+            if let Err(e) = self.delete_attachment_pods(key, vmi, pods_api, &doomed).await {
+                tracing::warn!(vmi = key, error = %e, "deleting the attachment pods of a finished launcher pod");
+            }
+        }
+        let Some(pod) = launcher_pod.filter(|p| {
+            status::pod_is_ready(p) && p.metadata.deletion_timestamp.is_none()
+        }) else {
+            return Ok(());
+        };
+        let attached = hotplug::attachment_pods(namespace_pods, pod);
+        let hotplug_volumes = hotplug::hotplug_volumes(vmi, pod);
+        if hotplug_volumes.is_empty() && attached.is_empty() {
+            return Ok(());
+        }
+        let ns = vmi.metadata.namespace.as_deref().unwrap_or_default();
+        let ready: Vec<&kubevirt_api::v1::Volume> = hotplug_volumes
+            .into_iter()
+            .filter(|v| {
+                let claim = v.volume_source.claim_name().unwrap_or_default();
+                let cached = self.claims.get_by_key(&format!("{ns}/{claim}"));
+                hotplug::claim_ready(cached.as_deref())
+            })
+            .collect();
+        let plan = hotplug::plan(vmi, &ready, &attached);
+        if !plan.create.is_empty() {
+            let template =
+                hotplug::render_attachment_pod(vmi, pod, &plan.create, &launcher.launcher_image);
+            self.pod_expectations.expect_creations(key, 1);
+            match pods_api.create(&PostParams::default(), &template).await {
+                Ok(created) => {
+                    let name = created.metadata.name.unwrap_or_default();
+                    tracing::info!(vmi = key, pod = %name, "created attachment pod");
+                    self.recorder
+                        .record(
+                            vmi,
+                            EventType::Normal,
+                            hotplug::SUCCESSFUL_CREATE_POD,
+                            &format!("Created attachment pod {name}"),
+                        )
+                        .await;
+                }
+                Err(e) => {
+                    self.pod_expectations.creation_observed(key);
+                    self.recorder
+                        .record(
+                            vmi,
+                            EventType::Warning,
+                            hotplug::FAILED_CREATE_POD,
+                            &format!("Error creating attachment pod: {e}"),
+                        )
+                        .await;
+                    return Err(SyncFailure::new(
+                        hotplug::FAILED_CREATE_POD,
+                        format!("Error creating attachment pod {e}"),
+                    ));
+                }
+            }
+        }
+        let doomed: Vec<&Pod> = attached
+            .iter()
+            .copied()
+            .filter(|p| plan.delete.iter().any(|d| p.metadata.name.as_ref() == Some(d)))
+            .collect();
+        self.delete_attachment_pods(key, vmi, pods_api, &doomed)
+            .await
+            .map_err(|e| {
+                SyncFailure::new(
+                    hotplug::FAILED_DELETE_POD,
+                    format!("Error deleting attachment pod {e}"),
+                )
+            })
+    }
+
+    /// Deletes `pods` (attachment pods) with grace 0, skipping those already being deleted;
+    /// events as upstream.
+    async fn delete_attachment_pods(
+        &self,
+        key: &str,
+        vmi: &VirtualMachineInstance,
+        pods_api: &Api<Pod>,
+        pods: &[&Pod],
+    ) -> Result<(), String> {
+        for pod in pods.iter().filter(|p| p.metadata.deletion_timestamp.is_none()) {
+            let name = pod.name_any();
+            let params = DeleteParams {
+                grace_period_seconds: Some(0),
+                ..DeleteParams::default()
+            };
+            let pod_key = key_of(*pod);
+            self.pod_expectations
+                .expect_deletions(key, std::slice::from_ref(&pod_key));
+            match pods_api.delete(&name, &params).await {
+                Ok(_) => {
+                    self.recorder
+                        .record(
+                            vmi,
+                            EventType::Normal,
+                            hotplug::SUCCESSFUL_DELETE_POD,
+                            &format!("Deleted attachment pod {name}"),
+                        )
+                        .await;
+                }
+                Err(kube::Error::Api(status)) if status.code == 404 => {
+                    self.pod_expectations.deletion_observed(key, &pod_key);
+                }
+                Err(e) => {
+                    self.pod_expectations.deletion_observed(key, &pod_key);
+                    self.recorder
+                        .record(
+                            vmi,
+                            EventType::Warning,
+                            hotplug::FAILED_DELETE_POD,
+                            &format!("Failed to delete attachment pod {name}"),
+                        )
+                        .await;
+                    return Err(e.to_string());
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Pod-side updates: the unpaused readiness condition, then the label/annotation sync.
@@ -413,14 +615,22 @@ impl Reconciler for VmiReconciler {
     }
 }
 
-/// The VMI key of a pod: its controller reference when that is a VMI.
+/// The VMI key of a pod: its controller reference when that is a VMI; for an attachment pod
+/// (controlled by a launcher pod) the VMI its annotations name.
 fn vmi_key_of_pod(pod: &Pod) -> Option<String> {
-    let owner = pod
+    let controller = pod
         .owner_references()
         .iter()
-        .find(|o| o.controller == Some(true) && o.kind == "VirtualMachineInstance")?;
+        .find(|o| o.controller == Some(true))?;
     let ns = pod.metadata.namespace.as_deref().unwrap_or_default();
-    Some(format!("{ns}/{}", owner.name))
+    match controller.kind.as_str() {
+        "VirtualMachineInstance" => Some(format!("{ns}/{}", controller.name)),
+        "Pod" => pod
+            .annotations()
+            .get(c::OWNER_VMI_NAME_ANNOTATION)
+            .map(|name| format!("{ns}/{name}")),
+        _ => None,
+    }
 }
 
 /// Wires the informers' handlers to the queue and the expectations.
@@ -506,7 +716,12 @@ pub async fn run_vmi_controller(
     tasks.spawn(vmi_informer.run(Api::all(client.clone()), watcher::Config::default()));
     tasks.spawn(vm_informer.run(Api::all(client.clone()), watcher::Config::default()));
     tasks.spawn(claim_informer.run(Api::all(client.clone()), watcher::Config::default()));
-    let selector = format!("{}={}", c::APP_LABEL, c::VIRT_LAUNCHER_VALUE);
+    let selector = format!(
+        "{} in ({},{})",
+        c::APP_LABEL,
+        c::VIRT_LAUNCHER_VALUE,
+        c::HOTPLUG_DISK_VALUE
+    );
     tasks.spawn(pod_informer.run(
         Api::all(client.clone()),
         watcher::Config::default().labels(&selector),

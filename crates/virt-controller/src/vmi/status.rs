@@ -70,11 +70,24 @@ pub struct Observed<'a> {
     /// `persistentVolumeClaimInfo` (written before hand-off, as upstream, so that the launcher
     /// can size a disk image it creates).
     pub claim_volumes: &'a [kubevirt_api::v1::VolumeStatus],
+    /// The volume status with the hotplug volumes' phases and attachment pods
+    /// ([`super::hotplug::update_volume_status`]), for a running VMI with a launcher pod.
+    pub hotplug_volume_status: Option<&'a [kubevirt_api::v1::VolumeStatus]>,
 }
 
 /// Whether the VMI, as read, is owned by virt-handler (phase `Scheduled` or `Running`).
 pub fn handler_owned(vmi: &VirtualMachineInstance) -> bool {
     matches!(phase_of(vmi), Phase::Scheduled | Phase::Running)
+}
+
+/// Whether the VMI, as read, is `Running`.
+pub fn phase_is_running(vmi: &VirtualMachineInstance) -> bool {
+    phase_of(vmi) == Phase::Running
+}
+
+/// Whether the VMI, as read, is `Succeeded` or `Failed`.
+pub fn phase_is_final(vmi: &VirtualMachineInstance) -> bool {
+    phase_of(vmi).is_final()
 }
 
 fn phase_of(vmi: &VirtualMachineInstance) -> Phase {
@@ -281,6 +294,9 @@ pub fn desired_vmi(
     claim_missing_condition(status, obs);
     if !handler_owned(vmi) {
         merge_claim_volumes(status, obs.claim_volumes);
+    }
+    if let Some(volumes) = obs.hotplug_volume_status {
+        status.volume_status = volumes.to_vec();
     }
     match status.evacuation_node_name.is_some() {
         true if !status
@@ -622,6 +638,8 @@ const HANDLER_PATH_FIELDS: &[&str] = &[
     "activePods",
     "phase",
     "launcherContainerImageVersion",
+    // The hotplug phases: virt-handler writes MountedToPod and Ready, each write `test`s.
+    "volumeStatus",
 ];
 const TIMESTAMPS: &str = "phaseTransitionTimestamps";
 
@@ -841,6 +859,7 @@ mod tests {
             owner_vm_exists: false,
             now: &now,
             claim_volumes: &[],
+            hotplug_volume_status: None,
         };
         desired_vmi(vmi, &obs).expect("status pass")
     }
@@ -1245,6 +1264,7 @@ mod tests {
                     owner_vm_exists,
                     now: &now,
                     claim_volumes: &[],
+                    hotplug_volume_status: None,
                 };
                 let (new, _) = desired_vmi(&vmi, &obs).expect("status pass");
                 let has = new
@@ -1325,6 +1345,7 @@ mod tests {
             owner_vm_exists: false,
             now: &now,
             claim_volumes: &[],
+            hotplug_volume_status: None,
         };
         assert_eq!(
             desired_vmi(&vmi(&Phase::Unknown, json!({})), &obs).err(),
