@@ -552,7 +552,10 @@ const DEFAULT_FILESYSTEM_OVERHEAD: f64 = 0.055;
 /// from the claim)
 /// less its filesystem overhead, aligned down to 1 MiB. `None` when the capacity is unknown: an
 /// existing image is used as it is.
-fn claim_disk_size(vmi: &VirtualMachineInstance, volume: &str) -> Result<Option<u64>, SpecError> {
+pub(crate) fn claim_disk_size(
+    vmi: &VirtualMachineInstance,
+    volume: &str,
+) -> Result<Option<u64>, SpecError> {
     const MIB: u64 = 1 << 20;
     let info = vmi
         .status
@@ -747,7 +750,19 @@ fn disks(
                 disk.name
             )));
         }
-        let source = volume_source(vmi, volume, ctx, files)?;
+        let hotplug = is_hotplug_volume(volume);
+        if hotplug && !hotplug_file_passed(vmi, &volume.name) {
+            // Not attached yet: the domain gets it once virt-handler passed its file.
+            continue;
+        }
+        let source = if hotplug {
+            Source::at(
+                Path::new(HOTPLUG_DISKS_DIR).join(format!("{}.img", volume.name)),
+                DiskFormat::Raw,
+            )
+        } else {
+            volume_source(vmi, volume, ctx, files)?
+        };
         let (bus, readonly, cdrom) = match (&disk.cdrom, &disk.disk) {
             (Some(cd), _) => (cd.bus.as_ref(), cd.readonly.unwrap_or(true), true),
             (None, Some(d)) => (d.bus.as_ref(), d.readonly.unwrap_or(false), false),
@@ -772,9 +787,32 @@ fn disks(
             cache,
             readonly,
             create_size: source.create_size,
+            passed_file: hotplug.then(|| volume.name.clone()),
         });
     }
     Ok(out)
+}
+
+/// Where upstream's launcher sees hotplugged disks; here only the name a passed file goes
+/// by in logs (the launcher opens it from the file virt-handler passed, never by path).
+pub const HOTPLUG_DISKS_DIR: &str = "/var/run/kubevirt/hotplug-disks";
+
+/// A volume attached through a hotplug attachment pod: a hotpluggable claim (the launcher
+/// pod never mounts those).
+pub fn is_hotplug_volume(volume: &Volume) -> bool {
+    volume.volume_source.is_hotpluggable() && volume.volume_source.claim_name().is_some()
+}
+
+/// Whether virt-handler passed the launcher the file of hotplug volume `name`: its status
+/// phase is `MountedToPod` or `Ready` (kept in the VMI, so a restarted handler knows).
+pub fn hotplug_file_passed(vmi: &VirtualMachineInstance, name: &str) -> bool {
+    use kubevirt_api::v1::VolumePhase;
+    vmi.status
+        .iter()
+        .flat_map(|s| s.volume_status.iter())
+        .any(|v| {
+            v.name == name && matches!(v.phase, Some(VolumePhase::MountedToPod | VolumePhase::Ready))
+        })
 }
 
 /// A stable MAC for an interface without one: QEMU's `52:54:00` prefix and three bytes of

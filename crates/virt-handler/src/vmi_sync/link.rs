@@ -128,6 +128,25 @@ impl LauncherLink {
         Ok(id)
     }
 
+    /// Passes `file` to the launcher under `key` (`passFile`, the file descriptor travels with
+    /// the line); its ack arrives later through [`Self::recv`] with the returned id.
+    ///
+    /// # Errors
+    /// [`ProtocolError::Io`] when the socket is broken.
+    pub async fn pass_file(&mut self, key: &str, file: &std::fs::File) -> Result<u64, ProtocolError> {
+        use std::os::fd::AsFd;
+        let id = self.next_id;
+        self.next_id += 1;
+        let command = Command::PassFile {
+            key: key.to_owned(),
+        };
+        let line = DownMessage::Command { id, command }.encode();
+        virt_launcher::fd_passing::send_with_fd(self.writer.as_ref(), line.as_bytes(), file.as_fd())
+            .await
+            .map_err(ProtocolError::Io)?;
+        Ok(id)
+    }
+
     /// The next message from the launcher; `None` once the connection has closed.
     /// Cancel-safe.
     pub async fn recv(&mut self) -> Option<UpMessage> {

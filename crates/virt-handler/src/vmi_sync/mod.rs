@@ -26,6 +26,7 @@
 //!   or its socket exists and refuses connections (the launcher exited). A launcher that is slow to
 //!   create its socket keeps a Scheduled VMI waiting.
 
+pub mod hotplug;
 pub mod link;
 pub mod migration;
 pub mod pull;

@@ -9,7 +9,8 @@
 //!
 //! Handler-owned fields: `phase` from Scheduled on (never `reason`, as upstream),
 //! `phaseTransitionTimestamps` (appended on each phase change), `interfaces`, `machine`,
-//! `currentCPUTopology`, `memory`, and the conditions `LiveMigratable`,
+//! `currentCPUTopology`, `memory`, the hotplug phases `MountedToPod` and `Ready` in
+//! `volumeStatus` (guarded by a `test` of the list), and the conditions `LiveMigratable`,
 //! `StorageLiveMigratable`, `Paused`,
 //! `SoftwareEmulation` and `Synchronized` (the last only while a sync fails).
 
@@ -40,6 +41,8 @@ pub struct DomainFacts {
     pub accel_reason: String,
     /// The launcher's pod interface (from its hello), when it has its own network.
     pub pod_interface: Option<PodInterface>,
+    /// The phases this handler gave hotplug volumes ([`super::hotplug`]).
+    pub hotplug: std::collections::BTreeMap<String, super::hotplug::HandlerPhase>,
 }
 
 /// Whether the domain was given a graceful shutdown before being destroyed: a grace
@@ -218,6 +221,9 @@ pub fn desired_status(
             running_fields(&mut status, spec, facts.pod_interface.as_ref(), domain);
             finish_hotplug(vmi, &status, &mut conditions);
         }
+        if let Some(volumes) = super::hotplug::volume_status_with(vmi, &status, &facts.hotplug) {
+            status["volumeStatus"] = volumes;
+        }
     }
     if matches!(phase, Phase::Succeeded | Phase::Failed) {
         set_condition(&mut conditions, "Paused", None);
@@ -375,6 +381,16 @@ pub fn status_patch(vmi: &VirtualMachineInstance, desired: &Value) -> Option<Val
             ops.push(json!({"op": "test", "path": "/status/conditions", "value": old_conditions}));
         }
         ops.push(json!({"op": "add", "path": "/status/conditions", "value": new_conditions}));
+        changed = true;
+    }
+    // virt-controller writes the volume status too (attachment pods): replace it only as read.
+    if let Some(new) = desired.get("volumeStatus")
+        && current.get("volumeStatus") != Some(new)
+    {
+        if let Some(old) = current.get("volumeStatus") {
+            ops.push(json!({"op": "test", "path": "/status/volumeStatus", "value": old}));
+        }
+        ops.push(json!({"op": "add", "path": "/status/volumeStatus", "value": new}));
         changed = true;
     }
     for field in OWNED {

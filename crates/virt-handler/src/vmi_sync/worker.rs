@@ -14,6 +14,7 @@ use virt_launcher::pod_layout::PodLayout;
 use virt_launcher::protocol::{Command, DomainState, DomainStatus, StateReason, UpMessage};
 
 use super::VmiSyncConfig;
+use super::hotplug::{self, HandlerPhase};
 use super::link::LauncherLink;
 use super::migration::SourceMigration;
 use super::pull::{PullBackoff, ensure_images};
@@ -112,7 +113,7 @@ fn reports_vmi(reported: Option<&str>, vmi: &VirtualMachineInstance) -> bool {
 }
 
 /// Whether `key` is a UUID written as Kubernetes writes pod UIDs (`8-4-4-4-12` lower-case hex).
-fn is_canonical_uuid(key: &str) -> bool {
+pub(super) fn is_canonical_uuid(key: &str) -> bool {
     uuid::Uuid::try_parse(key).is_ok_and(|u| u.hyphenated().to_string() == key)
 }
 
@@ -197,6 +198,7 @@ impl Follow {
                 spec: None,
                 accel_reason: String::new(),
                 pod_interface: None,
+                hotplug: Default::default(),
             },
             observation: None,
             pull_backoff: PullBackoff::default(),
@@ -336,8 +338,23 @@ impl Follow {
                             self.observe(Observation::SyncFailed("SyncFailed".into(), message)).await;
                         }
                     }
+                    Some(UpMessage::Ack { id, result: Ok(_) }) if st.live_asked.is_disk_sync(id) => {
+                        // The domain has the spec's hotplug disks now.
+                        if let Some(disks) = st.live_asked.disk_sync.take().map(|(_, d)| d) {
+                            for disk in disks {
+                                self.facts.hotplug.insert(disk, HandlerPhase::Ready);
+                            }
+                        }
+                        if let Some(observation) = self.observation.clone() {
+                            self.observe(observation).await;
+                        }
+                    }
                     Some(UpMessage::Ack { id, result: Err(message) }) => {
                         warn!(vmi = %name(&self.current), id, %message, "the launcher refused a command");
+                        if st.live_asked.is_disk_sync(id) {
+                            st.live_asked.disk_sync = None;
+                            st.live_asked.disks_sent = None;
+                        }
                         self.source_refused(id, &message, &mut st.source).await;
                     }
                     Some(UpMessage::Ack { .. } | UpMessage::Hello(_)) => {}
@@ -370,6 +387,13 @@ impl Follow {
                 _ = sync_retry.tick() => {
                     if st.domain.state == DomainState::Pending && st.sync_id.is_none() && !deleting {
                         st.sync_id = self.sync(&mut link, dir).await;
+                    }
+                    // A hotplug disk whose attachment pod could not be reached yet.
+                    let active = matches!(st.domain.state, DomainState::Running | DomainState::Paused);
+                    if active && !deleting && self.hotplug_pending()
+                        && self.update_live(&mut link, dir, &st.domain, &mut st.live_asked).await.is_err()
+                    {
+                        return SessionEnd::Disconnected;
                     }
                 }
             }
@@ -450,29 +474,91 @@ impl Follow {
         domain: &DomainStatus,
         asked: &mut LiveAsk,
     ) -> Result<(), ()> {
+        let passed = self.pass_hotplug_files(link).await?;
         let Some(has) = LiveResources::of_domain(domain) else {
             return Ok(()); // a launcher that does not report them cannot change them
         };
-        // Building the spec costs a blocking task: only when the VMI's sockets or guest
-        // memory changed since the last look, or the domain has not caught up yet.
+        // Building the spec costs a blocking task: only when the VMI's sockets, guest memory
+        // or attached hotplug disks changed since the last look, or the domain has not caught
+        // up yet.
         let key = live_key(&self.current);
-        if asked.checked.as_ref() == Some(&key) && asked.resources.is_none_or(|r| r == has) {
+        let disks_key = hotplug_key(&self.current);
+        if !passed
+            && asked.checked.as_ref() == Some(&key)
+            && asked.disks_checked.as_ref() == Some(&disks_key)
+            && asked.resources.is_none_or(|r| r == has)
+        {
             return Ok(());
         }
         asked.checked = Some(key);
+        asked.disks_checked = Some(disks_key);
         let Ok(prepared) = self.build(dir).await else {
             return Ok(());
         };
         let wants = LiveResources::of_spec(&prepared.spec);
-        if wants == has || asked.resources == Some(wants) {
+        let disks = hotplug::spec_hotplug_disks(&prepared.spec);
+        // What the domain has after a restart of this handler: the volumes it made Ready.
+        let sent = asked
+            .disks_sent
+            .get_or_insert_with(|| ready_hotplug_volumes(&self.current));
+        let disks_change = *sent != disks;
+        if !disks_change && (wants == has || asked.resources == Some(wants)) {
             return Ok(());
         }
-        info!(vmi = %name(&self.current), ?has, ?wants, "changing the running domain");
+        info!(vmi = %name(&self.current), ?has, ?wants, ?disks, "changing the running domain");
         asked.resources = Some(wants);
-        link.send(Command::Sync(Box::new(prepared.spec)))
+        asked.disks_sent = Some(disks.clone());
+        let id = link
+            .send(Command::Sync(Box::new(prepared.spec)))
             .await
-            .map(drop)
-            .map_err(drop)
+            .map_err(drop)?;
+        if disks_change {
+            asked.disk_sync = Some((id, disks));
+        }
+        Ok(())
+    }
+
+    /// Passes the launcher the file of each hotplug volume whose attachment pod is ready and
+    /// records `MountedToPod` (see [`hotplug`]); true when a file was passed. `Err` when the
+    /// connection broke.
+    async fn pass_hotplug_files(&mut self, link: &mut LauncherLink) -> Result<bool, ()> {
+        let volumes = &self.current.spec.volumes;
+        self.facts
+            .hotplug
+            .retain(|name, _| volumes.iter().any(|v| &v.name == name));
+        let mut passed = false;
+        for attach in hotplug::to_attach(&self.current) {
+            if self.facts.hotplug.contains_key(&attach.volume) {
+                continue;
+            }
+            let size = crate::launcher_spec::claim_disk_size(&self.current, &attach.volume)
+                .ok()
+                .flatten();
+            match hotplug::open_disk(&self.config.kubelet_pods_dir, &attach, size).await {
+                Ok(file) => {
+                    link.pass_file(&attach.volume, &file).await.map_err(drop)?;
+                    info!(vmi = %name(&self.current), volume = %attach.volume, "passed the hotplugged disk to the launcher");
+                    self.facts
+                        .hotplug
+                        .insert(attach.volume, HandlerPhase::MountedToPod);
+                    passed = true;
+                }
+                Err(error) => {
+                    warn!(vmi = %name(&self.current), volume = %attach.volume, %error, "cannot hand the hotplugged disk to the launcher yet");
+                }
+            }
+        }
+        if passed && let Some(observation) = self.observation.clone() {
+            self.observe(observation).await;
+        }
+        Ok(passed)
+    }
+
+    /// Whether a hotplug volume waits for its file to be passed.
+    fn hotplug_pending(&self) -> bool {
+        hotplug::to_attach(&self.current)
+            .iter()
+            .any(|a| !self.facts.hotplug.contains_key(&a.volume))
     }
 
     /// Builds the spec and prepares its files (blocking work off the runtime threads).
@@ -692,6 +778,45 @@ struct LiveAsk {
     checked: Option<(Option<u32>, Option<String>)>,
     /// The resources last sent.
     resources: Option<LiveResources>,
+    /// The VMI's hotplug disks whose files the launcher holds, at the last look.
+    disks_checked: Option<Vec<String>>,
+    /// The hotplug disks of the spec last sent (unknown at the start of a session).
+    disks_sent: Option<Vec<String>>,
+    /// The live sync that changes the hotplug disks, with them, until it is acknowledged.
+    disk_sync: Option<(u64, Vec<String>)>,
+}
+
+impl LiveAsk {
+    fn is_disk_sync(&self, id: u64) -> bool {
+        self.disk_sync.as_ref().is_some_and(|(sync, _)| *sync == id)
+    }
+}
+
+/// The hotplug volumes of the spec whose files the launcher holds (status `MountedToPod` or
+/// `Ready`), in spec order.
+fn hotplug_key(vmi: &VirtualMachineInstance) -> Vec<String> {
+    vmi.spec
+        .volumes
+        .iter()
+        .filter(|v| crate::launcher_spec::is_hotplug_volume(v))
+        .filter(|v| crate::launcher_spec::hotplug_file_passed(vmi, &v.name))
+        .map(|v| v.name.clone())
+        .collect()
+}
+
+/// The hotplug volumes whose status is `Ready` (the domain has them), in spec order.
+fn ready_hotplug_volumes(vmi: &VirtualMachineInstance) -> Vec<String> {
+    let ready = |name: &str| {
+        vmi.status.iter().flat_map(|s| s.volume_status.iter()).any(|s| {
+            s.name == name && s.phase == Some(kubevirt_api::v1::VolumePhase::Ready)
+        })
+    };
+    vmi.spec
+        .volumes
+        .iter()
+        .filter(|v| crate::launcher_spec::is_hotplug_volume(v) && ready(&v.name))
+        .map(|v| v.name.clone())
+        .collect()
 }
 
 fn live_key(vmi: &VirtualMachineInstance) -> (Option<u32>, Option<String>) {

@@ -92,6 +92,7 @@ fn domain(state: DomainState, reason: StateReason) -> Observation {
 
 fn facts(accel: Accel) -> DomainFacts {
     DomainFacts {
+        hotplug: Default::default(),
         spec: Some(spec(accel)),
         accel_reason: "the CPU offers no vmx/svm: using software emulation".into(),
         pod_interface: Some(PodInterface {
