@@ -8,6 +8,7 @@
 //! runs, the supervisor also keeps the serial console log and QEMU's own log under
 //! [`MAX_LOG_BYTES`] ([`crate::log_rotation`]).
 
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -134,6 +135,8 @@ pub(super) struct Domain {
     pod_interface: Option<PodInterface>,
     shared: Arc<Shared>,
     started: tokio::sync::Mutex<Option<Started>>,
+    /// The files the handler passed (`passFile`).
+    passed: super::passed_files::PassedFiles,
 }
 
 impl Domain {
@@ -149,6 +152,7 @@ impl Domain {
             pod_interface,
             shared: Arc::new(shared),
             started: tokio::sync::Mutex::new(None),
+            passed: Default::default(),
         }
     }
 
@@ -183,9 +187,24 @@ impl Domain {
         serde_json::to_value(self.current()).unwrap_or(Value::Null)
     }
 
-    /// Executes one protocol command; the result becomes the ack.
-    pub(super) async fn execute(&self, command: Command) -> Result<Value, String> {
+    /// The files the handler passed, by key.
+    #[cfg(test)]
+    pub(super) fn passed_files(&self) -> &super::passed_files::PassedFiles {
+        &self.passed
+    }
+
+    /// Executes one protocol command; the result becomes the ack. `fd` is the descriptor
+    /// that came with a `passFile` line.
+    pub(super) async fn execute(
+        &self,
+        command: Command,
+        fd: Option<OwnedFd>,
+    ) -> Result<Value, String> {
         match command {
+            Command::PassFile { key } => {
+                self.passed.insert(&key, fd)?;
+                Ok(serde_json::json!({}))
+            }
             Command::Sync(spec) => self.sync(&spec, None).await,
             Command::Receive {
                 spec,
@@ -271,6 +290,15 @@ impl Domain {
             check_host_paths(base, self.opts.claim_disks_dir.as_deref(), spec)
                 .map_err(|e| e.to_string())?;
         }
+        // The boot disks' passed files, inherited by QEMU into the fd sets their nodes open.
+        let passed = self.passed.for_disks(&spec.disks)?;
+        let inherited: Vec<(usize, RawFd)> = spec
+            .disks
+            .iter()
+            .enumerate()
+            .filter_map(|(index, d)| passed.get(&d.name).map(|fd| (index, fd.as_raw_fd())))
+            .collect();
+        argv.extend(crate::argv::disks::passed_file_args(&inherited));
         create_claim_disks(self.opts.claim_disks_dir.as_deref(), spec)?;
         *started = Some(if self.opts.fake_qemu {
             let (state, reason) = match incoming {
@@ -295,7 +323,11 @@ impl Domain {
             }
         } else {
             let dhcp = self.setup_network(spec).await?;
-            let mut started = self.start_qemu(spec, &argv, incoming.is_some()).await?;
+            let inherited = inherited.into_iter().map(|(_, fd)| fd).collect();
+            let mut started = self
+                .start_qemu(spec, &argv, incoming.is_some(), inherited)
+                .await?;
+            drop(passed);
             started._dhcp = dhcp;
             started
         });
@@ -318,6 +350,11 @@ impl Domain {
                 .map_err(|e| e.to_string())?;
         }
         use super::live::{self, Step};
+        // Every passed file the new disks name is there, or nothing is changed.
+        let mut passed = self.passed.for_disks(steps.iter().filter_map(|s| match s {
+            Step::AttachDisk(disk) => Some(&**disk),
+            _ => None,
+        }))?;
         for step in &steps {
             tracing::info!(?step, "changing the running domain");
             let qmp = running.qmp.clone();
@@ -337,21 +374,45 @@ impl Domain {
                 }
                 Step::AttachDisk(disk) => {
                     let ports = running.spec.hotplug_ports;
-                    let port = match &qmp {
-                        Some(qmp) => live::attach_disk(qmp, disk, &running.attached, ports).await?,
-                        None => live::free_port(&running.attached, ports)
-                            .ok_or_else(|| format!("disk {:?}: no free hotplug port", disk.name))?,
+                    let file = passed.remove(&disk.name);
+                    let file = file.as_ref().map(std::os::fd::AsFd::as_fd);
+                    let added = match &qmp {
+                        Some(qmp) => {
+                            live::attach_disk(qmp, disk, file, &running.attached, ports).await?
+                        }
+                        None => live::AttachedDisk {
+                            port: live::free_port(&running.attached, ports).ok_or_else(|| {
+                                format!("disk {:?}: no free hotplug port", disk.name)
+                            })?,
+                            fdset: None,
+                        },
                     };
-                    running.attached.insert(disk.name.clone(), port);
+                    running.attached.insert(disk.name.clone(), added);
                     running.spec.disks.push((**disk).clone());
                 }
                 Step::DetachDisk(name) => {
+                    let fdset = running.attached.get(name).and_then(|a| a.fdset);
                     if let Some(qmp) = &qmp {
-                        live::detach_disk(qmp, name, self.shared.device_deleted.subscribe())
+                        live::detach_disk(qmp, name, fdset, self.shared.device_deleted.subscribe())
                             .await?;
                     }
                     running.attached.remove(name);
+                    let key = running
+                        .spec
+                        .disks
+                        .iter()
+                        .find(|d| &d.name == name)
+                        .and_then(|d| d.passed_file.clone());
                     running.spec.disks.retain(|d| &d.name != name);
+                    if let Some(key) = key
+                        && !running
+                            .spec
+                            .disks
+                            .iter()
+                            .any(|d| d.passed_file.as_ref() == Some(&key))
+                    {
+                        self.passed.remove(&key);
+                    }
                 }
             }
             self.shared
@@ -360,11 +421,14 @@ impl Domain {
         Ok(())
     }
 
+    /// Starts QEMU with `argv`; QEMU inherits the descriptors `inherited` (the passed files
+    /// of the boot disks, which the caller keeps open until this returns).
     async fn start_qemu(
         &self,
         spec: &LauncherSpec,
         argv: &[String],
         incoming: bool,
+        inherited: Vec<RawFd>,
     ) -> Result<Started, String> {
         let qmp_path = Path::new(&spec.paths.qmp_socket);
         remove_stale_socket(qmp_path);
@@ -396,6 +460,7 @@ impl Domain {
             .stdout(Stdio::from(log))
             .stderr(Stdio::from(log_err));
         super::qemu_process::confine(&mut qemu);
+        super::qemu_process::inherit(&mut qemu, inherited);
         let mut child = qemu.spawn().map_err(|e| {
             fail(format!(
                 "cannot start {}: {e}",
@@ -835,13 +900,14 @@ fn last_log_line(path: &Path) -> Option<String> {
 }
 
 /// Every host path of the spec must be below `base` without symlinks; a disk may instead be
-/// below `claims` (a disk to be created needs only its directory there).
+/// below `claims` (a disk to be created needs only its directory there). A disk opened from a
+/// passed file has no host path to check.
 fn check_host_paths(
     base: &Path,
     claims: Option<&Path>,
     spec: &LauncherSpec,
 ) -> Result<(), SafePathError> {
-    for disk in &spec.disks {
+    for disk in spec.disks.iter().filter(|d| d.passed_file.is_none()) {
         let path = Path::new(&disk.source_path);
         match claims.filter(|c| path.starts_with(c)) {
             Some(claims) if disk.create_size.is_some() => {
