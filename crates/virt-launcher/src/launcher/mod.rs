@@ -22,6 +22,7 @@
 
 mod connection;
 mod domain;
+mod host_paths;
 mod live;
 mod migration;
 mod passed_files;
