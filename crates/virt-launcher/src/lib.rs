@@ -4,14 +4,16 @@
 //! ([`protocol`], served by [`launcher::run_launcher`]); the spec becomes a QEMU command
 //! line through the pure [`argv::qemu_argv`]; the launcher starts QEMU, talks to it over
 //! [`qmp`] and turns QMP events and QEMU's exit into domain events for the handler.
-//! [`accel`] decides between KVM and TCG; [`safe_path`] opens host paths without following
-//! symlinks; [`private_fs`] creates owner-only files, directories and sockets;
-//! [`log_rotation`] caps the serial console log; [`netsetup`] builds the masquerade
-//! binding (bridge, tap, nftables, DHCP) in the launcher pod's network namespace. This crate never depends on Kubernetes
-//! crates.
+//! [`fd_passing`] carries open files (hotplugged disk images) from the handler to the
+//! launcher and on to QEMU over those sockets. [`accel`] decides between KVM and TCG;
+//! [`safe_path`] opens host paths without following symlinks; [`private_fs`] creates
+//! owner-only files, directories and sockets; [`log_rotation`] caps the serial console log;
+//! [`netsetup`] builds the masquerade binding (bridge, tap, nftables, DHCP) in the launcher
+//! pod's network namespace. This crate never depends on Kubernetes crates.
 
 pub mod accel;
 pub mod argv;
+pub mod fd_passing;
 pub mod launcher;
 pub mod netsetup;
 pub mod pod_layout;

@@ -7,6 +7,9 @@
 //! commands carrying an `id`, each answered by exactly one acknowledgement with that id
 //! (`ok` or `error`); the launcher sends `domain` events whenever the domain changes and
 //! once right after the hello, so a handler that reconnects learns the current state.
+//! One command, `passFile`, travels with an open file descriptor (`SCM_RIGHTS`, see
+//! [`crate::fd_passing`]): the handler hands over a disk image the launcher may not open
+//! by path.
 //!
 //! [`DownMessage`] is what the handler sends, [`UpMessage`] what the launcher sends;
 //! [`LauncherClient`] is a minimal handler-side client.
@@ -147,6 +150,15 @@ pub enum Command {
     },
     /// Abort the running outgoing migration (QMP `migrate_cancel`).
     CancelMigration,
+    /// Keep the open file that travels with this line (one descriptor, `SCM_RIGHTS`) under
+    /// `key`, for the disks whose [`crate::spec::Disk::passed_file`] names it; a file passed
+    /// earlier under the same key is closed. Sent with [`LauncherClient::pass_file`] (or
+    /// [`crate::fd_passing::send_with_fd`]); a line without a descriptor is refused. Newer
+    /// than version 1's first revision: an older launcher answers with an error.
+    PassFile {
+        /// The name the spec uses for the file.
+        key: String,
+    },
 }
 
 /// A message from the handler to the launcher.
@@ -377,6 +389,12 @@ struct MigrateBody {
     block_disks: Vec<String>,
 }
 
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PassFileBody {
+    key: String,
+}
+
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 struct Empty {}
 
@@ -410,6 +428,8 @@ struct Wire {
         skip_serializing_if = "Option::is_none"
     )]
     cancel_migration: Option<Empty>,
+    #[serde(rename = "passFile", default, skip_serializing_if = "Option::is_none")]
+    pass_file: Option<PassFileBody>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     ok: Option<Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -431,6 +451,7 @@ impl Wire {
             self.receive.is_some(),
             self.migrate.is_some(),
             self.cancel_migration.is_some(),
+            self.pass_file.is_some(),
             self.ok.is_some(),
             self.error.is_some(),
             self.domain.is_some(),
@@ -512,6 +533,8 @@ impl DownMessage {
             }
         } else if w.cancel_migration.is_some() {
             Command::CancelMigration
+        } else if let Some(p) = w.pass_file {
+            Command::PassFile { key: p.key }
         } else {
             return Err(ProtocolError::Malformed("not a handler message".into()));
         };
@@ -569,6 +592,9 @@ impl DownMessage {
                         });
                     }
                     Command::CancelMigration => w.cancel_migration = Some(Empty {}),
+                    Command::PassFile { key } => {
+                        w.pass_file = Some(PassFileBody { key: key.clone() });
+                    }
                 }
             }
         }
@@ -679,6 +705,38 @@ impl LauncherClient {
         let id = self.next_id;
         self.next_id += 1;
         self.send(&DownMessage::Command { id, command }).await?;
+        self.ack_of(id).await
+    }
+
+    /// Sends `passFile` for `key` with `file`'s descriptor in the same `sendmsg` as the
+    /// line's first bytes, and returns its ack (`Err(message)` when the launcher refused it,
+    /// as one from before `passFile` does).
+    ///
+    /// # Errors
+    /// [`ProtocolError`] when the connection fails.
+    pub async fn pass_file(
+        &mut self,
+        key: &str,
+        file: &std::fs::File,
+    ) -> Result<Result<Value, String>, ProtocolError> {
+        use std::os::fd::AsFd;
+        let id = self.next_id;
+        self.next_id += 1;
+        let line = DownMessage::Command {
+            id,
+            command: Command::PassFile {
+                key: key.to_owned(),
+            },
+        }
+        .encode();
+        crate::fd_passing::send_with_fd(self.writer.as_ref(), line.as_bytes(), file.as_fd())
+            .await
+            .map_err(ProtocolError::Io)?;
+        self.ack_of(id).await
+    }
+
+    /// Reads until the ack of command `id`, queueing what comes before it.
+    async fn ack_of(&mut self, id: u64) -> Result<Result<Value, String>, ProtocolError> {
         loop {
             match self.read().await? {
                 UpMessage::Ack { id: acked, result } if acked == id => return Ok(result),
@@ -785,6 +843,7 @@ mod tests {
                 block_disks: vec!["scratch".into()],
             },
             Command::CancelMigration,
+            Command::PassFile { key: "vol1".into() },
         ] {
             let message = DownMessage::Command { id: 7, command };
             assert_eq!(DownMessage::decode(&message.encode()).unwrap(), message);
@@ -799,6 +858,22 @@ mod tests {
             .encode(),
             "{\"id\":3,\"shutdown\":{\"gracePeriodSeconds\":5}}\n"
         );
+    }
+
+    #[test]
+    fn pass_file_has_the_documented_shape() {
+        let message = DownMessage::Command {
+            id: 12,
+            command: Command::PassFile { key: "vol1".into() },
+        };
+        let line = message.encode();
+        assert_eq!(line, "{\"id\":12,\"passFile\":{\"key\":\"vol1\"}}\n");
+        assert_eq!(DownMessage::decode(&line).unwrap(), message);
+        assert!(
+            DownMessage::decode(r#"{"id":1,"passFile":{}}"#).is_err(),
+            "a key is required"
+        );
+        assert!(DownMessage::decode(r#"{"id":1,"passFile":{"key":"a","fd":3}}"#).is_err());
     }
 
     #[test]

@@ -237,7 +237,8 @@ pub struct KernelBoot {
 pub struct Disk {
     /// The disk's name in the VMI; QEMU's device id is `ua-<name>`.
     pub name: String,
-    /// Host path of the image.
+    /// Host path of the image; with [`Disk::passed_file`] only its name (in logs and
+    /// messages), never opened.
     pub source_path: String,
     /// Image format.
     #[serde(default)]
@@ -266,6 +267,12 @@ pub struct Disk {
     /// [`crate::launcher::LauncherOptions::claim_disks_dir`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub create_size: Option<u64>,
+    /// Open the image from the file the handler passed under this key (protocol command
+    /// `passFile`) instead of from `source_path`: a hotplugged claim's image that virt-handler
+    /// opened outside the launcher's directories. The host-path checks do not apply to such a
+    /// disk; the file must be open read-write, or read-only for a `readonly` disk or CD-ROM.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub passed_file: Option<String>,
 }
 
 /// Disk image format.
@@ -449,6 +456,25 @@ mod tests {
         );
         let bios: Firmware = serde_json::from_str(r#"{"bootloader":"bios"}"#).unwrap();
         assert_eq!(bios.bootloader, Bootloader::Bios);
+    }
+
+    #[test]
+    fn a_disk_names_its_passed_file_only_when_it_has_one() {
+        let disk: Disk = serde_json::from_str(
+            r#"{"name":"hot","sourcePath":"/claims/hot/disk.img","passedFile":"vol1"}"#,
+        )
+        .unwrap();
+        assert_eq!(disk.passed_file.as_deref(), Some("vol1"));
+        let json = serde_json::to_value(&disk).unwrap();
+        assert_eq!(json["passedFile"], "vol1");
+        let plain = Disk {
+            passed_file: None,
+            ..disk
+        };
+        let json = serde_json::to_string(&plain).unwrap();
+        assert!(!json.contains("passedFile"), "{json}");
+        let decoded: Disk = serde_json::from_str(&json).unwrap();
+        assert_eq!(decoded.passed_file, None);
     }
 
     #[test]

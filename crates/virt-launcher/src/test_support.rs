@@ -1,5 +1,6 @@
-//! Helpers shared by the crate's tests: killing what a test started even when it fails, and
-//! polling a condition with a deadline. QEMU and the test guest come from `test-prerequisites`.
+//! Helpers shared by the crate's tests: killing what a test started even when it fails,
+//! polling a condition with a deadline, and a pipe that tells when a descriptor was closed.
+//! QEMU and the test guest come from `test-prerequisites`.
 
 use std::time::{Duration, Instant};
 
@@ -44,4 +45,23 @@ pub(crate) fn mode_of(path: &std::path::Path) -> u32 {
 /// Clears the umask of this test process (nextest runs each test in its own process).
 pub(crate) fn permissive_umask() {
     nix::sys::stat::umask(nix::sys::stat::Mode::empty());
+}
+
+/// A pipe: its read end reports end of file once every copy of the write end is closed, which
+/// tells a test that a descriptor it passed on was closed.
+pub(crate) fn pipe() -> (tokio::net::unix::pipe::Receiver, std::os::fd::OwnedFd) {
+    let (read, write) = nix::unistd::pipe().expect("pipe");
+    let read = tokio::net::unix::pipe::Receiver::from_owned_fd(read).expect("pipe read end");
+    (read, write)
+}
+
+/// Waits (up to 10 s) until every copy of the pipe's write end is closed.
+pub(crate) async fn assert_closed(read: &mut tokio::net::unix::pipe::Receiver) {
+    use tokio::io::AsyncReadExt;
+    let mut buf = [0u8; 16];
+    let n = tokio::time::timeout(Duration::from_secs(10), read.read(&mut buf))
+        .await
+        .expect("a copy of the write end is still open")
+        .expect("read the pipe");
+    assert_eq!(n, 0, "end of file");
 }

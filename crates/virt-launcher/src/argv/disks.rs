@@ -10,6 +10,13 @@
 //! `writethrough` uses the host page cache and turns the guest's write cache off;
 //! `writeback` uses the page cache with the guest's write cache on. The format node
 //! carries `read-only` for read-only disks and CD-ROMs.
+//!
+//! A disk with a `passedFile` is opened from the file the handler passed the launcher
+//! (protocol `passFile`), never by path: its `file` node opens `/dev/fdset/N`, one of QEMU's
+//! fd sets, which holds a copy of that descriptor. A boot disk's set is numbered like its
+//! nodes (the disk's index) and filled at start by `-add-fd fd=…,set=N` ([`passed_file_args`]
+//! — the launcher knows the descriptor numbers, this pure code does not); a disk attached live
+//! gets its set from QMP `add-fd` (see `launcher/live.rs`).
 
 use serde_json::json;
 
@@ -37,7 +44,14 @@ pub(super) fn push(spec: &LauncherSpec, args: &mut Args) -> Result<(), ArgvError
         if !names.insert(disk.name.as_str()) {
             return Err(fail("the name is used twice"));
         }
-        absolute("disk image", &disk.source_path)?;
+        match &disk.passed_file {
+            None => absolute("disk image", &disk.source_path)?,
+            Some(key) if key.is_empty() => return Err(fail("the passed file's key is empty")),
+            Some(_) if disk.create_size.is_some() => {
+                return Err(fail("a passed file cannot be created (createSize)"));
+            }
+            Some(_) => {}
+        }
         push_nodes(index, disk, args);
         let mut device = match (disk.bus, disk.cdrom) {
             (DiskBus::Virtio, false) => "virtio-blk-pci".to_owned(),
@@ -81,20 +95,40 @@ pub(super) fn push(spec: &LauncherSpec, args: &mut Args) -> Result<(), ArgvError
 }
 
 fn push_nodes(index: usize, disk: &Disk, args: &mut Args) {
-    let (file, format) = block_nodes(disk, &index.to_string());
+    let fdset = disk.passed_file.as_ref().map(|_| index as u64);
+    let (file, format) = block_nodes(disk, &index.to_string(), fdset);
     args.push_pair("-blockdev", file.to_string());
     args.push_pair("-blockdev", format.to_string());
 }
 
+/// The `-add-fd` arguments that give QEMU the passed files of the boot disks: each entry is
+/// a disk's index in the spec and the descriptor number QEMU inherits for it (not
+/// close-on-exec); the file goes into fd set `index`, which the disk's `file` node opens.
+pub(crate) fn passed_file_args(inherited: &[(usize, i32)]) -> Vec<String> {
+    inherited
+        .iter()
+        .flat_map(|(index, fd)| ["-add-fd".to_owned(), format!("fd={fd},set={index}")])
+        .collect()
+}
+
 /// The `file` and format nodes of `disk` (`blockdev-add` arguments), named `file-<suffix>`
-/// and `disk-<suffix>`.
-pub(crate) fn block_nodes(disk: &Disk, suffix: &str) -> (serde_json::Value, serde_json::Value) {
+/// and `disk-<suffix>`. The `file` node opens fd set `fdset` when given (a passed file),
+/// else the disk's `source_path`.
+pub(crate) fn block_nodes(
+    disk: &Disk,
+    suffix: &str,
+    fdset: Option<u64>,
+) -> (serde_json::Value, serde_json::Value) {
     let index = suffix;
+    let filename = match fdset {
+        Some(set) => format!("/dev/fdset/{set}"),
+        None => disk.source_path.clone(),
+    };
     let read_only = disk.readonly || disk.cdrom;
     let cache = json!({"direct": disk.cache == CacheMode::None, "no-flush": false});
     let file = json!({
         "driver": "file",
-        "filename": disk.source_path,
+        "filename": filename,
         "node-name": format!("file-{index}"),
         "cache": cache,
         "read-only": read_only,
@@ -142,6 +176,7 @@ mod tests {
             cache: CacheMode::None,
             readonly: false,
             create_size: None,
+            passed_file: None,
         }
     }
 
@@ -182,6 +217,47 @@ mod tests {
         ];
         assert!(
             matches!(qemu_argv(&spec), Err(ArgvError::Disk { reason, .. }) if reason.contains("twice"))
+        );
+    }
+
+    #[test]
+    fn a_passed_file_is_opened_from_the_fd_set_of_its_index_not_by_path() {
+        let mut spec = minimal_spec();
+        let mut hot = disk("hot", DiskBus::Virtio, false);
+        hot.source_path = "claim hot".into();
+        hot.passed_file = Some("vol1".into());
+        spec.disks = vec![disk("root", DiskBus::Virtio, false), hot];
+        let argv = qemu_argv(&spec).unwrap();
+        assert!(
+            argv.iter()
+                .any(|a| a.contains(r#""filename":"/dev/fdset/1","node-name":"file-1""#)),
+            "{argv:?}"
+        );
+        assert!(
+            !argv.iter().any(|a| a.contains("claim hot")),
+            "the source path only names a passed file: {argv:?}"
+        );
+        assert_eq!(
+            passed_file_args(&[(1, 7)]),
+            ["-add-fd".to_owned(), "fd=7,set=1".to_owned()]
+        );
+    }
+
+    #[test]
+    fn a_passed_file_with_a_create_size_or_an_empty_key_is_refused() {
+        let mut spec = minimal_spec();
+        let mut d = disk("hot", DiskBus::Virtio, false);
+        d.passed_file = Some("vol1".into());
+        d.create_size = Some(1 << 20);
+        spec.disks = vec![d.clone()];
+        assert!(
+            matches!(qemu_argv(&spec), Err(ArgvError::Disk { reason, .. }) if reason.contains("createSize"))
+        );
+        d.create_size = None;
+        d.passed_file = Some(String::new());
+        spec.disks = vec![d];
+        assert!(
+            matches!(qemu_argv(&spec), Err(ArgvError::Disk { reason, .. }) if reason.contains("key"))
         );
     }
 

@@ -8,6 +8,7 @@
 //! runs, the supervisor also keeps the serial console log and QEMU's own log under
 //! [`MAX_LOG_BYTES`] ([`crate::log_rotation`]).
 
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -22,8 +23,7 @@ use crate::log_rotation::{MAX_LOG_BYTES, rotate_if_larger};
 use crate::protocol::PodInterface;
 use crate::protocol::{Command, CpuTopology, DomainState, DomainStatus, GuestMemory, StateReason};
 use crate::qmp::{QmpClient, QmpEventKind, QmpEvents};
-use crate::safe_path::{SafePathError, check_beneath, check_parent_beneath};
-use crate::spec::{Bootloader, InterfaceBinding, LauncherSpec};
+use crate::spec::{InterfaceBinding, LauncherSpec};
 
 /// What the handler last asked the domain to do; decides how an exit is reported.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -134,6 +134,8 @@ pub(super) struct Domain {
     pod_interface: Option<PodInterface>,
     shared: Arc<Shared>,
     started: tokio::sync::Mutex<Option<Started>>,
+    /// The files the handler passed (`passFile`).
+    passed: super::passed_files::PassedFiles,
 }
 
 impl Domain {
@@ -149,6 +151,7 @@ impl Domain {
             pod_interface,
             shared: Arc::new(shared),
             started: tokio::sync::Mutex::new(None),
+            passed: Default::default(),
         }
     }
 
@@ -183,9 +186,24 @@ impl Domain {
         serde_json::to_value(self.current()).unwrap_or(Value::Null)
     }
 
-    /// Executes one protocol command; the result becomes the ack.
-    pub(super) async fn execute(&self, command: Command) -> Result<Value, String> {
+    /// The files the handler passed, by key.
+    #[cfg(test)]
+    pub(super) fn passed_files(&self) -> &super::passed_files::PassedFiles {
+        &self.passed
+    }
+
+    /// Executes one protocol command; the result becomes the ack. `fd` is the descriptor
+    /// that came with a `passFile` line.
+    pub(super) async fn execute(
+        &self,
+        command: Command,
+        fd: Option<OwnedFd>,
+    ) -> Result<Value, String> {
         match command {
+            Command::PassFile { key } => {
+                self.passed.insert(&key, fd)?;
+                Ok(serde_json::json!({}))
+            }
             Command::Sync(spec) => self.sync(&spec, None).await,
             Command::Receive {
                 spec,
@@ -268,10 +286,19 @@ impl Domain {
             argv.extend(["-incoming".to_owned(), format!("unix:{socket}")]);
         }
         if let Some(base) = &self.opts.base_dir {
-            check_host_paths(base, self.opts.claim_disks_dir.as_deref(), spec)
+            super::host_paths::check(base, self.opts.claim_disks_dir.as_deref(), spec)
                 .map_err(|e| e.to_string())?;
         }
-        create_claim_disks(self.opts.claim_disks_dir.as_deref(), spec)?;
+        // The boot disks' passed files, inherited by QEMU into the fd sets their nodes open.
+        let passed = self.passed.for_disks(&spec.disks)?;
+        let inherited: Vec<(usize, RawFd)> = spec
+            .disks
+            .iter()
+            .enumerate()
+            .filter_map(|(index, d)| passed.get(&d.name).map(|fd| (index, fd.as_raw_fd())))
+            .collect();
+        argv.extend(crate::argv::disks::passed_file_args(&inherited));
+        super::host_paths::create_claim_disks(self.opts.claim_disks_dir.as_deref(), spec)?;
         *started = Some(if self.opts.fake_qemu {
             let (state, reason) = match incoming {
                 Some(socket) => {
@@ -295,7 +322,11 @@ impl Domain {
             }
         } else {
             let dhcp = self.setup_network(spec).await?;
-            let mut started = self.start_qemu(spec, &argv, incoming.is_some()).await?;
+            let inherited = inherited.into_iter().map(|(_, fd)| fd).collect();
+            let mut started = self
+                .start_qemu(spec, &argv, incoming.is_some(), inherited)
+                .await?;
+            drop(passed);
             started._dhcp = dhcp;
             started
         });
@@ -314,10 +345,15 @@ impl Domain {
                 .iter()
                 .any(|s| matches!(s, super::live::Step::AttachDisk(_)))
         {
-            check_host_paths(base, self.opts.claim_disks_dir.as_deref(), spec)
+            super::host_paths::check(base, self.opts.claim_disks_dir.as_deref(), spec)
                 .map_err(|e| e.to_string())?;
         }
         use super::live::{self, Step};
+        // Every passed file the new disks name is there, or nothing is changed.
+        let mut passed = self.passed.for_disks(steps.iter().filter_map(|s| match s {
+            Step::AttachDisk(disk) => Some(&**disk),
+            _ => None,
+        }))?;
         for step in &steps {
             tracing::info!(?step, "changing the running domain");
             let qmp = running.qmp.clone();
@@ -337,21 +373,45 @@ impl Domain {
                 }
                 Step::AttachDisk(disk) => {
                     let ports = running.spec.hotplug_ports;
-                    let port = match &qmp {
-                        Some(qmp) => live::attach_disk(qmp, disk, &running.attached, ports).await?,
-                        None => live::free_port(&running.attached, ports)
-                            .ok_or_else(|| format!("disk {:?}: no free hotplug port", disk.name))?,
+                    let file = passed.remove(&disk.name);
+                    let file = file.as_ref().map(std::os::fd::AsFd::as_fd);
+                    let added = match &qmp {
+                        Some(qmp) => {
+                            live::attach_disk(qmp, disk, file, &running.attached, ports).await?
+                        }
+                        None => live::AttachedDisk {
+                            port: live::free_port(&running.attached, ports).ok_or_else(|| {
+                                format!("disk {:?}: no free hotplug port", disk.name)
+                            })?,
+                            fdset: None,
+                        },
                     };
-                    running.attached.insert(disk.name.clone(), port);
+                    running.attached.insert(disk.name.clone(), added);
                     running.spec.disks.push((**disk).clone());
                 }
                 Step::DetachDisk(name) => {
+                    let fdset = running.attached.get(name).and_then(|a| a.fdset);
                     if let Some(qmp) = &qmp {
-                        live::detach_disk(qmp, name, self.shared.device_deleted.subscribe())
+                        live::detach_disk(qmp, name, fdset, self.shared.device_deleted.subscribe())
                             .await?;
                     }
                     running.attached.remove(name);
+                    let key = running
+                        .spec
+                        .disks
+                        .iter()
+                        .find(|d| &d.name == name)
+                        .and_then(|d| d.passed_file.clone());
                     running.spec.disks.retain(|d| &d.name != name);
+                    if let Some(key) = key
+                        && !running
+                            .spec
+                            .disks
+                            .iter()
+                            .any(|d| d.passed_file.as_ref() == Some(&key))
+                    {
+                        self.passed.remove(&key);
+                    }
                 }
             }
             self.shared
@@ -360,11 +420,14 @@ impl Domain {
         Ok(())
     }
 
+    /// Starts QEMU with `argv`; QEMU inherits the descriptors `inherited` (the passed files
+    /// of the boot disks, which the caller keeps open until this returns).
     async fn start_qemu(
         &self,
         spec: &LauncherSpec,
         argv: &[String],
         incoming: bool,
+        inherited: Vec<RawFd>,
     ) -> Result<Started, String> {
         let qmp_path = Path::new(&spec.paths.qmp_socket);
         remove_stale_socket(qmp_path);
@@ -396,6 +459,7 @@ impl Domain {
             .stdout(Stdio::from(log))
             .stderr(Stdio::from(log_err));
         super::qemu_process::confine(&mut qemu);
+        super::qemu_process::inherit(&mut qemu, inherited);
         let mut child = qemu.spawn().map_err(|e| {
             fail(format!(
                 "cannot start {}: {e}",
@@ -834,101 +898,6 @@ fn last_log_line(path: &Path) -> Option<String> {
         .map(str::to_owned)
 }
 
-/// Every host path of the spec must be below `base` without symlinks; a disk may instead be
-/// below `claims` (a disk to be created needs only its directory there).
-fn check_host_paths(
-    base: &Path,
-    claims: Option<&Path>,
-    spec: &LauncherSpec,
-) -> Result<(), SafePathError> {
-    for disk in &spec.disks {
-        let path = Path::new(&disk.source_path);
-        match claims.filter(|c| path.starts_with(c)) {
-            Some(claims) if disk.create_size.is_some() => {
-                check_parent_beneath(claims, path)?;
-            }
-            Some(claims) => {
-                check_beneath(claims, path)?;
-            }
-            None => {
-                check_beneath(base, path)?;
-            }
-        }
-    }
-    if let Some(kernel) = &spec.firmware.kernel_boot {
-        check_beneath(base, Path::new(&kernel.kernel_path))?;
-        if let Some(initrd) = &kernel.initrd_path {
-            check_beneath(base, Path::new(initrd))?;
-        }
-    }
-    if let Bootloader::Efi(efi) = &spec.firmware.bootloader {
-        check_beneath(base, Path::new(&efi.vars_path))?;
-    }
-    let paths = &spec.paths;
-    for created in [
-        &paths.serial_console_socket,
-        &paths.serial_log,
-        &paths.qmp_socket,
-        &paths.pid_file,
-    ] {
-        check_parent_beneath(base, Path::new(created))?;
-    }
-    if let Some(graphics) = &spec.graphics {
-        check_parent_beneath(base, Path::new(&graphics.vnc_socket))?;
-    }
-    Ok(())
-}
-
-/// Creates each missing disk that has a `create_size` (a filesystem claim's `disk.img`) as a
-/// sparse file of that size, mode `0600`, never through a symlink; only below `claims`.
-fn create_claim_disks(claims: Option<&Path>, spec: &LauncherSpec) -> Result<(), String> {
-    use std::os::unix::fs::OpenOptionsExt;
-    for disk in &spec.disks {
-        let Some(size) = disk.create_size else {
-            continue;
-        };
-        let path = Path::new(&disk.source_path);
-        if !claims.is_some_and(|c| path.starts_with(c)) {
-            return Err(format!(
-                "disk {:?}: {} is not below the claim disks directory; it cannot be created",
-                disk.name, disk.source_path
-            ));
-        }
-        let created = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .custom_flags(nix::libc::O_NOFOLLOW)
-            .open(path);
-        match created {
-            Ok(file) => {
-                file.set_len(size)
-                    .map_err(|e| format!("disk {:?}: sizing {}: {e}", disk.name, path.display()))?;
-                tracing::info!(disk = %disk.name, path = %path.display(), size, "created the claim's disk image");
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                let regular =
-                    std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_file());
-                if !regular {
-                    return Err(format!(
-                        "disk {:?}: {} exists and is not a regular file",
-                        disk.name,
-                        path.display()
-                    ));
-                }
-            }
-            Err(e) => {
-                return Err(format!(
-                    "disk {:?}: creating {}: {e}",
-                    disk.name,
-                    path.display()
-                ));
-            }
-        }
-    }
-    Ok(())
-}
-
 /// `error: cause: cause …`, for messages that travel as text.
 fn error_chain(error: &dyn std::error::Error) -> String {
     let mut text = error.to_string();
@@ -945,71 +914,6 @@ fn error_chain(error: &dyn std::error::Error) -> String {
 mod tests {
     use super::*;
     use std::os::unix::process::ExitStatusExt;
-
-    fn spec_with(disks: &[crate::spec::Disk], dir: &Path) -> LauncherSpec {
-        let path = |name: &str| dir.join(name).display().to_string();
-        serde_json::from_value(serde_json::json!({
-            "vmi": {"name": "v", "namespace": "ns", "uid": "u"},
-            "machineType": "q35", "accel": "tcg",
-            "cpu": {"sockets": 1, "cores": 1, "threads": 1, "model": "host-model"},
-            "memory": {"guestBytes": 134217728},
-            "firmware": {"bootloader": "bios"},
-            "disks": disks,
-            "interfaces": [], "hotplugPorts": 0,
-            "paths": {"serialConsoleSocket": path("s.sock"), "serialLog": path("s.log"),
-                      "qmpSocket": path("q.sock"), "pidFile": path("q.pid")}
-        }))
-        .unwrap()
-    }
-
-    fn claim_disk(path: &Path, create_size: Option<u64>) -> crate::spec::Disk {
-        serde_json::from_value(serde_json::json!({
-            "name": "d", "sourcePath": path.display().to_string(), "createSize": create_size
-        }))
-        .unwrap()
-    }
-
-    #[test]
-    fn a_missing_claim_disk_is_created_sparse_once_and_only_below_the_claims_directory() {
-        let tmp = tempfile::tempdir().unwrap();
-        let (pod, claims) = (tmp.path().join("pod"), tmp.path().join("claims"));
-        std::fs::create_dir_all(&pod).unwrap();
-        std::fs::create_dir_all(claims.join("d")).unwrap();
-        let image = claims.join("d/disk.img");
-        let spec = spec_with(&[claim_disk(&image, Some(64 << 20))], &pod);
-        check_host_paths(&pod, Some(&claims), &spec).unwrap();
-        create_claim_disks(Some(&claims), &spec).unwrap();
-        let meta = std::fs::metadata(&image).unwrap();
-        assert_eq!(meta.len(), 64 << 20);
-        // Sparse: nothing written yet.
-        assert!(
-            std::os::unix::fs::MetadataExt::blocks(&meta) < 64,
-            "{meta:?}"
-        );
-        // An existing image is kept as it is (the data survives restarts).
-        std::fs::write(&image, b"guest data").unwrap();
-        create_claim_disks(Some(&claims), &spec).unwrap();
-        assert_eq!(std::fs::read(&image).unwrap(), b"guest data");
-
-        // Not below the claims directory: refused, nothing created.
-        let outside = pod.join("other.img");
-        let spec = spec_with(&[claim_disk(&outside, Some(1 << 20))], &pod);
-        assert!(create_claim_disks(Some(&claims), &spec).is_err());
-        assert!(create_claim_disks(None, &spec).is_err());
-        assert!(!outside.exists());
-
-        // A symlink where the image should be is not followed.
-        std::fs::create_dir_all(claims.join("l")).unwrap();
-        let target = tmp.path().join("elsewhere.img");
-        std::os::unix::fs::symlink(&target, claims.join("l/disk.img")).unwrap();
-        let spec = spec_with(
-            &[claim_disk(&claims.join("l/disk.img"), Some(1 << 20))],
-            &pod,
-        );
-        assert!(check_host_paths(&pod, Some(&claims), &spec).is_err());
-        assert!(create_claim_disks(Some(&claims), &spec).is_err());
-        assert!(!target.exists());
-    }
 
     #[test]
     fn a_guest_power_off_is_a_guest_shutdown_even_when_a_shutdown_was_requested() {

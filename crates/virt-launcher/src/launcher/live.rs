@@ -7,8 +7,12 @@
 //! |---|---|---|
 //! | `cpu.sockets` raised (up to `maxSockets`) | plug the missing vCPUs | `query-hotpluggable-cpus`, `device_add` per vCPU |
 //! | `memory.hotpluggedBytes` changed | resize the virtio-mem device | `qom-set virtio-mem0 requested-size` |
-//! | a virtio disk added | attach it on a free `pcie-root-port` | `blockdev-add` ×2, `device_add` |
-//! | a disk attached live removed | detach it | `device_del`, wait for `DEVICE_DELETED`, `blockdev-del` ×2 |
+//! | a virtio disk added | attach it on a free `pcie-root-port` | (`add-fd`), `blockdev-add` ×2, `device_add` |
+//! | a disk attached live removed | detach it | `device_del`, wait for `DEVICE_DELETED`, `blockdev-del` ×2, (`remove-fd`) |
+//!
+//! A disk with a passed file (`passedFile`) is handed to QEMU with `add-fd` (the descriptor
+//! travels on the QMP socket) and opened as `/dev/fdset/<id>`; its fd set is removed after
+//! the detach, and the launcher closes its own copy of the file.
 //!
 //! Everything else is what the domain booted with: a spec that changes it (fewer sockets,
 //! another boot memory, another topology) is refused with a message saying a restart applies
@@ -20,6 +24,7 @@
 use serde_json::{Value, json};
 
 use std::collections::BTreeMap;
+use std::os::fd::BorrowedFd;
 use std::time::Duration;
 
 use tokio::sync::broadcast;
@@ -52,8 +57,17 @@ pub(super) enum Step {
     DetachDisk(String),
 }
 
-/// Disks attached to the running domain, with the root port each one took.
-pub(super) type AttachedDisks = BTreeMap<String, u32>;
+/// A disk attached to the running domain.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct AttachedDisk {
+    /// The root port it took (`pci.<port>`).
+    pub(super) port: u32,
+    /// The QEMU fd set holding its passed file, if it has one.
+    pub(super) fdset: Option<u64>,
+}
+
+/// Disks attached to the running domain, by name.
+pub(super) type AttachedDisks = BTreeMap<String, AttachedDisk>;
 
 /// The steps from the running spec to the wanted one, or why they cannot be taken live.
 pub(super) fn plan(
@@ -167,7 +181,7 @@ fn disk_steps(
 
 /// The lowest root port (`pci.1` …) no attached disk holds.
 pub(super) fn free_port(attached: &AttachedDisks, ports: u32) -> Option<u32> {
-    (1..=ports).find(|p| !attached.values().any(|used| used == p))
+    (1..=ports).find(|p| !attached.values().any(|used| used.port == *p))
 }
 
 /// Node names of a disk attached live.
@@ -175,17 +189,46 @@ fn hotplug_suffix(name: &str) -> String {
     format!("hp-{name}")
 }
 
-/// Attaches `disk` on the lowest root port no attached disk holds; returns the port.
+/// Attaches `disk` on the lowest root port no attached disk holds, opened from `passed` (its
+/// passed file) when given; returns where it went. On an error, what was added is removed.
 pub(super) async fn attach_disk(
     qmp: &QmpClient,
     disk: &Disk,
+    passed: Option<BorrowedFd<'_>>,
     attached: &AttachedDisks,
     ports: u32,
-) -> Result<u32, String> {
+) -> Result<AttachedDisk, String> {
     let port = free_port(attached, ports)
         .ok_or_else(|| format!("disk {:?}: no free hotplug port", disk.name))?;
+    let fail = |what: &str, e: crate::qmp::QmpError| {
+        format!("attaching disk {:?}: {what}: {e}", disk.name)
+    };
+    let fdset = match passed {
+        Some(fd) => Some(
+            qmp.add_fd(fd, &format!("ua-{}", disk.name))
+                .await
+                .map_err(|e| fail("passing the file to QEMU", e))?,
+        ),
+        None => None,
+    };
+    let added = AttachedDisk { port, fdset };
+    if let Err(e) = add_nodes_and_device(qmp, disk, port, fdset).await {
+        if let Some(set) = fdset {
+            let _ = qmp.remove_fd(set).await;
+        }
+        return Err(e);
+    }
+    Ok(added)
+}
+
+async fn add_nodes_and_device(
+    qmp: &QmpClient,
+    disk: &Disk,
+    port: u32,
+    fdset: Option<u64>,
+) -> Result<(), String> {
     let suffix = hotplug_suffix(&disk.name);
-    let (file, format) = block_nodes(disk, &suffix);
+    let (file, format) = block_nodes(disk, &suffix, fdset);
     let fail = |what: &str, e: crate::qmp::QmpError| {
         format!("attaching disk {:?}: {what}: {e}", disk.name)
     };
@@ -204,14 +247,15 @@ pub(super) async fn attach_disk(
         let _ = qmp.blockdev_del(&format!("file-{suffix}")).await;
         return Err(fail("device", e));
     }
-    Ok(port)
+    Ok(())
 }
 
 /// Asks the guest to release disk `name`, waits for QEMU's `DEVICE_DELETED` and removes its
-/// nodes.
+/// nodes, then its fd set (`fdset`, when it was opened from a passed file).
 pub(super) async fn detach_disk(
     qmp: &QmpClient,
     name: &str,
+    fdset: Option<u64>,
     mut deleted: broadcast::Receiver<String>,
 ) -> Result<(), String> {
     let id = format!("ua-{name}");
@@ -242,6 +286,11 @@ pub(super) async fn detach_disk(
         qmp.blockdev_del(&node)
             .await
             .map_err(|e| format!("detaching disk {name:?}: node {node}: {e}"))?;
+    }
+    if let Some(set) = fdset {
+        qmp.remove_fd(set)
+            .await
+            .map_err(|e| format!("detaching disk {name:?}: fd set {set}: {e}"))?;
     }
     Ok(())
 }
@@ -387,6 +436,7 @@ mod tests {
             cache: crate::spec::CacheMode::None,
             readonly: false,
             create_size: None,
+            passed_file: None,
         }
     }
 
@@ -401,7 +451,13 @@ mod tests {
             plan(&running, &wanted, &AttachedDisks::new()).unwrap(),
             vec![Step::AttachDisk(Box::new(disk("data")))]
         );
-        let attached = AttachedDisks::from([("data".to_owned(), 1)]);
+        let attached = AttachedDisks::from([(
+            "data".to_owned(),
+            AttachedDisk {
+                port: 1,
+                fdset: None,
+            },
+        )]);
         assert_eq!(
             plan(&wanted, &running, &attached).unwrap(),
             vec![Step::DetachDisk("data".into())]

@@ -2,7 +2,8 @@
 //!
 //! Data flow: [`run_launcher`] listens on the per-VMI socket. Each handler connection
 //! ([`connection`]) exchanges hellos, receives commands and executes them on the shared
-//! [`domain::Domain`], which starts QEMU on `sync`, talks to it over QMP and publishes
+//! [`domain::Domain`] (the files that come with `passFile` are kept in `passed_files` for the
+//! disks that name them), which starts QEMU on `sync`, talks to it over QMP and publishes
 //! every state change into a `watch` channel. Each connection forwards the latest state
 //! as a `domain` event. When QEMU has exited, the launcher returns once a connected
 //! handler has been sent the final state, or after [`LauncherOptions::linger`].
@@ -21,8 +22,10 @@
 
 mod connection;
 mod domain;
+mod host_paths;
 mod live;
 mod migration;
+mod passed_files;
 mod qemu_process;
 
 use std::path::PathBuf;

@@ -7,6 +7,9 @@
 //! - **QEMU's files are owner-only**: it runs with umask `077`, so the sockets it binds (QMP,
 //!   serial console, VNC) and the files it creates (serial log) are `0600` whatever the
 //!   launcher's umask.
+//! - **QEMU inherits the passed files of its boot disks, and nothing else**: the launcher's
+//!   descriptors are close-on-exec; [`inherit`] clears the flag on the chosen ones in the child
+//!   only, so that `-add-fd fd=N` finds them (QEMU refuses a close-on-exec one).
 //!
 //! # Caveats
 //! - Linux delivers the parent-death signal when the *thread* that forked the child exits. QEMU
@@ -42,6 +45,29 @@ pub(super) fn confine(command: &mut tokio::process::Command) {
             nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(io::Error::from)?;
             if getppid() != launcher {
                 return Err(io::Error::from_raw_os_error(nix::libc::ESRCH));
+            }
+            Ok(())
+        });
+    }
+}
+
+/// Lets the child of `command` inherit the descriptors `fds` under their numbers: the
+/// close-on-exec flag is cleared in the child only. The caller keeps them open until the
+/// child has been spawned.
+#[allow(unsafe_code)]
+pub(super) fn inherit(command: &mut tokio::process::Command, fds: Vec<std::os::fd::RawFd>) {
+    if fds.is_empty() {
+        return;
+    }
+    // SAFETY: the closure runs in the forked child before `exec`. It only makes the system
+    // call `fcntl` (async-signal-safe) on descriptors the parent holds open until the spawn
+    // has returned, takes no lock and does not allocate.
+    unsafe {
+        command.pre_exec(move || {
+            for fd in &fds {
+                if nix::libc::fcntl(*fd, nix::libc::F_SETFD, 0) == -1 {
+                    return Err(io::Error::last_os_error());
+                }
             }
             Ok(())
         });
@@ -128,6 +154,22 @@ mod tests {
         let _ = done.send(());
         let survived = guard.join().expect("guard thread");
         assert!(!survived, "the fake QEMU outlived its launcher");
+    }
+
+    #[tokio::test]
+    async fn only_the_descriptors_given_are_inherited() {
+        use std::os::fd::AsRawFd;
+        let (passed_file, kept_file) =
+            (tempfile::tempfile().unwrap(), tempfile::tempfile().unwrap());
+        let (passed, kept) = (passed_file.as_raw_fd(), kept_file.as_raw_fd());
+        let mut child = tokio::process::Command::new("/bin/sh");
+        child.args([
+            "-c",
+            &format!("test -e /proc/self/fd/{passed} && ! test -e /proc/self/fd/{kept}"),
+        ]);
+        inherit(&mut child, vec![passed]);
+        let status = child.status().await.expect("run");
+        assert!(status.success(), "{status}");
     }
 
     #[tokio::test]

@@ -1,10 +1,11 @@
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use super::*;
 use crate::protocol::{Command, DomainState, DomainStatus, LauncherClient, StateReason, UpMessage};
 use crate::spec::{
-    Accel, Cpu, CpuModel, Firmware, Graphics, KernelBoot, LauncherSpec, Memory, RuntimePaths,
+    Accel, Cpu, CpuModel, Disk, Firmware, Graphics, KernelBoot, LauncherSpec, Memory, RuntimePaths,
     VideoModel, VmiIdentity,
 };
 use crate::test_support::{ProcessGroupGuard, wait_until};
@@ -534,6 +535,7 @@ async fn attach_and_detach_a_disk(
         cache: crate::spec::CacheMode::Writeback,
         readonly: false,
         create_size: None,
+        passed_file: None,
     });
     client
         .request(Command::Sync(Box::new(with_disk.clone())))
@@ -563,6 +565,307 @@ async fn attach_and_detach_a_disk(
         "the guest did not lose the detached disk:\n{}",
         serial()
     );
+}
+
+/// A raw virtio disk named `name`, at `source` (with `passed`: only its name), opened from
+/// the passed file `passed` when given.
+fn virtio_disk(name: &str, source: &Path, passed: Option<&str>) -> Disk {
+    Disk {
+        name: name.into(),
+        source_path: source.to_string_lossy().into_owned(),
+        format: crate::spec::DiskFormat::Raw,
+        bus: crate::spec::DiskBus::Virtio,
+        cdrom: false,
+        boot_order: None,
+        serial: None,
+        cache: crate::spec::CacheMode::Writeback,
+        readonly: false,
+        create_size: None,
+        passed_file: passed.map(str::to_owned),
+    }
+}
+
+/// A sparse image of 16 MiB at `path`, opened read-write.
+fn image(path: &Path) -> std::fs::File {
+    let file = std::fs::File::options()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(path)
+        .unwrap();
+    file.set_len(16 << 20).unwrap();
+    file
+}
+
+#[tokio::test]
+async fn a_disk_outside_the_base_dir_is_used_only_from_a_passed_file() {
+    let (dir, outside) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let mut opts = options(dir.path());
+    opts.fake_qemu = true;
+    opts.base_dir = Some(dir.path().to_owned());
+    let socket = opts.socket_path.clone();
+    let launcher = tokio::spawn(run_launcher(opts));
+    let mut client = connect(&socket).await;
+    let (boot_image, hot_image) = (
+        outside.path().join("boot.img"),
+        outside.path().join("hot.img"),
+    );
+    let (boot_file, hot_file) = (image(&boot_image), image(&hot_image));
+
+    let mut spec = spec_in(dir.path(), None);
+    spec.disks = vec![virtio_disk("boot", &boot_image, Some("boot"))];
+    let refused = client
+        .request(Command::Sync(Box::new(spec.clone())))
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert!(
+        refused.contains("no file was passed with the key \"boot\""),
+        "{refused}"
+    );
+    let status = status_of(client.request(Command::Status).await.unwrap());
+    assert_eq!(status.state, DomainState::Pending, "nothing was started");
+    client.pass_file("boot", &boot_file).await.unwrap().unwrap();
+    let running = status_of(
+        client
+            .request(Command::Sync(Box::new(spec.clone())))
+            .await
+            .unwrap(),
+    );
+    assert_eq!(running.state, DomainState::Running);
+
+    // Live: by path outside the base directory, and by a key not passed: both refused.
+    let mut by_path = spec.clone();
+    by_path.disks.push(virtio_disk("hot", &hot_image, None));
+    let refused = client
+        .request(Command::Sync(Box::new(by_path)))
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert!(refused.contains("outside"), "{refused}");
+    let mut by_file = spec.clone();
+    by_file
+        .disks
+        .push(virtio_disk("hot", &hot_image, Some("hot")));
+    let refused = client
+        .request(Command::Sync(Box::new(by_file.clone())))
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert!(
+        refused.contains("no file was passed with the key \"hot\""),
+        "{refused}"
+    );
+    // Nothing changed: the domain's only hotplug port is still free for the disk once passed.
+    client.pass_file("hot", &hot_file).await.unwrap().unwrap();
+    client
+        .request(Command::Sync(Box::new(by_file)))
+        .await
+        .unwrap()
+        .unwrap();
+    client.request(Command::Kill).await.unwrap().unwrap();
+    tokio::time::timeout(Duration::from_secs(10), launcher)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+}
+
+/// Passed files on the test guest, with the launcher's base directory set and both images
+/// outside it: a boot disk opened from a passed file (`-add-fd`) is read by the guest; a disk
+/// passed later is attached live (QMP `add-fd`), seen, written by the guest, and on detach
+/// closed by QEMU and by the launcher. The same image by path alone is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_guest_uses_disks_passed_by_descriptor_at_boot_and_live() {
+    let Some(guest) = available(test_guest()) else {
+        return;
+    };
+    let (dir, outside) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    // The kernel and initrd must lie below the base directory too.
+    let boot = dir.path().join("boot");
+    std::fs::create_dir(&boot).unwrap();
+    for (from, to) in [(guest.kernel(), "vmlinux"), (guest.initrd(), "initrd")] {
+        if std::fs::hard_link(&from, boot.join(to)).is_err() {
+            std::fs::copy(&from, boot.join(to)).unwrap();
+        }
+    }
+    let mut opts = options(dir.path());
+    opts.qemu_binary = guest.qemu().to_owned();
+    opts.base_dir = Some(dir.path().to_owned());
+    let socket = opts.socket_path.clone();
+    let launcher = tokio::spawn(run_launcher(opts));
+    let mut client = connect(&socket).await;
+
+    let boot_image = outside.path().join("boot.img");
+    let boot_file = image(&boot_image);
+    boot_file.write_all_at(b"BOOT-DISK-MARKER\n", 0).unwrap();
+    client.pass_file("boot", &boot_file).await.unwrap().unwrap();
+    drop(boot_file);
+    let mut spec = spec_in(
+        dir.path(),
+        Some((boot.join("vmlinux"), boot.join("initrd"))),
+    );
+    spec.disks = vec![virtio_disk("boot", &boot_image, Some("boot"))];
+    let serial_log = PathBuf::from(&spec.paths.serial_log);
+    let serial = || std::fs::read_to_string(&serial_log).unwrap_or_default();
+    let qemu_log =
+        || std::fs::read_to_string(dir.path().join("launcher.sock.qemu.log")).unwrap_or_default();
+    let running = match client
+        .request(Command::Sync(Box::new(spec.clone())))
+        .await
+        .unwrap()
+    {
+        Ok(value) => serde_json::from_value::<DomainStatus>(value).unwrap(),
+        Err(e) => panic!("{e}; QEMU log:\n{}", qemu_log()),
+    };
+    let pid = running.qemu_pid.expect("a QEMU pid");
+    let _guard = ProcessGroupGuard(i32::try_from(pid).unwrap());
+    assert!(
+        wait_until(Duration::from_secs(90), || serial().contains("GUEST-READY")).await,
+        "no GUEST-READY:\n{}",
+        serial()
+    );
+    assert_eq!(
+        guest_reports(&serial()).last().map(|r| r.disks.clone()),
+        Some("vda".into())
+    );
+    let console = Path::new(&spec.paths.serial_console_socket);
+    let read = run_in_guest(console, "head -c 16 /dev/vda").await;
+    assert!(
+        read.contains("BOOT-DISK-MARKER"),
+        "the guest reads the boot disk: {read}"
+    );
+
+    let hot_image = outside.path().join("hot.img");
+    attach_write_and_detach_a_passed_disk(&mut client, &spec, &hot_image, pid).await;
+    assert!(
+        holds_open(&format!("/proc/{pid}/fd"), &boot_image),
+        "the boot disk stays"
+    );
+    client.request(Command::Kill).await.unwrap().unwrap();
+    tokio::time::timeout(Duration::from_secs(10), launcher)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+}
+
+/// On the running test guest (`spec`, QEMU `pid`): the image at `hot_image` (outside the
+/// launcher's directories) is refused by path, attached once passed, written by the guest, and
+/// closed by QEMU and the launcher once detached.
+async fn attach_write_and_detach_a_passed_disk(
+    client: &mut LauncherClient,
+    spec: &LauncherSpec,
+    hot_image: &Path,
+    pid: u32,
+) {
+    let serial = || std::fs::read_to_string(&spec.paths.serial_log).unwrap_or_default();
+    let console = Path::new(&spec.paths.serial_console_socket);
+    let hot_file = image(hot_image);
+    let mut by_path = spec.clone();
+    by_path.disks.push(virtio_disk("hot", hot_image, None));
+    let refused = client
+        .request(Command::Sync(Box::new(by_path)))
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert!(refused.contains("outside"), "{refused}");
+    client.pass_file("hot", &hot_file).await.unwrap().unwrap();
+    drop(hot_file);
+    let mut with_hot = spec.clone();
+    with_hot
+        .disks
+        .push(virtio_disk("hot", hot_image, Some("hot")));
+    if let Err(e) = client
+        .request(Command::Sync(Box::new(with_hot)))
+        .await
+        .unwrap()
+    {
+        panic!("{e}");
+    }
+    assert!(
+        wait_until(Duration::from_secs(60), || guest_reports(&serial())
+            .last()
+            .is_some_and(|r| r.disks == "vda,vdb"))
+        .await,
+        "the guest did not see the passed disk:\n{}",
+        serial()
+    );
+    let wrote = run_in_guest(
+        console,
+        "echo PASSED-FILE-WRITTEN | dd of=/dev/vdb conv=fsync",
+    )
+    .await;
+    assert!(wrote.contains("RUN-DONE rc=0"), "{wrote}");
+    let mut written = [0u8; 20];
+    std::fs::File::open(hot_image)
+        .unwrap()
+        .read_exact_at(&mut written, 0)
+        .unwrap();
+    assert_eq!(&written, b"PASSED-FILE-WRITTEN\n");
+    assert!(
+        holds_open(&format!("/proc/{pid}/fd"), hot_image),
+        "QEMU has the file"
+    );
+
+    client
+        .request(Command::Sync(Box::new(spec.clone())))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        wait_until(Duration::from_secs(60), || guest_reports(&serial())
+            .last()
+            .is_some_and(|r| r.disks == "vda"))
+        .await,
+        "the guest did not lose the detached disk:\n{}",
+        serial()
+    );
+    assert!(
+        !holds_open(&format!("/proc/{pid}/fd"), hot_image),
+        "QEMU closed it"
+    );
+    assert!(
+        !holds_open("/proc/self/fd", hot_image),
+        "the launcher closed it"
+    );
+}
+
+/// Whether a descriptor in `fd_dir` (`/proc/<pid>/fd`) refers to `path`.
+fn holds_open(fd_dir: &str, path: &Path) -> bool {
+    std::fs::read_dir(fd_dir)
+        .unwrap()
+        .filter_map(Result::ok)
+        .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|target| target == path))
+}
+
+/// Runs `command` in the test guest through its serial console (`run …`) and returns what it
+/// printed up to its `RUN-DONE rc=N` line.
+async fn run_in_guest(console: &Path, command: &str) -> String {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+    let stream = crate::unix_socket::connect(console)
+        .await
+        .expect("serial console");
+    let (read, mut write) = stream.into_split();
+    write
+        .write_all(format!("run {command}\n").as_bytes())
+        .await
+        .unwrap();
+    let mut lines = BufReader::new(read).lines();
+    let mut seen = String::new();
+    let done = tokio::time::timeout(Duration::from_secs(60), async {
+        while let Ok(Some(line)) = lines.next_line().await {
+            seen.push_str(&line);
+            seen.push('\n');
+            if line.contains("RUN-DONE rc=") {
+                return true;
+            }
+        }
+        false
+    })
+    .await;
+    assert_eq!(done, Ok(true), "no RUN-DONE for {command:?}:\n{seen}");
+    seen
 }
 
 /// QEMU's VNC server listens on the spec's socket, owner-only, and speaks RFB 3.8.

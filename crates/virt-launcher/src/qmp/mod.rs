@@ -201,6 +201,21 @@ impl QmpClient {
         command: &str,
         arguments: Option<Value>,
     ) -> Result<Value, QmpError> {
+        self.execute_passing(command, arguments, None).await
+    }
+
+    /// As [`QmpClient::execute`], with `fd` sent along with the command line (`SCM_RIGHTS`)
+    /// when given, for the commands that take a descriptor (`add-fd`, `getfd`).
+    ///
+    /// Caveat: QEMU keeps only the descriptors of the latest read that carried any, until a
+    /// command takes them; two such commands must not be in flight at once (the launcher
+    /// sends them one at a time, each awaited, under the domain's lock).
+    async fn execute_passing(
+        &self,
+        command: &str,
+        arguments: Option<Value>,
+        fd: Option<std::os::fd::BorrowedFd<'_>>,
+    ) -> Result<Value, QmpError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
         {
@@ -216,7 +231,13 @@ impl QmpClient {
         }
         let mut bytes = message.to_string().into_bytes();
         bytes.push(b'\n');
-        let written = self.writer.lock().await.write_all(&bytes).await;
+        let written = {
+            let mut writer = self.writer.lock().await;
+            match fd {
+                Some(fd) => crate::fd_passing::send_with_fd(writer.as_ref(), &bytes, fd).await,
+                None => writer.write_all(&bytes).await,
+            }
+        };
         if let Err(e) = written {
             self.pending
                 .lock()
@@ -333,6 +354,35 @@ impl QmpClient {
     /// As [`QmpClient::execute`].
     pub async fn blockdev_add(&self, options: Value) -> Result<(), QmpError> {
         self.execute("blockdev-add", Some(options)).await.map(drop)
+    }
+
+    /// `add-fd`: sends `fd` to QEMU, which keeps a copy in a new fd set (opened as
+    /// `/dev/fdset/<id>`); returns the set's id. `opaque` is shown by `query-fdsets`.
+    ///
+    /// # Errors
+    /// As [`QmpClient::execute`]; [`QmpError::Protocol`] for a reply without `fdset-id`.
+    pub async fn add_fd(
+        &self,
+        fd: std::os::fd::BorrowedFd<'_>,
+        opaque: &str,
+    ) -> Result<u64, QmpError> {
+        let reply = self
+            .execute_passing("add-fd", Some(json!({"opaque": opaque})), Some(fd))
+            .await?;
+        reply
+            .get("fdset-id")
+            .and_then(Value::as_u64)
+            .ok_or_else(|| QmpError::Protocol(format!("add-fd: {reply}")))
+    }
+
+    /// `remove-fd` of a whole fd set: QEMU closes its copies once no block node uses them.
+    ///
+    /// # Errors
+    /// As [`QmpClient::execute`].
+    pub async fn remove_fd(&self, fdset_id: u64) -> Result<(), QmpError> {
+        self.execute("remove-fd", Some(json!({"fdset-id": fdset_id})))
+            .await
+            .map(drop)
     }
 
     /// `blockdev-del` of a node.

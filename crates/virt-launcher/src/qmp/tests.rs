@@ -218,3 +218,76 @@ async fn real_qemu_answers_status_pause_resume_and_quit() {
         .unwrap();
     assert!(status.success(), "{status}");
 }
+
+/// Real QEMU (no guest): a file sent with `add-fd` is opened by a block node as
+/// `/dev/fdset/N` (only with the access mode it was opened with), and `remove-fd` after
+/// `blockdev-del` leaves no fd set behind.
+#[tokio::test]
+async fn real_qemu_opens_a_file_passed_with_add_fd_from_its_fd_set() {
+    let Some(qemu) = available(qemu_binary()) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("qmp.sock");
+    let mut child = tokio::process::Command::new(qemu)
+        .args([
+            "-machine",
+            "none",
+            "-accel",
+            "tcg",
+            "-nodefaults",
+            "-display",
+            "none",
+            "-qmp",
+        ])
+        .arg(format!("unix:{},server=on,wait=off", sock.display()))
+        .process_group(0)
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let _guard = ProcessGroupGuard(child.id().map_or(0, |p| p as i32));
+    assert!(
+        wait_until(Duration::from_secs(10), || sock.exists()).await,
+        "no QMP socket"
+    );
+    let (client, _events) = QmpClient::connect(&sock).await.unwrap();
+    let image = dir.path().join("image.raw");
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(&image)
+        .unwrap();
+    file.set_len(3 << 20).unwrap();
+    use std::os::fd::AsFd;
+    let set = client.add_fd(file.as_fd(), "hot").await.unwrap();
+    drop(file);
+    std::fs::remove_file(&image).unwrap(); // QEMU can only reach it through the descriptor
+    let node = |read_only: bool| {
+        json!({"driver": "file", "filename": format!("/dev/fdset/{set}"), "node-name": "f",
+               "read-only": read_only, "cache": {"direct": false, "no-flush": false}})
+    };
+    let refused = client.blockdev_add(node(true)).await.unwrap_err();
+    assert!(
+        refused.to_string().contains("fdset"),
+        "a read-write file does not serve a read-only node: {refused}"
+    );
+    client.blockdev_add(node(false)).await.unwrap();
+    let nodes = client
+        .execute("query-named-block-nodes", None)
+        .await
+        .unwrap();
+    let size = nodes
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["node-name"] == "f")
+        .map(|n| n["image"]["virtual-size"].clone());
+    assert_eq!(size, Some(json!(3 << 20)), "{nodes}");
+    client.blockdev_del("f").await.unwrap();
+    client.remove_fd(set).await.unwrap();
+    let sets = client.execute("query-fdsets", None).await.unwrap();
+    assert_eq!(sets, json!([]), "no fd set is left");
+    client.quit().await.unwrap();
+    let _ = tokio::time::timeout(Duration::from_secs(10), child.wait()).await;
+}
