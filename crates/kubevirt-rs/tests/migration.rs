@@ -12,10 +12,8 @@
 //! `migrationState.failed` and upstream's abort reason, and the guest runs on. Last, a
 //! migration whose target pod no node can take fails after the pending-pod timeout.
 
-use std::io::{Read, Write};
-use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use testkit::{DEADLINE, ServerProcess, wait_until};
@@ -61,62 +59,8 @@ fn tail(text: &str, lines: usize) -> String {
     all[all.len().saturating_sub(lines)..].join("\n")
 }
 
-/// Reads from the pty master until `needle` appears or the deadline passes.
-fn read_until(master: &mut std::fs::File, needle: &str, deadline: Duration) -> String {
-    let start = Instant::now();
-    let mut seen = String::new();
-    let mut buf = [0u8; 4096];
-    while start.elapsed() < deadline && !seen.contains(needle) {
-        match master.read(&mut buf) {
-            Ok(0) => break,
-            Ok(n) => seen.push_str(&String::from_utf8_lossy(&buf[..n])),
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            Err(_) => break,
-        }
-    }
-    seen
-}
-
-/// Runs `command` in the guest through `virtctl console` and returns what the guest printed
-/// up to its `RUN-DONE` line.
 fn guest_run(server: &ServerProcess, command: &str) -> anyhow::Result<String> {
-    let pty = nix::pty::openpty(None, None)?;
-    let slave: OwnedFd = pty.slave;
-    let mut child = Command::new(virtctl())
-        .args(["console", "mover"])
-        .env("KUBECONFIG", server.kubeconfig())
-        .stdin(Stdio::from(slave.try_clone()?))
-        .stdout(Stdio::from(slave.try_clone()?))
-        .stderr(Stdio::from(slave))
-        .spawn()?;
-    let mut master = std::fs::File::from(pty.master);
-    nix::fcntl::fcntl(
-        &master,
-        nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK),
-    )?;
-    let result = (|| {
-        let banner = read_until(&mut master, "escape sequence is ^]", DEADLINE);
-        anyhow::ensure!(
-            banner.contains("Successfully connected to mover console"),
-            "virtctl console: {banner}"
-        );
-        wait_until(DEADLINE, &format!("the guest to run {command:?}"), || {
-            master
-                .write_all(format!("run {command}\r").as_bytes())
-                .ok()?;
-            let seen = read_until(&mut master, "RUN-DONE", Duration::from_secs(5));
-            seen.contains("RUN-DONE").then_some(seen)
-        })
-    })();
-    let _ = master.write_all(&[0x1d]); // Ctrl+]
-    let _ = wait_until(Duration::from_secs(10), "virtctl console to exit", || {
-        child.try_wait().ok().flatten()
-    });
-    let _ = child.kill();
-    let _ = child.wait();
-    result
+    server.guest_run("mover", command)
 }
 
 /// The guest's uptime in seconds from a `MARK <tag> <uptime>` line.

@@ -9,7 +9,8 @@
 //! process group the server's pod runner started under the data directory (their records
 //! are `DATA/node/pods/<uid>/<container>.json`), so a failing test leaves no QEMU behind.
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::mpsc;
@@ -317,6 +318,49 @@ impl ServerProcess {
         Ok(i32::try_from(pid)?)
     }
 
+    /// Runs `command` in the guest of the VM `vm` (the test guest's `run` console command)
+    /// through `virtctl console` and returns what the guest printed up to its `RUN-DONE` line.
+    ///
+    /// # Errors
+    /// When virtctl is not built, cannot connect, or the guest does not answer in time.
+    pub fn guest_run(&self, vm: &str, command: &str) -> anyhow::Result<String> {
+        let pty = nix::pty::openpty(None, None)?;
+        let slave: OwnedFd = pty.slave;
+        let mut child = Command::new(virtctl_beside(&self.binary).map_err(anyhow::Error::msg)?)
+            .args(["console", vm])
+            .env("KUBECONFIG", self.kubeconfig())
+            .stdin(Stdio::from(slave.try_clone()?))
+            .stdout(Stdio::from(slave.try_clone()?))
+            .stderr(Stdio::from(slave))
+            .spawn()?;
+        let mut master = std::fs::File::from(pty.master);
+        nix::fcntl::fcntl(
+            &master,
+            nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK),
+        )?;
+        let result = (|| {
+            let banner = read_until(&mut master, "escape sequence is ^]", DEADLINE);
+            anyhow::ensure!(
+                banner.contains(&format!("Successfully connected to {vm} console")),
+                "virtctl console: {banner}"
+            );
+            wait_until(DEADLINE, &format!("the guest to run {command:?}"), || {
+                master
+                    .write_all(format!("run {command}\r").as_bytes())
+                    .ok()?;
+                let seen = read_until(&mut master, "RUN-DONE", Duration::from_secs(5));
+                seen.contains("RUN-DONE").then_some(seen)
+            })
+        })();
+        let _ = master.write_all(&[0x1d]); // Ctrl+]
+        let _ = wait_until(Duration::from_secs(10), "virtctl console to exit", || {
+            child.try_wait().ok().flatten()
+        });
+        let _ = child.kill();
+        let _ = child.wait();
+        result
+    }
+
     /// What the guest of launcher pod `pod` wrote on its serial console so far (the pod's
     /// `guest-console-log` container); empty when kubectl cannot read it yet.
     pub fn guest_console(&self, pod: &str) -> String {
@@ -596,4 +640,22 @@ pub fn https_get(
         .and_then(|code| code.parse().ok())
         .ok_or_else(|| anyhow::anyhow!("no status line: {head:?}"))?;
     Ok((status, body.to_owned()))
+}
+
+/// Reads from the pty master until `needle` appears or the deadline passes.
+fn read_until(master: &mut std::fs::File, needle: &str, deadline: Duration) -> String {
+    let start = Instant::now();
+    let mut seen = String::new();
+    let mut buf = [0u8; 4096];
+    while start.elapsed() < deadline && !seen.contains(needle) {
+        match master.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => seen.push_str(&String::from_utf8_lossy(&buf[..n])),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(_) => break,
+        }
+    }
+    seen
 }

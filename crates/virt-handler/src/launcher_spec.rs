@@ -811,7 +811,11 @@ pub fn hotplug_file_passed(vmi: &VirtualMachineInstance, name: &str) -> bool {
         .iter()
         .flat_map(|s| s.volume_status.iter())
         .any(|v| {
-            v.name == name && matches!(v.phase, Some(VolumePhase::MountedToPod | VolumePhase::Ready))
+            v.name == name
+                && matches!(
+                    v.phase,
+                    Some(VolumePhase::MountedToPod | VolumePhase::Ready)
+                )
         })
 }
 

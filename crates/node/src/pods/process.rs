@@ -387,9 +387,15 @@ mod tests {
         let escape = mount(&inner, "path/../elsewhere");
         super::create_mount_points(&[mount(&outer, "path"), mount(&inner, "path/vol"), escape])
             .unwrap();
-        assert!(outer.join("vol").is_dir(), "created where the outer mount shows it");
+        assert!(
+            outer.join("vol").is_dir(),
+            "created where the outer mount shows it"
+        );
         assert!(!root.join("path/vol").exists());
-        assert!(!outer.join("../elsewhere").exists(), "never outside the outer source");
+        assert!(
+            !outer.join("../elsewhere").exists(),
+            "never outside the outer source"
+        );
     }
 
     use super::*;

@@ -140,7 +140,9 @@ impl Executor<'_> {
                     format!("Error encountered while updating the running VMI: {e}"),
                 )
             }),
-            VmAction::PatchVmVolumes(ops) => self.patch_vm(ops, false).await.map_err(volume_failure),
+            VmAction::PatchVmVolumes(ops) => {
+                self.patch_vm(ops, false).await.map_err(volume_failure)
+            }
             VmAction::PatchVmiVolumes(ops) => self.patch_vmi(ops).await.map_err(volume_failure),
             VmAction::DeleteVmi(name) => {
                 let object_key = format!("{}/{name}", self.namespace);

@@ -282,7 +282,8 @@ pub fn plan(input: &SyncInput<'_>) -> SyncPlan {
             .push(VmAction::PatchVmVolumes(volumes.template_ops));
     }
     if !volumes.vmi_ops.is_empty() {
-        plan.actions.push(VmAction::PatchVmiVolumes(volumes.vmi_ops));
+        plan.actions
+            .push(VmAction::PatchVmiVolumes(volumes.vmi_ops));
     }
     if let Some(vmi) = input.vmi {
         let bump = vmi_generation(input, vmi).1;

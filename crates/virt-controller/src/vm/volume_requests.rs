@@ -93,19 +93,27 @@ fn list_ops(
     prefix: &str,
     old: &VirtualMachineInstanceSpec,
     new: &VirtualMachineInstanceSpec,
+    resource_version: Option<&str>,
 ) -> Vec<Value> {
+    let mut guard = None;
     let mut ops = Vec::new();
     let mut list = |path: String, old: Value, new: Value| {
         if old == new {
             return;
         }
-        let absent = old.as_array().is_none_or(Vec::is_empty);
-        if absent {
-            ops.push(json!({"op": "test", "path": path, "value": Value::Null}));
+        // An empty list reads back as absent or as `[]`, which a `test` cannot tell apart:
+        // `add` replaces either, and the object's resourceVersion guards it instead.
+        let empty = old.as_array().is_none_or(Vec::is_empty);
+        if empty {
+            if let Some(rv) = resource_version {
+                guard.get_or_insert_with(
+                    || json!({"op": "test", "path": "/metadata/resourceVersion", "value": rv}),
+                );
+            }
         } else {
             ops.push(json!({"op": "test", "path": path, "value": old}));
         }
-        ops.push(json!({"op": if absent { "add" } else { "replace" }, "path": path, "value": new}));
+        ops.push(json!({"op": if empty { "add" } else { "replace" }, "path": path, "value": new}));
     };
     let json = |v: Result<Value, serde_json::Error>| v.unwrap_or(Value::Null);
     list(
@@ -118,6 +126,9 @@ fn list_ops(
         json(serde_json::to_value(&old.domain.devices.disks)),
         json(serde_json::to_value(&new.domain.devices.disks)),
     );
+    if let Some(guard) = guard {
+        ops.insert(0, guard);
+    }
     ops
 }
 
@@ -133,7 +144,12 @@ pub fn plan(vm: &VirtualMachine, vmi: Option<&VirtualMachineInstance>) -> Volume
         apply(&mut wanted, request);
     }
     let mut plan = VolumeRequestPlan {
-        template_ops: list_ops("/spec/template/spec", &template, &wanted),
+        template_ops: list_ops(
+            "/spec/template/spec",
+            &template,
+            &wanted,
+            vm.metadata.resource_version.as_deref(),
+        ),
         vmi_ops: Vec::new(),
     };
     if let Some(vmi) = vmi.filter(|v| v.metadata.deletion_timestamp.is_none()) {
@@ -141,7 +157,12 @@ pub fn plan(vm: &VirtualMachine, vmi: Option<&VirtualMachineInstance>) -> Volume
         for request in requests {
             apply(&mut next, request);
         }
-        plan.vmi_ops = list_ops("/spec", &vmi.spec, &next);
+        plan.vmi_ops = list_ops(
+            "/spec",
+            &vmi.spec,
+            &next,
+            vmi.metadata.resource_version.as_deref(),
+        );
     }
     plan
 }
@@ -166,7 +187,7 @@ mod tests {
     fn vm_with(requests: Value, volumes: Value) -> VirtualMachine {
         serde_json::from_value(json!({
             "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",
-            "metadata": {"name": "vm", "namespace": "default"},
+            "metadata": {"name": "vm", "namespace": "default", "resourceVersion": "7"},
             "spec": {"template": {"spec": {
                 "domain": {"devices": {"disks": [{"name": "root", "disk": {"bus": "virtio"}}]}},
                 "volumes": volumes,
@@ -234,7 +255,10 @@ mod tests {
         let stale_vmi = vmi_with_spec_of(&vm_with(json!([]), root()));
         let plan_now = plan(&vm, Some(&stale_vmi));
         assert!(plan_now.template_ops.is_empty());
-        assert!(!plan_now.vmi_ops.is_empty(), "the VMI still lacks the volume");
+        assert!(
+            !plan_now.vmi_ops.is_empty(),
+            "the VMI still lacks the volume"
+        );
 
         let mut status = vm.status.clone().unwrap();
         trim_done(&mut status, &vm, Some(&stale_vmi));
@@ -243,7 +267,10 @@ mod tests {
         assert!(status.volume_requests.is_empty());
         let mut status = vm.status.clone().unwrap();
         trim_done(&mut status, &vm, None);
-        assert!(status.volume_requests.is_empty(), "a stopped VM needs the template only");
+        assert!(
+            status.volume_requests.is_empty(),
+            "a stopped VM needs the template only"
+        );
     }
 
     fn vmi_with_spec_of(vm: &VirtualMachine) -> VirtualMachineInstance {
@@ -266,7 +293,10 @@ mod tests {
             .push(serde_json::from_value(json!({"name": "data", "disk": {}})).unwrap());
         let plan_now = plan(&vm, None);
         assert_eq!(plan_now.template_ops[1]["value"], root());
-        assert_eq!(plan_now.template_ops[3]["value"].as_array().unwrap().len(), 1);
+        assert_eq!(
+            plan_now.template_ops[3]["value"].as_array().unwrap().len(),
+            1
+        );
         assert!(plan_now.vmi_ops.is_empty(), "no VMI, no VMI patch");
 
         let vm = vm_with(
@@ -280,14 +310,20 @@ mod tests {
     fn a_deleting_vmi_is_left_alone_and_an_empty_template_list_is_added() {
         let vm = vm_with(json!([add("data")]), json!([]));
         let mut vmi = vmi_of(&vm);
-        vmi.metadata.deletion_timestamp = Some(
-            k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+        vmi.metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
                 k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
-            ),
-        );
+            ));
         let plan_now = plan(&vm, Some(&vmi));
         assert!(plan_now.vmi_ops.is_empty());
-        assert_eq!(plan_now.template_ops[0], json!({"op": "test", "path": "/spec/template/spec/volumes", "value": null}));
+        assert_eq!(
+            plan_now.template_ops[0],
+            json!({"op": "test", "path": "/metadata/resourceVersion", "value": "7"})
+        );
         assert_eq!(plan_now.template_ops[1]["op"], "add");
+        assert_eq!(
+            plan_now.template_ops[1]["path"],
+            "/spec/template/spec/volumes"
+        );
     }
 }

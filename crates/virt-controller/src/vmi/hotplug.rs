@@ -26,17 +26,14 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::{
-    Affinity, Container, EmptyDirVolumeSource, NodeAffinity, NodeSelector,
-    NodeSelectorRequirement, NodeSelectorTerm, PersistentVolumeClaim,
-    PersistentVolumeClaimVolumeSource, Pod, PodSpec, ResourceRequirements, Toleration, Volume,
-    VolumeMount,
+    Affinity, Container, EmptyDirVolumeSource, NodeAffinity, NodeSelector, NodeSelectorRequirement,
+    NodeSelectorTerm, PersistentVolumeClaim, PersistentVolumeClaimVolumeSource, Pod, PodSpec,
+    ResourceRequirements, Toleration, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kubevirt_api::constants as c;
-use kubevirt_api::v1::{
-    HotplugVolumeStatus, VirtualMachineInstance, VolumePhase, VolumeStatus,
-};
+use kubevirt_api::v1::{HotplugVolumeStatus, VirtualMachineInstance, VolumePhase, VolumeStatus};
 
 /// The attachment pod's only container.
 pub const ATTACHMENT_CONTAINER: &str = "hotplug-disk";
@@ -89,9 +86,11 @@ pub fn attachment_pods<'a>(pods: &[&'a Pod], launcher: &Pod) -> Vec<&'a Pod> {
     pods.iter()
         .copied()
         .filter(|p| {
-            p.metadata.owner_references.iter().flatten().any(|o| {
-                o.controller == Some(true) && o.kind == "Pod" && o.uid == uid
-            })
+            p.metadata
+                .owner_references
+                .iter()
+                .flatten()
+                .any(|o| o.controller == Some(true) && o.kind == "Pod" && o.uid == uid)
         })
         .collect()
 }
@@ -201,10 +200,14 @@ pub fn plan(
         if pod.metadata.deletion_timestamp.is_some() {
             continue;
         }
-        if pod_claim_volumes(pod).iter().any(|v| removed_in_use.contains(v)) {
+        if pod_claim_volumes(pod)
+            .iter()
+            .any(|v| removed_in_use.contains(v))
+        {
             continue;
         }
-        plan.delete.push(pod.metadata.name.clone().unwrap_or_default());
+        plan.delete
+            .push(pod.metadata.name.clone().unwrap_or_default());
     }
     plan
 }
@@ -232,7 +235,12 @@ pub fn render_attachment_pod(
         mount_path: ATTACHMENT_DIR.to_owned(),
         ..VolumeMount::default()
     }];
-    for volume in vmi.spec.volumes.iter().filter(|v| volumes.contains(&v.name)) {
+    for volume in vmi
+        .spec
+        .volumes
+        .iter()
+        .filter(|v| volumes.contains(&v.name))
+    {
         let source = &volume.volume_source;
         let Some(claim) = source.claim_name() else {
             continue;
@@ -354,7 +362,10 @@ pub fn claim_ready(claim: Option<&PersistentVolumeClaim>) -> bool {
 
 /// Phase, reason and message of a hotplug volume without an attachment pod, from its claim
 /// (upstream `getVolumePhaseMessageReason`).
-fn claim_phase(claim_name: &str, claim: Option<&PersistentVolumeClaim>) -> (VolumePhase, &'static str, String) {
+fn claim_phase(
+    claim_name: &str,
+    claim: Option<&PersistentVolumeClaim>,
+) -> (VolumePhase, &'static str, String) {
     let Some(claim) = claim else {
         return (
             VolumePhase::Pending,
@@ -363,8 +374,16 @@ fn claim_phase(claim_name: &str, claim: Option<&PersistentVolumeClaim>) -> (Volu
         );
     };
     match claim.status.as_ref().and_then(|s| s.phase.as_deref()) {
-        Some("Bound") => (VolumePhase::Bound, PVC_NOT_READY, "PVC is in phase Bound".to_owned()),
-        Some("Lost") => (VolumePhase::Pending, PVC_NOT_READY, "PVC is in phase Lost".to_owned()),
+        Some("Bound") => (
+            VolumePhase::Bound,
+            PVC_NOT_READY,
+            "PVC is in phase Bound".to_owned(),
+        ),
+        Some("Lost") => (
+            VolumePhase::Pending,
+            PVC_NOT_READY,
+            "PVC is in phase Lost".to_owned(),
+        ),
         _ => (
             VolumePhase::Pending,
             PVC_NOT_READY,
@@ -400,10 +419,8 @@ pub fn update_volume_status<'c>(
         return;
     }
     let (current, _) = current_and_old(&hotplug, pods);
-    let mut old: BTreeMap<String, VolumeStatus> = statuses
-        .drain(..)
-        .map(|s| (s.name.clone(), s))
-        .collect();
+    let mut old: BTreeMap<String, VolumeStatus> =
+        statuses.drain(..).map(|s| (s.name.clone(), s)).collect();
     let mut next = Vec::new();
     for volume in &vmi.spec.volumes {
         let mut status = old.remove(&volume.name).unwrap_or_else(|| VolumeStatus {
@@ -416,7 +433,9 @@ pub fn update_volume_status<'c>(
                     .persistent_volume_claim_info
                     .clone_from(&info.persistent_volume_claim_info);
             }
-            let hp = status.hotplug_volume.get_or_insert_with(HotplugVolumeStatus::default);
+            let hp = status
+                .hotplug_volume
+                .get_or_insert_with(HotplugVolumeStatus::default);
             match current {
                 None if status.phase != Some(VolumePhase::Ready) => {
                     hp.attach_pod_uid = None;
@@ -455,7 +474,9 @@ pub fn update_volume_status<'c>(
             .find(|p| pod_claim_volumes(p).contains(name.as_str()));
         let Some(pod) = holder else { continue };
         let pod_name = pod.metadata.name.clone().unwrap_or_default();
-        let hp = status.hotplug_volume.get_or_insert_with(HotplugVolumeStatus::default);
+        let hp = status
+            .hotplug_volume
+            .get_or_insert_with(HotplugVolumeStatus::default);
         hp.attach_pod_name = Some(pod_name.clone());
         hp.attach_pod_uid.clone_from(&pod.metadata.uid);
         status.phase = Some(VolumePhase::Detaching);

@@ -35,7 +35,8 @@ fn launcher() -> Pod {
 fn attachment(name: &str, volumes: &[&str], created: &str, phase: &str, ready: bool) -> Pod {
     let mut pod_volumes = vec![json!({"name": ATTACHMENT_VOLUME, "emptyDir": {}})];
     for v in volumes {
-        pod_volumes.push(json!({"name": v, "persistentVolumeClaim": {"claimName": format!("{v}-claim")}}));
+        pod_volumes
+            .push(json!({"name": v, "persistentVolumeClaim": {"claimName": format!("{v}-claim")}}));
     }
     serde_json::from_value(json!({
         "metadata": {"name": name, "namespace": "default", "uid": format!("{name}-uid"),
@@ -50,8 +51,10 @@ fn attachment(name: &str, volumes: &[&str], created: &str, phase: &str, ready: b
 }
 
 fn claim(phase: &str) -> PersistentVolumeClaim {
-    serde_json::from_value(json!({"metadata": {"name": "hot-claim", "namespace": "default"},
-        "status": {"phase": phase}}))
+    serde_json::from_value(
+        json!({"metadata": {"name": "hot-claim", "namespace": "default"},
+        "status": {"phase": phase}}),
+    )
     .unwrap()
 }
 
@@ -73,8 +76,18 @@ fn the_first_ready_volume_gets_a_pod_and_a_matching_pod_is_left_alone() {
     let vmi = vmi(boot_and(&["hot"]), json!({}));
     let hot = hotplug_volumes(&vmi, &launcher());
     assert_eq!(plan(&vmi, &hot, &[]).create, ["hot"]);
-    assert_eq!(plan(&vmi, &[], &[]), HotplugPlan::default(), "nothing ready, nothing to do");
-    let current = attachment("hp-volume-1", &["hot"], "2026-12-06T10:00:00Z", "Running", true);
+    assert_eq!(
+        plan(&vmi, &[], &[]),
+        HotplugPlan::default(),
+        "nothing ready, nothing to do"
+    );
+    let current = attachment(
+        "hp-volume-1",
+        &["hot"],
+        "2026-12-06T10:00:00Z",
+        "Running",
+        true,
+    );
     assert_eq!(plan(&vmi, &hot, &[&current]), HotplugPlan::default());
 }
 
@@ -85,17 +98,35 @@ fn a_second_volume_replaces_the_pod_keeping_the_old_one_until_the_new_one_runs()
         json!({"volumeStatus": [{"name": "hot", "target": "", "phase": "Ready", "hotplugVolume": {}}]}),
     );
     let hot = hotplug_volumes(&vmi, &launcher());
-    let old = attachment("hp-volume-1", &["hot"], "2026-12-06T10:00:00Z", "Running", true);
+    let old = attachment(
+        "hp-volume-1",
+        &["hot"],
+        "2026-12-06T10:00:00Z",
+        "Running",
+        true,
+    );
     // No pod has both: create one; the running old one is the fallback meanwhile.
     let first = plan(&vmi, &hot, &[&old]);
     assert_eq!(first.create, ["hot", "more"]);
     assert!(first.delete.is_empty());
     // The new one is still starting: no second creation, the old one kept.
-    let new = attachment("hp-volume-2", &["hot", "more"], "2026-12-06T10:01:00Z", "Pending", false);
+    let new = attachment(
+        "hp-volume-2",
+        &["hot", "more"],
+        "2026-12-06T10:01:00Z",
+        "Pending",
+        false,
+    );
     let starting = plan(&vmi, &hot, &[&old, &new]);
     assert_eq!(starting, HotplugPlan::default());
     // Once the new pod runs, the old one goes.
-    let new = attachment("hp-volume-2", &["hot", "more"], "2026-12-06T10:01:00Z", "Running", true);
+    let new = attachment(
+        "hp-volume-2",
+        &["hot", "more"],
+        "2026-12-06T10:01:00Z",
+        "Running",
+        true,
+    );
     let running = plan(&vmi, &hot, &[&old, &new]);
     assert!(running.create.is_empty());
     assert_eq!(running.delete, ["hp-volume-1"]);
@@ -107,7 +138,13 @@ fn a_removed_volume_keeps_its_pod_while_the_handler_still_uses_it() {
         boot_and(&[]),
         json!({"volumeStatus": [{"name": "hot", "target": "", "phase": "Ready", "hotplugVolume": {}}]}),
     );
-    let pod = attachment("hp-volume-1", &["hot"], "2026-12-06T10:00:00Z", "Running", true);
+    let pod = attachment(
+        "hp-volume-1",
+        &["hot"],
+        "2026-12-06T10:00:00Z",
+        "Running",
+        true,
+    );
     assert_eq!(plan(&in_use, &[], &[&pod]), HotplugPlan::default());
     let detaching = vmi(
         boot_and(&[]),
@@ -123,10 +160,19 @@ fn the_attachment_pod_mounts_each_claim_below_its_socket_on_the_launchers_node()
     let value = serde_json::to_value(&pod).unwrap();
     assert_eq!(value["metadata"]["generateName"], "hp-volume-");
     assert_eq!(value["metadata"]["labels"]["kubevirt.io"], "hotplug-disk");
-    assert_eq!(value["metadata"]["annotations"]["kubevirt.io/owner-vmi-name"], "vm");
-    assert_eq!(value["metadata"]["annotations"]["kubevirt.io/owner-vmi-uid"], "vmi-uid");
+    assert_eq!(
+        value["metadata"]["annotations"]["kubevirt.io/owner-vmi-name"],
+        "vm"
+    );
+    assert_eq!(
+        value["metadata"]["annotations"]["kubevirt.io/owner-vmi-uid"],
+        "vmi-uid"
+    );
     let owner = &value["metadata"]["ownerReferences"][0];
-    assert_eq!((owner["kind"].as_str(), owner["uid"].as_str()), (Some("Pod"), Some("launcher-uid")));
+    assert_eq!(
+        (owner["kind"].as_str(), owner["uid"].as_str()),
+        (Some("Pod"), Some("launcher-uid"))
+    );
     assert_eq!(owner["controller"], true);
     let term = &value["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
         ["nodeSelectorTerms"][0]["matchExpressions"][0];
@@ -137,7 +183,10 @@ fn the_attachment_pod_mounts_each_claim_below_its_socket_on_the_launchers_node()
         container["volumeMounts"],
         json!([{"name": "hotplug-disks", "mountPath": "/path"}, {"name": "hot", "mountPath": "/path/hot"}])
     );
-    assert_eq!(value["spec"]["volumes"][1]["persistentVolumeClaim"]["claimName"], "hot-claim");
+    assert_eq!(
+        value["spec"]["volumes"][1]["persistentVolumeClaim"]["claimName"],
+        "hot-claim"
+    );
 }
 
 #[test]
@@ -150,13 +199,28 @@ fn the_volume_status_walks_from_the_claim_to_the_attachment_pod_and_out_again() 
     let hot = statuses.iter().find(|s| s.name == "hot").unwrap();
     assert_eq!(hot.phase, Some(VolumePhase::Pending));
     assert_eq!(hot.message.as_deref(), Some("PVC hot-claim not found"));
-    update_volume_status(&vmi_now, &mut statuses, &launcher, &[], &[], |_| Some(&pending));
+    update_volume_status(&vmi_now, &mut statuses, &launcher, &[], &[], |_| {
+        Some(&pending)
+    });
     let hot = statuses.iter().find(|s| s.name == "hot").unwrap();
     assert_eq!(hot.message.as_deref(), Some("PVC is in phase ClaimPending"));
 
     // A pod with the volume, its container not ready yet: attached, no UID.
-    let starting = attachment("hp-volume-1", &["hot"], "2026-12-06T10:00:00Z", "Pending", false);
-    update_volume_status(&vmi_now, &mut statuses, &launcher, &[&starting], &[], |_| None);
+    let starting = attachment(
+        "hp-volume-1",
+        &["hot"],
+        "2026-12-06T10:00:00Z",
+        "Pending",
+        false,
+    );
+    update_volume_status(
+        &vmi_now,
+        &mut statuses,
+        &launcher,
+        &[&starting],
+        &[],
+        |_| None,
+    );
     let hot = statuses.iter().find(|s| s.name == "hot").unwrap();
     assert_eq!(hot.phase, Some(VolumePhase::AttachedToNode));
     assert_eq!(
@@ -166,11 +230,21 @@ fn the_volume_status_walks_from_the_claim_to_the_attachment_pod_and_out_again() 
     let hp = hot.hotplug_volume.as_ref().unwrap();
     assert_eq!(hp.attach_pod_name.as_deref(), Some("hp-volume-1"));
     assert_eq!(hp.attach_pod_uid, None);
-    let ready = attachment("hp-volume-1", &["hot"], "2026-12-06T10:00:00Z", "Running", true);
+    let ready = attachment(
+        "hp-volume-1",
+        &["hot"],
+        "2026-12-06T10:00:00Z",
+        "Running",
+        true,
+    );
     update_volume_status(&vmi_now, &mut statuses, &launcher, &[&ready], &[], |_| None);
     let hot = statuses.iter().find(|s| s.name == "hot").unwrap();
     assert_eq!(
-        hot.hotplug_volume.as_ref().unwrap().attach_pod_uid.as_deref(),
+        hot.hotplug_volume
+            .as_ref()
+            .unwrap()
+            .attach_pod_uid
+            .as_deref(),
         Some("hp-volume-1-uid")
     );
     // The handler's phases are kept.

@@ -385,13 +385,16 @@ impl VmiReconciler {
         }
         for finished in controlled.iter().filter(|p| status::pod_is_down(p)) {
             let doomed = hotplug::attachment_pods(namespace_pods, finished);
-            if let Err(e) = self.delete_attachment_pods(key, vmi, pods_api, &doomed).await {
+            if let Err(e) = self
+                .delete_attachment_pods(key, vmi, pods_api, &doomed)
+                .await
+            {
                 tracing::warn!(vmi = key, error = %e, "deleting the attachment pods of a finished launcher pod");
             }
         }
-        let Some(pod) = launcher_pod.filter(|p| {
-            status::pod_is_ready(p) && p.metadata.deletion_timestamp.is_none()
-        }) else {
+        let Some(pod) = launcher_pod
+            .filter(|p| status::pod_is_ready(p) && p.metadata.deletion_timestamp.is_none())
+        else {
             return Ok(());
         };
         let attached = hotplug::attachment_pods(namespace_pods, pod);
@@ -446,7 +449,11 @@ impl VmiReconciler {
         let doomed: Vec<&Pod> = attached
             .iter()
             .copied()
-            .filter(|p| plan.delete.iter().any(|d| p.metadata.name.as_ref() == Some(d)))
+            .filter(|p| {
+                plan.delete
+                    .iter()
+                    .any(|d| p.metadata.name.as_ref() == Some(d))
+            })
             .collect();
         self.delete_attachment_pods(key, vmi, pods_api, &doomed)
             .await
@@ -467,7 +474,10 @@ impl VmiReconciler {
         pods_api: &Api<Pod>,
         pods: &[&Pod],
     ) -> Result<(), String> {
-        for pod in pods.iter().filter(|p| p.metadata.deletion_timestamp.is_none()) {
+        for pod in pods
+            .iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+        {
             let name = pod.name_any();
             let params = DeleteParams {
                 grace_period_seconds: Some(0),

@@ -134,13 +134,25 @@ pub async fn open_disk(
     create_size: Option<u64>,
 ) -> Result<std::fs::File, String> {
     if !plain_name(&attach.volume) {
-        return Err(format!("volume name {:?} is not a plain name", attach.volume));
+        return Err(format!(
+            "volume name {:?} is not a plain name",
+            attach.volume
+        ));
     }
-    let socket = attachment_socket(kubelet_pods_dir, &attach.attach_pod_uid)
-        .ok_or_else(|| format!("attachment pod UID {:?} is not a UID", attach.attach_pod_uid))?;
+    let socket = attachment_socket(kubelet_pods_dir, &attach.attach_pod_uid).ok_or_else(|| {
+        format!(
+            "attachment pod UID {:?} is not a UID",
+            attach.attach_pod_uid
+        )
+    })?;
     let stream = virt_launcher::unix_socket::connect(&socket)
         .await
-        .map_err(|e| format!("connecting to the attachment pod at {}: {e}", socket.display()))?;
+        .map_err(|e| {
+            format!(
+                "connecting to the attachment pod at {}: {e}",
+                socket.display()
+            )
+        })?;
     let pid = stream
         .peer_cred()
         .ok()
@@ -160,7 +172,11 @@ pub async fn open_disk(
 
 /// Opens `path` without following a symlink at its end; creates it (sparse, `0600`) when it
 /// is missing and `create_size` is known.
-fn open_image(path: &Path, read_only: bool, create_size: Option<u64>) -> Result<std::fs::File, String> {
+fn open_image(
+    path: &Path,
+    read_only: bool,
+    create_size: Option<u64>,
+) -> Result<std::fs::File, String> {
     use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
     let open = || {
         std::fs::OpenOptions::new()
@@ -172,8 +188,12 @@ fn open_image(path: &Path, read_only: bool, create_size: Option<u64>) -> Result<
     let file = match open() {
         Ok(file) => file,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound && !read_only => {
-            let size = create_size
-                .ok_or_else(|| format!("{} is missing and the claim's size is unknown", path.display()))?;
+            let size = create_size.ok_or_else(|| {
+                format!(
+                    "{} is missing and the claim's size is unknown",
+                    path.display()
+                )
+            })?;
             let created = std::fs::OpenOptions::new()
                 .read(true)
                 .write(true)
@@ -194,7 +214,10 @@ fn open_image(path: &Path, read_only: bool, create_size: Option<u64>) -> Result<
         .map_err(|e| format!("reading {}: {e}", path.display()))?
         .file_type();
     if !(kind.is_file() || kind.is_block_device()) {
-        return Err(format!("{} is neither a file nor a block device", path.display()));
+        return Err(format!(
+            "{} is neither a file nor a block device",
+            path.display()
+        ));
     }
     Ok(file)
 }
@@ -258,7 +281,10 @@ mod tests {
     fn only_attached_volumes_with_a_ready_pod_are_to_attach() {
         let waiting = vmi(json!({"volumeStatus": [
             {"name": "hot", "target": "", "phase": "AttachedToNode", "hotplugVolume": {"attachPodName": "hp"}}]}));
-        assert!(to_attach(&waiting).is_empty(), "no UID: the pod's container is not ready");
+        assert!(
+            to_attach(&waiting).is_empty(),
+            "no UID: the pod's container is not ready"
+        );
         let ready = vmi(json!({"volumeStatus": [
             {"name": "hot", "target": "", "phase": "AttachedToNode",
              "hotplugVolume": {"attachPodName": "hp", "attachPodUID": UID}},
@@ -266,7 +292,11 @@ mod tests {
              "hotplugVolume": {"attachPodName": "hp", "attachPodUID": UID}}]}));
         assert_eq!(
             to_attach(&ready),
-            [ToAttach { volume: "hot".into(), attach_pod_uid: UID.into(), read_only: false }],
+            [ToAttach {
+                volume: "hot".into(),
+                attach_pod_uid: UID.into(),
+                read_only: false
+            }],
             "root is no hotplug volume"
         );
     }
@@ -276,7 +306,9 @@ mod tests {
         let dir = Path::new("/pods");
         assert_eq!(
             attachment_socket(dir, UID).unwrap(),
-            Path::new("/pods").join(UID).join("volumes/kubernetes.io~empty-dir/hotplug-disks/hp.sock")
+            Path::new("/pods")
+                .join(UID)
+                .join("volumes/kubernetes.io~empty-dir/hotplug-disks/hp.sock")
         );
         assert!(attachment_socket(dir, "../etc").is_none());
     }
@@ -293,7 +325,10 @@ mod tests {
         ]);
         let list = volume_status_with(&vmi, &status, &phases).unwrap();
         assert_eq!(list[0]["phase"], "MountedToPod");
-        assert_eq!(list[0]["message"], "Volume hot has been mounted in virt-launcher pod");
+        assert_eq!(
+            list[0]["message"],
+            "Volume hot has been mounted in virt-launcher pod"
+        );
         assert_eq!(list[1]["phase"], "Detaching");
         let ready = BTreeMap::from([("hot".to_owned(), HandlerPhase::Ready)]);
         let mut status = status;
@@ -303,7 +338,10 @@ mod tests {
         assert_eq!(list[0]["reason"], "VolumeReady");
         status["volumeStatus"] = list;
         let back = BTreeMap::from([("hot".to_owned(), HandlerPhase::MountedToPod)]);
-        assert!(volume_status_with(&vmi, &status, &back).is_none(), "never back from Ready");
+        assert!(
+            volume_status_with(&vmi, &status, &back).is_none(),
+            "never back from Ready"
+        );
     }
 
     #[test]
@@ -312,7 +350,10 @@ mod tests {
         let image = tmp.path().join("disk.img");
         let file = open_image(&image, false, Some(1 << 20)).unwrap();
         assert_eq!(file.metadata().unwrap().len(), 1 << 20);
-        assert!(open_image(&tmp.path().join("other.img"), false, None).is_err(), "size unknown");
+        assert!(
+            open_image(&tmp.path().join("other.img"), false, None).is_err(),
+            "size unknown"
+        );
         let link = tmp.path().join("link.img");
         std::os::unix::fs::symlink(&image, &link).unwrap();
         assert!(open_image(&link, false, None).is_err());

@@ -133,7 +133,11 @@ impl LauncherLink {
     ///
     /// # Errors
     /// [`ProtocolError::Io`] when the socket is broken.
-    pub async fn pass_file(&mut self, key: &str, file: &std::fs::File) -> Result<u64, ProtocolError> {
+    pub async fn pass_file(
+        &mut self,
+        key: &str,
+        file: &std::fs::File,
+    ) -> Result<u64, ProtocolError> {
         use std::os::fd::AsFd;
         let id = self.next_id;
         self.next_id += 1;
@@ -141,9 +145,13 @@ impl LauncherLink {
             key: key.to_owned(),
         };
         let line = DownMessage::Command { id, command }.encode();
-        virt_launcher::fd_passing::send_with_fd(self.writer.as_ref(), line.as_bytes(), file.as_fd())
-            .await
-            .map_err(ProtocolError::Io)?;
+        virt_launcher::fd_passing::send_with_fd(
+            self.writer.as_ref(),
+            line.as_bytes(),
+            file.as_fd(),
+        )
+        .await
+        .map_err(ProtocolError::Io)?;
         Ok(id)
     }
 

@@ -807,9 +807,10 @@ fn hotplug_key(vmi: &VirtualMachineInstance) -> Vec<String> {
 /// The hotplug volumes whose status is `Ready` (the domain has them), in spec order.
 fn ready_hotplug_volumes(vmi: &VirtualMachineInstance) -> Vec<String> {
     let ready = |name: &str| {
-        vmi.status.iter().flat_map(|s| s.volume_status.iter()).any(|s| {
-            s.name == name && s.phase == Some(kubevirt_api::v1::VolumePhase::Ready)
-        })
+        vmi.status
+            .iter()
+            .flat_map(|s| s.volume_status.iter())
+            .any(|s| s.name == name && s.phase == Some(kubevirt_api::v1::VolumePhase::Ready))
     };
     vmi.spec
         .volumes

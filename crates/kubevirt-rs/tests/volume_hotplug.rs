@@ -1,0 +1,229 @@
+//! End-to-end: volume hotplug on a running real guest (the test guest, TCG). With the
+//! `HotplugVolumes` gate on, `virtctl addvolume --persist` adds a claim to the VM: the VM
+//! template gets it, an `hp-volume-…` attachment pod mounts it on the node, the volume walks to
+//! `Ready`, and the guest sees a new disk and writes to it — what it wrote lands in the claim's
+//! `disk.img` — while its QEMU keeps running. `virtctl removevolume --persist` takes it away:
+//! the guest loses the disk, the attachment pod and the volume status go. Added again, the
+//! volume follows the VM across a restart, and the data is still on it. Skips (saying why)
+//! when the test guest, QEMU or virtctl is missing.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use testkit::{DEADLINE, ServerProcess, guest_reports, wait_until};
+
+const BIN: &str = env!("CARGO_BIN_EXE_kubevirt-rs");
+
+const CLAIM: &str = r"apiVersion: v1
+kind: PersistentVolumeClaim
+metadata:
+  name: hot-data
+spec:
+  accessModes: [ReadWriteOnce]
+  resources:
+    requests: {storage: 64Mi}
+";
+
+fn virtctl(server: &ServerProcess, args: &[&str]) -> anyhow::Result<String> {
+    let virtctl = testkit::virtctl_beside(Path::new(BIN)).map_err(anyhow::Error::msg)?;
+    let out = Command::new(virtctl)
+        .args(args)
+        .env("KUBECONFIG", server.kubeconfig())
+        .output()?;
+    anyhow::ensure!(
+        out.status.success(),
+        "virtctl {args:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+fn tail(text: &str, lines: usize) -> String {
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+/// The launcher pod of the VM `hot`: `(name, uid)`.
+fn launcher(server: &ServerProcess) -> Option<(String, String)> {
+    let pod = server.get(
+        &["pods", "-l", "vm.kubevirt.io/name=hot"],
+        r#"{range .items[?(@.status.phase=="Running")]}{.metadata.name} {.metadata.uid}{end}"#,
+    );
+    let (name, uid) = pod.split_once(' ')?;
+    Some((name.to_owned(), uid.to_owned()))
+}
+
+fn volume_phase(server: &ServerProcess) -> String {
+    server.get(
+        &["vmi", "hot"],
+        r#"{.status.volumeStatus[?(@.name=="hot-data")].phase}"#,
+    )
+}
+
+fn attachment_pods(server: &ServerProcess) -> String {
+    server.get(
+        &["pods", "-l", "kubevirt.io=hotplug-disk"],
+        "{.items[*].metadata.name}",
+    )
+}
+
+/// The disks the guest of `pod` reported last.
+fn guest_disks(server: &ServerProcess, pod: &str) -> Option<String> {
+    guest_reports(&server.guest_console(pod))
+        .last()
+        .map(|r| r.disks.clone())
+}
+
+/// The claim's disk image on the node.
+fn claim_image(server: &ServerProcess) -> PathBuf {
+    let volume = server.get(&["pvc", "hot-data"], "{.spec.volumeName}");
+    server
+        .data_dir()
+        .join("node/storage")
+        .join(volume)
+        .join("disk.img")
+}
+
+fn add_volume(server: &ServerProcess) -> anyhow::Result<()> {
+    // The gate reaches virt-api through its watch of the KubeVirt CR.
+    wait_until(DEADLINE, "virtctl addvolume to be accepted", || {
+        virtctl(
+            server,
+            &[
+                "addvolume",
+                "hot",
+                "--volume-name=hot-data",
+                "--bus=virtio",
+                "--persist",
+            ],
+        )
+        .ok()
+    })?;
+    Ok(())
+}
+
+/// Waits for the volume to be `Ready` and for the guest of `pod` to report `disks`.
+fn wait_attached(server: &ServerProcess, pod: &str, disks: &str) -> anyhow::Result<()> {
+    wait_until(DEADLINE, "the hotplugged volume Ready", || {
+        (volume_phase(server) == "Ready").then_some(())
+    })?;
+    wait_until(DEADLINE, &format!("the guest to see {disks:?}"), || {
+        (guest_disks(server, pod).as_deref() == Some(disks)).then_some(())
+    })
+}
+
+#[test]
+fn a_claim_is_hotplugged_into_a_running_guest_written_removed_and_kept_across_a_restart()
+-> anyhow::Result<()> {
+    let Some(guest) = testkit::available(testkit::test_guest()) else {
+        return Ok(());
+    };
+    if testkit::available(testkit::virtctl_beside(Path::new(BIN))).is_none() {
+        return Ok(());
+    }
+    let mut server = ServerProcess::start(Path::new(BIN), "server", &[])?;
+    server.import_test_guest(guest)?;
+    let result = scenario(&server);
+    result.map_err(|e| anyhow::anyhow!("{e}\nserver log (tail):\n{}", tail(&server.log(), 150)))
+}
+
+fn scenario(server: &ServerProcess) -> anyhow::Result<()> {
+    server.ok(&[
+        "patch",
+        "kubevirt",
+        "kubevirt",
+        "-n",
+        "kubevirt",
+        "--type",
+        "merge",
+        "-p",
+        r#"{"spec":{"configuration":{"developerConfiguration":{"featureGates":["HotplugVolumes"]}}}}"#,
+    ])?;
+    server.apply(CLAIM)?;
+    server.apply(&testkit::test_guest_vm("hot", &["memory: {guest: 128Mi}"]))?;
+    let (pod, uid) = wait_until(DEADLINE, "the launcher pod Running", || launcher(server))?;
+    wait_until(DEADLINE, "the guest to boot", || {
+        server
+            .guest_console(&pod)
+            .contains("GUEST-READY")
+            .then_some(())
+    })?;
+    assert_eq!(
+        guest_disks(server, &pod).as_deref(),
+        Some(""),
+        "no disk at boot"
+    );
+    let qemu_pid = || {
+        std::fs::read_to_string(testkit::launcher_dir(server.data_dir(), &uid).join("qemu.pid"))
+            .unwrap_or_default()
+    };
+    let pid = qemu_pid();
+
+    // Add: template, attachment pod, Ready, the guest sees and writes the disk.
+    add_volume(server)?;
+    wait_attached(server, &pod, "vda")?;
+    let template_claim = server.get(
+        &["vm", "hot"],
+        r#"{.spec.template.spec.volumes[?(@.name=="hot-data")].persistentVolumeClaim.claimName}"#,
+    );
+    assert_eq!(
+        template_claim, "hot-data",
+        "--persist keeps it in the template"
+    );
+    assert_eq!(
+        server.get(&["vm", "hot"], "{.status.volumeRequests}"),
+        "",
+        "the request is done"
+    );
+    let holder = attachment_pods(server);
+    assert!(
+        holder.starts_with("hp-volume-"),
+        "attachment pod: {holder:?}"
+    );
+    let owner = server.get(
+        &["pods", &holder],
+        "{.metadata.ownerReferences[0].kind}/{.metadata.ownerReferences[0].name}",
+    );
+    assert_eq!(owner, format!("Pod/{pod}"));
+    let wrote = server.guest_run("hot", "echo HOTPLUG-WRITTEN | dd of=/dev/vda conv=fsync")?;
+    assert!(wrote.contains("RUN-DONE rc=0"), "{wrote}");
+    let image = std::fs::read(claim_image(server))?;
+    assert!(
+        image.starts_with(b"HOTPLUG-WRITTEN"),
+        "the claim's disk.img holds what the guest wrote"
+    );
+    assert_eq!(qemu_pid(), pid, "the domain was not restarted");
+
+    // Remove: the guest loses it, the attachment pod and the status entry go.
+    virtctl(
+        server,
+        &["removevolume", "hot", "--volume-name=hot-data", "--persist"],
+    )?;
+    wait_until(DEADLINE, "the guest to lose the disk", || {
+        (guest_disks(server, &pod).as_deref() == Some("")).then_some(())
+    })?;
+    wait_until(
+        DEADLINE,
+        "the attachment pod and the volume status to go",
+        || (attachment_pods(server).is_empty() && volume_phase(server).is_empty()).then_some(()),
+    )?;
+    assert_eq!(
+        server.get(&["vm", "hot"], "{.spec.template.spec.volumes[*].name}"),
+        "",
+        "--persist removed it from the template"
+    );
+    assert_eq!(qemu_pid(), pid, "the domain was not restarted");
+
+    // Added again, it comes back after a restart of the VM, with its data.
+    add_volume(server)?;
+    wait_attached(server, &pod, "vda")?;
+    virtctl(server, &["restart", "hot"])?;
+    let (new_pod, _) = wait_until(DEADLINE, "a new launcher pod Running", || {
+        launcher(server).filter(|(name, _)| *name != pod)
+    })?;
+    wait_attached(server, &new_pod, "vda")?;
+    let read = server.guest_run("hot", "head -c 15 /dev/vda; echo")?;
+    assert!(read.contains("HOTPLUG-WRITTEN"), "{read}");
+    Ok(())
+}
