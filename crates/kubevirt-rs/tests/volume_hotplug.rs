@@ -1,10 +1,11 @@
 //! End-to-end: volume hotplug on a running real guest (the test guest, TCG). With the
 //! `HotplugVolumes` gate on, `virtctl addvolume --persist` adds a claim to the VM: the VM
 //! template gets it, an `hp-volume-…` attachment pod mounts it on the node, the volume walks to
-//! `Ready`, and the guest sees a new disk and writes to it — what it wrote lands in the claim's
+//! `Ready`, and the guest sees a new SCSI disk (virtctl's default bus) and writes to it — what it wrote lands in the claim's
 //! `disk.img` — while its QEMU keeps running. `virtctl removevolume --persist` takes it away:
 //! the guest loses the disk, the attachment pod and the volume status go. Added again, the
-//! volume follows the VM across a restart, and the data is still on it. Skips (saying why)
+//! volume follows the VM across a restart, and the data is still on it. A volume added without
+//! `--persist` reaches the running VMI only. Skips (saying why)
 //! when the test guest, QEMU or virtctl is missing.
 
 use std::path::{Path, PathBuf};
@@ -14,7 +15,7 @@ use testkit::{DEADLINE, ServerProcess, guest_reports, wait_until};
 
 const BIN: &str = env!("CARGO_BIN_EXE_kubevirt-rs");
 
-const CLAIM: &str = r"apiVersion: v1
+const CLAIMS: &str = r"apiVersion: v1
 kind: PersistentVolumeClaim
 metadata:
   name: hot-data
@@ -22,6 +23,15 @@ spec:
   accessModes: [ReadWriteOnce]
   resources:
     requests: {storage: 64Mi}
+---
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata:
+  name: hot-extra
+spec:
+  accessModes: [ReadWriteOnce]
+  resources:
+    requests: {storage: 32Mi}
 ";
 
 fn virtctl(server: &ServerProcess, args: &[&str]) -> anyhow::Result<String> {
@@ -55,9 +65,13 @@ fn launcher(server: &ServerProcess) -> Option<(String, String)> {
 }
 
 fn volume_phase(server: &ServerProcess) -> String {
+    phase_of(server, "hot-data")
+}
+
+fn phase_of(server: &ServerProcess, volume: &str) -> String {
     server.get(
         &["vmi", "hot"],
-        r#"{.status.volumeStatus[?(@.name=="hot-data")].phase}"#,
+        &format!(r#"{{.status.volumeStatus[?(@.name=="{volume}")].phase}}"#),
     )
 }
 
@@ -90,13 +104,7 @@ fn add_volume(server: &ServerProcess) -> anyhow::Result<()> {
     wait_until(DEADLINE, "virtctl addvolume to be accepted", || {
         virtctl(
             server,
-            &[
-                "addvolume",
-                "hot",
-                "--volume-name=hot-data",
-                "--bus=virtio",
-                "--persist",
-            ],
+            &["addvolume", "hot", "--volume-name=hot-data", "--persist"],
         )
         .ok()
     })?;
@@ -110,6 +118,14 @@ fn wait_attached(server: &ServerProcess, pod: &str, disks: &str) -> anyhow::Resu
     })?;
     wait_until(DEADLINE, &format!("the guest to see {disks:?}"), || {
         (guest_disks(server, pod).as_deref() == Some(disks)).then_some(())
+    })
+    .map_err(|e| {
+        anyhow::anyhow!(
+            "{e}\nVMI disks: {}\nVM disks: {}\nguest console:\n{}",
+            server.get(&["vmi", "hot"], "{.spec.domain.devices.disks}"),
+            server.get(&["vm", "hot"], "{.spec.template.spec.domain.devices.disks}"),
+            server.guest_console(pod)
+        )
     })
 }
 
@@ -140,7 +156,7 @@ fn scenario(server: &ServerProcess) -> anyhow::Result<()> {
         "-p",
         r#"{"spec":{"configuration":{"developerConfiguration":{"featureGates":["HotplugVolumes"]}}}}"#,
     ])?;
-    server.apply(CLAIM)?;
+    server.apply(CLAIMS)?;
     server.apply(&testkit::test_guest_vm("hot", &["memory: {guest: 128Mi}"]))?;
     let (pod, uid) = wait_until(DEADLINE, "the launcher pod Running", || launcher(server))?;
     wait_until(DEADLINE, "the guest to boot", || {
@@ -162,7 +178,7 @@ fn scenario(server: &ServerProcess) -> anyhow::Result<()> {
 
     // Add: template, attachment pod, Ready, the guest sees and writes the disk.
     add_volume(server)?;
-    wait_attached(server, &pod, "vda")?;
+    wait_attached(server, &pod, "sda")?;
     let template_claim = server.get(
         &["vm", "hot"],
         r#"{.spec.template.spec.volumes[?(@.name=="hot-data")].persistentVolumeClaim.claimName}"#,
@@ -186,7 +202,7 @@ fn scenario(server: &ServerProcess) -> anyhow::Result<()> {
         "{.metadata.ownerReferences[0].kind}/{.metadata.ownerReferences[0].name}",
     );
     assert_eq!(owner, format!("Pod/{pod}"));
-    let wrote = server.guest_run("hot", "echo HOTPLUG-WRITTEN | dd of=/dev/vda conv=fsync")?;
+    let wrote = server.guest_run("hot", "echo HOTPLUG-WRITTEN | dd of=/dev/sda conv=fsync")?;
     assert!(wrote.contains("RUN-DONE rc=0"), "{wrote}");
     let image = std::fs::read(claim_image(server))?;
     assert!(
@@ -217,13 +233,27 @@ fn scenario(server: &ServerProcess) -> anyhow::Result<()> {
 
     // Added again, it comes back after a restart of the VM, with its data.
     add_volume(server)?;
-    wait_attached(server, &pod, "vda")?;
+    wait_attached(server, &pod, "sda")?;
     virtctl(server, &["restart", "hot"])?;
     let (new_pod, _) = wait_until(DEADLINE, "a new launcher pod Running", || {
         launcher(server).filter(|(name, _)| *name != pod)
     })?;
-    wait_attached(server, &new_pod, "vda")?;
-    let read = server.guest_run("hot", "head -c 15 /dev/vda; echo")?;
+    wait_attached(server, &new_pod, "sda")?;
+    let read = server.guest_run("hot", "head -c 15 /dev/sda; echo")?;
     assert!(read.contains("HOTPLUG-WRITTEN"), "{read}");
+
+    // Without --persist the volume goes to the running VMI only.
+    virtctl(server, &["addvolume", "hot", "--volume-name=hot-extra"])?;
+    wait_until(DEADLINE, "the second volume Ready", || {
+        (phase_of(server, "hot-extra") == "Ready").then_some(())
+    })?;
+    wait_until(DEADLINE, "the guest to see both disks", || {
+        (guest_disks(server, &new_pod).as_deref() == Some("sda,sdb")).then_some(())
+    })?;
+    assert_eq!(
+        server.get(&["vm", "hot"], "{.spec.template.spec.volumes[*].name}"),
+        "hot-data",
+        "not persisted"
+    );
     Ok(())
 }

@@ -26,11 +26,18 @@ use crate::spec::{CacheMode, Disk, DiskBus, DiskFormat, LauncherSpec};
 /// q35's AHCI controller has six ports.
 const SATA_PORTS: usize = 6;
 
+/// Whether the domain gets the `virtio-scsi-pci` controller `scsi0`: for its SCSI disks, and
+/// whenever it has room for hotplug, so that SCSI disks (virtctl's default bus) can be
+/// attached live — as upstream's domains always carry one.
+pub(crate) fn has_scsi_controller(spec: &LauncherSpec) -> bool {
+    spec.hotplug_ports > 0 || spec.disks.iter().any(|d| d.bus == DiskBus::Scsi)
+}
+
 pub(super) fn push(spec: &LauncherSpec, args: &mut Args) -> Result<(), ArgvError> {
     let mut names = std::collections::BTreeSet::new();
     let mut sata_port = 0;
     let mut scsi_lun = 0;
-    if spec.disks.iter().any(|d| d.bus == DiskBus::Scsi) {
+    if has_scsi_controller(spec) {
         args.push_pair("-device", "virtio-scsi-pci,id=scsi0");
     }
     for (index, disk) in spec.disks.iter().enumerate() {
@@ -145,13 +152,36 @@ pub(crate) fn block_nodes(
 }
 
 /// The `device_add` arguments of a virtio disk hot-added on root port `port`.
-pub(crate) fn hotplug_device(disk: &Disk, drive: &str, port: u32) -> serde_json::Value {
-    let mut device = json!({
-        "driver": "virtio-blk-pci",
-        "id": format!("ua-{}", disk.name),
-        "drive": drive,
-        "bus": format!("pci.{port}"),
-        "write-cache": if disk.cache == CacheMode::Writethrough { "off" } else { "on" },
+/// Where a disk attached live sits: a virtio disk on a free `pcie-root-port`, a SCSI disk on a
+/// LUN of `scsi0`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum HotplugSlot {
+    /// The root port `pci.<n>`.
+    RootPort(u32),
+    /// The LUN of `scsi0.0`, target 0.
+    ScsiLun(u32),
+}
+
+pub(crate) fn hotplug_device(disk: &Disk, drive: &str, slot: HotplugSlot) -> serde_json::Value {
+    let mut device = match slot {
+        HotplugSlot::RootPort(port) => json!({
+            "driver": "virtio-blk-pci",
+            "bus": format!("pci.{port}"),
+        }),
+        HotplugSlot::ScsiLun(lun) => json!({
+            "driver": "scsi-hd",
+            "bus": "scsi0.0",
+            "channel": 0,
+            "scsi-id": 0,
+            "lun": lun,
+        }),
+    };
+    device["id"] = json!(format!("ua-{}", disk.name));
+    device["drive"] = json!(drive);
+    device["write-cache"] = json!(if disk.cache == CacheMode::Writethrough {
+        "off"
+    } else {
+        "on"
     });
     if let Some(serial) = &disk.serial {
         device["serial"] = json!(serial);

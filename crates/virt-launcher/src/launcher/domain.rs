@@ -372,19 +372,13 @@ impl Domain {
                     running.spec.memory.hotplugged_bytes = *bytes;
                 }
                 Step::AttachDisk(disk) => {
-                    let ports = running.spec.hotplug_ports;
+                    let slot = live::free_slot(&running.spec, &running.attached, disk)
+                        .ok_or_else(|| format!("disk {:?}: no free hotplug slot", disk.name))?;
                     let file = passed.remove(&disk.name);
                     let file = file.as_ref().map(std::os::fd::AsFd::as_fd);
                     let added = match &qmp {
-                        Some(qmp) => {
-                            live::attach_disk(qmp, disk, file, &running.attached, ports).await?
-                        }
-                        None => live::AttachedDisk {
-                            port: live::free_port(&running.attached, ports).ok_or_else(|| {
-                                format!("disk {:?}: no free hotplug port", disk.name)
-                            })?,
-                            fdset: None,
-                        },
+                        Some(qmp) => live::attach_disk(qmp, disk, file, slot).await?,
+                        None => live::AttachedDisk { slot, fdset: None },
                     };
                     running.attached.insert(disk.name.clone(), added);
                     running.spec.disks.push((**disk).clone());

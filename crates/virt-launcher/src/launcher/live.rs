@@ -29,7 +29,7 @@ use std::time::Duration;
 
 use tokio::sync::broadcast;
 
-use crate::argv::disks::{block_nodes, hotplug_device};
+use crate::argv::disks::{HotplugSlot, block_nodes, has_scsi_controller, hotplug_device};
 use crate::argv::memory::{HOTPLUG_MEMORY_DEVICE, check_hotplugged};
 use crate::argv::valid_device_name;
 use crate::qmp::QmpClient;
@@ -60,8 +60,8 @@ pub(super) enum Step {
 /// A disk attached to the running domain.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct AttachedDisk {
-    /// The root port it took (`pci.<port>`).
-    pub(super) port: u32,
+    /// The root port or SCSI LUN it took.
+    pub(super) slot: HotplugSlot,
     /// The QEMU fd set holding its passed file, if it has one.
     pub(super) fdset: Option<u64>,
 }
@@ -140,9 +140,13 @@ fn disk_steps(
         }
         steps.push(Step::DetachDisk(gone.name.clone()));
     }
+    let on_ports = attached
+        .values()
+        .filter(|a| matches!(a.slot, HotplugSlot::RootPort(_)))
+        .count();
     let mut free_ports = running
         .hotplug_ports
-        .saturating_sub(u32::try_from(attached.len()).unwrap_or(u32::MAX));
+        .saturating_sub(u32::try_from(on_ports).unwrap_or(u32::MAX));
     for disk in &wanted.disks {
         match find(running, &disk.name) {
             Some(now) if now == *disk => {}
@@ -153,9 +157,10 @@ fn disk_steps(
                 ));
             }
             None => {
-                if disk.bus != DiskBus::Virtio || disk.cdrom {
+                let scsi = disk.bus == DiskBus::Scsi && has_scsi_controller(running);
+                if !(disk.bus == DiskBus::Virtio || scsi) || disk.cdrom {
                     return Err(format!(
-                        "disk {:?}: only virtio disks can be attached to a running domain",
+                        "disk {:?}: only virtio and scsi disks can be attached to a running domain",
                         disk.name
                     ));
                 }
@@ -164,6 +169,10 @@ fn disk_steps(
                         "disk {:?}: the name is not usable as a device id",
                         disk.name
                     ));
+                }
+                if scsi {
+                    steps.push(Step::AttachDisk(Box::new(disk.clone())));
+                    continue;
                 }
                 if free_ports == 0 {
                     return Err(format!(
@@ -179,27 +188,47 @@ fn disk_steps(
     Ok(())
 }
 
-/// The lowest root port (`pci.1` …) no attached disk holds.
-pub(super) fn free_port(attached: &AttachedDisks, ports: u32) -> Option<u32> {
-    (1..=ports).find(|p| !attached.values().any(|used| used.port == *p))
+/// Where `disk` goes on the running domain: the lowest root port (`pci.1` …) no attached disk
+/// holds, or for a SCSI disk the lowest LUN neither a boot SCSI disk (they hold `0..n` in spec
+/// order) nor an attached one holds.
+pub(super) fn free_slot(
+    running: &LauncherSpec,
+    attached: &AttachedDisks,
+    disk: &Disk,
+) -> Option<HotplugSlot> {
+    let taken = |slot: HotplugSlot| attached.values().any(|used| used.slot == slot);
+    if disk.bus == DiskBus::Scsi {
+        let boot = running
+            .disks
+            .iter()
+            .filter(|d| d.bus == DiskBus::Scsi && !attached.contains_key(&d.name))
+            .count();
+        let boot = u32::try_from(boot).unwrap_or(u32::MAX);
+        return (boot..MAX_SCSI_LUNS)
+            .map(HotplugSlot::ScsiLun)
+            .find(|slot| !taken(*slot));
+    }
+    (1..=running.hotplug_ports)
+        .map(HotplugSlot::RootPort)
+        .find(|slot| !taken(*slot))
 }
+
+/// LUNs a virtio-scsi target offers (QEMU's `max_lun`).
+const MAX_SCSI_LUNS: u32 = 16384;
 
 /// Node names of a disk attached live.
 fn hotplug_suffix(name: &str) -> String {
     format!("hp-{name}")
 }
 
-/// Attaches `disk` on the lowest root port no attached disk holds, opened from `passed` (its
-/// passed file) when given; returns where it went. On an error, what was added is removed.
+/// Attaches `disk` at `slot` ([`free_slot`]), opened from `passed` (its passed file) when
+/// given. On an error, what was added is removed.
 pub(super) async fn attach_disk(
     qmp: &QmpClient,
     disk: &Disk,
     passed: Option<BorrowedFd<'_>>,
-    attached: &AttachedDisks,
-    ports: u32,
+    slot: HotplugSlot,
 ) -> Result<AttachedDisk, String> {
-    let port = free_port(attached, ports)
-        .ok_or_else(|| format!("disk {:?}: no free hotplug port", disk.name))?;
     let fail = |what: &str, e: crate::qmp::QmpError| {
         format!("attaching disk {:?}: {what}: {e}", disk.name)
     };
@@ -211,8 +240,8 @@ pub(super) async fn attach_disk(
         ),
         None => None,
     };
-    let added = AttachedDisk { port, fdset };
-    if let Err(e) = add_nodes_and_device(qmp, disk, port, fdset).await {
+    let added = AttachedDisk { slot, fdset };
+    if let Err(e) = add_nodes_and_device(qmp, disk, slot, fdset).await {
         if let Some(set) = fdset {
             let _ = qmp.remove_fd(set).await;
         }
@@ -224,7 +253,7 @@ pub(super) async fn attach_disk(
 async fn add_nodes_and_device(
     qmp: &QmpClient,
     disk: &Disk,
-    port: u32,
+    slot: HotplugSlot,
     fdset: Option<u64>,
 ) -> Result<(), String> {
     let suffix = hotplug_suffix(&disk.name);
@@ -240,7 +269,7 @@ async fn add_nodes_and_device(
         return Err(fail("format node", e));
     }
     if let Err(e) = qmp
-        .device_add(hotplug_device(disk, &format!("disk-{suffix}"), port))
+        .device_add(hotplug_device(disk, &format!("disk-{suffix}"), slot))
         .await
     {
         let _ = qmp.blockdev_del(&format!("disk-{suffix}")).await;
@@ -454,7 +483,7 @@ mod tests {
         let attached = AttachedDisks::from([(
             "data".to_owned(),
             AttachedDisk {
-                port: 1,
+                slot: HotplugSlot::RootPort(1),
                 fdset: None,
             },
         )]);
@@ -476,6 +505,16 @@ mod tests {
                 .unwrap_err()
                 .contains("virtio")
         );
+        // SCSI disks go on LUNs of scsi0 and take no root port.
+        let mut scsi = running.clone();
+        scsi.disks.extend(["s1", "s2", "s3"].map(|n| Disk {
+            bus: DiskBus::Scsi,
+            ..disk(n)
+        }));
+        assert_eq!(
+            plan(&running, &scsi, &AttachedDisks::new()).unwrap().len(),
+            3
+        );
         let mut two = wanted.clone();
         two.disks.push(disk("more"));
         two.disks.push(disk("most"));
@@ -483,6 +522,41 @@ mod tests {
             plan(&running, &two, &AttachedDisks::new())
                 .unwrap_err()
                 .contains("no free hotplug port")
+        );
+    }
+
+    #[test]
+    fn scsi_disks_take_the_luns_after_the_boot_ones_and_virtio_disks_the_free_ports() {
+        let scsi = |n: &str| Disk {
+            bus: DiskBus::Scsi,
+            ..disk(n)
+        };
+        let mut running = hotpluggable();
+        running.hotplug_ports = 2;
+        running.disks = vec![scsi("boot0"), scsi("boot1"), scsi("hot")];
+        let attached = AttachedDisks::from([
+            (
+                "hot".to_owned(),
+                AttachedDisk {
+                    slot: HotplugSlot::ScsiLun(2),
+                    fdset: None,
+                },
+            ),
+            (
+                "v".to_owned(),
+                AttachedDisk {
+                    slot: HotplugSlot::RootPort(1),
+                    fdset: None,
+                },
+            ),
+        ]);
+        assert_eq!(
+            free_slot(&running, &attached, &scsi("next")),
+            Some(HotplugSlot::ScsiLun(3))
+        );
+        assert_eq!(
+            free_slot(&running, &attached, &disk("next")),
+            Some(HotplugSlot::RootPort(2))
         );
     }
 
