@@ -211,13 +211,25 @@ fn scenario(server: &ServerProcess) -> anyhow::Result<()> {
     );
     assert_eq!(qemu_pid(), pid, "the domain was not restarted");
 
+    remove_volume(server, &pod, &qemu_pid, &pid)?;
+    restart_and_add_unpersisted(server, &pod)
+}
+
+/// Removes the volume with `--persist`: the guest loses it, the attachment pod and the status
+/// entry go, the template forgets it, the domain runs on.
+fn remove_volume(
+    server: &ServerProcess,
+    pod: &str,
+    qemu_pid: &dyn Fn() -> String,
+    pid: &str,
+) -> anyhow::Result<()> {
     // Remove: the guest loses it, the attachment pod and the status entry go.
     virtctl(
         server,
         &["removevolume", "hot", "--volume-name=hot-data", "--persist"],
     )?;
     wait_until(DEADLINE, "the guest to lose the disk", || {
-        (guest_disks(server, &pod).as_deref() == Some("")).then_some(())
+        (guest_disks(server, pod).as_deref() == Some("")).then_some(())
     })?;
     wait_until(
         DEADLINE,
@@ -231,9 +243,15 @@ fn scenario(server: &ServerProcess) -> anyhow::Result<()> {
     );
     assert_eq!(qemu_pid(), pid, "the domain was not restarted");
 
+    Ok(())
+}
+
+/// Adds the volume again, restarts the VM (it comes back with its data), then adds a second
+/// one without `--persist`.
+fn restart_and_add_unpersisted(server: &ServerProcess, pod: &str) -> anyhow::Result<()> {
     // Added again, it comes back after a restart of the VM, with its data.
     add_volume(server)?;
-    wait_attached(server, &pod, "sda")?;
+    wait_attached(server, pod, "sda")?;
     virtctl(server, &["restart", "hot"])?;
     let (new_pod, _) = wait_until(DEADLINE, "a new launcher pod Running", || {
         launcher(server).filter(|(name, _)| *name != pod)

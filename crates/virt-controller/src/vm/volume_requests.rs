@@ -185,16 +185,17 @@ mod tests {
     use super::*;
 
     fn vm_with(requests: Value, volumes: Value) -> VirtualMachine {
-        serde_json::from_value(json!({
+        let mut vm = json!({
             "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",
             "metadata": {"name": "vm", "namespace": "default", "resourceVersion": "7"},
             "spec": {"template": {"spec": {
                 "domain": {"devices": {"disks": [{"name": "root", "disk": {"bus": "virtio"}}]}},
-                "volumes": volumes,
             }}},
-            "status": {"volumeRequests": requests},
-        }))
-        .unwrap()
+        });
+        vm["spec"]["template"]["spec"]["volumes"] = volumes;
+        vm["status"] = json!({});
+        vm["status"]["volumeRequests"] = requests;
+        serde_json::from_value(vm).unwrap()
     }
 
     fn root() -> Value {

@@ -265,7 +265,6 @@ pub fn render_attachment_pod(
             ..VolumeMount::default()
         });
     }
-    let quantity = |s: &str| Quantity(s.to_owned());
     let namespace = vmi.metadata.namespace.clone();
     Pod {
         metadata: ObjectMeta {
@@ -296,45 +295,8 @@ pub fn render_attachment_pod(
             ..ObjectMeta::default()
         },
         spec: Some(PodSpec {
-            containers: vec![Container {
-                name: ATTACHMENT_CONTAINER.to_owned(),
-                image: Some(image.to_owned()),
-                command: Some(vec!["kubevirt-rs".to_owned(), "hotplug-disk".to_owned()]),
-                args: Some(vec![
-                    "--socket".to_owned(),
-                    format!("{ATTACHMENT_DIR}/{ATTACHMENT_SOCKET}"),
-                ]),
-                // Upstream's figures for the attachment container.
-                resources: Some(ResourceRequirements {
-                    limits: Some(BTreeMap::from([
-                        ("cpu".to_owned(), quantity("100m")),
-                        ("memory".to_owned(), quantity("80M")),
-                    ])),
-                    requests: Some(BTreeMap::from([
-                        ("cpu".to_owned(), quantity("10m")),
-                        ("memory".to_owned(), quantity("2M")),
-                    ])),
-                    ..ResourceRequirements::default()
-                }),
-                volume_mounts: Some(mounts),
-                ..Container::default()
-            }],
-            affinity: Some(Affinity {
-                node_affinity: Some(NodeAffinity {
-                    required_during_scheduling_ignored_during_execution: Some(NodeSelector {
-                        node_selector_terms: vec![NodeSelectorTerm {
-                            match_expressions: Some(vec![NodeSelectorRequirement {
-                                key: "kubernetes.io/hostname".to_owned(),
-                                operator: "In".to_owned(),
-                                values: Some(vec![node]),
-                            }]),
-                            ..NodeSelectorTerm::default()
-                        }],
-                    }),
-                    ..NodeAffinity::default()
-                }),
-                ..Affinity::default()
-            }),
+            containers: vec![attachment_container(mounts, image)],
+            affinity: Some(required_node(node)),
             tolerations: Some(vec![Toleration {
                 operator: Some("Exists".to_owned()),
                 ..Toleration::default()
@@ -345,6 +307,53 @@ pub fn render_attachment_pod(
             ..PodSpec::default()
         }),
         status: None,
+    }
+}
+
+/// The attachment pod's container: `kubevirt-rs hotplug-disk` with upstream's resources.
+fn attachment_container(mounts: Vec<VolumeMount>, image: &str) -> Container {
+    let quantity = |s: &str| Quantity(s.to_owned());
+    Container {
+        name: ATTACHMENT_CONTAINER.to_owned(),
+        image: Some(image.to_owned()),
+        command: Some(vec!["kubevirt-rs".to_owned(), "hotplug-disk".to_owned()]),
+        args: Some(vec![
+            "--socket".to_owned(),
+            format!("{ATTACHMENT_DIR}/{ATTACHMENT_SOCKET}"),
+        ]),
+        resources: Some(ResourceRequirements {
+            limits: Some(BTreeMap::from([
+                ("cpu".to_owned(), quantity("100m")),
+                ("memory".to_owned(), quantity("80M")),
+            ])),
+            requests: Some(BTreeMap::from([
+                ("cpu".to_owned(), quantity("10m")),
+                ("memory".to_owned(), quantity("2M")),
+            ])),
+            ..ResourceRequirements::default()
+        }),
+        volume_mounts: Some(mounts),
+        ..Container::default()
+    }
+}
+
+/// A required node affinity to the node named `node` (the launcher pod's).
+fn required_node(node: String) -> Affinity {
+    Affinity {
+        node_affinity: Some(NodeAffinity {
+            required_during_scheduling_ignored_during_execution: Some(NodeSelector {
+                node_selector_terms: vec![NodeSelectorTerm {
+                    match_expressions: Some(vec![NodeSelectorRequirement {
+                        key: "kubernetes.io/hostname".to_owned(),
+                        operator: "In".to_owned(),
+                        values: Some(vec![node]),
+                    }]),
+                    ..NodeSelectorTerm::default()
+                }],
+            }),
+            ..NodeAffinity::default()
+        }),
+        ..Affinity::default()
     }
 }
 

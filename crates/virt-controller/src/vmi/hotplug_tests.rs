@@ -2,13 +2,14 @@ use super::*;
 use serde_json::json;
 
 fn vmi(volumes: serde_json::Value, status: serde_json::Value) -> VirtualMachineInstance {
-    serde_json::from_value(json!({
+    let mut vmi = json!({
         "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
         "metadata": {"name": "vm", "namespace": "default", "uid": "vmi-uid"},
-        "spec": {"domain": {"devices": {}}, "volumes": volumes},
-        "status": status,
-    }))
-    .unwrap()
+        "spec": {"domain": {"devices": {}}},
+    });
+    vmi["spec"]["volumes"] = volumes;
+    vmi["status"] = status;
+    serde_json::from_value(vmi).unwrap()
 }
 
 fn boot_and(hot: &[&str]) -> serde_json::Value {

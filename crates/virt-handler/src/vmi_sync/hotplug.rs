@@ -263,16 +263,16 @@ mod tests {
     use super::*;
 
     fn vmi(status: Value) -> VirtualMachineInstance {
-        serde_json::from_value(json!({
+        let mut vmi = json!({
             "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
             "metadata": {"name": "vm", "namespace": "default"},
             "spec": {"domain": {"devices": {}}, "volumes": [
                 {"name": "root", "containerDisk": {"image": "i"}},
                 {"name": "hot", "persistentVolumeClaim": {"claimName": "c", "hotpluggable": true}},
             ]},
-            "status": status,
-        }))
-        .unwrap()
+        });
+        vmi["status"] = status;
+        serde_json::from_value(vmi).unwrap()
     }
 
     const UID: &str = "0f1e2d3c-4b5a-6978-8a9b-abcdefabcdef";

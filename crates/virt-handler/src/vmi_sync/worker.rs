@@ -338,26 +338,8 @@ impl Follow {
                             self.observe(Observation::SyncFailed("SyncFailed".into(), message)).await;
                         }
                     }
-                    Some(UpMessage::Ack { id, result: Ok(_) }) if st.live_asked.is_disk_sync(id) => {
-                        // The domain has the spec's hotplug disks now.
-                        if let Some(disks) = st.live_asked.disk_sync.take().map(|(_, d)| d) {
-                            for disk in disks {
-                                self.facts.hotplug.insert(disk, HandlerPhase::Ready);
-                            }
-                        }
-                        if let Some(observation) = self.observation.clone() {
-                            self.observe(observation).await;
-                        }
-                    }
-                    Some(UpMessage::Ack { id, result: Err(message) }) => {
-                        warn!(vmi = %name(&self.current), id, %message, "the launcher refused a command");
-                        if st.live_asked.is_disk_sync(id) {
-                            st.live_asked.disk_sync = None;
-                            st.live_asked.disks_sent = None;
-                        }
-                        self.source_refused(id, &message, &mut st.source).await;
-                    }
-                    Some(UpMessage::Ack { .. } | UpMessage::Hello(_)) => {}
+                    Some(UpMessage::Ack { id, result }) => self.on_ack(id, result, &mut st).await,
+                    Some(UpMessage::Hello(_)) => {}
                     Some(UpMessage::Error(message)) => {
                         warn!(vmi = %name(&self.current), %message, "launcher error");
                     }
@@ -396,6 +378,37 @@ impl Follow {
                         return SessionEnd::Disconnected;
                     }
                 }
+            }
+        }
+    }
+
+    /// The ack of a command other than the pending domain's `sync`.
+    async fn on_ack(
+        &mut self,
+        id: u64,
+        result: Result<serde_json::Value, String>,
+        st: &mut SessionState,
+    ) {
+        match result {
+            Ok(_) if st.live_asked.is_disk_sync(id) => {
+                // The domain has the spec's hotplug disks now.
+                if let Some(disks) = st.live_asked.disk_sync.take().map(|(_, d)| d) {
+                    for disk in disks {
+                        self.facts.hotplug.insert(disk, HandlerPhase::Ready);
+                    }
+                }
+                if let Some(observation) = self.observation.clone() {
+                    self.observe(observation).await;
+                }
+            }
+            Ok(_) => {}
+            Err(message) => {
+                warn!(vmi = %name(&self.current), id, %message, "the launcher refused a command");
+                if st.live_asked.is_disk_sync(id) {
+                    st.live_asked.disk_sync = None;
+                    st.live_asked.disks_sent = None;
+                }
+                self.source_refused(id, &message, &mut st.source).await;
             }
         }
     }
