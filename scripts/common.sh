@@ -43,12 +43,13 @@ ensure_toolchain() {
 
 # ensure_runtime_packages: what tests and the server need on the host.
 ensure_runtime_packages() {
-  # qemu: the guests; dosfstools+mtools: cloud-init NoCloud disks; ovmf: EFI firmware;
+  # qemu: the guests; dosfstools+mtools: cloud-init NoCloud disks; genisoimage: configMap,
+  # secret and downwardAPI disks; ovmf: EFI firmware;
   # containernetworking-plugins+iproute2: pod network namespaces through the CNI plugins;
   # nftables: the service proxy (cluster IPs to endpoints); docker-registry: a real OCI
   # registry on loopback for the containerDisk pull tests.
-  apt_install qemu-system-x86 busybox-static cpio xz-utils zstd curl ca-certificates dosfstools mtools ovmf \
-    containernetworking-plugins iproute2 nftables docker-registry
+  apt_install qemu-system-x86 busybox-static cpio xz-utils zstd curl ca-certificates dosfstools mtools genisoimage \
+    ovmf containernetworking-plugins iproute2 nftables docker-registry
   command -v kubectl >/dev/null || install_kubectl
 }
 

@@ -205,3 +205,9 @@ pub const LAUNCHER_DIR: &str = "/var/run/kubevirt";
 /// Where the compute container sees each claim-backed volume, under the volume's name (as
 /// upstream: a filesystem claim holds the disk as `disk.img`).
 pub const VMI_DISKS_DIR: &str = "/var/run/kubevirt-private/vmi-disks";
+/// Where a launcher pod mounts a `configMap` volume of the VMI, `<dir>/<volume>` (upstream's).
+pub const CONFIG_MAP_DISKS_SOURCE_DIR: &str = "/var/run/kubevirt-private/config-map";
+/// Where a launcher pod mounts a `secret` volume of the VMI, `<dir>/<volume>` (upstream's).
+pub const SECRET_DISKS_SOURCE_DIR: &str = "/var/run/kubevirt-private/secret";
+/// Where a launcher pod mounts a `downwardAPI` volume of the VMI, `<dir>/<volume>` (upstream's).
+pub const DOWNWARD_API_DISKS_SOURCE_DIR: &str = "/var/run/kubevirt-private/downwardapi";

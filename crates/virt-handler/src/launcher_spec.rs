@@ -14,11 +14,18 @@
 //!   opens the backing disk read-only, so the image stays pristine and the guest's writes
 //!   are ephemeral, gone with the pod.
 //! - `emptyDisk`: a sparse raw file of `capacity` in the pod directory.
-//! - `cloudInitNoCloud`: a small FAT `cidata` disk built with `mkfs.vfat` and `mcopy`.
+//! - `cloudInitNoCloud`: a small FAT `cidata` disk built with `mkfs.vfat` and `mcopy`, from
+//!   `userData` / `networkData` or their base64 forms (which win, as upstream).
 //! - `hostDisk`: a file below the configured host-disk directory (checked without following
 //!   symlinks, created sparse for `DiskOrCreate`), hard-linked into the pod directory because
 //!   the launcher only opens paths below it.
-//! - PVCs and DataVolumes: not available in the embedded mode; a clear [`SpecError`].
+//! - `persistentVolumeClaim` / `dataVolume`: the claim's `disk.img` where the launcher pod
+//!   mounts it (the launcher creates a missing one); a hotpluggable one only once its file was
+//!   passed to the launcher ([`hotplug_file_passed`]).
+//! - `configMap`, `secret`, `downwardAPI`: an ISO 9660 image (`genisoimage`, Joliet and Rock
+//!   Ridge, labelled with the volume's `volumeLabel`, as upstream) of the files the kubelet put
+//!   in the launcher pod's volume, built once at start: later changes of the source do not
+//!   reach a running guest, as upstream.
 //!
 //! Kernel and initrd of `kernelBoot.container` are hard-linked (copied across filesystems).
 //! Everything unsupported is a [`SpecError`], which the caller reports on the VMI.
@@ -133,6 +140,10 @@ pub struct SpecContext<'a> {
     /// The launcher's pod interface, when it runs in a network namespace of its own (from
     /// its hello); masquerade interfaces then get the masquerade binding, else user mode.
     pub pod_interface: Option<&'a PodInterface>,
+    /// The launcher pod's `volumes` directory in the kubelet's layout, as this handler sees it
+    /// (`<pods>/<uid>/volumes`): `configMap`, `secret` and `downwardAPI` disks are built from
+    /// the files the kubelet put there.
+    pub pod_volumes_dir: &'a Path,
 }
 
 /// A file the pod directory needs before the launcher starts the domain.
@@ -177,6 +188,16 @@ pub enum FileAction {
         /// The backing disk's format.
         backing_format: DiskFormat,
     },
+    /// Build an ISO 9660 image (Joliet and Rock Ridge, upstream's) of the files at the top of
+    /// the kubelet volume directory `source`, labelled `label` when given.
+    ConfigIso {
+        /// The image file.
+        path: PathBuf,
+        /// The volume id.
+        label: Option<String>,
+        /// The pod volume's directory (a host path).
+        source: PathBuf,
+    },
     /// Build a NoCloud `cidata` FAT image holding these files.
     CloudInit {
         /// The image file.
@@ -187,11 +208,13 @@ pub enum FileAction {
 }
 
 impl FileAction {
-    fn target(&self) -> &Path {
+    /// The file the action creates.
+    pub fn target(&self) -> &Path {
         match self {
             Self::Copy { to, .. } | Self::Link { to, .. } | Self::Share { to, .. } => to,
             Self::Sparse { path, .. }
             | Self::CloudInit { path, .. }
+            | Self::ConfigIso { path, .. }
             | Self::Overlay { path, .. } => path,
         }
     }
@@ -224,6 +247,15 @@ impl FileAction {
             Self::CloudInit { path, files } => Self::CloudInit {
                 path: map(path),
                 files: files.clone(),
+            },
+            Self::ConfigIso {
+                path,
+                label,
+                source,
+            } => Self::ConfigIso {
+                path: map(path),
+                label: label.clone(),
+                source: source.clone(),
             },
             Self::Overlay {
                 path,
@@ -633,38 +665,19 @@ fn volume_source(
         return Ok(Source::at(path, DiskFormat::Raw));
     }
     if let Some(ci) = &src.cloud_init_no_cloud {
-        if ci.secret_ref.is_some() || ci.network_data_secret_ref.is_some() {
-            return Err(SpecError::Unsupported(format!(
-                "volume {name:?}: cloudInitNoCloud secret references are not supported yet; use userData"
-            )));
-        }
-        let uid = vmi.metadata.uid.clone().unwrap_or_default();
-        let host = vmi
-            .spec
-            .hostname
-            .clone()
-            .or_else(|| vmi.metadata.name.clone())
-            .unwrap_or_default();
-        let mut content = vec![(
-            "meta-data".to_owned(),
-            format!("instance-id: {uid}\nlocal-hostname: {host}\n"),
-        )];
-        content.push((
-            "user-data".to_owned(),
-            ci.user_data.clone().unwrap_or_default(),
-        ));
-        if let Some(net) = &ci.network_data {
-            content.push(("network-config".to_owned(), net.clone()));
-        }
-        let path = disks_dir.join(format!("{name}-cidata.img"));
-        files.push(FileAction::CloudInit {
-            path: path.clone(),
-            files: content,
-        });
-        return Ok(Source::at(path, DiskFormat::Raw));
+        return cloud_init_disk(vmi, name, ci, &disks_dir, files);
     }
     if let Some(hd) = &src.host_disk {
         return host_disk(name, hd, ctx, files);
+    }
+    if let Some((plugin, label)) = config_disk(src) {
+        let path = disks_dir.join(format!("{name}.iso"));
+        files.push(FileAction::ConfigIso {
+            path: path.clone(),
+            label,
+            source: ctx.pod_volumes_dir.join(plugin).join(name),
+        });
+        return Ok(Source::at(path, DiskFormat::Raw));
     }
     if src.claim_name().is_some() {
         // The launcher pod mounts the claim there (virt-controller's template); the launcher
@@ -676,14 +689,105 @@ fn volume_source(
             create_size: claim_disk_size(vmi, name)?,
         });
     }
-    let kind = if src.ephemeral.is_some() {
-        "ephemeral"
-    } else {
-        "this volume type"
-    };
+    let kind = [
+        (src.ephemeral.is_some(), "ephemeral"),
+        (src.service_account.is_some(), "serviceAccount"),
+        (
+            src.cloud_init_config_drive.is_some(),
+            "cloudInitConfigDrive",
+        ),
+        (src.sysprep.is_some(), "sysprep"),
+    ]
+    .into_iter()
+    .find_map(|(set, kind)| set.then_some(kind))
+    .unwrap_or("this volume type");
     Err(SpecError::Unsupported(format!(
-        "volume {name:?}: {kind} is not available in the embedded mode (no storage provider yet)"
+        "volume {name:?}: {kind} volumes are not supported yet"
     )))
+}
+
+/// The NoCloud `cidata` disk of a `cloudInitNoCloud` volume.
+fn cloud_init_disk(
+    vmi: &VirtualMachineInstance,
+    name: &str,
+    ci: &kubevirt_api::v1::CloudInitNoCloudSource,
+    disks_dir: &Path,
+    files: &mut Vec<FileAction>,
+) -> Result<Source, SpecError> {
+    if ci.secret_ref.is_some() || ci.network_data_secret_ref.is_some() {
+        return Err(SpecError::Unsupported(format!(
+            "volume {name:?}: cloudInitNoCloud secret references are not supported yet; use userData"
+        )));
+    }
+    let uid = vmi.metadata.uid.clone().unwrap_or_default();
+    let host = vmi
+        .spec
+        .hostname
+        .clone()
+        .or_else(|| vmi.metadata.name.clone())
+        .unwrap_or_default();
+    let mut content = vec![(
+        "meta-data".to_owned(),
+        format!("instance-id: {uid}\nlocal-hostname: {host}\n"),
+    )];
+    let user_data = decoded_or_plain(
+        name,
+        "userDataBase64",
+        ci.user_data_base64.as_deref(),
+        ci.user_data.as_deref(),
+    )?;
+    content.push(("user-data".to_owned(), user_data.unwrap_or_default()));
+    let network_data = decoded_or_plain(
+        name,
+        "networkDataBase64",
+        ci.network_data_base64.as_deref(),
+        ci.network_data.as_deref(),
+    )?;
+    if let Some(net) = network_data {
+        content.push(("network-config".to_owned(), net));
+    }
+    let path = disks_dir.join(format!("{name}-cidata.img"));
+    files.push(FileAction::CloudInit {
+        path: path.clone(),
+        files: content,
+    });
+    Ok(Source::at(path, DiskFormat::Raw))
+}
+
+/// cloud-init data as upstream reads it: the base64 field decoded when set, else the plain one.
+fn decoded_or_plain(
+    volume: &str,
+    field: &str,
+    base64: Option<&str>,
+    plain: Option<&str>,
+) -> Result<Option<String>, SpecError> {
+    use base64::Engine;
+    match base64.filter(|b| !b.is_empty()) {
+        Some(encoded) => {
+            let bytes = base64::engine::general_purpose::STANDARD
+                .decode(encoded.trim())
+                .map_err(|e| SpecError::Invalid(format!("volume {volume:?}: {field}: {e}")))?;
+            String::from_utf8(bytes)
+                .map(Some)
+                .map_err(|e| SpecError::Invalid(format!("volume {volume:?}: {field}: {e}")))
+        }
+        None => Ok(plain.map(str::to_owned)),
+    }
+}
+
+/// For a `configMap`, `secret` or `downwardAPI` volume: the kubelet's volume plugin directory
+/// its files are in and its ISO label (upstream's `volumeLabel`).
+fn config_disk(src: &kubevirt_api::v1::VolumeSource) -> Option<(&'static str, Option<String>)> {
+    let label = |l: &Option<String>| l.clone().filter(|l| !l.is_empty());
+    if let Some(cm) = &src.config_map {
+        return Some(("kubernetes.io~configmap", label(&cm.volume_label)));
+    }
+    if let Some(secret) = &src.secret {
+        return Some(("kubernetes.io~secret", label(&secret.volume_label)));
+    }
+    src.downward_api
+        .as_ref()
+        .map(|d| ("kubernetes.io~downward-api", label(&d.volume_label)))
 }
 
 fn host_disk(

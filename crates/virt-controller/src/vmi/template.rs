@@ -51,8 +51,8 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    Container, EmptyDirVolumeSource, Pod, PodReadinessGate, PodSpec, ResourceRequirements, Volume,
-    VolumeMount,
+    ConfigMapVolumeSource, Container, DownwardAPIVolumeSource, EmptyDirVolumeSource, Pod,
+    PodReadinessGate, PodSpec, ResourceRequirements, SecretVolumeSource, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
@@ -223,6 +223,7 @@ pub fn render_launcher_pod(
                     ..Volume::default()
                 })
                 .chain(claim_volumes(vmi).into_iter().map(|(volume, _)| volume))
+                .chain(config_volumes(vmi).into_iter().map(|(volume, _)| volume))
                 .collect(),
             ),
             ..PodSpec::default()
@@ -439,6 +440,53 @@ fn claim_volumes(vmi: &VirtualMachineInstance) -> Vec<(Volume, VolumeMount)> {
         .collect()
 }
 
+/// The pod volume and the compute container's read-only mount of each `configMap`, `secret`
+/// and `downwardAPI` volume of the VMI, at upstream's `/var/run/kubevirt-private/{config-map,
+/// secret,downwardapi}/<name>`: virt-handler builds the guest's ISO disk from those files.
+fn config_volumes(vmi: &VirtualMachineInstance) -> Vec<(Volume, VolumeMount)> {
+    vmi.spec
+        .volumes
+        .iter()
+        .filter_map(|v| {
+            let s = &v.volume_source;
+            let mut volume = Volume {
+                name: v.name.clone(),
+                ..Volume::default()
+            };
+            let dir = if let Some(cm) = &s.config_map {
+                volume.config_map = Some(ConfigMapVolumeSource {
+                    name: cm.name.clone().unwrap_or_default(),
+                    optional: cm.optional,
+                    ..ConfigMapVolumeSource::default()
+                });
+                c::CONFIG_MAP_DISKS_SOURCE_DIR
+            } else if let Some(secret) = &s.secret {
+                volume.secret = Some(SecretVolumeSource {
+                    secret_name: secret.secret_name.clone(),
+                    optional: secret.optional,
+                    ..SecretVolumeSource::default()
+                });
+                c::SECRET_DISKS_SOURCE_DIR
+            } else if let Some(downward) = &s.downward_api {
+                volume.downward_api = Some(DownwardAPIVolumeSource {
+                    items: Some(downward.fields.clone()),
+                    ..DownwardAPIVolumeSource::default()
+                });
+                c::DOWNWARD_API_DISKS_SOURCE_DIR
+            } else {
+                return None;
+            };
+            let mount = VolumeMount {
+                name: v.name.clone(),
+                mount_path: format!("{dir}/{}", v.name),
+                read_only: Some(true),
+                ..VolumeMount::default()
+            };
+            Some((volume, mount))
+        })
+        .collect()
+}
+
 fn launcher_volume_mount() -> Vec<VolumeMount> {
     vec![VolumeMount {
         name: c::LAUNCHER_VOLUME.to_owned(),
@@ -470,6 +518,7 @@ fn compute_container(
             launcher_volume_mount()
                 .into_iter()
                 .chain(claim_volumes(vmi).into_iter().map(|(_, mount)| mount))
+                .chain(config_volumes(vmi).into_iter().map(|(_, mount)| mount))
                 .collect(),
         ),
         ..Container::default()
@@ -848,6 +897,45 @@ mod tests {
                 "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
                 "name": "testvmi", "uid": "1234", "controller": true, "blockOwnerDeletion": true
             }])
+        );
+    }
+
+    #[test]
+    fn config_map_secret_and_downward_api_volumes_are_mounted_read_only_for_their_disks() {
+        let pod = render(
+            &vmi(json!({"spec": {"volumes": [
+                {"name": "cfg", "configMap": {"name": "app-config", "volumeLabel": "CFG"}},
+                {"name": "creds", "secret": {"secretName": "app-secret", "optional": true}},
+                {"name": "labels", "downwardAPI": {"fields": [
+                    {"path": "labels", "fieldRef": {"fieldPath": "metadata.labels"}}]}},
+            ]}})),
+            &LauncherPodConfig::default(),
+        );
+        let volumes = &pod["spec"]["volumes"];
+        assert_eq!(
+            volumes[1],
+            json!({"name": "cfg", "configMap": {"name": "app-config"}})
+        );
+        assert_eq!(
+            volumes[2],
+            json!({"name": "creds", "secret": {"secretName": "app-secret", "optional": true}})
+        );
+        assert_eq!(
+            volumes[3]["downwardAPI"]["items"][0]["fieldRef"]["fieldPath"],
+            "metadata.labels"
+        );
+        let mounts = &pod["spec"]["containers"][0]["volumeMounts"];
+        assert_eq!(
+            mounts[1],
+            json!({"name": "cfg", "mountPath": "/var/run/kubevirt-private/config-map/cfg", "readOnly": true})
+        );
+        assert_eq!(
+            mounts[2]["mountPath"],
+            "/var/run/kubevirt-private/secret/creds"
+        );
+        assert_eq!(
+            mounts[3]["mountPath"],
+            "/var/run/kubevirt-private/downwardapi/labels"
         );
     }
 

@@ -69,6 +69,9 @@ pub fn prepare_files(files: &[FileAction]) -> Result<(), SpecError> {
                 file.set_len(*size).map_err(io)?;
             }
             FileAction::CloudInit { files, .. } => build_cidata(&temporary, files)?,
+            FileAction::ConfigIso { label, source, .. } => {
+                build_config_iso(&temporary, label.as_deref(), source)?;
+            }
             FileAction::Overlay {
                 backing,
                 backing_format,
@@ -111,6 +114,62 @@ fn run_tool(program: &str, args: &[&std::ffi::OsStr]) -> Result<(), SpecError> {
             message: String::from_utf8_lossy(&output.stderr).trim().to_owned(),
         })
     }
+}
+
+/// The files of a kubelet volume directory (configMap, secret, downwardAPI): each top-level
+/// name but the atomic writer's `..data` and timestamped directories, resolved through its
+/// link and required to stay inside the directory; `(name, path)` sorted by name.
+fn volume_files(source: &Path) -> Result<Vec<(String, PathBuf)>, SpecError> {
+    let io = |source_err, path: &Path| SpecError::Prepare {
+        path: path.to_owned(),
+        source: source_err,
+    };
+    let root = std::fs::canonicalize(source).map_err(|e| io(e, source))?;
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(&root).map_err(|e| io(e, &root))? {
+        let entry = entry.map_err(|e| io(e, &root))?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.starts_with("..") {
+            continue;
+        }
+        let resolved = std::fs::canonicalize(entry.path()).map_err(|e| io(e, &entry.path()))?;
+        if !resolved.starts_with(&root) {
+            return Err(SpecError::Invalid(format!(
+                "{} leaves its volume directory",
+                entry.path().display()
+            )));
+        }
+        files.push((name, resolved));
+    }
+    files.sort();
+    Ok(files)
+}
+
+/// An ISO 9660 image with Joliet and Rock Ridge of the volume's files (`genisoimage`, as
+/// upstream), its volume id `label` when given.
+fn build_config_iso(image: &Path, label: Option<&str>, source: &Path) -> Result<(), SpecError> {
+    let files = volume_files(source)?;
+    let mut args: Vec<std::ffi::OsString> = vec!["-quiet".into(), "-output".into(), image.into()];
+    if let Some(label) = label {
+        args.push("-volid".into());
+        args.push(label.into());
+    }
+    for flag in ["-joliet", "-rock", "-graft-points"] {
+        args.push(flag.into());
+    }
+    for (name, path) in &files {
+        // Graft points escape `=` and `\` in names.
+        let name = name.replace('\\', "\\\\").replace('=', "\\=");
+        let mut graft = std::ffi::OsString::from(format!("{name}="));
+        graft.push(path);
+        args.push(graft);
+    }
+    if files.is_empty() {
+        // genisoimage wants at least one path: an empty directory gives an empty image.
+        args.push(format!("={}", source.display()).into());
+    }
+    let args: Vec<&std::ffi::OsStr> = args.iter().map(std::ffi::OsString::as_os_str).collect();
+    run_tool("genisoimage", &args)
 }
 
 /// A 2 MiB FAT image labelled `cidata` with the NoCloud files.
@@ -195,5 +254,70 @@ mod tests {
             "{err:?}"
         );
         assert!(!to.exists());
+    }
+
+    /// A kubelet volume directory as its atomic writer lays it out: `..<timestamp>/` with the
+    /// files, `..data` pointing at it, one link per key.
+    fn kubelet_volume(dir: &Path, files: &[(&str, &str)]) {
+        let stamp = dir.join("..2026_12_06_10_00_00.000000001");
+        std::fs::create_dir_all(&stamp).unwrap();
+        for (name, content) in files {
+            std::fs::write(stamp.join(name), content).unwrap();
+        }
+        std::os::unix::fs::symlink("..2026_12_06_10_00_00.000000001", dir.join("..data")).unwrap();
+        for (name, _) in files {
+            std::os::unix::fs::symlink(format!("..data/{name}"), dir.join(name)).unwrap();
+        }
+    }
+
+    #[test]
+    fn a_config_iso_holds_the_volumes_keys_under_its_label_and_nothing_from_outside() {
+        let tool = test_prerequisites::command("genisoimage", "genisoimage");
+        if test_prerequisites::available(tool).is_none() {
+            return;
+        }
+        let tmp = tempfile::tempdir().unwrap();
+        let source = tmp.path().join("kubernetes.io~configmap/cfg");
+        kubelet_volume(
+            &source,
+            &[("greeting", "hello from the map\n"), ("a=b", "odd name\n")],
+        );
+        let image = tmp.path().join("pod/disks/cfg.iso");
+        prepare_files(&[FileAction::ConfigIso {
+            path: image.clone(),
+            label: Some("CFGLABEL".into()),
+            source: source.clone(),
+        }])
+        .unwrap();
+        let bytes = std::fs::read(&image).unwrap();
+        // The primary volume descriptor (sector 16) holds the volume id at offset 40.
+        let volume_id = &bytes[16 * 2048 + 40..16 * 2048 + 72];
+        assert_eq!(String::from_utf8_lossy(volume_id).trim_end(), "CFGLABEL");
+        let text = String::from_utf8_lossy(&bytes);
+        assert!(text.contains("hello from the map"));
+        assert!(text.contains("odd name"));
+        assert!(
+            !text.contains("..data"),
+            "the atomic writer's links stay out"
+        );
+
+        // A key that leads out of the volume directory is refused, nothing is written.
+        let outside = tmp.path().join("secret.txt");
+        std::fs::write(&outside, "not yours").unwrap();
+        let evil = tmp.path().join("kubernetes.io~configmap/evil");
+        std::fs::create_dir_all(&evil).unwrap();
+        std::os::unix::fs::symlink(&outside, evil.join("key")).unwrap();
+        let evil_image = tmp.path().join("pod/disks/evil.iso");
+        let err = prepare_files(&[FileAction::ConfigIso {
+            path: evil_image.clone(),
+            label: None,
+            source: evil,
+        }])
+        .unwrap_err();
+        assert!(
+            err.to_string().contains("leaves its volume directory"),
+            "{err}"
+        );
+        assert!(!evil_image.exists());
     }
 }

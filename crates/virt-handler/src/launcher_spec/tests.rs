@@ -62,6 +62,7 @@ impl Fixture {
             accel: Accel::Tcg,
             direct_io: false,
             pod_interface: None,
+            pod_volumes_dir: &self.pod,
         }
     }
 }
@@ -475,6 +476,44 @@ fn cloud_init_no_cloud_becomes_a_cidata_disk() {
     let listing = String::from_utf8_lossy(&listing.stdout);
     assert!(listing.contains("user-data"), "{listing}");
     assert!(listing.contains("meta-data"), "{listing}");
+}
+
+#[test]
+fn base64_cloud_init_data_wins_over_the_plain_field_and_bad_base64_is_refused() {
+    let tools = test_prerequisites::command("mkfs.vfat", "dosfstools")
+        .and_then(|_| test_prerequisites::command("mcopy", "mtools"));
+    if test_prerequisites::available(tools).is_none() {
+        return;
+    }
+    let f = fixture();
+    let with = |source: serde_json::Value| {
+        vmi(&serde_json::json!({
+            "domain": {"memory": {"guest": "128Mi"}, "devices": {"disks": [{"name": "ci", "disk": {}}]}},
+            "volumes": [{"name": "ci", "cloudInitNoCloud": source}]
+        }))
+    };
+    // "#!/bin/sh\necho from base64\n"
+    let v = with(serde_json::json!({
+        "userData": "#!/bin/sh\necho plain\n",
+        "userDataBase64": "IyEvYmluL3NoCmVjaG8gZnJvbSBiYXNlNjQK",
+    }));
+    let prepared = build_spec(&v, &f.ctx()).unwrap();
+    prepare_files(&prepared.files).unwrap();
+    let image = f.pod.join("disks/ci-cidata.img");
+    let user_data = std::process::Command::new("mtype")
+        .arg("-i")
+        .arg(&image)
+        .arg("::user-data")
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&user_data.stdout),
+        "#!/bin/sh\necho from base64\n"
+    );
+    let bad = with(serde_json::json!({"userDataBase64": "not base64!"}));
+    let err = build_spec(&bad, &f.ctx()).unwrap_err();
+    assert_eq!(err.reason(), "InvalidSpec");
+    assert!(err.to_string().contains("userDataBase64"), "{err}");
 }
 
 #[test]

@@ -591,6 +591,8 @@ impl Follow {
                 accel: decision.accel,
                 direct_io: supports_direct_io(&dir),
                 pod_interface: pod_interface.as_ref(),
+                // The launcher directory is the pod's `volumes/kubernetes.io~empty-dir/public`.
+                pod_volumes_dir: dir.parent().and_then(Path::parent).unwrap_or(&dir),
             };
             build_spec(&vmi, &ctx)
         })
@@ -875,14 +877,7 @@ impl LiveResources {
 fn restrict_prepared(pod_dir: &Path, files: &[FileAction]) {
     use virt_launcher::private_fs::{DIR_MODE, FILE_MODE, set_mode};
     for action in files {
-        let target = match action {
-            FileAction::Copy { to, .. }
-            | FileAction::Link { to, .. }
-            | FileAction::Share { to, .. } => to,
-            FileAction::Sparse { path, .. }
-            | FileAction::CloudInit { path, .. }
-            | FileAction::Overlay { path, .. } => path,
-        };
+        let target = action.target();
         if !target.starts_with(pod_dir) {
             continue;
         }

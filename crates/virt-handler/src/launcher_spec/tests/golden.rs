@@ -37,6 +37,15 @@ fn file_action_json(action: &FileAction) -> serde_json::Value {
             "backing": p(backing),
             "backingFormat": backing_format,
         }}),
+        FileAction::ConfigIso {
+            path,
+            label,
+            source,
+        } => serde_json::json!({"configIso": {
+            "path": p(path),
+            "label": label,
+            "source": p(source),
+        }}),
         FileAction::CloudInit { path, files } => serde_json::json!({"cloudInit": {
             "path": p(path),
             "files": files.iter().map(|(n, c)| serde_json::json!({"name": n, "content": c})).collect::<Vec<_>>(),
