@@ -1,7 +1,8 @@
 //! End-to-end: a VM's `configMap`, `secret` and `downwardAPI` volumes reach the guest as
 //! upstream's ISO 9660 disks, and cloud-init `userDataBase64` runs in it. On a real test guest
 //! (TCG) the guest mounts each disk and reads the map's key, the secret's key and its own VMI
-//! labels; the base64 user data prints on the console. Skips (saying why) when the test guest,
+//! labels; the base64 user data prints on the console, and so does user data from a Secret
+//! (`secretRef`) in a second VM. Skips (saying why) when the test guest,
 //! QEMU or virtctl is missing.
 
 use std::path::Path;
@@ -23,7 +24,40 @@ metadata:
   name: app-secret
 stringData:
   password: s3cr3t-value
+---
+apiVersion: v1
+kind: Secret
+metadata:
+  name: ci-secret
+stringData:
+  userdata: |
+    #!/bin/sh
+    echo USER-DATA-FROM-SECRET
 ";
+
+const SECRET_VM: &str = r#"apiVersion: kubevirt.io/v1
+kind: VirtualMachine
+metadata:
+  name: cfg2
+spec:
+  runStrategy: Always
+  template:
+    spec:
+      domain:
+        memory: {guest: 128Mi}
+        firmware:
+          kernelBoot:
+            kernelArgs: "console=ttyS0 panic=-1 quiet tg.quiet=1"
+            container:
+              image: kubevirt-rs/test-guest:latest
+              kernelPath: /vmlinux
+              initrdPath: /initramfs.cpio.gz
+        devices:
+          disks: [{name: ci, disk: {bus: virtio}}]
+      volumes:
+      - name: ci
+        cloudInitNoCloud: {secretRef: {name: ci-secret}}
+"#;
 
 /// `#!/bin/sh` + `echo USER-DATA-FROM-BASE64`.
 const USER_DATA_BASE64: &str = "IyEvYmluL3NoCmVjaG8gVVNFUi1EQVRBLUZST00tQkFTRTY0Cg==";
@@ -97,12 +131,11 @@ fn read_on_disk(server: &ServerProcess, device: &str, file: &str) -> anyhow::Res
     )
 }
 
-fn scenario(server: &ServerProcess) -> anyhow::Result<()> {
-    server.apply(SOURCES)?;
-    server.apply(&vm())?;
+/// Waits for the VM `vm` to boot its guest; returns its launcher pod.
+fn booted(server: &ServerProcess, vm: &str) -> anyhow::Result<String> {
     let pod = wait_until(DEADLINE, "the launcher pod Running", || {
         let pod = server.get(
-            &["pods", "-l", "vm.kubevirt.io/name=cfg"],
+            &["pods", "-l", &format!("vm.kubevirt.io/name={vm}")],
             r#"{.items[?(@.status.phase=="Running")].metadata.name}"#,
         );
         (!pod.is_empty()).then_some(pod)
@@ -114,6 +147,13 @@ fn scenario(server: &ServerProcess) -> anyhow::Result<()> {
             .then_some(())
     })
     .map_err(|e| anyhow::anyhow!("{e}\nguest console:\n{}", server.guest_console(&pod)))?;
+    Ok(pod)
+}
+
+fn scenario(server: &ServerProcess) -> anyhow::Result<()> {
+    server.apply(SOURCES)?;
+    server.apply(&vm())?;
+    let pod = booted(server, "cfg")?;
     let console = server.guest_console(&pod);
     assert!(
         console.contains("USER-DATA-FROM-BASE64"),
@@ -125,5 +165,15 @@ fn scenario(server: &ServerProcess) -> anyhow::Result<()> {
     assert!(password.contains("s3cr3t-value"), "{password}");
     let labels = read_on_disk(server, "/dev/vdc", "labels")?;
     assert!(labels.contains(r#"app="config-disks""#), "{labels}");
+
+    // User data from a Secret, in a second VM (one guest at a time).
+    server.ok(&["delete", "vm", "cfg", "--wait=true"])?;
+    server.apply(SECRET_VM)?;
+    let pod = booted(server, "cfg2")?;
+    let console = server.guest_console(&pod);
+    assert!(
+        console.contains("USER-DATA-FROM-SECRET"),
+        "the Secret's user data ran:\n{console}"
+    );
     Ok(())
 }

@@ -15,6 +15,7 @@
 //!   are ephemeral, gone with the pod.
 //! - `emptyDisk`: a sparse raw file of `capacity` in the pod directory.
 //! - `cloudInitNoCloud`: a small FAT `cidata` disk built with `mkfs.vfat` and `mcopy`, from
+//!   the Secrets of `secretRef` / `networkDataSecretRef` (mounted in the launcher pod), else
 //!   `userData` / `networkData` or their base64 forms (which win, as upstream).
 //! - `hostDisk`: a file below the configured host-disk directory (checked without following
 //!   symlinks, created sparse for `DiskOrCreate`), hard-linked into the pod directory because
@@ -665,7 +666,7 @@ fn volume_source(
         return Ok(Source::at(path, DiskFormat::Raw));
     }
     if let Some(ci) = &src.cloud_init_no_cloud {
-        return cloud_init_disk(vmi, name, ci, &disks_dir, files);
+        return cloud_init_disk(vmi, name, ci, ctx, &disks_dir, files);
     }
     if let Some(hd) = &src.host_disk {
         return host_disk(name, hd, ctx, files);
@@ -711,14 +712,10 @@ fn cloud_init_disk(
     vmi: &VirtualMachineInstance,
     name: &str,
     ci: &kubevirt_api::v1::CloudInitNoCloudSource,
+    ctx: &SpecContext<'_>,
     disks_dir: &Path,
     files: &mut Vec<FileAction>,
 ) -> Result<Source, SpecError> {
-    if ci.secret_ref.is_some() || ci.network_data_secret_ref.is_some() {
-        return Err(SpecError::Unsupported(format!(
-            "volume {name:?}: cloudInitNoCloud secret references are not supported yet; use userData"
-        )));
-    }
     let uid = vmi.metadata.uid.clone().unwrap_or_default();
     let host = vmi
         .spec
@@ -730,19 +727,32 @@ fn cloud_init_disk(
         "meta-data".to_owned(),
         format!("instance-id: {uid}\nlocal-hostname: {host}\n"),
     )];
-    let user_data = decoded_or_plain(
-        name,
-        "userDataBase64",
-        ci.user_data_base64.as_deref(),
-        ci.user_data.as_deref(),
-    )?;
+    let secrets = ctx.pod_volumes_dir.join("kubernetes.io~secret");
+    let user_data = match &ci.secret_ref {
+        Some(_) => Some(secret_key(
+            &secrets.join(format!("{name}-udata")),
+            ["userdata", "userData"],
+        )?),
+        None => decoded_or_plain(
+            name,
+            "userDataBase64",
+            ci.user_data_base64.as_deref(),
+            ci.user_data.as_deref(),
+        )?,
+    };
     content.push(("user-data".to_owned(), user_data.unwrap_or_default()));
-    let network_data = decoded_or_plain(
-        name,
-        "networkDataBase64",
-        ci.network_data_base64.as_deref(),
-        ci.network_data.as_deref(),
-    )?;
+    let network_data = match &ci.network_data_secret_ref {
+        Some(_) => Some(secret_key(
+            &secrets.join(format!("{name}-ndata")),
+            ["networkdata", "networkData"],
+        )?),
+        None => decoded_or_plain(
+            name,
+            "networkDataBase64",
+            ci.network_data_base64.as_deref(),
+            ci.network_data.as_deref(),
+        )?,
+    };
     if let Some(net) = network_data {
         content.push(("network-config".to_owned(), net));
     }
@@ -752,6 +762,30 @@ fn cloud_init_disk(
         files: content,
     });
     Ok(Source::at(path, DiskFormat::Raw))
+}
+
+/// The first of `keys` in the Secret volume at `dir` (the launcher pod's, see virt-controller's
+/// template), read through the atomic writer's links only inside the volume.
+fn secret_key(dir: &Path, keys: [&str; 2]) -> Result<String, SpecError> {
+    let missing = || {
+        SpecError::Invalid(format!(
+            "no cloud-init data-source found at volume: {} (keys {keys:?})",
+            dir.display()
+        ))
+    };
+    if !dir.is_dir() {
+        return Err(missing());
+    }
+    let files = prepare::volume_files(dir)?;
+    let path = keys
+        .iter()
+        .find_map(|key| files.iter().find(|(name, _)| name == key))
+        .map(|(_, path)| path)
+        .ok_or_else(missing)?;
+    std::fs::read_to_string(path).map_err(|source| SpecError::Prepare {
+        path: path.clone(),
+        source,
+    })
 }
 
 /// cloud-init data as upstream reads it: the base64 field decoded when set, else the plain one.

@@ -224,6 +224,11 @@ pub fn render_launcher_pod(
                 })
                 .chain(claim_volumes(vmi).into_iter().map(|(volume, _)| volume))
                 .chain(config_volumes(vmi).into_iter().map(|(volume, _)| volume))
+                .chain(
+                    cloud_init_secret_volumes(vmi)
+                        .into_iter()
+                        .map(|(volume, _)| volume),
+                )
                 .collect(),
             ),
             ..PodSpec::default()
@@ -487,6 +492,43 @@ fn config_volumes(vmi: &VirtualMachineInstance) -> Vec<(Volume, VolumeMount)> {
         .collect()
 }
 
+/// The Secrets a `cloudInitNoCloud` volume takes its user and network data from, as pod
+/// volumes `<volume>-udata` / `<volume>-ndata` mounted read-only below
+/// `/var/run/kubevirt-private/secret/`: virt-handler reads `userdata` (or `userData`) and
+/// `networkdata` (or `networkData`) there.
+fn cloud_init_secret_volumes(vmi: &VirtualMachineInstance) -> Vec<(Volume, VolumeMount)> {
+    let secret = |name: String, secret: &str| {
+        let volume = Volume {
+            name: name.clone(),
+            secret: Some(SecretVolumeSource {
+                secret_name: Some(secret.to_owned()),
+                ..SecretVolumeSource::default()
+            }),
+            ..Volume::default()
+        };
+        let mount = VolumeMount {
+            mount_path: format!("{}/{name}", c::SECRET_DISKS_SOURCE_DIR),
+            name,
+            read_only: Some(true),
+            ..VolumeMount::default()
+        };
+        (volume, mount)
+    };
+    let mut out = Vec::new();
+    for v in &vmi.spec.volumes {
+        let Some(ci) = &v.volume_source.cloud_init_no_cloud else {
+            continue;
+        };
+        if let Some(user) = &ci.secret_ref {
+            out.push(secret(format!("{}-udata", v.name), &user.name));
+        }
+        if let Some(network) = &ci.network_data_secret_ref {
+            out.push(secret(format!("{}-ndata", v.name), &network.name));
+        }
+    }
+    out
+}
+
 fn launcher_volume_mount() -> Vec<VolumeMount> {
     vec![VolumeMount {
         name: c::LAUNCHER_VOLUME.to_owned(),
@@ -519,6 +561,11 @@ fn compute_container(
                 .into_iter()
                 .chain(claim_volumes(vmi).into_iter().map(|(_, mount)| mount))
                 .chain(config_volumes(vmi).into_iter().map(|(_, mount)| mount))
+                .chain(
+                    cloud_init_secret_volumes(vmi)
+                        .into_iter()
+                        .map(|(_, mount)| mount),
+                )
                 .collect(),
         ),
         ..Container::default()
@@ -936,6 +983,35 @@ mod tests {
         assert_eq!(
             mounts[3]["mountPath"],
             "/var/run/kubevirt-private/downwardapi/labels"
+        );
+    }
+
+    #[test]
+    fn cloud_init_secrets_are_mounted_for_the_handler_to_read() {
+        let pod = render(
+            &vmi(
+                json!({"spec": {"volumes": [{"name": "ci", "cloudInitNoCloud": {
+                "secretRef": {"name": "user"}, "networkDataSecretRef": {"name": "net"}}}]}}),
+            ),
+            &LauncherPodConfig::default(),
+        );
+        let volumes = &pod["spec"]["volumes"];
+        assert_eq!(
+            volumes[1],
+            json!({"name": "ci-udata", "secret": {"secretName": "user"}})
+        );
+        assert_eq!(
+            volumes[2],
+            json!({"name": "ci-ndata", "secret": {"secretName": "net"}})
+        );
+        let mounts = &pod["spec"]["containers"][0]["volumeMounts"];
+        assert_eq!(
+            mounts[1]["mountPath"],
+            "/var/run/kubevirt-private/secret/ci-udata"
+        );
+        assert_eq!(
+            mounts[2]["mountPath"],
+            "/var/run/kubevirt-private/secret/ci-ndata"
         );
     }
 

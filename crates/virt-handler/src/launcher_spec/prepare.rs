@@ -119,7 +119,7 @@ fn run_tool(program: &str, args: &[&std::ffi::OsStr]) -> Result<(), SpecError> {
 /// The files of a kubelet volume directory (configMap, secret, downwardAPI): each top-level
 /// name but the atomic writer's `..data` and timestamped directories, resolved through its
 /// link and required to stay inside the directory; `(name, path)` sorted by name.
-fn volume_files(source: &Path) -> Result<Vec<(String, PathBuf)>, SpecError> {
+pub(super) fn volume_files(source: &Path) -> Result<Vec<(String, PathBuf)>, SpecError> {
     let io = |source_err, path: &Path| SpecError::Prepare {
         path: path.to_owned(),
         source: source_err,
