@@ -209,5 +209,8 @@ pub const VMI_DISKS_DIR: &str = "/var/run/kubevirt-private/vmi-disks";
 pub const CONFIG_MAP_DISKS_SOURCE_DIR: &str = "/var/run/kubevirt-private/config-map";
 /// Where a launcher pod mounts a `secret` volume of the VMI, `<dir>/<volume>` (upstream's).
 pub const SECRET_DISKS_SOURCE_DIR: &str = "/var/run/kubevirt-private/secret";
+/// Where a launcher pod mounts the token, CA and namespace of a `serviceAccount` volume of the
+/// VMI, `<dir>/<volume>` (upstream reads the automounted token's directory instead).
+pub const SERVICE_ACCOUNT_DISK_SOURCE_DIR: &str = "/var/run/kubevirt-private/service-account";
 /// Where a launcher pod mounts a `downwardAPI` volume of the VMI, `<dir>/<volume>` (upstream's).
 pub const DOWNWARD_API_DISKS_SOURCE_DIR: &str = "/var/run/kubevirt-private/downwardapi";

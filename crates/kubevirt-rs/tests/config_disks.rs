@@ -1,9 +1,9 @@
-//! End-to-end: a VM's `configMap`, `secret` and `downwardAPI` volumes reach the guest as
-//! upstream's ISO 9660 disks, and cloud-init `userDataBase64` runs in it. On a real test guest
-//! (TCG) the guest mounts each disk and reads the map's key, the secret's key and its own VMI
-//! labels; the base64 user data prints on the console, and so does user data from a Secret
-//! (`secretRef`) in a second VM. Skips (saying why) when the test guest,
-//! QEMU or virtctl is missing.
+//! End-to-end: a VM's `configMap`, `secret`, `downwardAPI` and `serviceAccount` volumes reach
+//! the guest as upstream's ISO 9660 disks, and cloud-init `userDataBase64` runs in it. On a
+//! real test guest (TCG) the guest mounts each disk and reads the map's key, the secret's key,
+//! its own VMI labels, and its namespace and token; the base64 user data prints on the
+//! console, and so does user data from a Secret (`secretRef`) in a second VM. Skips (saying
+//! why) when the test guest, QEMU or virtctl is missing.
 
 use std::path::Path;
 
@@ -89,6 +89,7 @@ spec:
           - {{name: creds, disk: {{bus: virtio}}}}
           - {{name: podinfo, disk: {{bus: virtio}}}}
           - {{name: ci, disk: {{bus: virtio}}}}
+          - {{name: sa, disk: {{bus: virtio}}}}
       volumes:
       - name: settings
         configMap: {{name: app-config, volumeLabel: CFGDATA}}
@@ -100,6 +101,8 @@ spec:
           - {{path: labels, fieldRef: {{fieldPath: metadata.labels}}}}
       - name: ci
         cloudInitNoCloud: {{userDataBase64: {USER_DATA_BASE64}}}
+      - name: sa
+        serviceAccount: {{serviceAccountName: default}}
 "#
     )
 }
@@ -165,6 +168,16 @@ fn scenario(server: &ServerProcess) -> anyhow::Result<()> {
     assert!(password.contains("s3cr3t-value"), "{password}");
     let labels = read_on_disk(server, "/dev/vdc", "labels")?;
     assert!(labels.contains(r#"app="config-disks""#), "{labels}");
+    let namespace = read_on_disk(server, "/dev/vde", "namespace")?;
+    assert!(namespace.contains("default"), "{namespace}");
+    let listing = server.guest_run(
+        "cfg",
+        "mount -t iso9660 -o ro /dev/vde /mnt && ls /mnt && test -s /mnt/token && echo TOKEN-PRESENT; umount /mnt",
+    )?;
+    assert!(
+        listing.contains("ca.crt") && listing.contains("TOKEN-PRESENT"),
+        "{listing}"
+    );
 
     // User data from a Secret, in a second VM (one guest at a time).
     server.ok(&["delete", "vm", "cfg", "--wait=true"])?;

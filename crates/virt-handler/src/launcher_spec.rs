@@ -23,7 +23,8 @@
 //! - `persistentVolumeClaim` / `dataVolume`: the claim's `disk.img` where the launcher pod
 //!   mounts it (the launcher creates a missing one); a hotpluggable one only once its file was
 //!   passed to the launcher ([`hotplug_file_passed`]).
-//! - `configMap`, `secret`, `downwardAPI`: an ISO 9660 image (`genisoimage`, Joliet and Rock
+//! - `configMap`, `secret`, `downwardAPI`, `serviceAccount` (token, `ca.crt`, `namespace`): an
+//!   ISO 9660 image (`genisoimage`, Joliet and Rock
 //!   Ridge, labelled with the volume's `volumeLabel`, as upstream) of the files the kubelet put
 //!   in the launcher pod's volume, built once at start: later changes of the source do not
 //!   reach a running guest, as upstream.
@@ -692,7 +693,6 @@ fn volume_source(
     }
     let kind = [
         (src.ephemeral.is_some(), "ephemeral"),
-        (src.service_account.is_some(), "serviceAccount"),
         (
             src.cloud_init_config_drive.is_some(),
             "cloudInitConfigDrive",
@@ -809,8 +809,9 @@ fn decoded_or_plain(
     }
 }
 
-/// For a `configMap`, `secret` or `downwardAPI` volume: the kubelet's volume plugin directory
-/// its files are in and its ISO label (upstream's `volumeLabel`).
+/// For a `configMap`, `secret`, `downwardAPI` or `serviceAccount` volume: the kubelet's volume
+/// plugin directory its files are in and its ISO label (upstream's `volumeLabel`; none for a
+/// service account).
 fn config_disk(src: &kubevirt_api::v1::VolumeSource) -> Option<(&'static str, Option<String>)> {
     let label = |l: &Option<String>| l.clone().filter(|l| !l.is_empty());
     if let Some(cm) = &src.config_map {
@@ -818,6 +819,9 @@ fn config_disk(src: &kubevirt_api::v1::VolumeSource) -> Option<(&'static str, Op
     }
     if let Some(secret) = &src.secret {
         return Some(("kubernetes.io~secret", label(&secret.volume_label)));
+    }
+    if src.service_account.is_some() {
+        return Some(("kubernetes.io~projected", None));
     }
     src.downward_api
         .as_ref()

@@ -51,8 +51,11 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    ConfigMapVolumeSource, Container, DownwardAPIVolumeSource, EmptyDirVolumeSource, Pod,
-    PodReadinessGate, PodSpec, ResourceRequirements, SecretVolumeSource, Volume, VolumeMount,
+    ConfigMapProjection, ConfigMapVolumeSource, Container, DownwardAPIProjection,
+    DownwardAPIVolumeFile, DownwardAPIVolumeSource, EmptyDirVolumeSource, KeyToPath,
+    ObjectFieldSelector, Pod, PodReadinessGate, PodSpec, ProjectedVolumeSource,
+    ResourceRequirements, SecretVolumeSource, ServiceAccountTokenProjection, Volume, VolumeMount,
+    VolumeProjection,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
@@ -445,9 +448,11 @@ fn claim_volumes(vmi: &VirtualMachineInstance) -> Vec<(Volume, VolumeMount)> {
         .collect()
 }
 
-/// The pod volume and the compute container's read-only mount of each `configMap`, `secret`
-/// and `downwardAPI` volume of the VMI, at upstream's `/var/run/kubevirt-private/{config-map,
-/// secret,downwardapi}/<name>`: virt-handler builds the guest's ISO disk from those files.
+/// The pod volume and the compute container's read-only mount of each `configMap`, `secret`,
+/// `downwardAPI` and `serviceAccount` volume of the VMI, at upstream's
+/// `/var/run/kubevirt-private/{config-map,secret,downwardapi}/<name>` (a service account's
+/// token, CA and namespace at `…/service-account/<name>`): virt-handler builds the guest's ISO
+/// disk from those files.
 fn config_volumes(vmi: &VirtualMachineInstance) -> Vec<(Volume, VolumeMount)> {
     vmi.spec
         .volumes
@@ -478,6 +483,9 @@ fn config_volumes(vmi: &VirtualMachineInstance) -> Vec<(Volume, VolumeMount)> {
                     ..DownwardAPIVolumeSource::default()
                 });
                 c::DOWNWARD_API_DISKS_SOURCE_DIR
+            } else if s.service_account.is_some() {
+                volume.projected = Some(service_account_projection());
+                c::SERVICE_ACCOUNT_DISK_SOURCE_DIR
             } else {
                 return None;
             };
@@ -490,6 +498,49 @@ fn config_volumes(vmi: &VirtualMachineInstance) -> Vec<(Volume, VolumeMount)> {
             Some((volume, mount))
         })
         .collect()
+}
+
+/// What the kubelet's service-account admission mounts (a bound token, the cluster CA, the
+/// namespace), for a `serviceAccount` disk: the pod runs as that account.
+fn service_account_projection() -> ProjectedVolumeSource {
+    ProjectedVolumeSource {
+        sources: Some(vec![
+            VolumeProjection {
+                service_account_token: Some(ServiceAccountTokenProjection {
+                    path: "token".to_owned(),
+                    expiration_seconds: Some(3607),
+                    ..ServiceAccountTokenProjection::default()
+                }),
+                ..VolumeProjection::default()
+            },
+            VolumeProjection {
+                config_map: Some(ConfigMapProjection {
+                    name: "kube-root-ca.crt".to_owned(),
+                    items: Some(vec![KeyToPath {
+                        key: "ca.crt".to_owned(),
+                        path: "ca.crt".to_owned(),
+                        mode: None,
+                    }]),
+                    optional: Some(true),
+                }),
+                ..VolumeProjection::default()
+            },
+            VolumeProjection {
+                downward_api: Some(DownwardAPIProjection {
+                    items: Some(vec![DownwardAPIVolumeFile {
+                        path: "namespace".to_owned(),
+                        field_ref: Some(ObjectFieldSelector {
+                            api_version: Some("v1".to_owned()),
+                            field_path: "metadata.namespace".to_owned(),
+                        }),
+                        ..DownwardAPIVolumeFile::default()
+                    }]),
+                }),
+                ..VolumeProjection::default()
+            },
+        ]),
+        ..ProjectedVolumeSource::default()
+    }
 }
 
 /// The Secrets a `cloudInitNoCloud` volume takes its user and network data from, as pod
