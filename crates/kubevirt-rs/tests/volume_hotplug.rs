@@ -192,6 +192,18 @@ fn scenario(server: &ServerProcess) -> anyhow::Result<()> {
         "",
         "the request is done"
     );
+    let events = server.get(
+        &[
+            "events",
+            "--field-selector",
+            "involvedObject.kind=VirtualMachineInstance",
+        ],
+        "{.items[*].message}",
+    );
+    assert!(
+        events.contains("Created hotplug attachment pod hp-volume-"),
+        "the VMI's events: {events}"
+    );
     let holder = attachment_pods(server);
     assert!(
         holder.starts_with("hp-volume-"),

@@ -141,9 +141,11 @@ impl Executor<'_> {
                 )
             }),
             VmAction::PatchVmVolumes(ops) => {
-                self.patch_vm(ops, false).await.map_err(volume_failure)
+                unless_lost_race(self.patch_vm(ops, false).await).map_err(volume_failure)
             }
-            VmAction::PatchVmiVolumes(ops) => self.patch_vmi(ops).await.map_err(volume_failure),
+            VmAction::PatchVmiVolumes(ops) => {
+                unless_lost_race(self.patch_vmi(ops).await).map_err(volume_failure)
+            }
             VmAction::DeleteVmi(name) => {
                 let object_key = format!("{}/{name}", self.namespace);
                 self.expectations
@@ -241,4 +243,16 @@ fn volume_failure(e: impl std::fmt::Display) -> SyncFailure {
         HOTPLUG_VOLUME_ERROR,
         format!("Error encountered while handling volume hotplug requests: {e}"),
     )
+}
+
+/// A volume patch that lost a race to another writer is no failure: the newer VM or VMI is on
+/// its way through the watch, and the next reconcile applies the requests to it.
+fn unless_lost_race(result: Result<(), PatchError>) -> Result<(), PatchError> {
+    match result {
+        Err(PatchError::Api(kube::Error::Api(status))) if crate::runtime::lost_race(&status) => {
+            tracing::debug!(reason = %status.message, "volume patch lost a race; waiting for the newer object");
+            Ok(())
+        }
+        other => other,
+    }
 }

@@ -463,9 +463,18 @@ async fn reconcile(ctx: &Context, key: &str) -> Result<Action, VmError> {
         tracing::debug!(vm = key, ops = %serde_json::Value::Array(ops.clone()), "patching the VM status");
         let patch = json_patch(ops)
             .map_err(|e| VmError::Sync(SyncFailure::new("FailedUpdateStatus", e.to_string())))?;
-        vms.patch_status(name, &PatchParams::default(), &patch)
+        match vms
+            .patch_status(name, &PatchParams::default(), &patch)
             .await
-            .map_err(VmError::StatusPatch)?;
+        {
+            Ok(_) => {}
+            // A request appended meanwhile (its `test` failed): the newer VM is on its way
+            // through the watch, and its reconcile writes the status from it.
+            Err(kube::Error::Api(e)) if crate::runtime::lost_race(&e) => {
+                tracing::debug!(vm = key, reason = %e.message, "VM status patch lost a race; waiting for the newer VM");
+            }
+            Err(e) => return Err(VmError::StatusPatch(e)),
+        }
     }
     if let Some(vmi) = vmi.as_deref() {
         remove_vmi_finalizer(ctx, namespace, vmi).await?;

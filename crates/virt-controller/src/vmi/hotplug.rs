@@ -501,6 +501,29 @@ pub fn update_volume_status<'c>(
     *statuses = next;
 }
 
+/// The events upstream records while it walks the hotplug volume status: `SuccessfulCreate`
+/// when a volume reaches `AttachedToNode`, `SuccessfulDelete` when its attachment pod is being
+/// deleted; here once per transition (`old` → `new`), not on every pass.
+pub fn status_events(old: &[VolumeStatus], new: &[VolumeStatus]) -> Vec<(&'static str, String)> {
+    let before = |name: &str| old.iter().find(|s| s.name == name);
+    new.iter()
+        .filter(|s| s.hotplug_volume.is_some())
+        .filter_map(|s| {
+            let reason = match s.reason.as_deref()? {
+                SUCCESSFUL_CREATE_POD if s.phase == Some(VolumePhase::AttachedToNode) => {
+                    SUCCESSFUL_CREATE_POD
+                }
+                SUCCESSFUL_DELETE_POD => SUCCESSFUL_DELETE_POD,
+                _ => return None,
+            };
+            let seen = before(&s.name).is_some_and(|b| {
+                b.phase == s.phase && b.reason == s.reason && b.message == s.message
+            });
+            (!seen).then(|| (reason, s.message.clone().unwrap_or_default()))
+        })
+        .collect()
+}
+
 #[cfg(test)]
 #[path = "hotplug_tests.rs"]
 mod tests;

@@ -286,3 +286,50 @@ fn only_existing_bound_or_waiting_claims_are_ready() {
     assert!(claim_ready(Some(&claim("Pending"))));
     assert!(!claim_ready(Some(&claim("Lost"))));
 }
+
+#[test]
+fn events_are_recorded_once_per_transition() {
+    let launcher = launcher();
+    let vmi_now = vmi(boot_and(&["hot"]), json!({}));
+    let pod = attachment(
+        "hp-volume-1",
+        &["hot"],
+        "2026-12-06T10:00:00Z",
+        "Running",
+        true,
+    );
+    let mut statuses = Vec::new();
+    update_volume_status(&vmi_now, &mut statuses, &launcher, &[], &[], |_| None);
+    let before = statuses.clone();
+    update_volume_status(&vmi_now, &mut statuses, &launcher, &[&pod], &[], |_| None);
+    assert_eq!(
+        status_events(&before, &statuses),
+        [(
+            "SuccessfulCreate",
+            "Created hotplug attachment pod hp-volume-1, for volume hot".to_owned()
+        )]
+    );
+    assert!(status_events(&statuses, &statuses).is_empty(), "no repeat");
+    let mut deleting = pod.clone();
+    deleting.metadata.deletion_timestamp =
+        Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+        ));
+    let removed = vmi(boot_and(&[]), json!({}));
+    let before = statuses.clone();
+    update_volume_status(
+        &removed,
+        &mut statuses,
+        &launcher,
+        &[&deleting],
+        &[],
+        |_| None,
+    );
+    assert_eq!(
+        status_events(&before, &statuses),
+        [(
+            "SuccessfulDelete",
+            "Deleted hotplug attachment pod hp-volume-1, for volume hot".to_owned()
+        )]
+    );
+}

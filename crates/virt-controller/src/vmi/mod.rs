@@ -320,6 +320,17 @@ impl VmiReconciler {
                 );
                 statuses
             });
+        if let Some(new) = hotplug_status.as_deref() {
+            let old = vmi
+                .status
+                .as_ref()
+                .map_or(&[][..], |s| s.volume_status.as_slice());
+            for (reason, message) in hotplug::status_events(old, new) {
+                self.recorder
+                    .record(vmi.as_ref(), EventType::Normal, reason, &message)
+                    .await;
+            }
+        }
         let observed = Observed {
             pod,
             pods: &pods,
