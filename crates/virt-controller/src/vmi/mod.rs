@@ -288,49 +288,13 @@ impl VmiReconciler {
             .await
             .err();
         let sync_failure = sync_failure.or(hotplug_failure);
-        let hotplug_status = pod
-            .filter(|_| status::phase_is_running(&vmi))
-            .map(|launcher_pod| {
-                let mut statuses = vmi
-                    .status
-                    .as_ref()
-                    .map(|s| s.volume_status.clone())
-                    .unwrap_or_default();
-                let attached = hotplug::attachment_pods(&namespace_pods, launcher_pod);
-                let claims: Vec<Arc<PersistentVolumeClaim>> = vmi
-                    .spec
-                    .volumes
-                    .iter()
-                    .filter_map(|v| v.volume_source.claim_name())
-                    .filter_map(|claim| self.claims.get_by_key(&format!("{ns}/{claim}")))
-                    .collect();
-                let lookup = |name: &str| {
-                    claims
-                        .iter()
-                        .map(AsRef::as_ref)
-                        .find(|c| c.metadata.name.as_deref() == Some(name))
-                };
-                hotplug::update_volume_status(
-                    &vmi,
-                    &mut statuses,
-                    launcher_pod,
-                    &attached,
-                    &claim_volumes,
-                    lookup,
-                );
-                statuses
-            });
-        if let Some(new) = hotplug_status.as_deref() {
-            let old = vmi
-                .status
-                .as_ref()
-                .map_or(&[][..], |s| s.volume_status.as_slice());
-            for (reason, message) in hotplug::status_events(old, new) {
-                self.recorder
-                    .record(vmi.as_ref(), EventType::Normal, reason, &message)
-                    .await;
-            }
-        }
+        let hotplug_status = match pod.filter(|_| status::phase_is_running(&vmi)) {
+            Some(launcher_pod) => Some(
+                self.hotplug_volume_status(&vmi, launcher_pod, &namespace_pods, &claim_volumes)
+                    .await,
+            ),
+            None => None,
+        };
         let observed = Observed {
             pod,
             pods: &pods,
@@ -355,6 +319,51 @@ impl VmiReconciler {
             Some(f) => Err(VmiError::Sync(f)),
             None => Ok(Action::Done),
         }
+    }
+
+    /// The running VMI's volume status with its hotplug volumes walked on
+    /// ([`hotplug::update_volume_status`]), recording upstream's events for the transitions.
+    async fn hotplug_volume_status(
+        &self,
+        vmi: &VirtualMachineInstance,
+        launcher_pod: &Pod,
+        namespace_pods: &[&Pod],
+        claim_volumes: &[kubevirt_api::v1::VolumeStatus],
+    ) -> Vec<kubevirt_api::v1::VolumeStatus> {
+        let ns = vmi.metadata.namespace.as_deref().unwrap_or_default();
+        let old = vmi
+            .status
+            .as_ref()
+            .map_or(&[][..], |s| s.volume_status.as_slice());
+        let mut statuses = old.to_vec();
+        let attached = hotplug::attachment_pods(namespace_pods, launcher_pod);
+        let claims: Vec<Arc<PersistentVolumeClaim>> = vmi
+            .spec
+            .volumes
+            .iter()
+            .filter_map(|v| v.volume_source.claim_name())
+            .filter_map(|claim| self.claims.get_by_key(&format!("{ns}/{claim}")))
+            .collect();
+        let lookup = |name: &str| {
+            claims
+                .iter()
+                .map(AsRef::as_ref)
+                .find(|c| c.metadata.name.as_deref() == Some(name))
+        };
+        hotplug::update_volume_status(
+            vmi,
+            &mut statuses,
+            launcher_pod,
+            &attached,
+            claim_volumes,
+            lookup,
+        );
+        for (reason, message) in hotplug::status_events(old, &statuses) {
+            self.recorder
+                .record(vmi, EventType::Normal, reason, &message)
+                .await;
+        }
+        statuses
     }
 
     /// The cached launcher and attachment pods of a namespace.
