@@ -107,11 +107,6 @@ spec:
     )
 }
 
-fn tail(text: &str, lines: usize) -> String {
-    let all: Vec<&str> = text.lines().collect();
-    all[all.len().saturating_sub(lines)..].join("\n")
-}
-
 #[test]
 fn config_map_secret_and_downward_api_disks_show_their_files_in_the_guest() -> anyhow::Result<()> {
     let Some(guest) = testkit::available(testkit::test_guest()) else {
@@ -123,7 +118,7 @@ fn config_map_secret_and_downward_api_disks_show_their_files_in_the_guest() -> a
     let mut server = ServerProcess::start(Path::new(BIN), "server", &[])?;
     server.import_test_guest(guest)?;
     let result = scenario(&server);
-    result.map_err(|e| anyhow::anyhow!("{e}\nserver log (tail):\n{}", tail(&server.log(), 120)))
+    testkit::with_log(&server, result)
 }
 
 /// What `cat` of `file` on the ISO disk `device` prints in the guest.

@@ -44,11 +44,6 @@ fn jsonpath(server: &ServerProcess, what: &str, path: &str) -> String {
         .unwrap_or_default()
 }
 
-fn tail(text: &str) -> String {
-    let lines: Vec<&str> = text.lines().collect();
-    lines[lines.len().saturating_sub(40)..].join("\n")
-}
-
 fn wait_for(server: &ServerProcess, what: &str, path: &str, want: &str) -> anyhow::Result<()> {
     wait_until(DEADLINE, &format!("{what} {path} = {want}"), || {
         (jsonpath(server, what, path) == want).then_some(())
@@ -57,7 +52,7 @@ fn wait_for(server: &ServerProcess, what: &str, path: &str, want: &str) -> anyho
         anyhow::anyhow!(
             "{e}; it is {:?}\nserver log:\n{}",
             jsonpath(server, what, path),
-            tail(&server.log())
+            testkit::tail(&server.log(), 40)
         )
     })
 }

@@ -46,10 +46,6 @@ spec:
     )
 }
 
-fn with_log<T>(server: &ServerProcess, result: anyhow::Result<T>) -> anyhow::Result<T> {
-    result.map_err(|e| anyhow::anyhow!("{e}\nserver log:\n{}", server.log()))
-}
-
 /// Waits until VMI `name` runs (on `node`, if given) with another UID than `not_uid`;
 /// returns its UID and node.
 fn running(
@@ -110,7 +106,7 @@ fn evict(server: &ServerProcess, pod: &str) -> anyhow::Result<String> {
 fn external_is_marked(server: &ServerProcess) -> anyhow::Result<()> {
     // External: refused with upstream's message, the VMI marked for evacuation.
     server.apply(&vm("external", "External"))?;
-    let (_, node) = with_log(server, running(server, "external", None, None, DEADLINE))?;
+    let (_, node) = testkit::with_log(server, running(server, "external", None, None, DEADLINE))?;
     let pod = launcher_pod(server, "external")?;
     let refused = evict(server, &pod)?;
     assert!(
@@ -144,10 +140,10 @@ fn live_migrate_is_marked_only_when_migratable(server: &ServerProcess) -> anyhow
     ))?;
     server.apply(&vm("pinned", "LiveMigrate"))?;
     for name in ["migratable", "pinned"] {
-        with_log(server, running(server, name, None, None, DEADLINE))?;
+        testkit::with_log(server, running(server, name, None, None, DEADLINE))?;
     }
     let live_migratable = r#"{.status.conditions[?(@.type=="LiveMigratable")].status}"#;
-    with_log(
+    testkit::with_log(
         server,
         wait_until(DEADLINE, "LiveMigratable conditions", || {
             let m = server.get(&["vmi", "migratable"], live_migratable);
@@ -183,7 +179,7 @@ fn live_migrate_is_marked_only_when_migratable(server: &ServerProcess) -> anyhow
     );
     // The evacuation controller asks for the migration of the marked VMI (and of no other).
     let migrations = r#"{range .items[*]}{.metadata.name} {.spec.vmiName} {.spec.priority} {.metadata.annotations.kubevirt\.io/evacuationMigration}{"\n"}{end}"#;
-    let created = with_log(
+    let created = testkit::with_log(
         server,
         wait_until(DEADLINE, "an evacuation migration", || {
             let all = server.get(&["vmim"], migrations);
@@ -205,7 +201,7 @@ fn live_migrate_is_marked_only_when_migratable(server: &ServerProcess) -> anyhow
     );
     // The migration controller carries the evacuation out: the VMI leaves the node.
     let name = fields[0];
-    with_log(
+    testkit::with_log(
         server,
         wait_until(DEADLINE, "the evacuation migration to succeed", || {
             let state = server.get(
@@ -255,7 +251,8 @@ fn drain_evicts_a_none_vm_and_migrating_strategies_mark_the_vmi_instead() -> any
 
     // None: kubectl drain evicts the launcher; the VM runs again on the other node.
     server.apply(&vm("plain", "None"))?;
-    let (first_uid, node) = with_log(&server, running(&server, "plain", None, None, DEADLINE))?;
+    let (first_uid, node) =
+        testkit::with_log(&server, running(&server, "plain", None, None, DEADLINE))?;
     let other = if node == "kvnode" {
         "kvnode-2"
     } else {
@@ -274,7 +271,7 @@ fn drain_evicts_a_none_vm_and_migrating_strategies_mark_the_vmi_instead() -> any
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    with_log(
+    testkit::with_log(
         &server,
         if out.status.success() {
             Ok(())
@@ -291,7 +288,7 @@ fn drain_evicts_a_none_vm_and_migrating_strategies_mark_the_vmi_instead() -> any
         "true",
         "the drained node is cordoned"
     );
-    with_log(
+    testkit::with_log(
         &server,
         running(
             &server,

@@ -50,15 +50,6 @@ fn virtctl() -> PathBuf {
     Path::new(BIN).with_file_name("virtctl")
 }
 
-fn with_log<T>(server: &ServerProcess, result: anyhow::Result<T>) -> anyhow::Result<T> {
-    result.map_err(|e| anyhow::anyhow!("{e}\nserver log (tail):\n{}", tail(&server.log(), 200)))
-}
-
-fn tail(text: &str, lines: usize) -> String {
-    let all: Vec<&str> = text.lines().collect();
-    all[all.len().saturating_sub(lines)..].join("\n")
-}
-
 fn guest_run(server: &ServerProcess, command: &str) -> anyhow::Result<String> {
     server.guest_run("mover", command)
 }
@@ -108,7 +99,7 @@ fn start_migration(server: &ServerProcess) -> anyhow::Result<String> {
 /// Boots the VM and waits for its guest; returns its node and launcher pod.
 fn boot_mover(server: &ServerProcess) -> anyhow::Result<(String, String)> {
     server.apply(VM)?;
-    with_log(
+    testkit::with_log(
         server,
         wait_until(DEADLINE, "the VMI Running and LiveMigratable", || {
             (vmi_field(
@@ -123,7 +114,7 @@ fn boot_mover(server: &ServerProcess) -> anyhow::Result<(String, String)> {
         &["pods", "-l", "vm.kubevirt.io/name=mover"],
         "{.items[0].metadata.name}",
     );
-    with_log(
+    testkit::with_log(
         server,
         wait_until(DEADLINE, "the guest to boot", || {
             server
@@ -144,7 +135,7 @@ fn migrate_away(
 ) -> anyhow::Result<(String, String)> {
     let started = Instant::now();
     let name = start_migration(server)?;
-    let phase = with_log(
+    let phase = testkit::with_log(
         server,
         wait_until(MIGRATION_DEADLINE, "the migration to end", || {
             let phase = server.get(&["vmim", &name], "{.status.phase}");
@@ -157,7 +148,7 @@ fn migrate_away(
         phase == "Succeeded",
         "the migration {phase}: {}\nevents:\n{events}\nserver log (tail):\n{}",
         server.get(&["vmim", &name], "{.status}"),
-        tail(&server.log(), 200)
+        testkit::tail(&server.log(), 200)
     );
     eprintln!("migration succeeded after {:?}", started.elapsed());
     for reason in [
@@ -194,7 +185,7 @@ fn migrate_away(
         target_node
     );
     // The source launcher exits after handing over: its pod completes (or is gone).
-    with_log(
+    testkit::with_log(
         server,
         wait_until(DEADLINE, "the source pod to complete", || {
             let phase = server.get(
@@ -221,7 +212,7 @@ fn cancel_slow_migration(server: &ServerProcess, node: &str) -> anyhow::Result<(
         r#"{"spec":{"configuration":{"migrations":{"bandwidthPerMigration":"1Mi"}}}}"#,
     ])?;
     let name = start_migration(server)?;
-    with_log(
+    testkit::with_log(
         server,
         wait_until(MIGRATION_DEADLINE, "the slow migration to run", || {
             let phase = server.get(&["vmim", &name], "{.status.phase}");
@@ -242,7 +233,7 @@ fn cancel_slow_migration(server: &ServerProcess, node: &str) -> anyhow::Result<(
     );
     let target_pod = vmi_field(server, "{.status.migrationState.targetPod}");
     virtctl_ok(server, &["migrate-cancel", "mover"])?;
-    with_log(
+    testkit::with_log(
         server,
         wait_until(MIGRATION_DEADLINE, "the cancelled migration to go", || {
             server
@@ -254,7 +245,7 @@ fn cancel_slow_migration(server: &ServerProcess, node: &str) -> anyhow::Result<(
     // The source handler reports the abort; the migration may have ended a moment before
     // (its target pod went down when the source stopped sending).
     let want = format!("Running {node} true Succeeded Live migration has been aborted");
-    with_log(
+    testkit::with_log(
         server,
         wait_until(DEADLINE, "the VMI to report the aborted migration", || {
             let state = vmi_field(
@@ -264,7 +255,7 @@ fn cancel_slow_migration(server: &ServerProcess, node: &str) -> anyhow::Result<(
             (state == want).then_some(())
         }),
     )?;
-    with_log(
+    testkit::with_log(
         server,
         wait_until(
             DEADLINE,
@@ -359,7 +350,7 @@ spec:
   addedNodeSelector: {example.com/no-such-node: "true"}
 "#,
     )?;
-    with_log(
+    testkit::with_log(
         server,
         wait_until(
             MIGRATION_DEADLINE,

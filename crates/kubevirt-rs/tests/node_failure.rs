@@ -34,10 +34,6 @@ spec:
         devices: {}
 ";
 
-fn with_log<T>(server: &ServerProcess, result: anyhow::Result<T>) -> anyhow::Result<T> {
-    result.map_err(|e| anyhow::anyhow!("{e}\nserver log:\n{}", server.log()))
-}
-
 /// Waits until `kind/name` in `kubevirt` runs its pods with `flag` in their arguments and
 /// the rollout is complete.
 fn rolled_out_with(server: &ServerProcess, what: &str, flag: &str) -> anyhow::Result<()> {
@@ -80,7 +76,7 @@ fn shorten_heartbeats(server: &ServerProcess) -> anyhow::Result<()> {
         "-p",
         flags,
     ])?;
-    with_log(
+    testkit::with_log(
         server,
         rolled_out_with(
             server,
@@ -88,14 +84,14 @@ fn shorten_heartbeats(server: &ServerProcess) -> anyhow::Result<()> {
             "--node-heartbeat-timeout",
         ),
     )?;
-    with_log(
+    testkit::with_log(
         server,
         rolled_out_with(server, "daemonset/virt-handler", "--heartbeat-interval"),
     )?;
     // Both handlers beat again, so both nodes are schedulable.
     let schedulable =
         r"{range .items[*]}{.metadata.name}={.metadata.labels.kubevirt\.io/schedulable} {end}";
-    with_log(
+    testkit::with_log(
         server,
         wait_until(DEADLINE, "both nodes schedulable", || {
             (server.get(&["nodes"], schedulable).trim() == "kvnode=true kvnode-2=true")
@@ -148,7 +144,7 @@ fn a_node_whose_handler_stops_beating_is_cordoned_and_its_vm_runs_elsewhere() ->
     shorten_heartbeats(&server)?;
 
     server.apply(VM)?;
-    let (first_uid, node_b) = with_log(
+    let (first_uid, node_b) = testkit::with_log(
         &server,
         wait_until(DEADLINE, "survivor Running", || {
             let got = server.get(
@@ -178,7 +174,7 @@ fn a_node_whose_handler_stops_beating_is_cordoned_and_its_vm_runs_elsewhere() ->
     freeze_node(&server, &node_b)?;
 
     // The old VMI fails with upstream's reason; the VM gets a new VMI on node A.
-    let failed = with_log(
+    let failed = testkit::with_log(
         &server,
         vmi_watch.wait_for(
             &format!("{first_uid} Failed NodeUnresponsive"),
@@ -203,7 +199,7 @@ fn a_node_whose_handler_stops_beating_is_cordoned_and_its_vm_runs_elsewhere() ->
             "{range .items[*]}{.message}|{end}",
         )
     };
-    with_log(
+    testkit::with_log(
         &server,
         wait_until(DEADLINE, "the NodeUnresponsive events", || {
             let on_node = events(&node_b, "default");
@@ -215,7 +211,7 @@ fn a_node_whose_handler_stops_beating_is_cordoned_and_its_vm_runs_elsewhere() ->
             .then_some(())
         }),
     )?;
-    with_log(
+    testkit::with_log(
         &server,
         wait_until(
             Duration::from_secs(120),

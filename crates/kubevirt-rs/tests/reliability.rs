@@ -431,7 +431,7 @@ fn churn_with_sigkilled_components_converges_and_loses_nothing() -> anyhow::Resu
             "{e}\nseed {seed}; last actions: {:?}\nlog lines of the VMs named above:\n{}\nserver log tail:\n{}",
             &log[log.len().saturating_sub(20)..],
             lines_naming(&text, &e.to_string(), 60),
-            tail(&text, 60)
+            testkit::tail(&text, 60)
         )
     };
     let mut done = 0;
@@ -551,9 +551,4 @@ fn lines_naming(text: &str, message: &str, lines: usize) -> String {
         .filter(|l| names.iter().any(|n| l.contains(n)))
         .collect();
     hits[hits.len().saturating_sub(lines)..].join("\n")
-}
-
-fn tail(text: &str, lines: usize) -> String {
-    let all: Vec<&str> = text.lines().collect();
-    all[all.len().saturating_sub(lines)..].join("\n")
 }

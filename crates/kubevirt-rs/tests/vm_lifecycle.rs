@@ -57,12 +57,7 @@ fn wait_phase(server: &ServerProcess, vmi: &str, phase: &str) -> anyhow::Result<
     wait_until(DEADLINE, &format!("VMI {vmi} phase {phase}"), || {
         (jsonpath(server, &format!("vmi/{vmi}"), "{.status.phase}") == phase).then_some(())
     })
-    .map_err(|e| anyhow::anyhow!("{e}\nserver log:\n{}", tail(&server.log())))
-}
-
-fn tail(text: &str) -> String {
-    let lines: Vec<&str> = text.lines().collect();
-    lines[lines.len().saturating_sub(40)..].join("\n")
+    .map_err(|e| anyhow::anyhow!("{e}\nserver log:\n{}", testkit::tail(&server.log(), 40)))
 }
 
 fn launcher_pod(server: &ServerProcess, vm: &str) -> String {
@@ -260,7 +255,7 @@ fn a_masquerade_guest_gets_its_address_by_dhcp_and_is_reached_through_the_pod_ip
     assert!(
         console.contains("NET-READY 10.0.2.2"),
         "the guest got 10.0.2.2 by DHCP:\n{console}\nlauncher:\n{}",
-        tail(&String::from_utf8_lossy(&compute.stdout))
+        testkit::tail(&String::from_utf8_lossy(&compute.stdout), 40)
     );
     let dhcp = started.elapsed();
     let body = wait_until(
@@ -388,7 +383,7 @@ fn a_killed_qemu_fails_the_vmi_and_run_strategy_always_starts_a_new_one() -> any
         let phase = jsonpath(&server, "vmi/crashy", "{.status.phase}");
         (!uid.is_empty() && uid != first_uid && phase == "Running").then_some(())
     })
-    .map_err(|e| anyhow::anyhow!("{e}\nserver log:\n{}", tail(&server.log())))?;
+    .map_err(|e| anyhow::anyhow!("{e}\nserver log:\n{}", testkit::tail(&server.log(), 40)))?;
     Ok(())
 }
 
@@ -420,7 +415,7 @@ fn a_vm_whose_guest_cannot_start_goes_into_crash_loop_back_off() -> anyhow::Resu
         (jsonpath(&server, "vm/broken", "{.status.printableStatus}") == "CrashLoopBackOff")
             .then_some(())
     })
-    .map_err(|e| anyhow::anyhow!("{e}\nserver log:\n{}", tail(&server.log())))?;
+    .map_err(|e| anyhow::anyhow!("{e}\nserver log:\n{}", testkit::tail(&server.log(), 40)))?;
     let row = server.ok(&["get", "vm", "broken", "--no-headers"])?;
     assert!(row.contains("CrashLoopBackOff"), "kubectl get vm: {row}");
     let failures = jsonpath(

@@ -71,16 +71,11 @@ spec:
     )
 }
 
-fn tail(text: &str) -> String {
-    let lines: Vec<&str> = text.lines().collect();
-    lines[lines.len().saturating_sub(40)..].join("\n")
-}
-
 fn wait_phase(server: &ServerProcess, vmi: &str, phase: &str) -> anyhow::Result<()> {
     wait_until(DEADLINE, &format!("VMI {vmi} phase {phase}"), || {
         (server.get(&[&format!("vmi/{vmi}")], "{.status.phase}") == phase).then_some(())
     })
-    .map_err(|e| anyhow::anyhow!("{e}\nserver log:\n{}", tail(&server.log())))
+    .map_err(|e| anyhow::anyhow!("{e}\nserver log:\n{}", testkit::tail(&server.log(), 40)))
 }
 
 fn launcher_pod(server: &ServerProcess, vm: &str) -> String {
@@ -163,7 +158,7 @@ fn a_vm_exposed_by_virtctl_answers_on_its_cluster_ip_and_through_port_forward() 
         "the guest's HTTP server through the pod IP",
         || http_get(&format!("{pod_ip}:8080")).filter(|t| t.contains("hello-from-web")),
     )
-    .map_err(|e| anyhow::anyhow!("{e}\nserver log:\n{}", tail(&server.log())))?;
+    .map_err(|e| anyhow::anyhow!("{e}\nserver log:\n{}", testkit::tail(&server.log(), 40)))?;
 
     // virtctl expose: upstream's Service, selecting the launcher pod by its VMI id.
     let out = Command::new(virtctl())

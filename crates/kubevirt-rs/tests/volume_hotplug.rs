@@ -49,11 +49,6 @@ fn virtctl(server: &ServerProcess, args: &[&str]) -> anyhow::Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-fn tail(text: &str, lines: usize) -> String {
-    let all: Vec<&str> = text.lines().collect();
-    all[all.len().saturating_sub(lines)..].join("\n")
-}
-
 /// The launcher pod of the VM `hot`: `(name, uid)`.
 fn launcher(server: &ServerProcess) -> Option<(String, String)> {
     let pod = server.get(
@@ -141,7 +136,7 @@ fn a_claim_is_hotplugged_into_a_running_guest_written_removed_and_kept_across_a_
     let mut server = ServerProcess::start(Path::new(BIN), "server", &[])?;
     server.import_test_guest(guest)?;
     let result = scenario(&server);
-    result.map_err(|e| anyhow::anyhow!("{e}\nserver log (tail):\n{}", tail(&server.log(), 150)))
+    testkit::with_log(&server, result)
 }
 
 fn scenario(server: &ServerProcess) -> anyhow::Result<()> {

@@ -659,3 +659,17 @@ fn read_until(master: &mut std::fs::File, needle: &str, deadline: Duration) -> S
     }
     seen
 }
+
+/// The last `lines` lines of `text` (a server log, a console), for failure messages.
+pub fn tail(text: &str, lines: usize) -> String {
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+/// `result` with the last 200 lines of `server`'s log added to its error.
+///
+/// # Errors
+/// `result`'s error, with the log.
+pub fn with_log<T>(server: &ServerProcess, result: anyhow::Result<T>) -> anyhow::Result<T> {
+    result.map_err(|e| anyhow::anyhow!("{e}\nserver log (tail):\n{}", tail(&server.log(), 200)))
+}
