@@ -484,29 +484,20 @@ impl MigrationReconciler {
                 json!({"op": "add", "path": "/metadata/labels", "value": {label: target_node}}),
             );
         }
-        match self.patch_vmi(vmi, ops).await {
-            Ok(()) => {
-                self.recorder
-                    .record(
-                        m,
-                        EventType::Normal,
-                        "SuccessfulHandOver",
-                        "Migration target pod is ready for preparation by virt-handler.",
-                    )
-                    .await;
-                Ok(())
-            }
-            Err(e) => {
-                let message = format!(
-                    "Failed to set MigrationStat in VMI status. :{}",
-                    error_chain(&e)
-                );
-                self.recorder
-                    .record(m, EventType::Warning, "FailedHandOver", &message)
-                    .await;
-                Err(MigrationError::PatchVmi(e))
-            }
-        }
+        self.patch_vmi_recorded(
+            m,
+            vmi,
+            ops,
+            (
+                "SuccessfulHandOver",
+                "Migration target pod is ready for preparation by virt-handler.",
+            ),
+            (
+                "FailedHandOver",
+                "Failed to set MigrationStat in VMI status. :",
+            ),
+        )
+        .await
     }
 
     /// Upstream's `handlePostHandoffMigrationCancel`: `abortRequested` for the source handler.
@@ -520,22 +511,41 @@ impl MigrationReconciler {
             json!({"op": "test", "path": "/status/migrationState/migrationUid", "value": uid}),
             json!({"op": "add", "path": "/status/migrationState/abortRequested", "value": true}),
         ];
+        self.patch_vmi_recorded(
+            m,
+            vmi,
+            ops,
+            (
+                "SuccessfulAbortMigration",
+                "Migration is ready to be canceled by virt-handler.",
+            ),
+            ("FailedAbortMigration", "failed to abort migration: "),
+        )
+        .await
+    }
+
+    /// Patches the VMI and records on the migration `done` (reason, message), or on failure
+    /// `failed` (reason, and the message's start, followed by the error chain), as upstream's
+    /// hand-over and abort do.
+    async fn patch_vmi_recorded(
+        &self,
+        m: &VirtualMachineInstanceMigration,
+        vmi: &VirtualMachineInstance,
+        ops: Vec<Value>,
+        done: (&str, &str),
+        failed: (&str, &str),
+    ) -> Result<(), MigrationError> {
         match self.patch_vmi(vmi, ops).await {
             Ok(()) => {
                 self.recorder
-                    .record(
-                        m,
-                        EventType::Normal,
-                        "SuccessfulAbortMigration",
-                        "Migration is ready to be canceled by virt-handler.",
-                    )
+                    .record(m, EventType::Normal, done.0, done.1)
                     .await;
                 Ok(())
             }
             Err(e) => {
-                let message = format!("failed to abort migration: {}", error_chain(&e));
+                let message = format!("{}{}", failed.1, error_chain(&e));
                 self.recorder
-                    .record(m, EventType::Warning, "FailedAbortMigration", &message)
+                    .record(m, EventType::Warning, failed.0, &message)
                     .await;
                 Err(MigrationError::PatchVmi(e))
             }
