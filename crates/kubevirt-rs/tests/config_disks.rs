@@ -2,8 +2,9 @@
 //! the guest as upstream's ISO 9660 disks, and cloud-init `userDataBase64` runs in it. On a
 //! real test guest (TCG) the guest mounts each disk and reads the map's key, the secret's key,
 //! its own VMI labels, and its namespace and token; the base64 user data prints on the
-//! console, and so does user data from a Secret (`secretRef`) in a second VM. Skips (saying
-//! why) when the test guest, QEMU or virtctl is missing.
+//! console, and so does user data from a Secret (`secretRef`) in a second VM; a third reads
+//! its `cloudInitConfigDrive` (OpenStack layout, `config-2`). Skips (saying why) when the test
+//! guest, QEMU or virtctl is missing.
 
 use std::path::Path;
 
@@ -57,6 +58,30 @@ spec:
       volumes:
       - name: ci
         cloudInitNoCloud: {secretRef: {name: ci-secret}}
+"#;
+
+const DRIVE_VM: &str = r#"apiVersion: kubevirt.io/v1
+kind: VirtualMachine
+metadata:
+  name: cfg3
+spec:
+  runStrategy: Always
+  template:
+    spec:
+      domain:
+        memory: {guest: 128Mi}
+        firmware:
+          kernelBoot:
+            kernelArgs: "console=ttyS0 panic=-1 quiet tg.quiet=1"
+            container:
+              image: kubevirt-rs/test-guest:latest
+              kernelPath: /vmlinux
+              initrdPath: /initramfs.cpio.gz
+        devices:
+          disks: [{name: drive, disk: {bus: virtio}}]
+      volumes:
+      - name: drive
+        cloudInitConfigDrive: {userData: "CONFIG-DRIVE-USER-DATA"}
 "#;
 
 /// `#!/bin/sh` + `echo USER-DATA-FROM-BASE64`.
@@ -183,5 +208,17 @@ fn scenario(server: &ServerProcess) -> anyhow::Result<()> {
         console.contains("USER-DATA-FROM-SECRET"),
         "the Secret's user data ran:\n{console}"
     );
+
+    // An OpenStack config drive, in a third VM.
+    server.ok(&["delete", "vm", "cfg2", "--wait=true"])?;
+    server.apply(DRIVE_VM)?;
+    booted(server, "cfg3")?;
+    let uid = server.get(&["vmi", "cfg3"], "{.metadata.uid}");
+    let drive = server.guest_run(
+        "cfg3",
+        "mount -t iso9660 -o ro /dev/vda /mnt && cat /mnt/openstack/latest/user_data; echo; cat /mnt/openstack/latest/meta_data.json; echo; umount /mnt",
+    )?;
+    assert!(drive.contains("CONFIG-DRIVE-USER-DATA"), "{drive}");
+    assert!(drive.contains(&format!(r#""uuid":"{uid}""#)), "{drive}");
     Ok(())
 }

@@ -17,6 +17,9 @@
 //! - `cloudInitNoCloud`: a small FAT `cidata` disk built with `mkfs.vfat` and `mcopy`, from
 //!   the Secrets of `secretRef` / `networkDataSecretRef` (mounted in the launcher pod), else
 //!   `userData` / `networkData` or their base64 forms (which win, as upstream).
+//! - `cloudInitConfigDrive`: an OpenStack config drive, an ISO labelled `config-2` with
+//!   `openstack/latest/{meta_data.json,user_data,network_data.json}`, the data resolved as for
+//!   NoCloud.
 //! - `hostDisk`: a file below the configured host-disk directory (checked without following
 //!   symlinks, created sparse for `DiskOrCreate`), hard-linked into the pod directory because
 //!   the launcher only opens paths below it.
@@ -200,6 +203,14 @@ pub enum FileAction {
         /// The pod volume's directory (a host path).
         source: PathBuf,
     },
+    /// Build an OpenStack config drive: an ISO 9660 image labelled `config-2` holding these
+    /// files at their relative paths (`openstack/latest/meta_data.json`, …).
+    ConfigDrive {
+        /// The image file.
+        path: PathBuf,
+        /// `(relative path, content)` pairs.
+        files: Vec<(String, String)>,
+    },
     /// Build a NoCloud `cidata` FAT image holding these files.
     CloudInit {
         /// The image file.
@@ -216,6 +227,7 @@ impl FileAction {
             Self::Copy { to, .. } | Self::Link { to, .. } | Self::Share { to, .. } => to,
             Self::Sparse { path, .. }
             | Self::CloudInit { path, .. }
+            | Self::ConfigDrive { path, .. }
             | Self::ConfigIso { path, .. }
             | Self::Overlay { path, .. } => path,
         }
@@ -247,6 +259,10 @@ impl FileAction {
                 size: *size,
             },
             Self::CloudInit { path, files } => Self::CloudInit {
+                path: map(path),
+                files: files.clone(),
+            },
+            Self::ConfigDrive { path, files } => Self::ConfigDrive {
                 path: map(path),
                 files: files.clone(),
             },
@@ -669,6 +685,9 @@ fn volume_source(
     if let Some(ci) = &src.cloud_init_no_cloud {
         return cloud_init_disk(vmi, name, ci, ctx, &disks_dir, files);
     }
+    if let Some(cd) = &src.cloud_init_config_drive {
+        return config_drive_disk(vmi, name, cd, ctx, &disks_dir, files);
+    }
     if let Some(hd) = &src.host_disk {
         return host_disk(name, hd, ctx, files);
     }
@@ -727,37 +746,124 @@ fn cloud_init_disk(
         "meta-data".to_owned(),
         format!("instance-id: {uid}\nlocal-hostname: {host}\n"),
     )];
-    let secrets = ctx.pod_volumes_dir.join("kubernetes.io~secret");
-    let user_data = match &ci.secret_ref {
-        Some(_) => Some(secret_key(
-            &secrets.join(format!("{name}-udata")),
-            ["userdata", "userData"],
-        )?),
-        None => decoded_or_plain(
-            name,
-            "userDataBase64",
-            ci.user_data_base64.as_deref(),
-            ci.user_data.as_deref(),
-        )?,
-    };
+    let (user_data, network_data) = cloud_init_data(
+        name,
+        ctx,
+        CloudInitSources {
+            user_secret: ci.secret_ref.is_some(),
+            user_base64: ci.user_data_base64.as_deref(),
+            user: ci.user_data.as_deref(),
+            network_secret: ci.network_data_secret_ref.is_some(),
+            network_base64: ci.network_data_base64.as_deref(),
+            network: ci.network_data.as_deref(),
+        },
+    )?;
     content.push(("user-data".to_owned(), user_data.unwrap_or_default()));
-    let network_data = match &ci.network_data_secret_ref {
-        Some(_) => Some(secret_key(
-            &secrets.join(format!("{name}-ndata")),
-            ["networkdata", "networkData"],
-        )?),
-        None => decoded_or_plain(
-            name,
-            "networkDataBase64",
-            ci.network_data_base64.as_deref(),
-            ci.network_data.as_deref(),
-        )?,
-    };
     if let Some(net) = network_data {
         content.push(("network-config".to_owned(), net));
     }
     let path = disks_dir.join(format!("{name}-cidata.img"));
     files.push(FileAction::CloudInit {
+        path: path.clone(),
+        files: content,
+    });
+    Ok(Source::at(path, DiskFormat::Raw))
+}
+
+/// Where a cloud-init volume's user and network data come from.
+#[derive(Clone, Copy)]
+struct CloudInitSources<'a> {
+    user_secret: bool,
+    user_base64: Option<&'a str>,
+    user: Option<&'a str>,
+    network_secret: bool,
+    network_base64: Option<&'a str>,
+    network: Option<&'a str>,
+}
+
+/// The user and network data of cloud-init volume `name`, as upstream resolves them: from the
+/// Secret when one is referenced (mounted in the launcher pod as `<name>-udata`/`-ndata`),
+/// else the base64 field decoded, else the plain one.
+fn cloud_init_data(
+    name: &str,
+    ctx: &SpecContext<'_>,
+    sources: CloudInitSources<'_>,
+) -> Result<(Option<String>, Option<String>), SpecError> {
+    let secrets = ctx.pod_volumes_dir.join("kubernetes.io~secret");
+    let user = if sources.user_secret {
+        Some(secret_key(
+            &secrets.join(format!("{name}-udata")),
+            ["userdata", "userData"],
+        )?)
+    } else {
+        decoded_or_plain(name, "userDataBase64", sources.user_base64, sources.user)?
+    };
+    let network = if sources.network_secret {
+        Some(secret_key(
+            &secrets.join(format!("{name}-ndata")),
+            ["networkdata", "networkData"],
+        )?)
+    } else {
+        decoded_or_plain(
+            name,
+            "networkDataBase64",
+            sources.network_base64,
+            sources.network,
+        )?
+    };
+    Ok((user, network))
+}
+
+/// The OpenStack config drive of a `cloudInitConfigDrive` volume (upstream's layout:
+/// `openstack/latest/{meta_data.json,user_data,network_data.json}`, label `config-2`).
+fn config_drive_disk(
+    vmi: &VirtualMachineInstance,
+    name: &str,
+    cd: &kubevirt_api::v1::CloudInitConfigDriveSource,
+    ctx: &SpecContext<'_>,
+    disks_dir: &Path,
+    files: &mut Vec<FileAction>,
+) -> Result<Source, SpecError> {
+    let (user_data, network_data) = cloud_init_data(
+        name,
+        ctx,
+        CloudInitSources {
+            user_secret: cd.secret_ref.is_some(),
+            user_base64: cd.user_data_base64.as_deref(),
+            user: cd.user_data.as_deref(),
+            network_secret: cd.network_data_secret_ref.is_some(),
+            network_base64: cd.network_data_base64.as_deref(),
+            network: cd.network_data.as_deref(),
+        },
+    )?;
+    let vmi_name = vmi.metadata.name.clone().unwrap_or_default();
+    let namespace = vmi.metadata.namespace.clone().unwrap_or_default();
+    let host = vmi
+        .spec
+        .hostname
+        .clone()
+        .unwrap_or_else(|| vmi_name.clone());
+    let metadata = serde_json::json!({
+        "instance_id": format!("{vmi_name}.{namespace}"),
+        "local_hostname": host,
+        "hostname": host,
+        "uuid": vmi.metadata.uid.clone().unwrap_or_default(),
+    });
+    let mut content = vec![
+        (
+            "openstack/latest/meta_data.json".to_owned(),
+            metadata.to_string(),
+        ),
+        (
+            "openstack/latest/user_data".to_owned(),
+            user_data.unwrap_or_default(),
+        ),
+    ];
+    if let Some(network) = network_data {
+        content.push(("openstack/latest/network_data.json".to_owned(), network));
+    }
+    let path = disks_dir.join(format!("{name}-configdrive.iso"));
+    files.push(FileAction::ConfigDrive {
         path: path.clone(),
         files: content,
     });

@@ -543,7 +543,8 @@ fn service_account_projection() -> ProjectedVolumeSource {
     }
 }
 
-/// The Secrets a `cloudInitNoCloud` volume takes its user and network data from, as pod
+/// The Secrets a `cloudInitNoCloud` or `cloudInitConfigDrive` volume takes its user and
+/// network data from, as pod
 /// volumes `<volume>-udata` / `<volume>-ndata` mounted read-only below
 /// `/var/run/kubevirt-private/secret/`: virt-handler reads `userdata` (or `userData`) and
 /// `networkdata` (or `networkData`) there.
@@ -567,13 +568,16 @@ fn cloud_init_secret_volumes(vmi: &VirtualMachineInstance) -> Vec<(Volume, Volum
     };
     let mut out = Vec::new();
     for v in &vmi.spec.volumes {
-        let Some(ci) = &v.volume_source.cloud_init_no_cloud else {
-            continue;
+        let s = &v.volume_source;
+        let (user, network) = match (&s.cloud_init_no_cloud, &s.cloud_init_config_drive) {
+            (Some(ci), _) => (&ci.secret_ref, &ci.network_data_secret_ref),
+            (None, Some(cd)) => (&cd.secret_ref, &cd.network_data_secret_ref),
+            (None, None) => continue,
         };
-        if let Some(user) = &ci.secret_ref {
+        if let Some(user) = user {
             out.push(secret(format!("{}-udata", v.name), &user.name));
         }
-        if let Some(network) = &ci.network_data_secret_ref {
+        if let Some(network) = network {
             out.push(secret(format!("{}-ndata", v.name), &network.name));
         }
     }

@@ -72,6 +72,7 @@ pub fn prepare_files(files: &[FileAction]) -> Result<(), SpecError> {
             FileAction::ConfigIso { label, source, .. } => {
                 build_config_iso(&temporary, label.as_deref(), source)?;
             }
+            FileAction::ConfigDrive { files, .. } => build_config_drive(&temporary, files)?,
             FileAction::Overlay {
                 backing,
                 backing_format,
@@ -145,10 +146,13 @@ pub(super) fn volume_files(source: &Path) -> Result<Vec<(String, PathBuf)>, Spec
     Ok(files)
 }
 
-/// An ISO 9660 image with Joliet and Rock Ridge of the volume's files (`genisoimage`, as
-/// upstream), its volume id `label` when given.
-fn build_config_iso(image: &Path, label: Option<&str>, source: &Path) -> Result<(), SpecError> {
-    let files = volume_files(source)?;
+/// `genisoimage` writing an ISO 9660 image with Joliet and Rock Ridge (as upstream) to
+/// `image`, its volume id `label` when given, of `paths` (graft points or directories).
+fn genisoimage(
+    image: &Path,
+    label: Option<&str>,
+    paths: Vec<std::ffi::OsString>,
+) -> Result<(), SpecError> {
     let mut args: Vec<std::ffi::OsString> = vec!["-quiet".into(), "-output".into(), image.into()];
     if let Some(label) = label {
         args.push("-volid".into());
@@ -157,6 +161,46 @@ fn build_config_iso(image: &Path, label: Option<&str>, source: &Path) -> Result<
     for flag in ["-joliet", "-rock", "-graft-points"] {
         args.push(flag.into());
     }
+    args.extend(paths);
+    let args: Vec<&std::ffi::OsStr> = args.iter().map(std::ffi::OsString::as_os_str).collect();
+    run_tool("genisoimage", &args)
+}
+
+/// An OpenStack config drive (label `config-2`) holding `files` at their relative paths,
+/// staged beside the image.
+fn build_config_drive(image: &Path, files: &[(String, String)]) -> Result<(), SpecError> {
+    let staging = image.with_extension("d");
+    let io = |source| SpecError::Prepare {
+        path: staging.clone(),
+        source,
+    };
+    let plain = |relative: &str| {
+        Path::new(relative)
+            .components()
+            .all(|c| matches!(c, std::path::Component::Normal(_)))
+    };
+    if let Some((relative, _)) = files.iter().find(|(relative, _)| !plain(relative)) {
+        return Err(SpecError::Invalid(format!(
+            "config drive file {relative:?} is not a plain relative path"
+        )));
+    }
+    let _ = std::fs::remove_dir_all(&staging);
+    for (relative, content) in files {
+        let local = staging.join(relative);
+        if let Some(parent) = local.parent() {
+            std::fs::create_dir_all(parent).map_err(io)?;
+        }
+        std::fs::write(&local, content).map_err(io)?;
+    }
+    let built = genisoimage(image, Some("config-2"), vec![staging.clone().into()]);
+    let _ = std::fs::remove_dir_all(&staging);
+    built
+}
+
+/// An ISO 9660 image of the volume's files, its volume id `label` when given.
+fn build_config_iso(image: &Path, label: Option<&str>, source: &Path) -> Result<(), SpecError> {
+    let files = volume_files(source)?;
+    let mut args: Vec<std::ffi::OsString> = Vec::new();
     for (name, path) in &files {
         // Graft points escape `=` and `\` in names.
         let name = name.replace('\\', "\\\\").replace('=', "\\=");
@@ -168,8 +212,7 @@ fn build_config_iso(image: &Path, label: Option<&str>, source: &Path) -> Result<
         // genisoimage wants at least one path: an empty directory gives an empty image.
         args.push(format!("={}", source.display()).into());
     }
-    let args: Vec<&std::ffi::OsStr> = args.iter().map(std::ffi::OsString::as_os_str).collect();
-    run_tool("genisoimage", &args)
+    genisoimage(image, label, args)
 }
 
 /// A 2 MiB FAT image labelled `cidata` with the NoCloud files.
@@ -319,5 +362,40 @@ mod tests {
             "{err}"
         );
         assert!(!evil_image.exists());
+    }
+
+    #[test]
+    fn a_config_drive_is_labelled_config_2_and_takes_only_plain_relative_paths() {
+        let tool = test_prerequisites::command("genisoimage", "genisoimage");
+        if test_prerequisites::available(tool).is_none() {
+            return;
+        }
+        let tmp = tempfile::tempdir().unwrap();
+        let image = tmp.path().join("disks/cd.iso");
+        prepare_files(&[FileAction::ConfigDrive {
+            path: image.clone(),
+            files: vec![(
+                "openstack/latest/user_data".into(),
+                "drive user data\n".into(),
+            )],
+        }])
+        .unwrap();
+        let bytes = std::fs::read(&image).unwrap();
+        let volume_id = &bytes[16 * 2048 + 40..16 * 2048 + 72];
+        assert_eq!(String::from_utf8_lossy(volume_id).trim_end(), "config-2");
+        assert!(String::from_utf8_lossy(&bytes).contains("drive user data"));
+        assert!(
+            !tmp.path().join("disks/cd.d").exists(),
+            "the staging is gone"
+        );
+
+        let escape = tmp.path().join("disks/bad.iso");
+        let err = prepare_files(&[FileAction::ConfigDrive {
+            path: escape.clone(),
+            files: vec![("../outside".into(), "x".into())],
+        }])
+        .unwrap_err();
+        assert!(err.to_string().contains("plain relative path"), "{err}");
+        assert!(!escape.exists() && !tmp.path().join("outside").exists());
     }
 }

@@ -46,6 +46,10 @@ fn file_action_json(action: &FileAction) -> serde_json::Value {
             "label": label,
             "source": p(source),
         }}),
+        FileAction::ConfigDrive { path, files } => serde_json::json!({"configDrive": {
+            "path": p(path),
+            "files": files.iter().map(|(n, c)| serde_json::json!({"name": n, "content": c})).collect::<Vec<_>>(),
+        }}),
         FileAction::CloudInit { path, files } => serde_json::json!({"cloudInit": {
             "path": p(path),
             "files": files.iter().map(|(n, c)| serde_json::json!({"name": n, "content": c})).collect::<Vec<_>>(),
