@@ -32,6 +32,15 @@ pub const VIRT_LAUNCHER_VALUE: &str = "virt-launcher";
 pub const VIRT_HANDLER_VALUE: &str = "virt-handler";
 /// Value of [`APP_LABEL`] on hotplug attachment pods.
 pub const HOTPLUG_DISK_VALUE: &str = "hotplug-disk";
+/// The emptyDir of a hotplug attachment pod; it holds [`HOTPLUG_ATTACHMENT_SOCKET`], and the
+/// claims are mounted below it.
+pub const HOTPLUG_ATTACHMENT_VOLUME: &str = "hotplug-disks";
+/// Where an attachment pod mounts [`HOTPLUG_ATTACHMENT_VOLUME`]; each claim is at
+/// `<dir>/<volume>` (upstream's path).
+pub const HOTPLUG_ATTACHMENT_DIR: &str = "/path";
+/// The socket the attachment pod's container listens on, in [`HOTPLUG_ATTACHMENT_DIR`]:
+/// virt-handler learns the container's pid from it.
+pub const HOTPLUG_ATTACHMENT_SOCKET: &str = "hp.sock";
 /// Launcher pod label: UID of the VMI that created it.
 pub const CREATED_BY_LABEL: &str = "kubevirt.io/created-by";
 /// Deprecated launcher pod label: the guest hostname (at most 63 characters).

@@ -36,54 +36,6 @@ stringData:
     echo USER-DATA-FROM-SECRET
 ";
 
-const SECRET_VM: &str = r#"apiVersion: kubevirt.io/v1
-kind: VirtualMachine
-metadata:
-  name: cfg2
-spec:
-  runStrategy: Always
-  template:
-    spec:
-      domain:
-        memory: {guest: 128Mi}
-        firmware:
-          kernelBoot:
-            kernelArgs: "console=ttyS0 panic=-1 quiet tg.quiet=1"
-            container:
-              image: kubevirt-rs/test-guest:latest
-              kernelPath: /vmlinux
-              initrdPath: /initramfs.cpio.gz
-        devices:
-          disks: [{name: ci, disk: {bus: virtio}}]
-      volumes:
-      - name: ci
-        cloudInitNoCloud: {secretRef: {name: ci-secret}}
-"#;
-
-const DRIVE_VM: &str = r#"apiVersion: kubevirt.io/v1
-kind: VirtualMachine
-metadata:
-  name: cfg3
-spec:
-  runStrategy: Always
-  template:
-    spec:
-      domain:
-        memory: {guest: 128Mi}
-        firmware:
-          kernelBoot:
-            kernelArgs: "console=ttyS0 panic=-1 quiet tg.quiet=1"
-            container:
-              image: kubevirt-rs/test-guest:latest
-              kernelPath: /vmlinux
-              initrdPath: /initramfs.cpio.gz
-        devices:
-          disks: [{name: drive, disk: {bus: virtio}}]
-      volumes:
-      - name: drive
-        cloudInitConfigDrive: {userData: "CONFIG-DRIVE-USER-DATA"}
-"#;
-
 /// `#!/bin/sh` + `echo USER-DATA-FROM-BASE64`.
 const USER_DATA_BASE64: &str = "IyEvYmluL3NoCmVjaG8gVVNFUi1EQVRBLUZST00tQkFTRTY0Cg==";
 
@@ -201,7 +153,12 @@ fn scenario(server: &ServerProcess) -> anyhow::Result<()> {
 
     // User data from a Secret, in a second VM (one guest at a time).
     server.ok(&["delete", "vm", "cfg", "--wait=true"])?;
-    server.apply(SECRET_VM)?;
+    server.apply(&testkit::test_guest_vm_with(
+        "cfg2",
+        &["memory: {guest: 128Mi}"],
+        "{disks: [{name: ci, disk: {bus: virtio}}]}",
+        &["volumes: [{name: ci, cloudInitNoCloud: {secretRef: {name: ci-secret}}}]"],
+    ))?;
     let pod = booted(server, "cfg2")?;
     let console = server.guest_console(&pod);
     assert!(
@@ -211,7 +168,12 @@ fn scenario(server: &ServerProcess) -> anyhow::Result<()> {
 
     // An OpenStack config drive, in a third VM.
     server.ok(&["delete", "vm", "cfg2", "--wait=true"])?;
-    server.apply(DRIVE_VM)?;
+    server.apply(&testkit::test_guest_vm_with(
+        "cfg3",
+        &["memory: {guest: 128Mi}"],
+        "{disks: [{name: drive, disk: {bus: virtio}}]}",
+        &[r#"volumes: [{name: drive, cloudInitConfigDrive: {userData: "CONFIG-DRIVE-USER-DATA"}}]"#],
+    ))?;
     booted(server, "cfg3")?;
     let uid = server.get(&["vmi", "cfg3"], "{.metadata.uid}");
     let drive = server.guest_run(

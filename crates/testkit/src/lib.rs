@@ -32,7 +32,14 @@ pub const DEADLINE: Duration = Duration::from_secs(60);
 /// ([`ServerProcess::import_test_guest`]) with `domain` (flow-style YAML lines such as
 /// `memory: {guest: 128Mi}`, one per line) in its template's `domain`.
 pub fn test_guest_vm(name: &str, domain: &[&str]) -> String {
+    test_guest_vm_with(name, domain, "{}", &[])
+}
+
+/// [`test_guest_vm`] with `devices` (a YAML flow mapping, e.g. `{disks: [{name: d, disk: {}}]}`)
+/// and more lines of the template's `spec` (`volumes: [...]`, `networks: [...]`).
+pub fn test_guest_vm_with(name: &str, domain: &[&str], devices: &str, spec: &[&str]) -> String {
     let fields: String = domain.iter().map(|f| format!("        {f}\n")).collect();
+    let extra: String = spec.iter().map(|f| format!("      {f}\n")).collect();
     format!(
         r#"apiVersion: kubevirt.io/v1
 kind: VirtualMachine
@@ -50,8 +57,8 @@ spec:
               image: kubevirt-rs/test-guest:latest
               kernelPath: /vmlinux
               initrdPath: /initramfs.cpio.gz
-        devices: {{}}
-"#
+        devices: {devices}
+{extra}"#
     )
 }
 

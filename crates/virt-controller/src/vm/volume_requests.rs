@@ -173,9 +173,13 @@ pub fn trim_done(
     vm: &VirtualMachine,
     vmi: Option<&VirtualMachineInstance>,
 ) {
-    let template = vm.spec.template.spec.clone().unwrap_or_default();
+    if status.volume_requests.is_empty() {
+        return;
+    }
+    let empty = VirtualMachineInstanceSpec::default();
+    let template = vm.spec.template.spec.as_ref().unwrap_or(&empty);
     status.volume_requests.retain(|request| {
-        let done = reflected(&template, request) && vmi.is_none_or(|v| reflected(&v.spec, request));
+        let done = reflected(template, request) && vmi.is_none_or(|v| reflected(&v.spec, request));
         !done
     });
 }

@@ -37,12 +37,10 @@ use kubevirt_api::v1::{HotplugVolumeStatus, VirtualMachineInstance, VolumePhase,
 
 /// The attachment pod's only container.
 pub const ATTACHMENT_CONTAINER: &str = "hotplug-disk";
-/// The attachment pod's emptyDir, holding its socket; the claims are mounted below it.
-pub const ATTACHMENT_VOLUME: &str = "hotplug-disks";
-/// Where the attachment pod mounts [`ATTACHMENT_VOLUME`]; each claim is at `<dir>/<volume>`.
-pub const ATTACHMENT_DIR: &str = "/path";
-/// The socket the attachment pod's container listens on, in [`ATTACHMENT_DIR`].
-pub const ATTACHMENT_SOCKET: &str = "hp.sock";
+use c::{
+    HOTPLUG_ATTACHMENT_DIR as ATTACHMENT_DIR, HOTPLUG_ATTACHMENT_SOCKET as ATTACHMENT_SOCKET,
+    HOTPLUG_ATTACHMENT_VOLUME as ATTACHMENT_VOLUME,
+};
 /// Event and volume reason of a created attachment pod (upstream's).
 pub const SUCCESSFUL_CREATE_POD: &str = "SuccessfulCreate";
 /// Event and sync-error reason of a failed attachment pod creation (upstream's).

@@ -164,20 +164,36 @@ pub struct VmiReconciler {
     recorder: Arc<EventRecorder>,
 }
 
-/// The pods in the VMI's namespace whose controller reference is the VMI.
-fn controlled_pods(pods: &InformerHandle<Pod>, vmi: &VirtualMachineInstance) -> Vec<Arc<Pod>> {
+/// The VMI's pods, in one pass over the cache: those whose controller reference is the VMI
+/// (launcher pods), and the attachment pods whose `kubevirt.io/owner-vmi-uid` names it.
+fn vmi_pods(
+    pods: &InformerHandle<Pod>,
+    vmi: &VirtualMachineInstance,
+) -> (Vec<Arc<Pod>>, Vec<Arc<Pod>>) {
     let uid = vmi.metadata.uid.as_deref();
     let ns = vmi.metadata.namespace.as_deref();
-    pods.store()
-        .state()
-        .into_iter()
-        .filter(|p| {
-            p.metadata.namespace.as_deref() == ns
-                && p.owner_references()
-                    .iter()
-                    .any(|o| o.controller == Some(true) && Some(o.uid.as_str()) == uid)
-        })
-        .collect()
+    let mut controlled = Vec::new();
+    let mut attachments = Vec::new();
+    for pod in pods.store().state() {
+        if pod.metadata.namespace.as_deref() != ns || uid.is_none() {
+            continue;
+        }
+        let controls = pod
+            .owner_references()
+            .iter()
+            .any(|o| o.controller == Some(true) && Some(o.uid.as_str()) == uid);
+        if controls {
+            controlled.push(pod);
+        } else if pod
+            .annotations()
+            .get(c::OWNER_VMI_UID_ANNOTATION)
+            .map(String::as_str)
+            == uid
+        {
+            attachments.push(pod);
+        }
+    }
+    (controlled, attachments)
 }
 
 /// Upstream's `hasOwnerVM`: the VMI's controller reference is a `VirtualMachine` found in the
@@ -253,7 +269,7 @@ impl VmiReconciler {
             return Ok(Action::RequeueAfter(EXPECTATIONS_RECHECK));
         }
         let patterns = self.patterns.borrow().clone();
-        let owned = controlled_pods(&self.pods, &vmi);
+        let (owned, attachments) = vmi_pods(&self.pods, &vmi);
         let mut pods: Vec<&Pod> = owned.iter().map(AsRef::as_ref).collect();
         let ns = vmi.metadata.namespace.as_deref().unwrap_or_default();
         let pods_api: Api<Pod> = Api::namespaced(self.client.clone(), ns);
@@ -281,16 +297,15 @@ impl VmiReconciler {
         let pod = current_pod(&vmi, &pods);
         let now = now_seconds();
         let claim_volumes = claim_volume_status(&vmi, |key| self.claims.get_by_key(key));
-        let namespace_pods = self.namespace_pods(ns);
-        let namespace_pods: Vec<&Pod> = namespace_pods.iter().map(AsRef::as_ref).collect();
+        let attachments: Vec<&Pod> = attachments.iter().map(AsRef::as_ref).collect();
         let hotplug_failure = self
-            .sync_hotplug(key, &vmi, &pods_api, &pods, pod, &namespace_pods, &launcher)
+            .sync_hotplug(key, &vmi, &pods_api, &pods, pod, &attachments, &launcher)
             .await
             .err();
         let sync_failure = sync_failure.or(hotplug_failure);
         let hotplug_status = match pod.filter(|_| status::phase_is_running(&vmi)) {
             Some(launcher_pod) => Some(
-                self.hotplug_volume_status(&vmi, launcher_pod, &namespace_pods, &claim_volumes)
+                self.hotplug_volume_status(&vmi, launcher_pod, &attachments, &claim_volumes)
                     .await,
             ),
             None => None,
@@ -327,7 +342,7 @@ impl VmiReconciler {
         &self,
         vmi: &VirtualMachineInstance,
         launcher_pod: &Pod,
-        namespace_pods: &[&Pod],
+        attachments: &[&Pod],
         claim_volumes: &[kubevirt_api::v1::VolumeStatus],
     ) -> Vec<kubevirt_api::v1::VolumeStatus> {
         let ns = vmi.metadata.namespace.as_deref().unwrap_or_default();
@@ -336,7 +351,7 @@ impl VmiReconciler {
             .as_ref()
             .map_or(&[][..], |s| s.volume_status.as_slice());
         let mut statuses = old.to_vec();
-        let attached = hotplug::attachment_pods(namespace_pods, launcher_pod);
+        let attached = hotplug::attachment_pods(attachments, launcher_pod);
         let claims: Vec<Arc<PersistentVolumeClaim>> = vmi
             .spec
             .volumes
@@ -366,16 +381,6 @@ impl VmiReconciler {
         statuses
     }
 
-    /// The cached launcher and attachment pods of a namespace.
-    fn namespace_pods(&self, ns: &str) -> Vec<Arc<Pod>> {
-        self.pods
-            .store()
-            .state()
-            .into_iter()
-            .filter(|p| p.metadata.namespace.as_deref() == Some(ns))
-            .collect()
-    }
-
     /// Upstream's hotplug steps of `sync` (reference §3.2 steps 2, 3 and 7): a final VMI's
     /// attachment pods go; so do those of finished launcher pods; and with a ready launcher
     /// pod that is not being deleted the attachment pods follow the ready hotplug volumes.
@@ -387,7 +392,7 @@ impl VmiReconciler {
         pods_api: &Api<Pod>,
         controlled: &[&Pod],
         launcher_pod: Option<&Pod>,
-        namespace_pods: &[&Pod],
+        attachments: &[&Pod],
         launcher: &LauncherPodConfig,
     ) -> Result<(), SyncFailure> {
         if vmi.metadata.deletion_timestamp.is_some() {
@@ -396,7 +401,7 @@ impl VmiReconciler {
         let final_vmi = status::phase_is_final(vmi);
         if final_vmi {
             if let Some(pod) = launcher_pod {
-                let doomed = hotplug::attachment_pods(namespace_pods, pod);
+                let doomed = hotplug::attachment_pods(attachments, pod);
                 self.delete_attachment_pods(key, vmi, pods_api, &doomed)
                     .await
                     .map_err(|e| SyncFailure::new(hotplug::FAILED_HOTPLUG_SYNC, e))?;
@@ -404,7 +409,7 @@ impl VmiReconciler {
             return Ok(());
         }
         for finished in controlled.iter().filter(|p| status::pod_is_down(p)) {
-            let doomed = hotplug::attachment_pods(namespace_pods, finished);
+            let doomed = hotplug::attachment_pods(attachments, finished);
             if let Err(e) = self
                 .delete_attachment_pods(key, vmi, pods_api, &doomed)
                 .await
@@ -417,7 +422,7 @@ impl VmiReconciler {
         else {
             return Ok(());
         };
-        let attached = hotplug::attachment_pods(namespace_pods, pod);
+        let attached = hotplug::attachment_pods(attachments, pod);
         let hotplug_volumes = hotplug::hotplug_volumes(vmi, pod);
         if hotplug_volumes.is_empty() && attached.is_empty() {
             return Ok(());

@@ -25,14 +25,10 @@ use serde_json::{Value, json};
 
 use crate::launcher_spec::is_hotplug_volume;
 
-/// The attachment pod's emptyDir, as the kubelet lays it out.
-const ATTACHMENT_VOLUME_DIR: &str = "volumes/kubernetes.io~empty-dir/hotplug-disks";
-/// The attachment pod's socket in that emptyDir.
-const ATTACHMENT_SOCKET: &str = "hp.sock";
-/// Where the attachment container mounts each claim, `<dir>/<volume>`.
-const ATTACHMENT_DIR: &str = "/path";
-/// The disk image in a filesystem claim.
-const DISK_IMAGE: &str = "disk.img";
+use kubevirt_api::constants::{
+    HOTPLUG_ATTACHMENT_DIR, HOTPLUG_ATTACHMENT_SOCKET, HOTPLUG_ATTACHMENT_VOLUME,
+};
+use virt_launcher::pod_layout::CLAIM_DISK_IMAGE;
 
 /// The phases virt-handler gives hotplug volumes (upstream's reasons and messages).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -117,8 +113,9 @@ pub fn attachment_socket(kubelet_pods_dir: &Path, pod_uid: &str) -> Option<PathB
     super::worker::is_canonical_uuid(pod_uid).then(|| {
         kubelet_pods_dir
             .join(pod_uid)
-            .join(ATTACHMENT_VOLUME_DIR)
-            .join(ATTACHMENT_SOCKET)
+            .join("volumes/kubernetes.io~empty-dir")
+            .join(HOTPLUG_ATTACHMENT_VOLUME)
+            .join(HOTPLUG_ATTACHMENT_SOCKET)
     })
 }
 
@@ -161,9 +158,9 @@ pub async fn open_disk(
         .ok_or("the attachment pod's socket does not tell its pid")?;
     drop(stream);
     let path = PathBuf::from(format!("/proc/{pid}/root"))
-        .join(ATTACHMENT_DIR.trim_start_matches('/'))
+        .join(HOTPLUG_ATTACHMENT_DIR.trim_start_matches('/'))
         .join(&attach.volume)
-        .join(DISK_IMAGE);
+        .join(CLAIM_DISK_IMAGE);
     let read_only = attach.read_only;
     tokio::task::spawn_blocking(move || open_image(&path, read_only, create_size))
         .await
