@@ -233,9 +233,11 @@ impl CniNetwork {
     /// the mappings it is told of).
     ///
     /// Idempotent, as CNI requires: deleting twice, after a failed ADD or after a reboot is not an
-    /// error. When `netns` no longer exists the plugins get an empty `CNI_NETNS` and release what
-    /// they hold outside it (reservations, rules). Every plugin runs even if one fails; the first
-    /// error is returned.
+    /// error. When no namespace is mounted at `netns` any more (the file is gone, or it is the
+    /// bare mount point a node agent killed between creating it and mounting on it leaves) the
+    /// plugins get an empty `CNI_NETNS` and release what they hold outside it (reservations,
+    /// rules); `bridge` would otherwise fail on the file's filesystem type for ever. Every plugin
+    /// runs even if one fails; the first error is returned.
     pub fn del(
         &self,
         container_id: &str,
@@ -243,7 +245,7 @@ impl CniNetwork {
         ifname: &str,
         port_mappings: &[PortMapping],
     ) -> Result<(), CniError> {
-        let netns_text = if netns.exists() {
+        let netns_text = if crate::NetworkNamespace::open_path(netns).is_ok() {
             netns.to_string_lossy()
         } else {
             "".into()

@@ -96,6 +96,12 @@ fn check_passes_and_deleting_twice_or_after_the_namespace_is_gone_is_not_an_erro
         .net
         .del(&id, &path, "eth0", &[])
         .expect("DEL without namespace");
+    // As after a node agent killed between creating the mount point and mounting on it.
+    std::fs::write(&path, b"").expect("bare mount point");
+    fixture
+        .net
+        .del(&id, &path, "eth0", &[])
+        .expect("DEL with a bare mount point");
     pod_network::delete_path(&path).expect("second namespace delete");
     assert!(matches!(
         fixture.net.check(&id, &path, "eth0", &[]),
