@@ -5,8 +5,8 @@
 //! subprotocol `plain.kubevirt.io`, bridged to the launcher's serial console socket
 //! `serial0.sock`), `vnc` (websocket to the VNC server's `vnc.sock`; "No graphics devices are
 //! present." without one) — one session of each per VMI, a new one ends the previous — and
-//! `pause`, `unpause` (PUT, sent as commands over `launcher.sock`) and `softreboot` (PUT;
-//! refused: the launcher has neither a guest agent nor an ACPI reboot command). The VMI's
+//! `pause`, `unpause` and `softreboot` (PUT, sent as commands over `launcher.sock`), and the
+//! guest agent's `guestosinfo`, `userlist`, `filesystemlist` (GET, [`guest_agent`]). The VMI's
 //! active pod on this node names the launcher directory
 //! ([`crate::vmi_sync::worker::active_pod_dir`]); the VMI comes from the VMI sync loop's cache of
 //! this node's VMIs, so a request makes no API call.
@@ -41,7 +41,9 @@ use tokio_util::sync::CancellationToken;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kubevirt_api::v1::VirtualMachineInstance;
 use virt_launcher::pod_layout::PodLayout;
-use virt_launcher::protocol::{Command, LauncherClient};
+use virt_launcher::protocol::Command;
+
+mod guest_agent;
 
 use crate::vmi_sync::link::LauncherLink;
 use crate::vmi_sync::worker::active_pod_dir;
@@ -302,38 +304,19 @@ async fn vnc(
 
 async fn launcher_command(
     State(state): State<RestState>,
-    Path((namespace, pod, command)): Path<(String, String, String)>,
+    Path((namespace, name, command)): Path<(String, String, String)>,
 ) -> Response {
     let command = match command.as_str() {
         "pause" => Command::Pause,
         "unpause" => Command::Unpause,
-        "softreboot" => {
-            return (
-                StatusCode::BAD_REQUEST,
-                "VMI neither have the agent connected nor the ACPI feature enabled",
-            )
-                .into_response();
-        }
+        "softreboot" => Command::SoftReboot,
         other => {
             return (StatusCode::NOT_FOUND, format!("unknown command {other}")).into_response();
         }
     };
-    let dir = match pod_dir(&state, &namespace, &pod).await {
-        Ok(dir) => dir,
-        Err(response) => return response,
-    };
-    let result = match LauncherClient::connect(&PodLayout::new(&dir).launcher_socket()).await {
-        Ok(mut client) => client.request(command).await,
-        Err(e) => Err(e),
-    };
-    match result {
-        Ok(Ok(_)) => StatusCode::OK.into_response(),
-        Ok(Err(message)) => (StatusCode::INTERNAL_SERVER_ERROR, message).into_response(),
-        Err(e) => (
-            StatusCode::INTERNAL_SERVER_ERROR,
-            format!("talking to the launcher: {e}"),
-        )
-            .into_response(),
+    match guest_agent::ask_launcher(&state, &namespace, &name, command).await {
+        Ok(_) => StatusCode::OK.into_response(),
+        Err(response) => response,
     }
 }
 
@@ -350,7 +333,7 @@ fn router(state: RestState) -> Router {
         )
         .route(
             "/v1/namespaces/{namespace}/virtualmachineinstances/{name}/{command}",
-            put(launcher_command),
+            put(launcher_command).get(guest_agent::query),
         )
         .with_state(state)
 }
@@ -537,18 +520,6 @@ mod tests {
         assert!(second_stop.is_cancelled());
         sessions.end(&vnc(), second);
         assert!(!third_stop.is_cancelled());
-    }
-
-    #[tokio::test]
-    async fn softreboot_is_refused_with_upstreams_message_without_a_guest_agent() {
-        let pods = tempfile::tempdir().expect("tempdir");
-        let app = router_with(vec![vmi("a", "node01")], pods.path());
-        let (status, body) = put(app, "a", "softreboot").await;
-        assert_eq!(status, StatusCode::BAD_REQUEST);
-        assert_eq!(
-            body,
-            "VMI neither have the agent connected nor the ACPI feature enabled"
-        );
     }
 
     #[tokio::test]

@@ -20,6 +20,7 @@ pub mod pod_layout;
 pub use private_fs;
 pub use private_fs::log_rotation;
 pub mod protocol;
+pub mod qga;
 pub mod qmp;
 pub mod safe_path;
 pub mod spec;

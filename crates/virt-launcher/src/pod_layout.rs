@@ -23,6 +23,9 @@ pub const SERIAL_LOG: &str = "guest-console-log.log";
 pub const VNC_SOCKET: &str = "vnc.sock";
 /// QEMU's QMP monitor.
 pub const QMP_SOCKET: &str = "qmp.sock";
+/// The guest agent's channel (QEMU serves it; the launcher is its one client). As short as
+/// `qmp.sock`: QEMU binds it itself, and a unix socket path must fit in 107 bytes.
+pub const GUEST_AGENT_SOCKET: &str = "qga.sock";
 /// QEMU's pid file.
 pub const PID_FILE: &str = "qemu.pid";
 /// QEMU's stdout and stderr.
@@ -75,6 +78,10 @@ impl PodLayout {
         self.dir.join(QMP_SOCKET)
     }
 
+    pub fn guest_agent_socket(&self) -> PathBuf {
+        self.dir.join(GUEST_AGENT_SOCKET)
+    }
+
     pub fn pid_file(&self) -> PathBuf {
         self.dir.join(PID_FILE)
     }
@@ -113,6 +120,7 @@ mod tests {
             layout.serial_log(),
             layout.vnc_socket(),
             layout.qmp_socket(),
+            layout.guest_agent_socket(),
             layout.pid_file(),
             layout.qemu_log(),
             layout.migration_target_socket(),

@@ -159,6 +159,15 @@ pub enum Command {
         /// The name the spec uses for the file.
         key: String,
     },
+    /// What the guest agent reports now: the ack carries a [`GuestAgentInfo`], the users and
+    /// filesystems asked of the agent for this command, the rest as last polled. An error
+    /// when the agent is not connected. Newer than version 1's first revision.
+    GuestAgentInfo,
+    /// Reboot the guest from inside: through the guest agent when it is connected (its
+    /// `guest-shutdown` in mode `reboot`), else by pressing the ACPI power button and
+    /// resetting the machine once the guest has shut down (libvirt's fake reboot). Newer than
+    /// version 1's first revision.
+    SoftReboot,
 }
 
 /// A message from the handler to the launcher.
@@ -249,6 +258,152 @@ pub struct DomainStatus {
     /// The outgoing live migration, once one was asked for. Older peers ignore the field.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub migration: Option<MigrationInfo>,
+    /// The guest agent, once the guest opened its channel. Older peers ignore the field.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guest_agent: Option<Box<GuestAgent>>,
+}
+
+/// The guest agent of a running domain, as the launcher last polled it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GuestAgent {
+    /// The guest has the agent's channel open (upstream's channel state `connected`).
+    pub connected: bool,
+    /// The agent's version (`guest-info`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+    /// The commands the agent offers (`guest-info`); empty until it answered.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub supported_commands: Vec<GuestAgentCommand>,
+    /// `guest-get-host-name`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hostname: Option<String>,
+    /// `guest-get-osinfo`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub os: Option<GuestOs>,
+    /// `guest-get-timezone` as upstream shows it: `<zone>, <offset seconds>`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timezone: Option<String>,
+    /// `guest-network-get-interfaces`, loopback left out.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub interfaces: Vec<GuestInterface>,
+}
+
+/// One command of the guest agent.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GuestAgentCommand {
+    /// Its name, e.g. `guest-ping`.
+    pub name: String,
+    /// Whether the agent lets it run.
+    pub enabled: bool,
+}
+
+/// The guest's operating system (`guest-get-osinfo`; every field optional, as the agent's).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GuestOs {
+    /// `name`, e.g. "Debian GNU/Linux".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// `kernel-release` (`uname -r`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kernel_release: Option<String>,
+    /// `version`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+    /// `pretty-name`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pretty_name: Option<String>,
+    /// `version-id`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version_id: Option<String>,
+    /// `kernel-version` (`uname -v`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kernel_version: Option<String>,
+    /// `machine` (`uname -m`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub machine: Option<String>,
+    /// `id`, e.g. `debian`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+}
+
+/// A network interface as the guest sees it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GuestInterface {
+    /// Its name in the guest (`eth0`).
+    pub name: String,
+    /// Its MAC address, lower case.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mac: Option<String>,
+    /// Its addresses without prefix length, IPv4 first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ip_addresses: Vec<String>,
+}
+
+/// The answer to [`Command::GuestAgentInfo`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GuestAgentInfo {
+    /// What the domain status carries.
+    #[serde(flatten)]
+    pub agent: GuestAgent,
+    /// `guest-get-users`.
+    #[serde(default)]
+    pub users: Vec<GuestUser>,
+    /// `guest-get-fsinfo`.
+    #[serde(default)]
+    pub filesystems: Vec<GuestFilesystem>,
+}
+
+/// A user logged in to the guest.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GuestUser {
+    /// The user name.
+    pub name: String,
+    /// The login domain (Windows guests).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub domain: Option<String>,
+    /// Login time, seconds since the epoch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub login_time: Option<f64>,
+}
+
+impl Eq for GuestUser {}
+
+/// A mounted filesystem of the guest.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GuestFilesystem {
+    /// The device name (`vda1`).
+    pub disk_name: String,
+    /// Where it is mounted.
+    pub mount_point: String,
+    /// Its type (`ext4`).
+    pub file_system_type: String,
+    /// Bytes used, when the agent knows.
+    #[serde(default)]
+    pub used_bytes: u64,
+    /// Bytes in total, when the agent knows.
+    #[serde(default)]
+    pub total_bytes: u64,
+    /// The disks under it: `(serial, bus type)`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub disks: Vec<GuestFilesystemDisk>,
+}
+
+/// A disk under a guest filesystem.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GuestFilesystemDisk {
+    /// The disk's serial, when it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub serial: Option<String>,
+    /// `virtio`, `scsi`, `sata` …
+    pub bus_type: String,
 }
 
 /// Where an outgoing live migration stands (upstream keeps this in the domain's metadata).
@@ -319,6 +474,7 @@ impl DomainStatus {
             cpu: None,
             memory: None,
             migration: None,
+            guest_agent: None,
         }
     }
 
@@ -430,6 +586,18 @@ struct Wire {
     cancel_migration: Option<Empty>,
     #[serde(rename = "passFile", default, skip_serializing_if = "Option::is_none")]
     pass_file: Option<PassFileBody>,
+    #[serde(
+        rename = "guestAgentInfo",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    guest_agent_info: Option<Empty>,
+    #[serde(
+        rename = "softReboot",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    soft_reboot: Option<Empty>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     ok: Option<Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -452,6 +620,8 @@ impl Wire {
             self.migrate.is_some(),
             self.cancel_migration.is_some(),
             self.pass_file.is_some(),
+            self.guest_agent_info.is_some(),
+            self.soft_reboot.is_some(),
             self.ok.is_some(),
             self.error.is_some(),
             self.domain.is_some(),
@@ -535,6 +705,10 @@ impl DownMessage {
             Command::CancelMigration
         } else if let Some(p) = w.pass_file {
             Command::PassFile { key: p.key }
+        } else if w.guest_agent_info.is_some() {
+            Command::GuestAgentInfo
+        } else if w.soft_reboot.is_some() {
+            Command::SoftReboot
         } else {
             return Err(ProtocolError::Malformed("not a handler message".into()));
         };
@@ -595,6 +769,8 @@ impl DownMessage {
                     Command::PassFile { key } => {
                         w.pass_file = Some(PassFileBody { key: key.clone() });
                     }
+                    Command::GuestAgentInfo => w.guest_agent_info = Some(Empty {}),
+                    Command::SoftReboot => w.soft_reboot = Some(Empty {}),
                 }
             }
         }
@@ -844,6 +1020,8 @@ mod tests {
             },
             Command::CancelMigration,
             Command::PassFile { key: "vol1".into() },
+            Command::GuestAgentInfo,
+            Command::SoftReboot,
         ] {
             let message = DownMessage::Command { id: 7, command };
             assert_eq!(DownMessage::decode(&message.encode()).unwrap(), message);
@@ -920,8 +1098,17 @@ mod tests {
                 failure_reason: Some("Live migration has been aborted".into()),
                 abort_requested: true,
             }),
+            guest_agent: Some(Box::new(GuestAgent {
+                connected: true,
+                version: Some("7.2.0".into()),
+                ..GuestAgent::default()
+            })),
         };
         let line = UpMessage::Domain(status.clone()).encode();
+        assert!(
+            line.contains(r#""guestAgent":{"connected":true,"version":"7.2.0"}"#),
+            "{line}"
+        );
         assert!(
             line.contains(r#""migration":{"state":"Failed","startedAt""#),
             "{line}"

@@ -223,11 +223,14 @@ pub fn router(
                 &format!("{vm}/portforward/{{port}}/{{protocol}}"),
                 get(portforward::vm_protocol_handler),
             )
-            .route(&format!("{vmi}/guestosinfo"), get(vmi::guest_agent_handler))
-            .route(&format!("{vmi}/userlist"), get(vmi::guest_agent_handler))
+            .route(
+                &format!("{vmi}/guestosinfo"),
+                get(vmi::guest_os_info_handler),
+            )
+            .route(&format!("{vmi}/userlist"), get(vmi::user_list_handler))
             .route(
                 &format!("{vmi}/filesystemlist"),
-                get(vmi::guest_agent_handler),
+                get(vmi::filesystem_list_handler),
             );
     }
     let app = app.with_state(ctx);

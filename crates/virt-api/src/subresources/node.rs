@@ -22,6 +22,7 @@
 
 use std::sync::Arc;
 
+use axum::body::Bytes;
 use axum::http::{HeaderValue, Request};
 use hyper_util::rt::TokioIo;
 use k8s_openapi::api::core::v1::Node;
@@ -197,23 +198,45 @@ impl NodeClient {
     /// # Errors
     /// See above.
     pub async fn put(&self, target: &NodeTarget, sub: &str) -> Result<(), SubError> {
+        self.request(target, hyper::Method::PUT, sub)
+            .await
+            .map(drop)
+    }
+
+    /// `GET`s `sub` (the guest agent's guestosinfo, userlist, filesystemlist) from the node
+    /// agent and returns its body (JSON); failures as [`Self::put`]'s.
+    ///
+    /// # Errors
+    /// See [`Self::put`].
+    pub async fn get(&self, target: &NodeTarget, sub: &str) -> Result<Bytes, SubError> {
+        self.request(target, hyper::Method::GET, sub).await
+    }
+
+    async fn request(
+        &self,
+        target: &NodeTarget,
+        method: hyper::Method,
+        sub: &str,
+    ) -> Result<Bytes, SubError> {
         let stream = self.connect(target).await?;
         let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
             .await
             .map_err(SubError::internal)?;
         tokio::spawn(conn);
-        let req = Request::put(target.path(sub))
+        let req = Request::builder()
+            .method(method)
+            .uri(target.path(sub))
             .header("host", format!("{}:{}", target.host, target.port))
             .body(axum::body::Body::empty())
             .map_err(SubError::internal)?;
         let res = sender.send_request(req).await.map_err(SubError::internal)?;
         let status = res.status();
-        if status.is_success() {
-            return Ok(());
-        }
-        let body = axum::body::to_bytes(axum::body::Body::new(res.into_body()), 64 * 1024)
+        let body = axum::body::to_bytes(axum::body::Body::new(res.into_body()), 1 << 20)
             .await
             .unwrap_or_default();
+        if status.is_success() {
+            return Ok(body);
+        }
         let message = String::from_utf8_lossy(&body).trim().to_owned();
         if status.is_client_error() {
             Err(SubError::bad_request(message))

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use kube::Api;
 use kubevirt_api::v1::{
     ConditionStatus, PauseOptions, UnpauseOptions, VirtualMachine, VirtualMachineInstance,
@@ -187,17 +187,34 @@ async fn soft_reboot(ctx: &Ctx, ns: &str, name: &str) -> Result<StatusCode, SubE
     Ok(StatusCode::OK)
 }
 
-async fn guest_agent(ctx: &Ctx, ns: &str, name: &str) -> Result<StatusCode, SubError> {
+/// Asks the node for the guest agent's `query`; its JSON body is the answer. Failures are
+/// plain-text 500s, as upstream's.
+async fn guest_agent(ctx: &Ctx, ns: &str, name: &str, query: &str) -> Result<Bytes, SubError> {
     let vmi = get_vmi(ctx, ns, name)
         .await
         .map_err(|e| SubError::plain(500, e.message))?;
     check_guest_agent(&vmi)?;
-    // This launcher has no guest-agent channel, so nothing reports AgentConnected; a VMI
-    // that claims it anyway cannot be asked.
-    Err(SubError::plain(
-        500,
-        "VMI does not have guest agent connected",
-    ))
+    let node = ctx
+        .node
+        .as_ref()
+        .ok_or_else(|| SubError::plain(500, "no client credentials for node agents configured"))?;
+    let target = NodeClient::locate(&ctx.client, &vmi)
+        .await
+        .map_err(|e| SubError::plain(500, e.message))?;
+    node.get(&target, query)
+        .await
+        .map_err(|e| SubError::plain(500, e.message))
+}
+
+fn respond_json(result: Result<Bytes, SubError>) -> Response {
+    match result {
+        Ok(body) => (
+            [(axum::http::header::CONTENT_TYPE, "application/json")],
+            body,
+        )
+            .into_response(),
+        Err(e) => respond(Err(e)),
+    }
 }
 
 /// `PUT …/virtualmachineinstances/{name}/pause`.
@@ -226,12 +243,28 @@ pub(super) async fn soft_reboot_handler(
     respond(soft_reboot(&ctx, &ns, &name).await)
 }
 
-/// `GET …/virtualmachineinstances/{name}/{guestosinfo|userlist|filesystemlist}`.
-pub(super) async fn guest_agent_handler(
+/// `GET …/virtualmachineinstances/{name}/guestosinfo`.
+pub(super) async fn guest_os_info_handler(
     State(ctx): State<Arc<Ctx>>,
     Path((ns, name)): Path<(String, String)>,
 ) -> Response {
-    respond(guest_agent(&ctx, &ns, &name).await)
+    respond_json(guest_agent(&ctx, &ns, &name, "guestosinfo").await)
+}
+
+/// `GET …/virtualmachineinstances/{name}/userlist`.
+pub(super) async fn user_list_handler(
+    State(ctx): State<Arc<Ctx>>,
+    Path((ns, name)): Path<(String, String)>,
+) -> Response {
+    respond_json(guest_agent(&ctx, &ns, &name, "userlist").await)
+}
+
+/// `GET …/virtualmachineinstances/{name}/filesystemlist`.
+pub(super) async fn filesystem_list_handler(
+    State(ctx): State<Arc<Ctx>>,
+    Path((ns, name)): Path<(String, String)>,
+) -> Response {
+    respond_json(guest_agent(&ctx, &ns, &name, "filesystemlist").await)
 }
 
 #[cfg(test)]

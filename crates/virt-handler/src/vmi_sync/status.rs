@@ -12,7 +12,9 @@
 //! `currentCPUTopology`, `memory`, the hotplug phases `MountedToPod` and `Ready` in
 //! `volumeStatus` (guarded by a `test` of the list), and the conditions `LiveMigratable`,
 //! `StorageLiveMigratable`, `Paused`,
-//! `SoftwareEmulation` and `Synchronized` (the last only while a sync fails).
+//! `SoftwareEmulation` and `Synchronized` (the last only while a sync fails); from the guest
+//! agent ([`agent`]) `guestOSInfo`, the guest's interface names and the conditions
+//! `AgentConnected` and `AgentVersionNotSupported`.
 
 use kubevirt_api::v1::{VirtualMachineInstance, VirtualMachineInstancePhase as Phase};
 use serde_json::{Value, json};
@@ -221,6 +223,10 @@ pub fn desired_status(
             running_fields(&mut status, spec, facts.pod_interface.as_ref(), domain);
             finish_hotplug(vmi, &status, &mut conditions);
         }
+        if let Observation::Domain(domain) = observation {
+            let agent = domain.guest_agent.as_deref();
+            agent::apply(&mut status, &mut conditions, vmi, agent, now);
+        }
         if let Some(volumes) = super::hotplug::volume_status_with(vmi, &status, &facts.hotplug) {
             status["volumeStatus"] = volumes;
         }
@@ -348,6 +354,7 @@ fn finish_hotplug(vmi: &VirtualMachineInstance, status: &Value, conditions: &mut
 /// The fields [`desired_status`] may change, in patch order.
 const OWNED: &[&str] = &[
     "interfaces",
+    "guestOSInfo",
     "migrationMethod",
     "machine",
     "currentCPUTopology",
@@ -420,6 +427,7 @@ fn same_field(current: Option<&Value>, new: &Value) -> bool {
     }
 }
 
+mod agent;
 pub(crate) mod migratable;
 
 #[cfg(test)]

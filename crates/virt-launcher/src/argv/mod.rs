@@ -11,6 +11,7 @@
 //! 31 characters); option values are comma-escaped, and `-blockdev` takes JSON so host
 //! paths need no escaping at all.
 
+pub mod channels;
 mod console;
 mod cpu;
 pub(crate) mod disks;

@@ -19,6 +19,7 @@ use tokio::process::{Child, Command as Process};
 use tokio::sync::watch;
 
 use super::LauncherOptions;
+use super::guest_agent::GuestAgentLink;
 use crate::log_rotation::{MAX_LOG_BYTES, rotate_if_larger};
 use crate::protocol::PodInterface;
 use crate::protocol::{Command, CpuTopology, DomainState, DomainStatus, GuestMemory, StateReason};
@@ -35,6 +36,9 @@ pub(super) enum Intent {
     Kill,
     /// The domain has migrated away: QEMU is told to quit.
     Migrated,
+    /// A soft reboot by the ACPI power button: the guest's shutdown becomes a reset
+    /// ([`super::soft_reboot`]).
+    Reboot,
 }
 
 /// State shared with the supervisor task.
@@ -108,6 +112,26 @@ impl Shared {
         self.status.borrow().clone()
     }
 
+    pub(super) fn subscribe(&self) -> watch::Receiver<DomainStatus> {
+        self.status.subscribe()
+    }
+
+    /// Records what the guest agent poller saw; published only when it changed. A final
+    /// domain keeps what it had.
+    pub(super) fn set_guest_agent(
+        &self,
+        update: impl FnOnce(&mut Option<Box<crate::protocol::GuestAgent>>),
+    ) {
+        self.status.send_if_modified(|status| {
+            if status.is_final() {
+                return false;
+            }
+            let before = status.guest_agent.clone();
+            update(&mut status.guest_agent);
+            status.guest_agent != before
+        });
+    }
+
     fn publish(&self, status: DomainStatus) {
         tracing::info!(state = ?status.state, reason = ?status.reason, "domain state");
         self.status.send_replace(status);
@@ -136,6 +160,8 @@ pub(super) struct Domain {
     started: tokio::sync::Mutex<Option<Started>>,
     /// The files the handler passed (`passFile`).
     passed: super::passed_files::PassedFiles,
+    /// The guest agent's channel.
+    agent: Arc<GuestAgentLink>,
 }
 
 impl Domain {
@@ -146,12 +172,17 @@ impl Domain {
             delivered: watch::Sender::new(false),
             intent: Mutex::new(Intent::None),
         };
+        let agent_socket = crate::pod_layout::PodLayout::new(
+            opts.socket_path.parent().unwrap_or_else(|| Path::new("/")),
+        )
+        .guest_agent_socket();
         Self {
             opts,
             pod_interface,
             shared: Arc::new(shared),
             started: tokio::sync::Mutex::new(None),
             passed: Default::default(),
+            agent: Arc::new(GuestAgentLink::new(agent_socket)),
         }
     }
 
@@ -261,6 +292,14 @@ impl Domain {
                     .await
             }
             Command::Kill => self.kill().await,
+            Command::GuestAgentInfo => {
+                let info = self
+                    .agent
+                    .info(self.current().guest_agent.map(|a| *a))
+                    .await?;
+                serde_json::to_value(info).map_err(|e| e.to_string())
+            }
+            Command::SoftReboot => self.soft_reboot().await,
             Command::Pause => self.pause(true).await,
             Command::Unpause => self.pause(false).await,
         }
@@ -298,6 +337,9 @@ impl Domain {
             .filter_map(|(index, d)| passed.get(&d.name).map(|fd| (index, fd.as_raw_fd())))
             .collect();
         argv.extend(crate::argv::disks::passed_file_args(&inherited));
+        argv.extend(crate::argv::channels::guest_agent_args(
+            &self.agent.socket().to_string_lossy(),
+        ));
         super::host_paths::create_claim_disks(self.opts.claim_disks_dir.as_deref(), spec)?;
         *started = Some(if self.opts.fake_qemu {
             let (state, reason) = match incoming {
@@ -425,6 +467,7 @@ impl Domain {
     ) -> Result<Started, String> {
         let qmp_path = Path::new(&spec.paths.qmp_socket);
         remove_stale_socket(qmp_path);
+        remove_stale_socket(self.agent.socket());
         if let Some(graphics) = &spec.graphics {
             remove_stale_socket(Path::new(&graphics.vnc_socket));
         }
@@ -505,10 +548,15 @@ impl Domain {
         let capped_logs = vec![PathBuf::from(&spec.paths.serial_log), log_path.clone()];
         tokio::spawn(supervise(
             child,
-            events,
+            (Arc::clone(&qmp), events),
             Arc::clone(&self.shared),
+            Arc::clone(&self.agent),
             log_path,
             capped_logs,
+        ));
+        tokio::spawn(super::guest_agent::poll(
+            Arc::clone(&self.agent),
+            Arc::clone(&self.shared),
         ));
         Ok(Started {
             spec: spec.clone(),
@@ -625,6 +673,11 @@ impl Domain {
         if self.current().is_final() {
             return Ok(self.current_value());
         }
+        if self.shared.intent() == Intent::Reboot
+            && let Some(qmp) = &qmp
+        {
+            super::soft_reboot::restore_shutdown_action(qmp).await;
+        }
         self.shared.set_intent(Intent::Shutdown);
         let (Some(pid), Some(qmp)) = (pid, qmp) else {
             self.shared
@@ -636,6 +689,18 @@ impl Domain {
         pressed
             .map(|()| self.current_value())
             .map_err(|e| e.to_string())
+    }
+
+    /// Reboots the guest from inside ([`super::soft_reboot`]).
+    async fn soft_reboot(&self) -> Result<Value, String> {
+        let (_, qmp) = self.started().await?;
+        if self.current().is_final() {
+            return Err("the domain has ended".to_owned());
+        }
+        if let Some(qmp) = qmp {
+            super::soft_reboot::request(&self.shared, &self.agent, &qmp).await?;
+        }
+        Ok(self.current_value())
     }
 
     async fn kill(&self) -> Result<Value, String> {
@@ -732,13 +797,15 @@ async fn cap_logs(logs: &[PathBuf]) {
 /// `capped_logs` (the serial console log, QEMU's output) under their size limit.
 async fn supervise(
     mut child: Child,
-    mut events: QmpEvents,
+    (qmp, mut events): (Arc<QmpClient>, QmpEvents),
     shared: Arc<Shared>,
+    agent: Arc<GuestAgentLink>,
     log_path: PathBuf,
     capped_logs: Vec<PathBuf>,
 ) {
     let mut guest_shutdown = false;
     let mut panicked = false;
+    let mut rebooting = false;
     let mut qmp_open = true;
     let mut log_check = tokio::time::interval(LOG_CHECK);
     let exit = loop {
@@ -749,7 +816,16 @@ async fn supervise(
                 let Some(event) = event else { qmp_open = false; continue };
                 tracing::debug!(event = %event.name, data = %event.data, "QMP event");
                 match event.kind() {
+                    QmpEventKind::Shutdown { guest: true, .. } if shared.intent() == Intent::Reboot => {
+                        rebooting = true;
+                        tokio::spawn(super::soft_reboot::reset_after_shutdown(Arc::clone(&qmp)));
+                    }
                     QmpEventKind::Shutdown { guest, .. } => guest_shutdown |= guest,
+                    QmpEventKind::Stop if rebooting => {}
+                    QmpEventKind::Resume if rebooting => {
+                        rebooting = false;
+                        shared.set_intent(Intent::None);
+                    }
                     QmpEventKind::GuestPanicked => panicked = true,
                     QmpEventKind::Stop if !guest_shutdown => {
                         let migrating = shared.current().migration.is_some_and(|m| m.state == crate::protocol::MigrationJobState::Active);
@@ -779,6 +855,11 @@ async fn supervise(
                     }
                     QmpEventKind::DeviceDeleted { device: Some(device) } => {
                         let _ = shared.device_deleted.send(device);
+                    }
+                    QmpEventKind::SerialPortChange { id, open }
+                        if id == crate::argv::channels::GUEST_AGENT_PORT_ID =>
+                    {
+                        agent.set_open(open);
                     }
                     _ => {}
                 }

@@ -22,11 +22,13 @@
 
 mod connection;
 mod domain;
+mod guest_agent;
 mod host_paths;
 mod live;
 mod migration;
 mod passed_files;
 mod qemu_process;
+mod soft_reboot;
 
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -49,6 +49,13 @@ pub enum QmpEventKind {
         /// Bytes plugged now.
         size: u64,
     },
+    /// The guest opened or closed a virtio-serial port (`VSERPORT_CHANGE`).
+    SerialPortChange {
+        /// The port's device id.
+        id: String,
+        /// Whether the guest has it open now.
+        open: bool,
+    },
     /// Any other event.
     Other,
 }
@@ -104,6 +111,15 @@ impl QmpEvent {
                     .and_then(Value::as_str)
                     .map(str::to_owned),
                 size: self.data.get("size").and_then(Value::as_u64).unwrap_or(0),
+            },
+            "VSERPORT_CHANGE" => QmpEventKind::SerialPortChange {
+                id: self
+                    .data
+                    .get("id")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+                    .to_owned(),
+                open: flag("open"),
             },
             _ => QmpEventKind::Other,
         }
