@@ -46,6 +46,10 @@ pub enum Command {
     Removevolume(RemoveVolume),
     /// Return guest agent info about the operating system.
     Guestosinfo(Named),
+    /// Return full list of logged in users on the guest machine.
+    Userlist(Named),
+    /// Return full list of filesystems available on the guest machine.
+    Fslist(Named),
     /// Connect to a console of a virtual machine instance.
     Console(Console),
     /// Open a VNC connection to a virtual machine instance.

@@ -65,7 +65,13 @@ pub async fn run(cli: Cli) -> Result<(), Error> {
         C::SoftReboot(a) => vm::soft_reboot(&ctx, &a).await,
         C::Addvolume(a) => vm::add_volume(&ctx, &a).await,
         C::Removevolume(a) => vm::remove_volume(&ctx, &a).await,
-        C::Guestosinfo(a) => vm::guest_os_info(&ctx, &a).await,
+        C::Guestosinfo(a) => {
+            vm::guest_agent_query(&ctx, &a, "guestosinfo", "Error getting guestosinfo").await
+        }
+        C::Userlist(a) => vm::guest_agent_query(&ctx, &a, "userlist", "Error listing users").await,
+        C::Fslist(a) => {
+            vm::guest_agent_query(&ctx, &a, "filesystemlist", "Error listing filesystems").await
+        }
         C::Console(a) => console::console(&ctx, &a).await,
         C::Vnc(a) => vnc::vnc(&ctx, &a).await,
         C::Expose(a) => expose::run(&ctx, &a).await,

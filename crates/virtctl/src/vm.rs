@@ -1,5 +1,5 @@
 //! The request/response commands: start, stop, restart, migrate, migrate-cancel,
-//! pause/unpause, soft-reboot, add/removevolume, guestosinfo, version.
+//! pause/unpause, soft-reboot, add/removevolume, guestosinfo, userlist, fslist, version.
 
 use kube::Api;
 use kube::api::{DeleteParams, ListParams};
@@ -214,16 +214,20 @@ pub async fn remove_volume(ctx: &Ctx, a: &RemoveVolume) -> Result<(), Error> {
     Ok(())
 }
 
-/// `virtctl guestosinfo`: prints the guest agent's answer as indented JSON.
+/// `virtctl guestosinfo`, `userlist`, `fslist`: prints the guest agent's answer to the VMI
+/// subresource `sub` as indented JSON; `what` begins upstream's error message.
 ///
 /// # Errors
 /// The refused request.
-pub async fn guest_os_info(ctx: &Ctx, a: &Named) -> Result<(), Error> {
-    let path = crate::client::subresource_path(&ctx.namespace, Kind::Vmi, &a.name, "guestosinfo");
-    let info = ctx
-        .get_json(path)
-        .await
-        .map_err(|e| fail("Error getting guestosinfo of VirtualMachineInstance", &e))?;
+pub async fn guest_agent_query(ctx: &Ctx, a: &Named, sub: &str, what: &str) -> Result<(), Error> {
+    let path = crate::client::subresource_path(&ctx.namespace, Kind::Vmi, &a.name, sub);
+    let info = ctx.get_json(path).await.map_err(|e| {
+        Error::Message(format!(
+            "{what} of VirtualMachineInstance {}, {}",
+            a.name,
+            api_message(&e)
+        ))
+    })?;
     let text = serde_json::to_string_pretty(&info).map_err(|e| Error::Encode(Box::new(e)))?;
     println!("{text}");
     Ok(())
