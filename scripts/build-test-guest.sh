@@ -19,8 +19,29 @@
 #                          block device change, prints what it sees:
 #                          GUEST-SEES cpus=<online list> mem=<MemTotal kB> disks=<vda,...>
 #                        - answers console lines: ping -> PONG, run CMD -> output +
-#                          RUN-DONE rc=N, poweroff, reboot.
+#                          RUN-DONE rc=N, poweroff, reboot,
+#                        - starts Debian's QEMU guest agent (qemu-ga, package
+#                          qemu-guest-agent) in the background before GUEST-READY when the
+#                          guest has the virtio-serial port org.qemu.guest_agent.0 (see below).
 #   kernel.version     the kernel release the guest was built from
+#
+# Guest agent: qemu-ga and exactly the shared libraries it loads (glib, pcre2, libnuma,
+# liburing, libudev, libc and the dynamic loader) come from the Debian packages, found by
+# asking the packages' own dynamic loader what is still missing and fetching only the
+# matching Depends; nothing is taken from the host. There is no udev, so /sbin/qga-start
+# (run by /init after the modules are loaded, and by the uevent helper when the port's name
+# arrives later) finds the port whose /sys/class/virtio-ports/*/name is
+# org.qemu.guest_agent.0, links /dev/virtio-ports/org.qemu.guest_agent.0 to its /dev/vportNpM
+# and runs `qemu-ga -d -m virtio-serial` on it (pidfile /run/qemu-ga.pid, state dir
+# /run/qemu-ga, log /var/log/qemu-ga.log). Without the port nothing is started or printed.
+#   /etc/os-release    ID=kubevirt-rs-test-guest, NAME="kubevirt-rs test guest", VERSION_ID=1
+#                      (what guest-get-osinfo reports); the host name is testguest.
+#   /sbin/shutdown     what qemu-ga's guest-shutdown execs (`shutdown -h -P|-H|-r +0 MSG`;
+#                      busybox has no shutdown applet): prints
+#                      GUEST-AGENT-SHUTDOWN powerdown|halt|reboot on the console, syncs and
+#                      runs `poweroff -f` (-h/-P), `halt -f` (-H) or `reboot -f` (-r). The
+#                      reboot resets the VM, so QEMU without -no-reboot boots the guest again.
+#   /sbin/hwclock      busybox hwclock, for guest-set-time.
 #
 # Boot it with at least 96 MiB of guest memory and `console=ttyS0`, e.g.
 #   qemu-system-x86_64 -accel tcg -M q35 -m 128 -nodefaults -display none \
@@ -125,6 +146,95 @@ add_module() {
 }
 for m in $wanted; do add_module "$m"; done
 
+# ---------------------------------------------------------------- guest agent
+# qemu-ga is dynamically linked. Fetch its package, then ask the dynamic loader (from the
+# fetched libc6 once there is one) which libraries it cannot find in the fetched packages;
+# for each, fetch the Depends of the package whose file needs it -- only the one named
+# after the library (libpcre2-8.so.0 -> libpcre2-8-0) when there is such a Depends, all
+# of its Depends otherwise -- and ask again. A library the loader finds on the host
+# counts as missing, so the result does not depend on what the host has installed.
+debs="$scratch/debs"
+mkdir -p "$debs"
+declare -A fetched=()
+fetch_package() {
+    local pkg=$1 deb
+    fetched[$pkg]=1
+    log "downloading $pkg"
+    mkdir -p "$debs/$pkg.deb.d"
+    if ! (cd "$debs/$pkg.deb.d" && apt-get download "$pkg" >/dev/null 2>&1); then
+        apt-get update -qq
+        (cd "$debs/$pkg.deb.d" && apt-get download "$pkg" >/dev/null 2>&1)
+    fi
+    deb=$(find "$debs/$pkg.deb.d" -maxdepth 1 -name '*.deb' | head -n1)
+    [ -n "$deb" ] || { echo "cannot download $pkg" >&2; exit 1; }
+    dpkg-deb -x "$deb" "$debs/$pkg"
+}
+# tree_file TREE PATH: the file PATH names inside the extracted package TREE, following
+# symlinks (absolute ones too) inside the tree.
+tree_file() {
+    local tree=$1 file=$1$2 target n=0
+    while [ -L "$file" ] && [ $n -lt 40 ]; do
+        target=$(readlink "$file")
+        case $target in /*) file=$tree$target ;; *) file=$(dirname "$file")/$target ;; esac
+        n=$((n + 1))
+    done
+    printf '%s\n' "$file"
+}
+package_depends() {
+    apt-cache depends "$1" 2>/dev/null |
+        sed -n 's/^ *|\{0,1\}\(Pre\)\{0,1\}Depends: \([^ <>]*\)$/\2/p' | sort -u
+}
+squash() { printf '%s' "$1" | tr -d '.-' | tr '[:upper:]' '[:lower:]'; }
+# The dynamic loader in the fetched libc6 (/lib64 before the /usr merge, /usr/lib64 after).
+libc6_loader() {
+    local path file
+    for path in /lib64/ld-linux-x86-64.so.2 /usr/lib64/ld-linux-x86-64.so.2; do
+        file=$(tree_file "$debs/libc6" "$path")
+        if [ -f "$file" ]; then printf '%s\n' "$file"; return 0; fi
+    done
+    return 1
+}
+fetch_package qemu-guest-agent
+qga_bin="$debs/qemu-guest-agent/usr/sbin/qemu-ga"
+[ -x "$qga_bin" ] || { echo "qemu-guest-agent has no /usr/sbin/qemu-ga" >&2; exit 1; }
+for round in $(seq 1 30); do
+    loader=/lib64/ld-linux-x86-64.so.2
+    if [ -n "${fetched[libc6]:-}" ]; then loader=$(libc6_loader); fi
+    libpath=$(find "$debs" -name '*.so*' \( -type f -o -type l \) -printf '%h\n' | sort -u | paste -sd:)
+    # What ldd does (`ld.so --list` gives up at the first missing library instead).
+    LD_TRACE_LOADED_OBJECTS=1 LD_DEBUG=files "$loader" --library-path "$libpath" "$qga_bin" \
+        >"$scratch/ld.list" 2>"$scratch/ld.debug" || true
+    # "soname => path (address)" or "soname => not found" lines; the loader's own line
+    # starts with a /.
+    missing=$(awk -v debs="$debs/" '$2 == "=>" && $1 !~ /^\// && index($3, debs) != 1 { print $1 }' "$scratch/ld.list")
+    [ -n "$missing" ] || break
+    wanted=() fallback=()
+    for soname in $missing; do
+        needer=$(sed -n "s/^.*file=${soname//./\\.} \[0\]; *needed by \(.*\) \[0\]\$/\1/p" "$scratch/ld.debug" | head -n1)
+        case $needer in "$debs"/*) ;; *) continue ;; esac # needed by a host library for now
+        owner=${needer#"$debs"/}
+        owner=${owner%%/*}
+        stem=$(squash "${soname%%.so*}")
+        for dep in $(package_depends "$owner"); do
+            [ -z "${fetched[$dep]:-}" ] || continue
+            fallback+=("$dep")
+            rest=$(squash "$dep")
+            rest=${rest#"$stem"}
+            if [ "$rest" != "$(squash "$dep")" ] && [[ $rest =~ ^[0-9]*$ ]]; then wanted+=("$dep"); fi
+        done
+    done
+    [ ${#wanted[@]} -gt 0 ] || wanted=("${fallback[@]}")
+    if [ ${#wanted[@]} -eq 0 ]; then
+        echo "no Debian package found for the qemu-ga libraries: $(echo $missing)" >&2
+        exit 1
+    fi
+    for dep in $(printf '%s\n' "${wanted[@]}" | sort -u); do
+        [ -n "${fetched[$dep]:-}" ] || fetch_package "$dep"
+    done
+done
+[ -z "$missing" ] || { echo "qemu-ga libraries still missing: $(echo $missing)" >&2; exit 1; }
+libc6_loader >/dev/null || { echo "no dynamic loader in the fetched libc6" >&2; exit 1; }
+
 # ---------------------------------------------------------------- initramfs tree
 root="$scratch/root"
 mkdir -p "$root"/{bin,sbin,usr/bin,usr/sbin,etc/acpi/PWRF,proc,sys,dev,tmp,run,mnt,var/log}
@@ -146,6 +256,28 @@ done
 cp "$modroot/modules.builtin" "$root/lib/modules/$kver/" 2>/dev/null || true
 "$busybox_bin" depmod -b "$root" "$kver"
 
+# The guest agent, its libraries in the loader's default directory, and the loader itself.
+mkdir -p "$root/lib/x86_64-linux-gnu" "$root/lib64"
+cp "$qga_bin" "$root/usr/sbin/qemu-ga"
+awk '$2 == "=>" && $1 !~ /^\// { print $1, $3 }' "$scratch/ld.list" | while read -r soname path; do
+    rel=${path#"$debs"/}
+    cp "$(tree_file "$debs/${rel%%/*}" "/${rel#*/}")" "$root/lib/x86_64-linux-gnu/$soname"
+done
+cp "$(libc6_loader)" "$root/lib64/ld-linux-x86-64.so.2"
+chmod 0755 "$root/lib64/ld-linux-x86-64.so.2" "$root/usr/sbin/qemu-ga"
+ln -s ../run "$root/var/run"
+ln -s ../bin/busybox "$root/sbin/hwclock" # guest-set-time runs /sbin/hwclock
+
+cat >"$root/etc/os-release" <<'EOF'
+NAME="kubevirt-rs test guest"
+ID=kubevirt-rs-test-guest
+VERSION_ID=1
+VERSION="1 (busybox)"
+PRETTY_NAME="kubevirt-rs test guest 1 (busybox, Debian kernel)"
+VARIANT="busybox initramfs"
+VARIANT_ID=initramfs
+EOF
+
 cat >"$root/etc/acpi/PWRF/00000080" <<'EOF'
 #!/bin/sh
 echo "ACPI-POWER-BUTTON" >/dev/console
@@ -158,6 +290,7 @@ EOF
 cat >"$root/sbin/hotplug" <<'EOF'
 #!/bin/sh
 case "$SUBSYSTEM:$ACTION" in
+virtio-ports:add | virtio-ports:change) exec /sbin/qga-start ;; # the name comes with a change
 cpu:add) [ -w "/sys$DEVPATH/online" ] && echo 1 >"/sys$DEVPATH/online" ;;
 memory:add) [ "$(cat "/sys$DEVPATH/state" 2>/dev/null)" = offline ] && echo online >"/sys$DEVPATH/state" ;;
 block:add | block:remove | cpu:remove | memory:remove) ;;
@@ -176,6 +309,44 @@ cat >"$root/sbin/guest-sees" <<'EOF'
 disks=$(ls /sys/block | grep -E '^(vd|sd|sr)' | tr '\n' ',' | sed 's/,$//')
 mem=$(sed -n 's/^MemTotal: *\([0-9]*\) kB/\1/p' /proc/meminfo)
 echo "GUEST-SEES cpus=$(cat /sys/devices/system/cpu/online) mem=$mem disks=$disks"
+EOF
+
+# Start qemu-ga once, on the virtio-serial port named org.qemu.guest_agent.0 (if any).
+cat >"$root/sbin/qga-start" <<'EOF'
+#!/bin/sh
+name=org.qemu.guest_agent.0
+for file in /sys/class/virtio-ports/*/name; do
+    [ "$(cat "$file" 2>/dev/null)" = "$name" ] || continue
+    port=${file%/name}
+    port=${port##*/}
+    [ -c "/dev/$port" ] || exit 0
+    mkdir /run/qemu-ga 2>/dev/null || exit 0 # already started
+    mkdir -p /dev/virtio-ports
+    ln -sfn "../$port" "/dev/virtio-ports/$name"
+    exec /usr/sbin/qemu-ga -d -m virtio-serial -p "/dev/virtio-ports/$name" \
+        -f /run/qemu-ga.pid -t /run/qemu-ga -l /var/log/qemu-ga.log
+done
+exit 0
+EOF
+
+# qemu-ga's guest-shutdown execs `/sbin/shutdown -h -P|-H|-r +0 "hypervisor initiated shutdown"`
+# with stdio on /dev/null. PID 1 is a plain shell, so go to the kernel directly.
+cat >"$root/sbin/shutdown" <<'EOF'
+#!/bin/sh
+mode=powerdown
+for arg; do
+    case $arg in
+    -r | --reboot) mode=reboot ;;
+    -H | --halt) [ $mode = reboot ] || mode=halt ;;
+    esac
+done
+echo "GUEST-AGENT-SHUTDOWN $mode" >/dev/console
+sync
+case $mode in
+reboot) reboot -f ;;
+halt) halt -f ;;
+*) poweroff -f ;;
+esac
 EOF
 
 cat >"$root/etc/udhcpc.script" <<'EOF'
@@ -200,13 +371,18 @@ option() { for word in $cmdline; do case $word in "$1"=*) echo "${word#*=}" ;; e
 # Memory a virtio-mem device plugs later comes online by itself; CPUs are onlined by the
 # uevent helper.
 echo online >/sys/devices/system/memory/auto_online_blocks 2>/dev/null
+# Before the modules: the uevent helper may start the guest agent as soon as its port
+# appears, and glib keeps the host name the agent first asks for.
+hostname testguest
 uevent /sbin/hotplug &
 for m in virtio_pci virtio_blk virtio_net virtio_console virtio_rng virtio_scsi virtio_mem sd_mod sr_mod \
          button evdev isofs vfat nls_cp437 nls_ascii; do
     modprobe -q "$m" 2>/dev/null || [ -n "$(option tg.quiet)" ] || echo "guest: module $m not loaded"
 done
-hostname testguest
 ip link set lo up
+# The guest agent, when there is an org.qemu.guest_agent.0 port (a port named later is
+# picked up by /sbin/hotplug).
+/sbin/qga-start &
 stty -echo 2>/dev/null
 acpid -c /etc/acpi -l /var/log/acpid.log
 
@@ -247,7 +423,8 @@ while :; do
     fi
 done
 EOF
-chmod 0755 "$root/init" "$root/etc/acpi/PWRF/00000080" "$root/etc/udhcpc.script" "$root/sbin/hotplug" "$root/sbin/guest-sees"
+chmod 0755 "$root/init" "$root/etc/acpi/PWRF/00000080" "$root/etc/udhcpc.script" "$root/sbin/hotplug" "$root/sbin/guest-sees" \
+    "$root/sbin/qga-start" "$root/sbin/shutdown"
 
 log "packing initramfs (${#picked[@]} modules)"
 (cd "$root" && find . -print0 | cpio --null -o -H newc --quiet | gzip -9) >"$scratch/initramfs.cpio.gz"

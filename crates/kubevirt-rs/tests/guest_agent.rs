@@ -120,7 +120,9 @@ fn scenario(server: &ServerProcess) -> anyhow::Result<()> {
     };
     let pid = qemu_pid();
     assert!(!pid.trim().is_empty(), "QEMU's pid file");
-    assert_eq!(boots(server, &pod), 1);
+    wait_until(DEADLINE, "the first boot on the console", || {
+        (boots(server, &pod) == 1).then_some(())
+    })?;
 
     // Through the agent.
     let said = virtctl(server, &["soft-reboot", "agent"])?;

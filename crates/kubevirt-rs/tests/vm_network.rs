@@ -1,7 +1,7 @@
 //! End-to-end: a VM's guest reached over the network the way KubeVirt users reach it — a
 //! Service made by `virtctl expose` (requested with `curl` from inside another pod's network
 //! namespace, as an in-cluster client), a `virtctl port-forward` tunnel through virt-api, and another
-//! VM on the same node by pod IP. Needs root and the CNI plugins (a pod network), the test
+//! VM on the same node by pod IP (each guest fetches the other's page). Needs root and the CNI plugins (a pod network), the test
 //! guest and QEMU; skips, saying why, without them.
 
 use std::io::{BufRead, BufReader};
@@ -246,6 +246,29 @@ fn a_vm_exposed_by_virtctl_answers_on_its_cluster_ip_and_through_port_forward() 
         "port-forward to a closed port: {err}"
     );
     drop(forward);
+
+    // A second VM on the node: each guest reaches the other's service at its pod IP.
+    server.apply(&serving_vm("peer"))?;
+    wait_phase(&server, "peer", "Running")?;
+    let peer_ip =
+        crate::pod_ip(&server, "peer").ok_or_else(|| anyhow::anyhow!("the peer's pod IP"))?;
+    assert_ne!(peer_ip, pod_ip, "two pods, two addresses");
+    // (Debian's busybox wget crashes with `-T`.)
+    for (from, to, answer) in [
+        ("peer", &pod_ip, "hello-from-web"),
+        ("web", &peer_ip, "hello-from-peer"),
+    ] {
+        let last = std::cell::RefCell::new(String::new());
+        let seen = wait_until(DEADLINE, &format!("{from}'s guest to reach {to}"), || {
+            let out = server.guest_run(from, &format!("wget -q -O- http://{to}:8080/"));
+            let out = out.unwrap_or_else(|e| e.to_string());
+            last.replace(out.clone());
+            out.contains(answer).then_some(out)
+        })
+        .map_err(|e| anyhow::anyhow!("{e}; last answer: {}", last.borrow()))?;
+        assert!(seen.contains("RUN-DONE rc=0"), "{seen}");
+    }
+    server.ok(&["delete", "vm", "peer", "--wait=false"])?;
 
     // Deleting the VM removes the endpoints (and the Service it owns).
     server.ok(&["delete", "vm", "web", "--wait=false"])?;
