@@ -141,6 +141,33 @@ fn free_port() -> anyhow::Result<u16> {
         .port())
 }
 
+/// A second VM on the node: each guest reaches the other's service at its pod IP (`web`'s is
+/// `web_ip`).
+fn peers_reach_each_other(server: &ServerProcess, web_ip: &str) -> anyhow::Result<()> {
+    server.apply(&serving_vm("peer"))?;
+    wait_phase(server, "peer", "Running")?;
+    let peer_ip =
+        crate::pod_ip(server, "peer").ok_or_else(|| anyhow::anyhow!("the peer's pod IP"))?;
+    assert_ne!(peer_ip, web_ip, "two pods, two addresses");
+    // (Debian's busybox wget crashes with `-T`.)
+    for (from, to, answer) in [
+        ("peer", web_ip, "hello-from-web"),
+        ("web", peer_ip.as_str(), "hello-from-peer"),
+    ] {
+        let last = std::cell::RefCell::new(String::new());
+        let seen = wait_until(DEADLINE, &format!("{from}'s guest to reach {to}"), || {
+            let out = server.guest_run(from, &format!("wget -q -O- http://{to}:8080/"));
+            let out = out.unwrap_or_else(|e| e.to_string());
+            last.replace(out.clone());
+            out.contains(answer).then_some(out)
+        })
+        .map_err(|e| anyhow::anyhow!("{e}; last answer: {}", last.borrow()))?;
+        assert!(seen.contains("RUN-DONE rc=0"), "{seen}");
+    }
+    server.ok(&["delete", "vm", "peer", "--wait=false"])?;
+    Ok(())
+}
+
 #[test]
 fn a_vm_exposed_by_virtctl_answers_on_its_cluster_ip_and_through_port_forward() -> anyhow::Result<()>
 {
@@ -247,28 +274,7 @@ fn a_vm_exposed_by_virtctl_answers_on_its_cluster_ip_and_through_port_forward() 
     );
     drop(forward);
 
-    // A second VM on the node: each guest reaches the other's service at its pod IP.
-    server.apply(&serving_vm("peer"))?;
-    wait_phase(&server, "peer", "Running")?;
-    let peer_ip =
-        crate::pod_ip(&server, "peer").ok_or_else(|| anyhow::anyhow!("the peer's pod IP"))?;
-    assert_ne!(peer_ip, pod_ip, "two pods, two addresses");
-    // (Debian's busybox wget crashes with `-T`.)
-    for (from, to, answer) in [
-        ("peer", &pod_ip, "hello-from-web"),
-        ("web", &peer_ip, "hello-from-peer"),
-    ] {
-        let last = std::cell::RefCell::new(String::new());
-        let seen = wait_until(DEADLINE, &format!("{from}'s guest to reach {to}"), || {
-            let out = server.guest_run(from, &format!("wget -q -O- http://{to}:8080/"));
-            let out = out.unwrap_or_else(|e| e.to_string());
-            last.replace(out.clone());
-            out.contains(answer).then_some(out)
-        })
-        .map_err(|e| anyhow::anyhow!("{e}; last answer: {}", last.borrow()))?;
-        assert!(seen.contains("RUN-DONE rc=0"), "{seen}");
-    }
-    server.ok(&["delete", "vm", "peer", "--wait=false"])?;
+    peers_reach_each_other(&server, &pod_ip)?;
 
     // Deleting the VM removes the endpoints (and the Service it owns).
     server.ok(&["delete", "vm", "web", "--wait=false"])?;
