@@ -168,6 +168,47 @@ fn peers_reach_each_other(server: &ServerProcess, web_ip: &str) -> anyhow::Resul
     Ok(())
 }
 
+/// `virtctl port-forward`: a local port tunnelled through virt-api to the guest's 8080 of `web`.
+fn port_forward_reaches_the_guest(server: &ServerProcess) -> anyhow::Result<()> {
+    // virtctl port-forward: a local port tunnelled through virt-api to the guest's 8080.
+    let local = free_port()?;
+    let mut forward = Started(
+        Command::new(virtctl())
+            .env("KUBECONFIG", server.kubeconfig())
+            .args(["port-forward", "vm/web", &format!("{local}:8080")])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()?,
+    );
+    let stderr = forward.0.stderr.take().expect("piped stderr");
+    let mut first = String::new();
+    BufReader::new(stderr).read_line(&mut first)?;
+    assert!(
+        first.contains(&format!("127.0.0.1:{local}")) && first.contains("8080"),
+        "virtctl port-forward: {first}"
+    );
+    let answer = wait_until(DEADLINE, "the guest through port-forward", || {
+        http_get(&format!("127.0.0.1:{local}")).filter(|t| t.contains("hello-from-web"))
+    })?;
+    assert!(answer.starts_with("HTTP/1."), "{answer}");
+    // A second connection through the same forward opens its own tunnel.
+    let again = http_get(&format!("127.0.0.1:{local}")).unwrap_or_default();
+    assert!(again.contains("hello-from-web"), "{again}");
+    // A port the guest does not serve: the tunnel is refused, the local connection closes.
+    let out = Command::new(virtctl())
+        .env("KUBECONFIG", server.kubeconfig())
+        .args(["port-forward", "--stdio=true", "vmi/web", "1"])
+        .stdin(Stdio::null())
+        .output()?;
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("dialing VM"),
+        "port-forward to a closed port: {err}"
+    );
+    drop(forward);
+    Ok(())
+}
+
 #[test]
 fn a_vm_exposed_by_virtctl_answers_on_its_cluster_ip_and_through_port_forward() -> anyhow::Result<()>
 {
@@ -237,42 +278,7 @@ fn a_vm_exposed_by_virtctl_answers_on_its_cluster_ip_and_through_port_forward() 
     );
     assert_eq!(body.trim(), "hello-from-web");
 
-    // virtctl port-forward: a local port tunnelled through virt-api to the guest's 8080.
-    let local = free_port()?;
-    let mut forward = Started(
-        Command::new(virtctl())
-            .env("KUBECONFIG", server.kubeconfig())
-            .args(["port-forward", "vm/web", &format!("{local}:8080")])
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()?,
-    );
-    let stderr = forward.0.stderr.take().expect("piped stderr");
-    let mut first = String::new();
-    BufReader::new(stderr).read_line(&mut first)?;
-    assert!(
-        first.contains(&format!("127.0.0.1:{local}")) && first.contains("8080"),
-        "virtctl port-forward: {first}"
-    );
-    let answer = wait_until(DEADLINE, "the guest through port-forward", || {
-        http_get(&format!("127.0.0.1:{local}")).filter(|t| t.contains("hello-from-web"))
-    })?;
-    assert!(answer.starts_with("HTTP/1."), "{answer}");
-    // A second connection through the same forward opens its own tunnel.
-    let again = http_get(&format!("127.0.0.1:{local}")).unwrap_or_default();
-    assert!(again.contains("hello-from-web"), "{again}");
-    // A port the guest does not serve: the tunnel is refused, the local connection closes.
-    let out = Command::new(virtctl())
-        .env("KUBECONFIG", server.kubeconfig())
-        .args(["port-forward", "--stdio=true", "vmi/web", "1"])
-        .stdin(Stdio::null())
-        .output()?;
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        !out.status.success() && err.contains("dialing VM"),
-        "port-forward to a closed port: {err}"
-    );
-    drop(forward);
+    port_forward_reaches_the_guest(&server)?;
 
     peers_reach_each_other(&server, &pod_ip)?;
 
