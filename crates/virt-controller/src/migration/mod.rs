@@ -29,6 +29,7 @@
 //!   any pending 15 min; annotations `kubevirt.io/migrationUnschedulablePodTimeoutSeconds`,
 //!   `kubevirt.io/migrationPendingPodTimeoutSeconds`), which fails the migration.
 
+pub mod gc;
 pub mod phase;
 pub mod target_pod;
 
@@ -670,7 +671,40 @@ impl MigrationReconciler {
                 Err(e) => return Err(MigrationError::PatchMigration(e)),
             }
         }
+        self.collect_finished(m).await?;
         Ok(Action::Done)
+    }
+
+    /// Deletes the VMI's finished migrations beyond the newest five, with the pods they
+    /// left ([`gc`]).
+    async fn collect_finished(
+        &self,
+        m: &VirtualMachineInstanceMigration,
+    ) -> Result<(), MigrationError> {
+        let (Some(ns), Some(vmi)) = (m.namespace(), m.spec.vmi_name.as_deref()) else {
+            return Ok(());
+        };
+        let all = self.migrations.store().state();
+        for old in gc::to_collect(&all, &ns, vmi) {
+            if let Some(pod) = &old.pod {
+                let pods: Api<Pod> = Api::namespaced(self.client.clone(), &ns);
+                match pods.delete(pod, &DeleteParams::default()).await {
+                    Ok(_) => {}
+                    Err(kube::Error::Api(e)) if e.code == 404 => {}
+                    Err(e) => return Err(MigrationError::DeletePod(e)),
+                }
+            }
+            let api: Api<VirtualMachineInstanceMigration> =
+                Api::namespaced(self.client.clone(), &ns);
+            match api.delete(&old.migration, &DeleteParams::default()).await {
+                Ok(_) => {
+                    info!(migration = %format!("{ns}/{}", old.migration), "garbage-collected a finished migration")
+                }
+                Err(kube::Error::Api(e)) if e.code == 404 => {}
+                Err(e) => return Err(MigrationError::PatchMigration(e)),
+            }
+        }
+        Ok(())
     }
 }
 

@@ -34,6 +34,10 @@
 //! Upstream's Multus annotations: `k8s.v1.cni.cncf.io/networks` for secondary Multus networks,
 //! `v1.multus-cni.io/default-network` for a default one; none for the pod network alone.
 //!
+//! # Probes and ports
+//! `readinessProbe` and `livenessProbe` (`httpGet`, `tcpSocket`) become the `compute`
+//! container's probes and the interfaces' `ports` its ports, as upstream ([`probes`]).
+//!
 //! # Memory request
 //! The `compute` container requests the guest memory (`spec.domain.resources.requests.memory`,
 //! else `spec.domain.memory.guest`) plus an overhead for everything outside guest RAM.
@@ -47,6 +51,8 @@
 //!   guest memory / [`OVERHEAD_GUEST_DIVISOR`] (1 %, rounded up, for page tables and device
 //!   buffers) + [`OVERHEAD_TCG`] (32 MiB) when the guest is emulated (TCG translation cache),
 //!   the sum rounded up to a whole MiB.
+
+mod probes;
 
 use std::collections::BTreeMap;
 
@@ -611,6 +617,9 @@ fn compute_container(
         command: Some(vec!["kubevirt-rs".to_owned(), "launcher".to_owned()]),
         args: Some(args),
         resources: Some(compute_resources(vmi, config)?),
+        ports: probes::container_ports(vmi),
+        readiness_probe: probes::compute_probe(vmi.spec.readiness_probe.as_ref()),
+        liveness_probe: probes::compute_probe(vmi.spec.liveness_probe.as_ref()),
         volume_mounts: Some(
             launcher_volume_mount()
                 .into_iter()

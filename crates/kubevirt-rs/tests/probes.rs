@@ -1,0 +1,135 @@
+//! End-to-end: readiness and liveness probes of a VMI, run by the node against the guest
+//! through the pod IP (masquerade forwards the interface's ports). A guest serving the probed
+//! port makes the VMI and the VM Ready; once it stops serving, the VMI is no longer Ready; a
+//! failing liveness probe ends the VMI and its VM (`runStrategy: Always`) starts a new one.
+//! Needs root and the CNI plugins (a pod network), the test guest and QEMU; skips, saying
+//! why, without them.
+
+use std::path::Path;
+
+use testkit::{DEADLINE, ServerProcess, wait_until};
+
+const BIN: &str = env!("CARGO_BIN_EXE_kubevirt-rs");
+
+/// A VM whose guest serves HTTP on 8080 (busybox httpd from its cloud-init user data), with
+/// `probes` (YAML lines of the template's spec).
+fn probed_vm(name: &str, probes: &str) -> String {
+    format!(
+        r#"apiVersion: kubevirt.io/v1
+kind: VirtualMachine
+metadata:
+  name: {name}
+spec:
+  runStrategy: Always
+  template:
+    spec:
+      terminationGracePeriodSeconds: 0
+{probes}
+      domain:
+        memory: {{guest: 128Mi}}
+        firmware:
+          kernelBoot:
+            kernelArgs: "console=ttyS0 panic=-1 quiet tg.quiet=1 tg.net=dhcp"
+            container:
+              image: kubevirt-rs/test-guest:latest
+              kernelPath: /vmlinux
+              initrdPath: /initramfs.cpio.gz
+        devices:
+          disks: [{{name: cloudinit, disk: {{bus: virtio}}}}]
+          interfaces: [{{name: default, masquerade: {{}}, ports: [{{name: http, port: 8080}}, {{port: 8081}}]}}]
+      networks: [{{name: default, pod: {{}}}}]
+      volumes:
+        - name: cloudinit
+          cloudInitNoCloud:
+            userData: |
+              #!/bin/sh
+              mkdir -p /www && echo ok > /www/index.html
+              httpd -p 8080 -h /www
+"#
+    )
+}
+
+fn condition(server: &ServerProcess, vmi: &str, type_: &str) -> String {
+    server.get(
+        &["vmi", vmi],
+        &format!(r#"{{.status.conditions[?(@.type=="{type_}")].status}}"#),
+    )
+}
+
+fn has_pod_network(server: &ServerProcess, vm: &str) -> bool {
+    let pod = server.get(
+        &["pods", "-l", &format!("vm.kubevirt.io/name={vm}")],
+        "{.items[0].metadata.name}",
+    );
+    let ip = server.get(&["pod", &pod], "{.status.podIP}");
+    !ip.is_empty() && ip != server.get(&["pod", &pod], "{.status.hostIP}")
+}
+
+#[test]
+fn probes_decide_readiness_and_a_failing_liveness_probe_restarts_the_vm() -> anyhow::Result<()> {
+    let Some(guest) = testkit::available(testkit::test_guest()) else {
+        return Ok(());
+    };
+    if testkit::available(testkit::virtctl_beside(Path::new(BIN))).is_none() {
+        return Ok(());
+    }
+    let mut server = ServerProcess::start(Path::new(BIN), "server", &[])?;
+    server.import_test_guest(guest)?;
+    let result = scenario(&server);
+    testkit::with_log(&server, result)
+}
+
+fn scenario(server: &ServerProcess) -> anyhow::Result<()> {
+    server.apply(&probed_vm(
+        "ready",
+        "      readinessProbe: {httpGet: {port: http, path: /index.html}, periodSeconds: 1, failureThreshold: 1}",
+    ))?;
+    wait_until(DEADLINE, "VMI ready Running", || {
+        (server.get(&["vmi", "ready"], "{.status.phase}") == "Running").then_some(())
+    })?;
+    if !has_pod_network(server, "ready") {
+        eprintln!("skipped: the server has no pod network (needs root and the CNI plugins)");
+        return Ok(());
+    }
+    let pod = server.get(
+        &["pods", "-l", "vm.kubevirt.io/name=ready"],
+        "{.items[0].metadata.name}",
+    );
+    let probe = server.get(
+        &["pod", &pod],
+        r#"{.spec.containers[?(@.name=="compute")].readinessProbe.initialDelaySeconds}"#,
+    );
+    assert_eq!(probe, "10", "upstream's startup delay is added");
+    wait_until(DEADLINE, "the VMI Ready by its probe", || {
+        (condition(server, "ready", "Ready") == "True").then_some(())
+    })?;
+    wait_until(DEADLINE, "the VM ready", || {
+        (server.get(&["vm", "ready"], "{.status.ready}") == "true").then_some(())
+    })?;
+    // The guest stops serving: the probe fails and the VMI is no longer Ready.
+    let stopped = server.guest_run("ready", "killall httpd")?;
+    assert!(stopped.contains("RUN-DONE rc=0"), "{stopped}");
+    wait_until(DEADLINE, "the VMI not Ready", || {
+        (condition(server, "ready", "Ready") == "False").then_some(())
+    })?;
+    assert_eq!(server.get(&["vmi", "ready"], "{.status.phase}"), "Running");
+    server.ok(&["delete", "vm", "ready", "--wait=false"])?;
+
+    // Nothing serves 8081: the liveness probe fails, the VMI ends and the VM starts another.
+    server.apply(&probed_vm(
+        "doomed",
+        "      livenessProbe: {tcpSocket: {port: 8081}, periodSeconds: 1, failureThreshold: 1}",
+    ))?;
+    let first = wait_until(DEADLINE, "VMI doomed", || {
+        Some(server.get(&["vmi", "doomed"], "{.metadata.uid}")).filter(|u| !u.is_empty())
+    })?;
+    wait_until(
+        DEADLINE,
+        "a new VMI after the liveness probe failed",
+        || {
+            let uid = server.get(&["vmi", "doomed"], "{.metadata.uid}");
+            (!uid.is_empty() && uid != first).then_some(())
+        },
+    )?;
+    Ok(())
+}
