@@ -15,6 +15,7 @@ mod cmd_launcher;
 mod cmd_manifests;
 mod cmd_operator;
 mod cmd_server;
+mod cmd_virt_probe;
 mod kube_config;
 
 #[derive(Parser)]
@@ -52,6 +53,9 @@ enum Command {
     /// Keep a hotplug attachment pod running (its `hotplug-disk` container) and let
     /// virt-handler find its mounts.
     HotplugDisk(cmd_hotplug_disk::HotplugDiskArgs),
+    /// Ping the guest agent or run a command in the guest, for a VMI's `guestAgentPing` or
+    /// `exec` probe (upstream's `virt-probe`, run in the `compute` container).
+    VirtProbe(cmd_virt_probe::VirtProbeArgs),
     /// Print KubeVirt's install manifests (the files of `deploy/`) as multi-document YAML.
     Manifests(cmd_manifests::ManifestsArgs),
     /// Manage the local image store.
@@ -152,6 +156,7 @@ fn main() -> anyhow::Result<()> {
         Command::Launcher(args) => cmd_launcher::run(args)?,
         Command::GuestConsoleLog(args) => cmd_console_log::run(&args)?,
         Command::HotplugDisk(args) => cmd_hotplug_disk::run(&args)?,
+        Command::VirtProbe(args) => cmd_virt_probe::run(&args)?,
         Command::Images(args) => cmd_images::run(args)?,
         Command::Manifests(args) => cmd_manifests::run(args)?,
     }

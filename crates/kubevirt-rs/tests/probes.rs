@@ -2,6 +2,9 @@
 //! through the pod IP (masquerade forwards the interface's ports). A guest serving the probed
 //! port makes the VMI and the VM Ready; once it stops serving, the VMI is no longer Ready; a
 //! failing liveness probe ends the VMI and its VM (`runStrategy: Always`) starts a new one.
+//! An `exec` readiness probe runs its command in the guest through the guest agent (the VMI
+//! turns Ready once the file it reads exists), and a `guestAgentPing` liveness probe keeps a
+//! guest with a running agent alive.
 //! Needs root and the CNI plugins (a pod network), the test guest and QEMU; skips, saying
 //! why, without them.
 
@@ -114,6 +117,7 @@ fn scenario(server: &ServerProcess) -> anyhow::Result<()> {
     })?;
     assert_eq!(server.get(&["vmi", "ready"], "{.status.phase}"), "Running");
     server.ok(&["delete", "vm", "ready", "--wait=false"])?;
+    agent_probes(server)?;
 
     // Nothing serves 8081: the liveness probe fails, the VMI ends and the VM starts another.
     server.apply(&probed_vm(
@@ -131,5 +135,35 @@ fn scenario(server: &ServerProcess) -> anyhow::Result<()> {
             (!uid.is_empty() && uid != first).then_some(())
         },
     )?;
+    Ok(())
+}
+
+/// `exec` and `guestAgentPing` probes, run through the guest agent.
+fn agent_probes(server: &ServerProcess) -> anyhow::Result<()> {
+    server.apply(&probed_vm(
+        "agent",
+        "      readinessProbe: {exec: {command: [cat, /tmp/ready]}, periodSeconds: 1, failureThreshold: 1}\n      livenessProbe: {guestAgentPing: {}, periodSeconds: 1, failureThreshold: 1}",
+    ))?;
+    wait_until(DEADLINE, "VMI agent Running", || {
+        (server.get(&["vmi", "agent"], "{.status.phase}") == "Running").then_some(())
+    })?;
+    let uid = server.get(&["vmi", "agent"], "{.metadata.uid}");
+    wait_until(DEADLINE, "the guest agent connected", || {
+        (condition(server, "agent", "AgentConnected") == "True").then_some(())
+    })?;
+    let made = server.guest_run("agent", "touch /tmp/ready")?;
+    assert!(made.contains("RUN-DONE rc=0"), "{made}");
+    wait_until(DEADLINE, "the VMI Ready by its exec probe", || {
+        (condition(server, "agent", "Ready") == "True").then_some(())
+    })?;
+    let removed = server.guest_run("agent", "rm /tmp/ready")?;
+    assert!(removed.contains("RUN-DONE rc=0"), "{removed}");
+    wait_until(DEADLINE, "the VMI not Ready once the file is gone", || {
+        (condition(server, "agent", "Ready") == "False").then_some(())
+    })?;
+    // The agent answers its pings all along: the liveness probe never ended the VMI.
+    assert_eq!(server.get(&["vmi", "agent"], "{.metadata.uid}"), uid);
+    assert_eq!(server.get(&["vmi", "agent"], "{.status.phase}"), "Running");
+    server.ok(&["delete", "vm", "agent", "--wait=false"])?;
     Ok(())
 }

@@ -39,6 +39,7 @@
 //! - No container of a pod with its own network starts before the pod's network is set up
 //!   and recorded; until then the containers wait in `ContainerCreating` with the reason.
 
+pub mod exec;
 pub mod expansion;
 pub mod logs;
 pub mod network;
@@ -88,6 +89,45 @@ pub struct PodRunnerConfig {
 
 /// The host name of a pod with a network of its own, as kubelet gives it: `spec.hostname`, else
 /// the pod's name, cut to 63 characters (a DNS label).
+/// Where the container's `exec` probes run: its main process `pid`, the image's programs
+/// for the probes' commands, the image's environment and the container's plain `env` values
+/// (kubelet execs with the container's whole environment; references to Secrets and fields
+/// are left out here).
+fn exec_target(
+    images: &crate::images::ImageStore,
+    container: &k8s_openapi::api::core::v1::Container,
+    pid: i32,
+) -> exec::ExecTarget {
+    let image = container.image.clone().unwrap_or_default();
+    let mut target = exec::ExecTarget {
+        pid,
+        ..exec::ExecTarget::default()
+    };
+    let probes = [
+        &container.startup_probe,
+        &container.readiness_probe,
+        &container.liveness_probe,
+    ];
+    for command in probes
+        .into_iter()
+        .flatten()
+        .filter_map(|p| p.exec.as_ref()?.command.as_ref()?.first())
+    {
+        if let Ok(resolved) = images.resolve(&image, std::slice::from_ref(command), &[]) {
+            target.env.clone_from(&resolved.env);
+            target.programs.insert(command.clone(), resolved.program);
+        }
+    }
+    target.env.extend(
+        container
+            .env
+            .iter()
+            .flatten()
+            .filter_map(|e| Some((e.name.clone(), e.value.clone()?))),
+    );
+    target
+}
+
 fn pod_hostname(pod: &Pod) -> String {
     let spec_hostname = pod.spec.as_ref().and_then(|s| s.hostname.clone());
     let name = spec_hostname
@@ -278,9 +318,12 @@ impl PodRunner {
             return;
         };
         let pod_ip = self.pod_ip(pod, uid);
+        let images = &self.config.images;
         let probed = self
             .probes
-            .observe(uid, container, *pid, started_at, &pod_ip);
+            .observe(uid, container, *pid, started_at, &pod_ip, || {
+                exec_target(images, container, *pid)
+            });
         report.started = probed.started;
         report.ready = probed.ready;
         let Some(message) = probed.restart else {

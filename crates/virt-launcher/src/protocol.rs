@@ -168,6 +168,29 @@ pub enum Command {
     /// resetting the machine once the guest has shut down (libvirt's fake reboot). Newer than
     /// version 1's first revision.
     SoftReboot,
+    /// The agent's `guest-ping` (a `guestAgentPing` probe); an error when the agent is not
+    /// connected or does not answer. Newer than version 1's first revision.
+    GuestPing,
+    /// Run a command in the guest through the agent (`guest-exec`, an `exec` probe) and wait
+    /// up to `timeout_seconds` for it; the ack carries a [`GuestExecResult`]. Newer than
+    /// version 1's first revision.
+    GuestExec {
+        /// The program and its arguments.
+        command: Vec<String>,
+        /// How long to wait for it to exit.
+        timeout_seconds: u64,
+    },
+}
+
+/// How a command run through the guest agent ended.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GuestExecResult {
+    /// Its exit code.
+    pub exit_code: i32,
+    /// What it wrote to stdout and stderr.
+    #[serde(default)]
+    pub output: String,
 }
 
 /// A message from the handler to the launcher.
@@ -551,6 +574,13 @@ struct PassFileBody {
     key: String,
 }
 
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct GuestExecBody {
+    command: Vec<String>,
+    timeout_seconds: u64,
+}
+
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 struct Empty {}
 
@@ -598,6 +628,10 @@ struct Wire {
         skip_serializing_if = "Option::is_none"
     )]
     soft_reboot: Option<Empty>,
+    #[serde(rename = "guestPing", default, skip_serializing_if = "Option::is_none")]
+    guest_ping: Option<Empty>,
+    #[serde(rename = "guestExec", default, skip_serializing_if = "Option::is_none")]
+    guest_exec: Option<GuestExecBody>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     ok: Option<Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -622,6 +656,8 @@ impl Wire {
             self.pass_file.is_some(),
             self.guest_agent_info.is_some(),
             self.soft_reboot.is_some(),
+            self.guest_ping.is_some(),
+            self.guest_exec.is_some(),
             self.ok.is_some(),
             self.error.is_some(),
             self.domain.is_some(),
@@ -709,6 +745,13 @@ impl DownMessage {
             Command::GuestAgentInfo
         } else if w.soft_reboot.is_some() {
             Command::SoftReboot
+        } else if w.guest_ping.is_some() {
+            Command::GuestPing
+        } else if let Some(e) = w.guest_exec {
+            Command::GuestExec {
+                command: e.command,
+                timeout_seconds: e.timeout_seconds,
+            }
         } else {
             return Err(ProtocolError::Malformed("not a handler message".into()));
         };
@@ -771,6 +814,16 @@ impl DownMessage {
                     }
                     Command::GuestAgentInfo => w.guest_agent_info = Some(Empty {}),
                     Command::SoftReboot => w.soft_reboot = Some(Empty {}),
+                    Command::GuestPing => w.guest_ping = Some(Empty {}),
+                    Command::GuestExec {
+                        command,
+                        timeout_seconds,
+                    } => {
+                        w.guest_exec = Some(GuestExecBody {
+                            command: command.clone(),
+                            timeout_seconds: *timeout_seconds,
+                        });
+                    }
                 }
             }
         }
@@ -1022,6 +1075,11 @@ mod tests {
             Command::PassFile { key: "vol1".into() },
             Command::GuestAgentInfo,
             Command::SoftReboot,
+            Command::GuestPing,
+            Command::GuestExec {
+                command: vec!["cat".into(), "/etc/os-release".into()],
+                timeout_seconds: 2,
+            },
         ] {
             let message = DownMessage::Command { id: 7, command };
             assert_eq!(DownMessage::decode(&message.encode()).unwrap(), message);

@@ -21,9 +21,12 @@
 //! once started; a failed `livenessProbe` or `startupProbe` asks the runner to restart the
 //! container ([`ProbeStatus::restart`]).
 //!
+//! `exec` runs the command in the container ([`super::exec`]: its image's program, the
+//! container's namespaces) and succeeds when it exits 0; on the timeout it is killed.
+//!
 //! # Caveats
-//! `exec` and `grpc` probes are not run (a warning is logged): they count as succeeding, so a
-//! pod that uses one is not kept unready forever by a check this node cannot make.
+//! `grpc` probes are not run (a warning is logged): they count as succeeding, so a pod that
+//! uses one is not kept unready forever by a check this node cannot make.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
@@ -107,6 +110,8 @@ pub struct Prober {
 struct Target {
     pod_ip: String,
     container: Container,
+    /// Where `exec` probes run.
+    exec: super::exec::ExecTarget,
     /// Seconds since the container started (for `initialDelaySeconds`).
     running_for: Duration,
 }
@@ -139,6 +144,7 @@ impl Prober {
         pid: i32,
         started_at: &str,
         pod_ip: &str,
+        exec: impl FnOnce() -> super::exec::ExecTarget,
     ) -> ProbeStatus {
         if !has_probes(container) {
             self.stop(uid, &container.name);
@@ -164,6 +170,7 @@ impl Prober {
                 &Target {
                     pod_ip: pod_ip.to_owned(),
                     container: container.clone(),
+                    exec: exec(),
                     running_for,
                 },
                 &self.notify,
@@ -345,6 +352,16 @@ pub enum ProbeError {
     /// The answer's status is not 200–399.
     #[error("HTTP probe failed with statuscode: {0}")]
     Status(u16),
+    /// The command could not run.
+    #[error(transparent)]
+    Exec(#[from] super::exec::ExecError),
+    /// The command exited with another code than 0 (kubelet's message).
+    #[error("command {command:?} exited with {code}: {output}")]
+    ExitCode {
+        command: Vec<String>,
+        code: i32,
+        output: String,
+    },
 }
 
 /// The port `port` names for `container`: a number, or the name of one of its ports.
@@ -386,8 +403,19 @@ async fn probe_once(probe: &Probe, target: &Target) -> Result<(), ProbeError> {
             .map_err(|e| ProbeError::Connect(addr, e))?;
         return Ok(());
     }
-    // `exec`, `grpc`: see the module's caveats.
-    warn!(container = %target.container.name, "exec and grpc probes are not run by this node; counting as success");
+    if let Some(command) = probe.exec.as_ref().and_then(|e| e.command.as_ref()) {
+        let outcome = super::exec::exec(&target.exec, command).await?;
+        if outcome.exit_code == 0 {
+            return Ok(());
+        }
+        return Err(ProbeError::ExitCode {
+            command: command.clone(),
+            code: outcome.exit_code,
+            output: outcome.output.trim().to_owned(),
+        });
+    }
+    // `grpc`: see the module's caveats.
+    warn!(container = %target.container.name, "grpc probes are not run by this node; counting as success");
     Ok(())
 }
 
@@ -541,6 +569,7 @@ mod tests {
             }
         });
         let target = Target {
+            exec: super::super::exec::ExecTarget::default(),
             pod_ip: "127.0.0.1".into(),
             container: container(serde_json::json!({"name": "c"})),
             running_for: Duration::ZERO,

@@ -35,8 +35,9 @@
 //! `v1.multus-cni.io/default-network` for a default one; none for the pod network alone.
 //!
 //! # Probes and ports
-//! `readinessProbe` and `livenessProbe` (`httpGet`, `tcpSocket`) become the `compute`
-//! container's probes and the interfaces' `ports` its ports, as upstream ([`probes`]).
+//! `readinessProbe` and `livenessProbe` become the `compute` container's probes (`exec` and
+//! `guestAgentPing` through `kubevirt-rs virt-probe`) and the interfaces' `ports` its ports,
+//! as upstream ([`probes`]).
 //!
 //! # Memory request
 //! The `compute` container requests the guest memory (`spec.domain.resources.requests.memory`,
@@ -618,8 +619,8 @@ fn compute_container(
         args: Some(args),
         resources: Some(compute_resources(vmi, config)?),
         ports: probes::container_ports(vmi),
-        readiness_probe: probes::compute_probe(vmi.spec.readiness_probe.as_ref()),
-        liveness_probe: probes::compute_probe(vmi.spec.liveness_probe.as_ref()),
+        readiness_probe: probes::compute_probe(vmi.spec.readiness_probe.as_ref(), namespace, name),
+        liveness_probe: probes::compute_probe(vmi.spec.liveness_probe.as_ref(), namespace, name),
         volume_mounts: Some(
             launcher_volume_mount()
                 .into_iter()

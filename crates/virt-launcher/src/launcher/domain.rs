@@ -300,6 +300,17 @@ impl Domain {
                 serde_json::to_value(info).map_err(|e| e.to_string())
             }
             Command::SoftReboot => self.soft_reboot().await,
+            Command::GuestPing => self.agent.ping().await.map(|()| serde_json::json!({})),
+            Command::GuestExec {
+                command,
+                timeout_seconds,
+            } => {
+                let result = self
+                    .agent
+                    .exec(&command, Duration::from_secs(timeout_seconds))
+                    .await?;
+                serde_json::to_value(result).map_err(|e| e.to_string())
+            }
             Command::Pause => self.pause(true).await,
             Command::Unpause => self.pause(false).await,
         }

@@ -22,8 +22,8 @@ use tokio::sync::watch;
 
 use super::domain::Shared;
 use crate::protocol::{
-    GuestAgent, GuestAgentCommand, GuestAgentInfo, GuestFilesystem, GuestFilesystemDisk,
-    GuestInterface, GuestOs, GuestUser,
+    GuestAgent, GuestAgentCommand, GuestAgentInfo, GuestExecResult, GuestFilesystem,
+    GuestFilesystemDisk, GuestInterface, GuestOs, GuestUser,
 };
 use crate::qga::{AgentError, COMMAND_TIMEOUT, GuestAgentClient};
 
@@ -34,6 +34,8 @@ pub(super) const SYS_INTERVAL: Duration = Duration::from_secs(120);
 pub(super) const VERSION_INTERVAL: Duration = Duration::from_secs(300);
 /// How soon a round that failed (the agent not answering yet) is tried again.
 const RETRY: Duration = Duration::from_secs(1);
+/// How often `guest-exec-status` is asked while a command runs.
+const EXEC_STATUS_POLL: Duration = Duration::from_millis(100);
 
 /// The launcher's link to the guest agent of its domain.
 #[derive(Debug)]
@@ -110,6 +112,65 @@ impl GuestAgentLink {
             users,
             filesystems,
         })
+    }
+
+    /// `guest-ping`.
+    pub(super) async fn ping(&self) -> Result<(), String> {
+        if !self.is_open() {
+            return Err("the guest agent is not connected".into());
+        }
+        self.execute("guest-ping", None)
+            .await
+            .map(drop)
+            .map_err(|e| e.to_string())
+    }
+
+    /// Runs `command` in the guest (`guest-exec` with its output captured, then
+    /// `guest-exec-status` until it exited) and waits up to `timeout` for it.
+    pub(super) async fn exec(
+        &self,
+        command: &[String],
+        timeout: Duration,
+    ) -> Result<GuestExecResult, String> {
+        if !self.is_open() {
+            return Err("the guest agent is not connected".into());
+        }
+        let (path, args) = command.split_first().ok_or("no command to run")?;
+        let started = self
+            .execute(
+                "guest-exec",
+                Some(json!({"path": path, "arg": args, "capture-output": true})),
+            )
+            .await
+            .map_err(|e| e.to_string())?;
+        let pid = started["pid"]
+            .as_i64()
+            .ok_or_else(|| format!("guest-exec answered without a pid: {started}"))?;
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let status = self
+                .execute("guest-exec-status", Some(json!({"pid": pid})))
+                .await
+                .map_err(|e| e.to_string())?;
+            if status["exited"].as_bool() == Some(true) {
+                let code = status["exitcode"]
+                    .as_i64()
+                    .or_else(|| status["signal"].as_i64().map(|s| 128 + s))
+                    .and_then(|c| i32::try_from(c).ok())
+                    .unwrap_or(-1);
+                return Ok(GuestExecResult {
+                    exit_code: code,
+                    output: decoded(&status["out-data"]) + &decoded(&status["err-data"]),
+                });
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(format!(
+                    "command {command:?} did not finish within {} s",
+                    timeout.as_secs()
+                ));
+            }
+            tokio::time::sleep(EXEC_STATUS_POLL).await;
+        }
     }
 
     /// Asks the guest to reboot (`guest-shutdown`, mode `reboot`; no reply on success).
@@ -213,6 +274,15 @@ pub(super) async fn poll(link: Arc<GuestAgentLink>, shared: Arc<Shared>) {
             }
         });
     }
+}
+
+/// The agent's base64 output data (empty when absent or not base64).
+fn decoded(data: &Value) -> String {
+    use base64::Engine as _;
+    data.as_str()
+        .and_then(|b| base64::engine::general_purpose::STANDARD.decode(b).ok())
+        .map(|bytes| String::from_utf8_lossy(&bytes).into_owned())
+        .unwrap_or_default()
 }
 
 fn text(value: &Value, key: &str) -> Option<String> {
