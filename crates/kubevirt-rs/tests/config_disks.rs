@@ -86,14 +86,9 @@ spec:
 
 #[test]
 fn config_map_secret_and_downward_api_disks_show_their_files_in_the_guest() -> anyhow::Result<()> {
-    let Some(guest) = testkit::available(testkit::test_guest()) else {
+    let Some(server) = ServerProcess::start_with_test_guest(Path::new(BIN))? else {
         return Ok(());
     };
-    if testkit::available(testkit::virtctl_beside(Path::new(BIN))).is_none() {
-        return Ok(());
-    }
-    let mut server = ServerProcess::start(Path::new(BIN), "server", &[])?;
-    server.import_test_guest(guest)?;
     let result = scenario(&server);
     testkit::with_log(&server, result)
 }

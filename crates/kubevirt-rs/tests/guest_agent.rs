@@ -7,26 +7,10 @@
 //! same QEMU). Skips (saying why) when the test guest, QEMU or virtctl is missing.
 
 use std::path::Path;
-use std::process::Command;
 
 use testkit::{DEADLINE, ServerProcess, wait_until};
 
 const BIN: &str = env!("CARGO_BIN_EXE_kubevirt-rs");
-
-fn virtctl(server: &ServerProcess, args: &[&str]) -> anyhow::Result<String> {
-    let virtctl = testkit::virtctl_beside(Path::new(BIN)).map_err(anyhow::Error::msg)?;
-    let out = Command::new(virtctl)
-        .args(args)
-        .env("KUBECONFIG", server.kubeconfig())
-        .output()?;
-    anyhow::ensure!(
-        out.status.success(),
-        "virtctl {args:?}: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
 
 /// The launcher pod of the VM `agent`: `(name, uid)`.
 fn launcher(server: &ServerProcess) -> Option<(String, String)> {
@@ -52,14 +36,9 @@ fn boots(server: &ServerProcess, pod: &str) -> usize {
 #[test]
 fn the_guest_agent_reports_the_guest_and_soft_reboots_it_with_and_without_the_agent()
 -> anyhow::Result<()> {
-    let Some(guest) = testkit::available(testkit::test_guest()) else {
+    let Some(server) = ServerProcess::start_with_test_guest(Path::new(BIN))? else {
         return Ok(());
     };
-    if testkit::available(testkit::virtctl_beside(Path::new(BIN))).is_none() {
-        return Ok(());
-    }
-    let mut server = ServerProcess::start(Path::new(BIN), "server", &[])?;
-    server.import_test_guest(guest)?;
     let result = scenario(&server);
     testkit::with_log(&server, result)
 }
@@ -80,7 +59,7 @@ fn scenario(server: &ServerProcess) -> anyhow::Result<()> {
     assert_eq!(os_id, "kubevirt-rs-test-guest");
 
     let info: serde_json::Value =
-        serde_json::from_str(&virtctl(server, &["guestosinfo", "agent"])?)?;
+        serde_json::from_str(&server.virtctl(&["guestosinfo", "agent"])?)?;
     assert_eq!(info["os"]["id"], "kubevirt-rs-test-guest", "{info}");
     assert_eq!(info["hostname"], "testguest", "{info}");
     assert!(
@@ -108,10 +87,10 @@ fn scenario(server: &ServerProcess) -> anyhow::Result<()> {
         "Debian's agent has every required command"
     );
     // The answers are upstream's list types (the busybox guest has no logins).
-    let users: serde_json::Value = serde_json::from_str(&virtctl(server, &["userlist", "agent"])?)?;
+    let users: serde_json::Value = serde_json::from_str(&server.virtctl(&["userlist", "agent"])?)?;
     assert!(users.is_object(), "{users}");
     let filesystems: serde_json::Value =
-        serde_json::from_str(&virtctl(server, &["fslist", "agent"])?)?;
+        serde_json::from_str(&server.virtctl(&["fslist", "agent"])?)?;
     assert!(filesystems.is_object(), "{filesystems}");
 
     let qemu_pid = || {
@@ -125,7 +104,7 @@ fn scenario(server: &ServerProcess) -> anyhow::Result<()> {
     })?;
 
     // Through the agent.
-    let said = virtctl(server, &["soft-reboot", "agent"])?;
+    let said = server.virtctl(&["soft-reboot", "agent"])?;
     assert!(said.contains("was scheduled to soft-reboot"), "{said}");
     wait_until(DEADLINE, "the guest to boot again", || {
         (boots(server, &pod) == 2).then_some(())
@@ -147,7 +126,7 @@ fn scenario(server: &ServerProcess) -> anyhow::Result<()> {
     wait_until(DEADLINE, "AgentConnected removed", || {
         agent_connected(server).is_empty().then_some(())
     })?;
-    virtctl(server, &["soft-reboot", "agent"])?;
+    server.virtctl(&["soft-reboot", "agent"])?;
     wait_until(DEADLINE, "the guest to boot a third time", || {
         (boots(server, &pod) == 3).then_some(())
     })?;

@@ -70,14 +70,9 @@ fn has_pod_network(server: &ServerProcess, vm: &str) -> bool {
 
 #[test]
 fn probes_decide_readiness_and_a_failing_liveness_probe_restarts_the_vm() -> anyhow::Result<()> {
-    let Some(guest) = testkit::available(testkit::test_guest()) else {
+    let Some(server) = ServerProcess::start_with_test_guest(Path::new(BIN))? else {
         return Ok(());
     };
-    if testkit::available(testkit::virtctl_beside(Path::new(BIN))).is_none() {
-        return Ok(());
-    }
-    let mut server = ServerProcess::start(Path::new(BIN), "server", &[])?;
-    server.import_test_guest(guest)?;
     let result = scenario(&server);
     testkit::with_log(&server, result)
 }

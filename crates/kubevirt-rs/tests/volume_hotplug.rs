@@ -9,7 +9,6 @@
 //! when the test guest, QEMU or virtctl is missing.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use testkit::{DEADLINE, ServerProcess, guest_reports, wait_until};
 
@@ -33,21 +32,6 @@ spec:
   resources:
     requests: {storage: 32Mi}
 ";
-
-fn virtctl(server: &ServerProcess, args: &[&str]) -> anyhow::Result<String> {
-    let virtctl = testkit::virtctl_beside(Path::new(BIN)).map_err(anyhow::Error::msg)?;
-    let out = Command::new(virtctl)
-        .args(args)
-        .env("KUBECONFIG", server.kubeconfig())
-        .output()?;
-    anyhow::ensure!(
-        out.status.success(),
-        "virtctl {args:?}: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
 
 /// The launcher pod of the VM `hot`: `(name, uid)`.
 fn launcher(server: &ServerProcess) -> Option<(String, String)> {
@@ -97,11 +81,9 @@ fn claim_image(server: &ServerProcess) -> PathBuf {
 fn add_volume(server: &ServerProcess) -> anyhow::Result<()> {
     // The gate reaches virt-api through its watch of the KubeVirt CR.
     wait_until(DEADLINE, "virtctl addvolume to be accepted", || {
-        virtctl(
-            server,
-            &["addvolume", "hot", "--volume-name=hot-data", "--persist"],
-        )
-        .ok()
+        server
+            .virtctl(&["addvolume", "hot", "--volume-name=hot-data", "--persist"])
+            .ok()
     })?;
     Ok(())
 }
@@ -127,14 +109,9 @@ fn wait_attached(server: &ServerProcess, pod: &str, disks: &str) -> anyhow::Resu
 #[test]
 fn a_claim_is_hotplugged_into_a_running_guest_written_removed_and_kept_across_a_restart()
 -> anyhow::Result<()> {
-    let Some(guest) = testkit::available(testkit::test_guest()) else {
+    let Some(server) = ServerProcess::start_with_test_guest(Path::new(BIN))? else {
         return Ok(());
     };
-    if testkit::available(testkit::virtctl_beside(Path::new(BIN))).is_none() {
-        return Ok(());
-    }
-    let mut server = ServerProcess::start(Path::new(BIN), "server", &[])?;
-    server.import_test_guest(guest)?;
     let result = scenario(&server);
     testkit::with_log(&server, result)
 }
@@ -231,10 +208,7 @@ fn remove_volume(
     pid: &str,
 ) -> anyhow::Result<()> {
     // Remove: the guest loses it, the attachment pod and the status entry go.
-    virtctl(
-        server,
-        &["removevolume", "hot", "--volume-name=hot-data", "--persist"],
-    )?;
+    server.virtctl(&["removevolume", "hot", "--volume-name=hot-data", "--persist"])?;
     wait_until(DEADLINE, "the guest to lose the disk", || {
         (guest_disks(server, pod).as_deref() == Some("")).then_some(())
     })?;
@@ -259,7 +233,7 @@ fn restart_and_add_unpersisted(server: &ServerProcess, pod: &str) -> anyhow::Res
     // Added again, it comes back after a restart of the VM, with its data.
     add_volume(server)?;
     wait_attached(server, pod, "sda")?;
-    virtctl(server, &["restart", "hot"])?;
+    server.virtctl(&["restart", "hot"])?;
     let (new_pod, _) = wait_until(DEADLINE, "a new launcher pod Running", || {
         launcher(server).filter(|(name, _)| *name != pod)
     })?;
@@ -268,7 +242,7 @@ fn restart_and_add_unpersisted(server: &ServerProcess, pod: &str) -> anyhow::Res
     assert!(read.contains("HOTPLUG-WRITTEN"), "{read}");
 
     // Without --persist the volume goes to the running VMI only.
-    virtctl(server, &["addvolume", "hot", "--volume-name=hot-extra"])?;
+    server.virtctl(&["addvolume", "hot", "--volume-name=hot-extra"])?;
     wait_until(DEADLINE, "the second volume Ready", || {
         (phase_of(server, "hot-extra") == "Ready").then_some(())
     })?;

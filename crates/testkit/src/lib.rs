@@ -211,6 +211,43 @@ impl ServerProcess {
         Ok(())
     }
 
+    /// A `binary server` with the test guest imported, or `None` (the reason printed, as
+    /// [`available`] does) when the test guest or `virtctl` beside `binary` is missing.
+    ///
+    /// # Errors
+    /// When the server does not start or the import fails.
+    pub fn start_with_test_guest(binary: &Path) -> anyhow::Result<Option<ServerProcess>> {
+        let Some(guest) = available(test_guest()) else {
+            return Ok(None);
+        };
+        if available(virtctl_beside(binary)).is_none() {
+            return Ok(None);
+        }
+        let mut server = ServerProcess::start(binary, "server", &[])?;
+        server.import_test_guest(guest)?;
+        Ok(Some(server))
+    }
+
+    /// Runs `virtctl args` (the one built beside the server's binary) against the server and
+    /// returns its stdout.
+    ///
+    /// # Errors
+    /// When virtctl is missing or fails; the error carries its output.
+    pub fn virtctl(&self, args: &[&str]) -> anyhow::Result<String> {
+        let virtctl = virtctl_beside(&self.binary).map_err(anyhow::Error::msg)?;
+        let out = Command::new(virtctl)
+            .args(args)
+            .env("KUBECONFIG", self.kubeconfig())
+            .output()?;
+        anyhow::ensure!(
+            out.status.success(),
+            "virtctl {args:?}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
     /// Imports the test guest into the server's image store as `kubevirt-rs/test-guest:latest`
     /// and keeps it (and so the guest lock) until the server is dropped.
     pub fn import_test_guest(&mut self, guest: TestGuest) -> anyhow::Result<()> {
