@@ -35,8 +35,13 @@ fn start_server_with_guest() -> anyhow::Result<Option<ServerProcess>> {
 }
 
 /// A VM whose guest takes its address by DHCP and serves `hello-from-<name>` over HTTP on
-/// port 8080 (busybox httpd from its cloud-init user data).
+/// port 8080 (busybox httpd from its cloud-init user data), with a masquerade interface.
 fn serving_vm(name: &str) -> String {
+    serving_vm_with(name, "masquerade: {}, ports: [{name: http, port: 8080}]")
+}
+
+/// [`serving_vm`] with `binding` (flow YAML inside the interface: the binding and its ports).
+fn serving_vm_with(name: &str, binding: &str) -> String {
     format!(
         r#"apiVersion: kubevirt.io/v1
 kind: VirtualMachine
@@ -58,7 +63,7 @@ spec:
               initrdPath: /initramfs.cpio.gz
         devices:
           disks: [{{name: cloudinit, disk: {{bus: virtio}}}}]
-          interfaces: [{{name: default, masquerade: {{}}, ports: [{{name: http, port: 8080}}]}}]
+          interfaces: [{{name: default, {binding}}}]
       networks: [{{name: default, pod: {{}}}}]
       volumes:
         - name: cloudinit
@@ -144,11 +149,26 @@ fn free_port() -> anyhow::Result<u16> {
 /// A second VM on the node: each guest reaches the other's service at its pod IP (`web`'s is
 /// `web_ip`).
 fn peers_reach_each_other(server: &ServerProcess, web_ip: &str) -> anyhow::Result<()> {
-    server.apply(&serving_vm("peer"))?;
+    // The bridge binding: the guest holds the pod's address itself.
+    server.apply(&serving_vm_with("peer", "bridge: {}"))?;
     wait_phase(server, "peer", "Running")?;
     let peer_ip =
         crate::pod_ip(server, "peer").ok_or_else(|| anyhow::anyhow!("the peer's pod IP"))?;
     assert_ne!(peer_ip, web_ip, "two pods, two addresses");
+    let addresses = wait_until(DEADLINE, "the bridge-bound guest's address", || {
+        server
+            .guest_run("peer", "ip -4 -o addr show dev eth0")
+            .ok()
+            .filter(|out| out.contains(&format!("inet {peer_ip}/")))
+    })?;
+    assert!(addresses.contains("RUN-DONE rc=0"), "{addresses}");
+    assert_eq!(
+        server.get(&["vmi", "peer"], "{.status.interfaces[0].ipAddress}"),
+        peer_ip
+    );
+    wait_until(DEADLINE, "the bridge-bound guest from the host", || {
+        http_get(&format!("{peer_ip}:8080")).filter(|t| t.contains("hello-from-peer"))
+    })?;
     // (Debian's busybox wget crashes with `-T`.)
     for (from, to, answer) in [
         ("peer", web_ip, "hello-from-web"),
@@ -161,7 +181,15 @@ fn peers_reach_each_other(server: &ServerProcess, web_ip: &str) -> anyhow::Resul
             last.replace(out.clone());
             out.contains(answer).then_some(out)
         })
-        .map_err(|e| anyhow::anyhow!("{e}; last answer: {}", last.borrow()))?;
+        .map_err(|e| {
+            let seen = server
+                .guest_run(from, "ip -4 -o addr; ip route; ip neigh")
+                .unwrap_or_default();
+            anyhow::anyhow!(
+                "{e}; last answer: {}\n{from}'s network: {seen}",
+                last.borrow()
+            )
+        })?;
         assert!(seen.contains("RUN-DONE rc=0"), "{seen}");
     }
     server.ok(&["delete", "vm", "peer", "--wait=false"])?;

@@ -50,7 +50,7 @@ use kubevirt_api::v1::{
 use virt_launcher::spec::{
     Accel, Bootloader, CacheMode, Cpu, CpuFeature, CpuModel, Disk, DiskBus, DiskFormat, Efi,
     Firmware, ForwardedPort, Graphics, Interface, InterfaceBinding, KernelBoot, LauncherSpec,
-    Masquerade, Memory, RuntimePaths, VideoModel, VmiIdentity,
+    Masquerade, Memory, PodBridge, RuntimePaths, VideoModel, VmiIdentity,
 };
 
 use virt_launcher::protocol::PodInterface;
@@ -1085,8 +1085,8 @@ fn interfaces(
 ) -> Result<Vec<Interface>, SpecError> {
     let uid = vmi.metadata.uid.clone().unwrap_or_default();
     let mut out = Vec::new();
-    let mut masquerade_taken = false;
-    for iface in &vmi.spec.domain.devices.interfaces {
+    let mut pod_network_taken = false;
+    for (index, iface) in vmi.spec.domain.devices.interfaces.iter().enumerate() {
         let name = &iface.name;
         let network = vmi.spec.networks.iter().find(|n| &n.name == name);
         let Some(pod_network) = network.and_then(|n| n.network_source.pod.as_ref()) else {
@@ -1101,24 +1101,24 @@ fn interfaces(
             )));
         }
         let spec_mac = iface.mac_address.clone().filter(|m| !m.is_empty());
-        // Masquerade needs the launcher's own network namespace; the pod network has one
-        // primary interface, so only the first masquerade interface gets it (as upstream
-        // gives NAT rules to the first one only). A bridge interface on the pod network (the
-        // default interface virt-api adds) is served by masquerade too until the bridge
-        // binding exists: reachable through the pod IP on every port, but the guest sees
-        // 10.0.2.2 instead of the pod IP. Everything else is user-mode networking.
-        let nat = b.masquerade.is_some() || b.bridge.is_some();
-        let masquerade = match pod_interface {
-            Some(pod) if nat && !masquerade_taken => {
-                masquerade_taken = true;
-                Some((masquerade(name, pod, pod_network, &iface.ports)?, pod))
-            }
-            _ => None,
-        };
-        let (binding, mac) = match masquerade {
-            // Upstream: the spec's MAC, else the pod interface's.
-            Some((m, pod)) => (
-                InterfaceBinding::Masquerade(m),
+        // Masquerade and bridge need the launcher's own network namespace; the pod network
+        // has one primary interface, so only the first such interface gets it (as upstream
+        // gives NAT rules to the first one only). Everything else is user-mode networking.
+        let pod = pod_interface.filter(|_| {
+            let wants = b.masquerade.is_some() || b.bridge.is_some();
+            let first = wants && !pod_network_taken;
+            pod_network_taken |= first;
+            first
+        });
+        let (binding, mac) = match pod {
+            // Upstream: the spec's MAC, else the pod interface's (for bridge the guest takes
+            // the pod's MAC and address).
+            Some(pod) if b.bridge.is_some() => (
+                InterfaceBinding::Bridge(pod_bridge(pod, index)),
+                spec_mac.unwrap_or_else(|| pod.mac.clone()),
+            ),
+            Some(pod) => (
+                InterfaceBinding::Masquerade(masquerade(name, pod, pod_network, &iface.ports)?),
                 spec_mac.unwrap_or_else(|| pod.mac.clone()),
             ),
             None => (
@@ -1135,6 +1135,20 @@ fn interfaces(
         });
     }
     Ok(out)
+}
+
+/// The bridge binding on the pod interface `pod` of the interface at `index` of the VMI's
+/// interfaces, with upstream's names (`eth0-nic`, `k6t-eth0`, `tap0`) and DHCP server address
+/// (`169.254.75.1N`).
+fn pod_bridge(pod: &PodInterface, index: usize) -> PodBridge {
+    let last = u8::try_from(10 + index.min(9)).unwrap_or(10);
+    PodBridge {
+        pod_interface: pod.name.clone(),
+        renamed: format!("{}-nic", pod.name),
+        bridge: format!("k6t-{}", pod.name),
+        tap: "tap0".to_owned(),
+        server: std::net::Ipv4Addr::new(169, 254, 75, last),
+    }
 }
 
 /// The masquerade binding of interface `name` on the pod network: gateway and guest are the

@@ -349,6 +349,28 @@ pub enum InterfaceBinding {
     /// KubeVirt's masquerade binding: a tap device on an in-pod bridge, NAT between the pod
     /// interface and the guest, and a DHCP server in the launcher ([`crate::netsetup`]).
     Masquerade(Masquerade),
+    /// KubeVirt's bridge binding: the pod interface and a tap device on an in-pod bridge, and
+    /// the guest gets the pod's address by DHCP from the launcher ([`crate::netsetup::bridge`]).
+    /// Newer than the first spec revision: an older launcher refuses a spec with it.
+    Bridge(PodBridge),
+}
+
+/// The bridge binding (upstream's names: `eth0` renamed `eth0-nic` on the bridge `k6t-eth0`
+/// with the tap `tap0`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PodBridge {
+    /// The pod's interface (`eth0`).
+    pub pod_interface: String,
+    /// What it is renamed to on the bridge (`eth0-nic`).
+    pub renamed: String,
+    /// The in-pod bridge (`k6t-eth0`).
+    pub bridge: String,
+    /// The tap device QEMU opens (`tap0`).
+    pub tap: String,
+    /// The DHCP server's address on the bridge (upstream's `169.254.75.1N/32`, N the
+    /// interface's index).
+    pub server: std::net::Ipv4Addr,
 }
 
 /// The masquerade binding, every name and address resolved by the handler (upstream's

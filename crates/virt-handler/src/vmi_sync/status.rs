@@ -249,7 +249,8 @@ pub fn desired_status(
 
 /// `status.interfaces` as upstream's handler reports it from the domain: name, MAC,
 /// `infoSource: domain`, and for a masquerade interface the pod IPs (upstream reports the
-/// pod's addresses, never the guest's NAT address). A user-mode interface has no address
+/// pod's addresses, never the guest's NAT address), for a bridge interface the pod's IPv4
+/// address, which the guest holds. A user-mode interface has no address
 /// anyone could reach, so it reports none.
 fn interface_status(spec: &LauncherSpec, pod: Option<&PodInterface>) -> Value {
     spec.interfaces
@@ -263,11 +264,19 @@ fn interface_status(spec: &LauncherSpec, pod: Option<&PodInterface>) -> Value {
                 "queueCount": 1,
                 "linkState": "up",
             });
-            if let (InterfaceBinding::Masquerade(_), Some(pod)) = (&i.binding, pod)
-                && let Some(first) = pod.ip_addresses.first()
-            {
+            let ips: Vec<&String> = match (&i.binding, pod) {
+                (InterfaceBinding::Masquerade(_), Some(pod)) => pod.ip_addresses.iter().collect(),
+                // The guest holds the pod's IPv4 address; IPv6 is not handed to it (upstream).
+                (InterfaceBinding::Bridge(_), Some(pod)) => pod
+                    .ip_addresses
+                    .iter()
+                    .filter(|ip| ip.parse::<std::net::Ipv4Addr>().is_ok())
+                    .collect(),
+                _ => Vec::new(),
+            };
+            if let Some(first) = ips.first() {
                 entry["ipAddress"] = json!(first);
-                entry["ipAddresses"] = json!(pod.ip_addresses);
+                entry["ipAddresses"] = json!(ips);
             }
             entry
         })

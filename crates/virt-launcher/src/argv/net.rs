@@ -34,16 +34,14 @@ pub(super) fn push(spec: &LauncherSpec, args: &mut Args) -> Result<(), ArgvError
             InterfaceBinding::UserMode => {
                 args.push_pair("-netdev", format!("user,id=netdev-{index}"));
             }
-            InterfaceBinding::Masquerade(m) => {
-                if !is_link_name(&m.tap) {
-                    return Err(fail(format!("{:?} is not a usable tap name", m.tap)));
+            InterfaceBinding::Masquerade(crate::spec::Masquerade { tap, .. })
+            | InterfaceBinding::Bridge(crate::spec::PodBridge { tap, .. }) => {
+                if !is_link_name(tap) {
+                    return Err(fail(format!("{tap:?} is not a usable tap name")));
                 }
                 args.push_pair(
                     "-netdev",
-                    format!(
-                        "tap,id=netdev-{index},ifname={},script=no,downscript=no",
-                        m.tap
-                    ),
+                    format!("tap,id=netdev-{index},ifname={tap},script=no,downscript=no"),
                 );
             }
         }

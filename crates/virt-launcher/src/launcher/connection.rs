@@ -121,7 +121,7 @@ mod tests {
         let socket = dir.join("launcher.sock");
         let mut opts = super::super::LauncherOptions::new(&socket);
         opts.fake_qemu = true;
-        let domain = Arc::new(Domain::new(opts, None));
+        let domain = Arc::new(Domain::new(opts, None, None));
         let listener = tokio::net::UnixListener::bind(&socket).unwrap();
         let served = Arc::clone(&domain);
         tokio::spawn(async move {

@@ -156,6 +156,9 @@ struct Started {
 pub(super) struct Domain {
     opts: LauncherOptions,
     pod_interface: Option<PodInterface>,
+    /// The pod interface's IPv4 configuration, read at start (the bridge binding hands it
+    /// to the guest).
+    pod_ipv4: Option<crate::netsetup::bridge::PodIpv4>,
     shared: Arc<Shared>,
     started: tokio::sync::Mutex<Option<Started>>,
     /// The files the handler passed (`passFile`).
@@ -165,7 +168,11 @@ pub(super) struct Domain {
 }
 
 impl Domain {
-    pub(super) fn new(opts: LauncherOptions, pod_interface: Option<PodInterface>) -> Self {
+    pub(super) fn new(
+        opts: LauncherOptions,
+        pod_interface: Option<PodInterface>,
+        pod_ipv4: Option<crate::netsetup::bridge::PodIpv4>,
+    ) -> Self {
         let shared = Shared {
             status: watch::Sender::new(DomainStatus::pending()),
             device_deleted: tokio::sync::broadcast::Sender::new(16),
@@ -179,6 +186,7 @@ impl Domain {
         Self {
             opts,
             pod_interface,
+            pod_ipv4,
             shared: Arc::new(shared),
             started: tokio::sync::Mutex::new(None),
             passed: Default::default(),
@@ -587,6 +595,10 @@ impl Domain {
     ) -> Result<Vec<tokio::task::JoinHandle<()>>, String> {
         let mut servers = Vec::new();
         for iface in &spec.interfaces {
+            if let InterfaceBinding::Bridge(b) = &iface.binding {
+                servers.extend(self.setup_bridge(spec, iface, b).await?);
+                continue;
+            }
             let InterfaceBinding::Masquerade(m) = &iface.binding else {
                 continue;
             };
@@ -609,6 +621,43 @@ impl Domain {
             servers.push(crate::netsetup::start_dhcp(m, pod, &spec.vmi.name).map_err(network)?);
         }
         Ok(servers)
+    }
+
+    /// Builds the bridge binding of `iface` and starts its DHCP server (none when the pod has
+    /// no IPv4 address).
+    async fn setup_bridge(
+        &self,
+        spec: &LauncherSpec,
+        iface: &crate::spec::Interface,
+        b: &crate::spec::PodBridge,
+    ) -> Result<Option<tokio::task::JoinHandle<()>>, String> {
+        let pod = self
+            .pod_interface
+            .as_ref()
+            .filter(|p| p.name == b.pod_interface)
+            .ok_or_else(|| {
+                format!(
+                    "interface {:?}: the bridge binding needs the pod interface {:?} in the launcher's own network namespace",
+                    iface.name, b.pod_interface
+                )
+            })?;
+        let network = |e: crate::netsetup::NetSetupError| {
+            format!("interface {:?}: {}", iface.name, error_chain(&e))
+        };
+        let ipv4 = self.pod_ipv4.as_ref();
+        crate::netsetup::bridge::setup_bridge(b, pod, ipv4)
+            .await
+            .map_err(network)?;
+        let resolv = std::fs::read_to_string(crate::netsetup::RESOLV_CONF).unwrap_or_default();
+        let mac = iface.mac_address.as_deref().unwrap_or(&pod.mac);
+        let Some(config) =
+            crate::netsetup::bridge::dhcp_config(b, pod, ipv4, mac, &spec.vmi.name, &resolv)
+        else {
+            return Ok(None);
+        };
+        crate::netsetup::serve_dhcp(&b.bridge, config)
+            .map(Some)
+            .map_err(network)
     }
 
     /// Waits for QEMU's QMP socket, giving up when QEMU exits or the timeout passes.

@@ -130,10 +130,18 @@ pub async fn run_launcher(opts: LauncherOptions) -> Result<(), LauncherError> {
     } else {
         None
     };
-    if let Some(pod) = &pod_interface {
-        tracing::info!(interface = %pod.name, ips = ?pod.ip_addresses, "launcher has its own pod network");
-    }
-    let domain = Arc::new(domain::Domain::new(opts, pod_interface));
+    let pod_ipv4 = match &pod_interface {
+        Some(pod) => {
+            tracing::info!(interface = %pod.name, ips = ?pod.ip_addresses, "launcher has its own pod network");
+            let name = pod.name.clone();
+            tokio::task::spawn_blocking(move || crate::netsetup::bridge::discover_ipv4(&name))
+                .await
+                .ok()
+                .flatten()
+        }
+        None => None,
+    };
+    let domain = Arc::new(domain::Domain::new(opts, pod_interface, pod_ipv4));
     tracing::info!(socket = %socket_path.display(), "launcher listening");
     let mut status = domain.subscribe();
     loop {

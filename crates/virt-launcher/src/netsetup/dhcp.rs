@@ -34,6 +34,19 @@ pub struct DhcpConfig {
     pub hostname: String,
     /// Interface MTU.
     pub mtu: u16,
+    /// Answer only this client (the bridge binding: other guests on the pod network must
+    /// not get this address); any client when `None` (masquerade, as upstream).
+    pub client_mac: Option<[u8; 6]>,
+}
+
+/// `aa:bb:cc:dd:ee:ff` as bytes.
+pub fn parse_mac(mac: &str) -> Option<[u8; 6]> {
+    let mut out = [0u8; 6];
+    let mut parts = mac.split(':');
+    for byte in &mut out {
+        *byte = u8::from_str_radix(parts.next()?, 16).ok()?;
+    }
+    parts.next().is_none().then_some(out)
 }
 
 /// The parts of a `resolv.conf` the DHCP options carry.
@@ -67,6 +80,11 @@ pub fn parse_resolv_conf(text: &str) -> ResolvConf {
 /// The answer to `request`, or `None` when it gets none.
 pub fn reply(request: &Message, config: &DhcpConfig) -> Option<Message> {
     if request.opcode() != Opcode::BootRequest {
+        return None;
+    }
+    if let Some(mac) = config.client_mac
+        && request.chaddr().get(..6) != Some(&mac[..])
+    {
         return None;
     }
     let kind = match request.opts().msg_type()? {
@@ -179,6 +197,7 @@ mod tests {
             ],
             hostname: "demo".into(),
             mtu: 1500,
+            client_mac: None,
         }
     }
 

@@ -1,4 +1,5 @@
-//! Pod networking inside the launcher pod: the masquerade binding.
+//! Pod networking inside the launcher pod: the masquerade binding, and the bridge binding
+//! ([`bridge`]).
 //!
 //! Data flow: at start the launcher [`discover`]s its pod interface (`eth0`), but only when
 //! it runs in a network namespace of its own ([`own_network_namespace`]);
@@ -21,6 +22,7 @@
 //! - The pod network is IPv4 only (the embedded node's CNI gives one IPv4 address); no
 //!   DHCPv6 and no `ip6 nat` table.
 
+pub mod bridge;
 pub mod dhcp;
 pub mod nft;
 
@@ -229,6 +231,7 @@ pub fn dhcp_config(
         search: resolv.search,
         hostname: hostname.to_owned(),
         mtu: u16::try_from(pod.mtu).unwrap_or(1500),
+        client_mac: None,
     }
 }
 
@@ -242,9 +245,19 @@ pub fn start_dhcp(
     hostname: &str,
 ) -> Result<tokio::task::JoinHandle<()>, NetSetupError> {
     let resolv = std::fs::read_to_string(RESOLV_CONF).unwrap_or_default();
-    let config = dhcp_config(m, pod, hostname, &resolv);
-    let socket = dhcp::bind(&m.bridge).map_err(|source| NetSetupError::Dhcp {
-        bridge: m.bridge.clone(),
+    serve_dhcp(&m.bridge, dhcp_config(m, pod, hostname, &resolv))
+}
+
+/// Starts a DHCP server with `config` on `bridge`; it runs until the launcher exits.
+///
+/// # Errors
+/// [`NetSetupError::Dhcp`] when the socket cannot be bound to the bridge.
+pub fn serve_dhcp(
+    bridge: &str,
+    config: dhcp::DhcpConfig,
+) -> Result<tokio::task::JoinHandle<()>, NetSetupError> {
+    let socket = dhcp::bind(bridge).map_err(|source| NetSetupError::Dhcp {
+        bridge: bridge.to_owned(),
         source,
     })?;
     Ok(tokio::spawn(dhcp::serve(socket, config)))
