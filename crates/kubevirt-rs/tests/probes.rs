@@ -14,41 +14,13 @@ use testkit::{DEADLINE, ServerProcess, wait_until};
 
 const BIN: &str = env!("CARGO_BIN_EXE_kubevirt-rs");
 
-/// A VM whose guest serves HTTP on 8080 (busybox httpd from its cloud-init user data), with
-/// `probes` (YAML lines of the template's spec).
-fn probed_vm(name: &str, probes: &str) -> String {
-    format!(
-        r#"apiVersion: kubevirt.io/v1
-kind: VirtualMachine
-metadata:
-  name: {name}
-spec:
-  runStrategy: Always
-  template:
-    spec:
-      terminationGracePeriodSeconds: 0
-{probes}
-      domain:
-        memory: {{guest: 128Mi}}
-        firmware:
-          kernelBoot:
-            kernelArgs: "console=ttyS0 panic=-1 quiet tg.quiet=1 tg.net=dhcp"
-            container:
-              image: kubevirt-rs/test-guest:latest
-              kernelPath: /vmlinux
-              initrdPath: /initramfs.cpio.gz
-        devices:
-          disks: [{{name: cloudinit, disk: {{bus: virtio}}}}]
-          interfaces: [{{name: default, masquerade: {{}}, ports: [{{name: http, port: 8080}}, {{port: 8081}}]}}]
-      networks: [{{name: default, pod: {{}}}}]
-      volumes:
-        - name: cloudinit
-          cloudInitNoCloud:
-            userData: |
-              #!/bin/sh
-              mkdir -p /www && echo ok > /www/index.html
-              httpd -p 8080 -h /www
-"#
+/// A serving VM ([`testkit::serving_guest_vm`]) forwarding 8080 and 8081, with `probes` (lines
+/// of the template's spec).
+fn probed_vm(name: &str, probes: &[&str]) -> String {
+    testkit::serving_guest_vm(
+        name,
+        "masquerade: {}, ports: [{name: http, port: 8080}, {port: 8081}]",
+        probes,
     )
 }
 
@@ -80,7 +52,7 @@ fn probes_decide_readiness_and_a_failing_liveness_probe_restarts_the_vm() -> any
 fn scenario(server: &ServerProcess) -> anyhow::Result<()> {
     server.apply(&probed_vm(
         "ready",
-        "      readinessProbe: {httpGet: {port: http, path: /index.html}, periodSeconds: 1, failureThreshold: 1}",
+        &["readinessProbe: {httpGet: {port: http, path: /index.html}, periodSeconds: 1, failureThreshold: 1}"],
     ))?;
     wait_until(DEADLINE, "VMI ready Running", || {
         (server.get(&["vmi", "ready"], "{.status.phase}") == "Running").then_some(())
@@ -117,7 +89,7 @@ fn scenario(server: &ServerProcess) -> anyhow::Result<()> {
     // Nothing serves 8081: the liveness probe fails, the VMI ends and the VM starts another.
     server.apply(&probed_vm(
         "doomed",
-        "      livenessProbe: {tcpSocket: {port: 8081}, periodSeconds: 1, failureThreshold: 1}",
+        &["livenessProbe: {tcpSocket: {port: 8081}, periodSeconds: 1, failureThreshold: 1}"],
     ))?;
     let first = wait_until(DEADLINE, "VMI doomed", || {
         Some(server.get(&["vmi", "doomed"], "{.metadata.uid}")).filter(|u| !u.is_empty())
@@ -137,7 +109,10 @@ fn scenario(server: &ServerProcess) -> anyhow::Result<()> {
 fn agent_probes(server: &ServerProcess) -> anyhow::Result<()> {
     server.apply(&probed_vm(
         "agent",
-        "      readinessProbe: {exec: {command: [cat, /tmp/ready]}, periodSeconds: 1, failureThreshold: 1}\n      livenessProbe: {guestAgentPing: {}, periodSeconds: 1, failureThreshold: 1}",
+        &[
+            "readinessProbe: {exec: {command: [cat, /tmp/ready]}, periodSeconds: 1, failureThreshold: 1}",
+            "livenessProbe: {guestAgentPing: {}, periodSeconds: 1, failureThreshold: 1}",
+        ],
     ))?;
     wait_until(DEADLINE, "VMI agent Running", || {
         (server.get(&["vmi", "agent"], "{.status.phase}") == "Running").then_some(())

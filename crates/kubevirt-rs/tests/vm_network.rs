@@ -34,45 +34,12 @@ fn start_server_with_guest() -> anyhow::Result<Option<ServerProcess>> {
     Ok(Some(server))
 }
 
-/// A VM whose guest takes its address by DHCP and serves `hello-from-<name>` over HTTP on
-/// port 8080 (busybox httpd from its cloud-init user data), with a masquerade interface.
+/// A serving VM ([`testkit::serving_guest_vm`]) with a masquerade interface forwarding 8080.
 fn serving_vm(name: &str) -> String {
-    serving_vm_with(name, "masquerade: {}, ports: [{name: http, port: 8080}]")
-}
-
-/// [`serving_vm`] with `binding` (flow YAML inside the interface: the binding and its ports).
-fn serving_vm_with(name: &str, binding: &str) -> String {
-    format!(
-        r#"apiVersion: kubevirt.io/v1
-kind: VirtualMachine
-metadata:
-  name: {name}
-spec:
-  runStrategy: Always
-  template:
-    spec:
-      terminationGracePeriodSeconds: 0
-      domain:
-        memory: {{guest: 128Mi}}
-        firmware:
-          kernelBoot:
-            kernelArgs: "console=ttyS0 panic=-1 quiet tg.quiet=1 tg.net=dhcp"
-            container:
-              image: kubevirt-rs/test-guest:latest
-              kernelPath: /vmlinux
-              initrdPath: /initramfs.cpio.gz
-        devices:
-          disks: [{{name: cloudinit, disk: {{bus: virtio}}}}]
-          interfaces: [{{name: default, {binding}}}]
-      networks: [{{name: default, pod: {{}}}}]
-      volumes:
-        - name: cloudinit
-          cloudInitNoCloud:
-            userData: |
-              #!/bin/sh
-              mkdir -p /www && echo hello-from-{name} > /www/index.html
-              httpd -p 8080 -h /www
-"#
+    testkit::serving_guest_vm(
+        name,
+        "masquerade: {}, ports: [{name: http, port: 8080}]",
+        &[],
     )
 }
 
@@ -150,7 +117,7 @@ fn free_port() -> anyhow::Result<u16> {
 /// `web_ip`).
 fn peers_reach_each_other(server: &ServerProcess, web_ip: &str) -> anyhow::Result<()> {
     // The bridge binding: the guest holds the pod's address itself.
-    server.apply(&serving_vm_with("peer", "bridge: {}"))?;
+    server.apply(&testkit::serving_guest_vm("peer", "bridge: {}", &[]))?;
     wait_phase(server, "peer", "Running")?;
     let peer_ip =
         crate::pod_ip(server, "peer").ok_or_else(|| anyhow::anyhow!("the peer's pod IP"))?;

@@ -62,6 +62,47 @@ spec:
     )
 }
 
+/// A `runStrategy: Always` VM `name` whose test guest takes its address on the pod network by
+/// DHCP and serves `hello-from-<name>` over HTTP on port 8080 (busybox `httpd`, started by its
+/// cloud-init user data). `binding` is the interface's binding and ports as flow YAML (e.g.
+/// `masquerade: {}, ports: [{name: http, port: 8080}]`); `spec` holds more lines of the
+/// template's `spec` (probes, say), indented as its fields.
+pub fn serving_guest_vm(name: &str, binding: &str, spec: &[&str]) -> String {
+    let extra: String = spec.iter().map(|f| format!("      {f}\n")).collect();
+    format!(
+        r#"apiVersion: kubevirt.io/v1
+kind: VirtualMachine
+metadata:
+  name: {name}
+spec:
+  runStrategy: Always
+  template:
+    spec:
+      terminationGracePeriodSeconds: 0
+{extra}      domain:
+        memory: {{guest: 128Mi}}
+        firmware:
+          kernelBoot:
+            kernelArgs: "console=ttyS0 panic=-1 quiet tg.quiet=1 tg.net=dhcp"
+            container:
+              image: kubevirt-rs/test-guest:latest
+              kernelPath: /vmlinux
+              initrdPath: /initramfs.cpio.gz
+        devices:
+          disks: [{{name: cloudinit, disk: {{bus: virtio}}}}]
+          interfaces: [{{name: default, {binding}}}]
+      networks: [{{name: default, pod: {{}}}}]
+      volumes:
+        - name: cloudinit
+          cloudInitNoCloud:
+            userData: |
+              #!/bin/sh
+              mkdir -p /www && echo hello-from-{name} > /www/index.html
+              httpd -p 8080 -h /www
+"#
+    )
+}
+
 /// `virtctl` built next to the binary `bin` (cargo puts every binary of the workspace in one
 /// target directory), or why it cannot be used; for [`available`].
 ///
