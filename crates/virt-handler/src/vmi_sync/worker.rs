@@ -140,6 +140,10 @@ pub(super) struct Follow {
     pub(super) current: Arc<VirtualMachineInstance>,
     pub(super) facts: DomainFacts,
     observation: Option<Observation>,
+    /// The last observation's status write gave up (every attempt lost a race or the API
+    /// server was unreachable): it is tried again on the next retry tick, since no VMI update
+    /// may ever come to wake this worker.
+    status_owed: bool,
     pull_backoff: PullBackoff,
 }
 
@@ -201,6 +205,7 @@ impl Follow {
                 hotplug: Default::default(),
             },
             observation: None,
+            status_owed: false,
             pull_backoff: PullBackoff::default(),
         }
     }
@@ -367,6 +372,11 @@ impl Follow {
                     }
                 }
                 _ = sync_retry.tick() => {
+                    if self.status_owed
+                        && let Some(observation) = self.observation.clone()
+                    {
+                        self.observe(observation).await;
+                    }
                     if st.domain.state == DomainState::Pending && st.sync_id.is_none() && !deleting {
                         st.sync_id = self.sync(&mut link, dir).await;
                     }
@@ -722,10 +732,13 @@ impl Follow {
     /// Records `observation` and patches the VMI if its status should change.
     ///
     /// A patch that loses a race (its `test` operations fail because another writer changed
-    /// the VMI) is rebuilt from a fresh read and retried a few times, so the observation is
-    /// not lost when no further VMI update would wake this worker.
+    /// the VMI) is rebuilt from a fresh read and retried a few times; when every attempt
+    /// fails (the API server restarting, say) the write is owed and retried on the next tick
+    /// ([`SYNC_RETRY`]), so the observation is not lost when no further VMI update would wake
+    /// this worker.
     async fn observe(&mut self, observation: Observation) {
         self.observation = Some(observation.clone());
+        self.status_owed = false;
         let namespace = self.current.metadata.namespace.clone().unwrap_or_default();
         let api: Api<VirtualMachineInstance> = Api::namespaced(self.client.clone(), &namespace);
         let vmi_name = self.current.metadata.name.clone().unwrap_or_default();
@@ -770,7 +783,8 @@ impl Follow {
                 }
             }
         }
-        warn!(vmi = %name(&self.current), "status patch kept losing races; retrying on the next update");
+        warn!(vmi = %name(&self.current), "status patch kept losing races; retrying shortly");
+        self.status_owed = true;
     }
 }
 
