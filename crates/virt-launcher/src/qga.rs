@@ -68,17 +68,10 @@ impl GuestAgentClient {
     /// [`AgentError`] when the socket cannot be reached or the agent does not answer.
     pub async fn connect(path: &Path, timeout: Duration) -> Result<Self, AgentError> {
         let stream = crate::unix_socket::connect(path).await?;
-        let (read, writer) = stream.into_split();
-        let mut client = Self {
-            reader: BufReader::new(read),
-            writer,
-            timeout,
-        };
-        client.sync().await?;
-        Ok(client)
+        Self::from_stream(stream, timeout).await
     }
 
-    /// Wraps an already connected stream (tests) and synchronises.
+    /// Wraps an already connected stream and synchronises.
     ///
     /// # Errors
     /// As [`Self::connect`].
