@@ -12,16 +12,6 @@ use testkit::{DEADLINE, ServerProcess, wait_until};
 
 const BIN: &str = env!("CARGO_BIN_EXE_kubevirt-rs");
 
-/// The launcher pod of the VM `agent`: `(name, uid)`.
-fn launcher(server: &ServerProcess) -> Option<(String, String)> {
-    let pod = server.get(
-        &["pods", "-l", "vm.kubevirt.io/name=agent"],
-        r#"{range .items[?(@.status.phase=="Running")]}{.metadata.name} {.metadata.uid}{end}"#,
-    );
-    let (name, uid) = pod.split_once(' ')?;
-    Some((name.to_owned(), uid.to_owned()))
-}
-
 fn agent_connected(server: &ServerProcess) -> String {
     server.get(
         &["vmi", "agent"],
@@ -48,7 +38,9 @@ fn scenario(server: &ServerProcess) -> anyhow::Result<()> {
         "agent",
         &["memory: {guest: 128Mi}"],
     ))?;
-    let (pod, uid) = wait_until(DEADLINE, "the launcher pod Running", || launcher(server))?;
+    let (pod, uid) = wait_until(DEADLINE, "the launcher pod Running", || {
+        server.running_launcher("agent")
+    })?;
     wait_until(DEADLINE, "AgentConnected", || {
         (agent_connected(server) == "True").then_some(())
     })

@@ -178,43 +178,6 @@ fn a_vm_boots_shows_its_console_and_powers_off_through_acpi() -> anyhow::Result<
     Ok(())
 }
 
-/// A VM whose guest takes its address by DHCP (`tg.net=dhcp`) and serves `hello-from-guest`
-/// over HTTP on port 8080 (busybox httpd, started by its cloud-init user data).
-fn serving_vm(name: &str) -> String {
-    format!(
-        r#"apiVersion: kubevirt.io/v1
-kind: VirtualMachine
-metadata:
-  name: {name}
-spec:
-  runStrategy: Always
-  template:
-    spec:
-      terminationGracePeriodSeconds: 0
-      domain:
-        memory: {{guest: 128Mi}}
-        firmware:
-          kernelBoot:
-            kernelArgs: "console=ttyS0 panic=-1 quiet tg.quiet=1 tg.net=dhcp"
-            container:
-              image: kubevirt-rs/test-guest:latest
-              kernelPath: /vmlinux
-              initrdPath: /initramfs.cpio.gz
-        devices:
-          disks: [{{name: cloudinit, disk: {{bus: virtio}}}}]
-          interfaces: [{{name: default, masquerade: {{}}, ports: [{{name: http, port: 8080}}]}}]
-      networks: [{{name: default, pod: {{}}}}]
-      volumes:
-        - name: cloudinit
-          cloudInitNoCloud:
-            userData: |
-              #!/bin/sh
-              mkdir -p /www && echo hello-from-guest > /www/index.html
-              httpd -p 8080 -h /www
-"#
-    )
-}
-
 /// One HTTP GET of `/` from this (host) process; the body on success.
 fn http_get(addr: &str) -> Option<String> {
     use std::io::{Read, Write};
@@ -236,7 +199,11 @@ fn a_masquerade_guest_gets_its_address_by_dhcp_and_is_reached_through_the_pod_ip
     let Some(server) = start_server_with_guest()? else {
         return Ok(());
     };
-    server.apply(&serving_vm("web"))?;
+    server.apply(&testkit::serving_guest_vm(
+        "web",
+        "masquerade: {}, ports: [{name: http, port: 8080}]",
+        &[],
+    ))?;
     wait_phase(&server, "web", "Running")?;
     let pod = launcher_pod(&server, "web");
     let pod_ip = jsonpath(&server, &format!("pod/{pod}"), "{.status.podIP}");
@@ -261,7 +228,7 @@ fn a_masquerade_guest_gets_its_address_by_dhcp_and_is_reached_through_the_pod_ip
     let body = wait_until(
         DEADLINE,
         "the guest's HTTP server through the pod IP",
-        || http_get(&format!("{pod_ip}:8080")).filter(|t| t.contains("hello-from-guest")),
+        || http_get(&format!("{pod_ip}:8080")).filter(|t| t.contains("hello-from-web")),
     )?;
     eprintln!(
         "masquerade: DHCP lease {:.1}s after Running, HTTP through {pod_ip}:8080 after {:.1}s",

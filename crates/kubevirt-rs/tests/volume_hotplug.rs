@@ -33,16 +33,6 @@ spec:
     requests: {storage: 32Mi}
 ";
 
-/// The launcher pod of the VM `hot`: `(name, uid)`.
-fn launcher(server: &ServerProcess) -> Option<(String, String)> {
-    let pod = server.get(
-        &["pods", "-l", "vm.kubevirt.io/name=hot"],
-        r#"{range .items[?(@.status.phase=="Running")]}{.metadata.name} {.metadata.uid}{end}"#,
-    );
-    let (name, uid) = pod.split_once(' ')?;
-    Some((name.to_owned(), uid.to_owned()))
-}
-
 fn volume_phase(server: &ServerProcess) -> String {
     phase_of(server, "hot-data")
 }
@@ -130,7 +120,9 @@ fn scenario(server: &ServerProcess) -> anyhow::Result<()> {
     ])?;
     server.apply(CLAIMS)?;
     server.apply(&testkit::test_guest_vm("hot", &["memory: {guest: 128Mi}"]))?;
-    let (pod, uid) = wait_until(DEADLINE, "the launcher pod Running", || launcher(server))?;
+    let (pod, uid) = wait_until(DEADLINE, "the launcher pod Running", || {
+        server.running_launcher("hot")
+    })?;
     wait_until(DEADLINE, "the guest to boot", || {
         server
             .guest_console(&pod)
@@ -235,7 +227,9 @@ fn restart_and_add_unpersisted(server: &ServerProcess, pod: &str) -> anyhow::Res
     wait_attached(server, pod, "sda")?;
     server.virtctl(&["restart", "hot"])?;
     let (new_pod, _) = wait_until(DEADLINE, "a new launcher pod Running", || {
-        launcher(server).filter(|(name, _)| *name != pod)
+        server
+            .running_launcher("hot")
+            .filter(|(name, _)| *name != pod)
     })?;
     wait_attached(server, &new_pod, "sda")?;
     let read = server.guest_run("hot", "head -c 15 /dev/sda; echo")?;

@@ -38,6 +38,49 @@ pub fn test_guest_vm(name: &str, domain: &[&str]) -> String {
 /// [`test_guest_vm`] with `devices` (a YAML flow mapping, e.g. `{disks: [{name: d, disk: {}}]}`)
 /// and more lines of the template's `spec` (`volumes: [...]`, `networks: [...]`).
 pub fn test_guest_vm_with(name: &str, domain: &[&str], devices: &str, spec: &[&str]) -> String {
+    guest_vm(name, "", domain, devices, spec)
+}
+
+/// A `runStrategy: Always` VM `name` whose test guest takes its address on the pod network by
+/// DHCP and serves `hello-from-<name>` over HTTP on port 8080 (busybox `httpd`, started by its
+/// cloud-init user data). `binding` is the interface's binding and ports as flow YAML (e.g.
+/// `masquerade: {}, ports: [{name: http, port: 8080}]`); `spec` holds more lines of the
+/// template's `spec` (probes, say), indented as its fields.
+pub fn serving_guest_vm(name: &str, binding: &str, spec: &[&str]) -> String {
+    let devices = format!(
+        "{{disks: [{{name: cloudinit, disk: {{bus: virtio}}}}], interfaces: [{{name: default, {binding}}}]}}"
+    );
+    let page = format!("        mkdir -p /www && echo hello-from-{name} > /www/index.html");
+    let mut lines = vec![
+        "terminationGracePeriodSeconds: 0",
+        "networks: [{name: default, pod: {}}]",
+        "volumes:",
+        "  - name: cloudinit",
+        "    cloudInitNoCloud:",
+        "      userData: |",
+        "        #!/bin/sh",
+        &page,
+        "        httpd -p 8080 -h /www",
+    ];
+    lines.extend_from_slice(spec);
+    guest_vm(
+        name,
+        " tg.net=dhcp",
+        &["memory: {guest: 128Mi}"],
+        &devices,
+        &lines,
+    )
+}
+
+/// The test-guest VM both builders above write; `kernel_args` are appended to the guest's
+/// usual command line.
+fn guest_vm(
+    name: &str,
+    kernel_args: &str,
+    domain: &[&str],
+    devices: &str,
+    spec: &[&str],
+) -> String {
     let fields: String = domain.iter().map(|f| format!("        {f}\n")).collect();
     let extra: String = spec.iter().map(|f| format!("      {f}\n")).collect();
     format!(
@@ -52,54 +95,13 @@ spec:
       domain:
 {fields}        firmware:
           kernelBoot:
-            kernelArgs: "console=ttyS0 panic=-1 quiet tg.quiet=1"
+            kernelArgs: "console=ttyS0 panic=-1 quiet tg.quiet=1{kernel_args}"
             container:
               image: kubevirt-rs/test-guest:latest
               kernelPath: /vmlinux
               initrdPath: /initramfs.cpio.gz
         devices: {devices}
 {extra}"#
-    )
-}
-
-/// A `runStrategy: Always` VM `name` whose test guest takes its address on the pod network by
-/// DHCP and serves `hello-from-<name>` over HTTP on port 8080 (busybox `httpd`, started by its
-/// cloud-init user data). `binding` is the interface's binding and ports as flow YAML (e.g.
-/// `masquerade: {}, ports: [{name: http, port: 8080}]`); `spec` holds more lines of the
-/// template's `spec` (probes, say), indented as its fields.
-pub fn serving_guest_vm(name: &str, binding: &str, spec: &[&str]) -> String {
-    let extra: String = spec.iter().map(|f| format!("      {f}\n")).collect();
-    format!(
-        r#"apiVersion: kubevirt.io/v1
-kind: VirtualMachine
-metadata:
-  name: {name}
-spec:
-  runStrategy: Always
-  template:
-    spec:
-      terminationGracePeriodSeconds: 0
-{extra}      domain:
-        memory: {{guest: 128Mi}}
-        firmware:
-          kernelBoot:
-            kernelArgs: "console=ttyS0 panic=-1 quiet tg.quiet=1 tg.net=dhcp"
-            container:
-              image: kubevirt-rs/test-guest:latest
-              kernelPath: /vmlinux
-              initrdPath: /initramfs.cpio.gz
-        devices:
-          disks: [{{name: cloudinit, disk: {{bus: virtio}}}}]
-          interfaces: [{{name: default, {binding}}}]
-      networks: [{{name: default, pod: {{}}}}]
-      volumes:
-        - name: cloudinit
-          cloudInitNoCloud:
-            userData: |
-              #!/bin/sh
-              mkdir -p /www && echo hello-from-{name} > /www/index.html
-              httpd -p 8080 -h /www
-"#
     )
 }
 
@@ -267,6 +269,16 @@ impl ServerProcess {
         let mut server = ServerProcess::start(binary, "server", &[])?;
         server.import_test_guest(guest)?;
         Ok(Some(server))
+    }
+
+    /// The running launcher pod of VM `vm`: `(name, uid)`.
+    pub fn running_launcher(&self, vm: &str) -> Option<(String, String)> {
+        let pod = self.get(
+            &["pods", "-l", &format!("vm.kubevirt.io/name={vm}")],
+            r#"{range .items[?(@.status.phase=="Running")]}{.metadata.name} {.metadata.uid}{end}"#,
+        );
+        let (name, uid) = pod.split_once(' ')?;
+        Some((name.to_owned(), uid.to_owned()))
     }
 
     /// Runs `virtctl args` (the one built beside the server's binary) against the server and
