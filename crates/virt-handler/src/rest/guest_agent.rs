@@ -95,16 +95,11 @@ fn guest_os_info(info: GuestAgentInfo) -> VirtualMachineInstanceGuestAgentInfo {
             })
             .collect(),
         hostname: agent.hostname,
-        os: agent.os.map(|os| VirtualMachineInstanceGuestOsInfo {
-            name: os.name,
-            kernel_release: os.kernel_release,
-            version: os.version,
-            pretty_name: os.pretty_name,
-            version_id: os.version_id,
-            kernel_version: os.kernel_version,
-            machine: os.machine,
-            id: os.id,
-        }),
+        // The protocol's `GuestOs` has upstream's field names.
+        os: agent
+            .os
+            .and_then(|os| serde_json::to_value(os).ok())
+            .and_then(|os| serde_json::from_value::<VirtualMachineInstanceGuestOsInfo>(os).ok()),
         timezone: agent.timezone,
         user_list: info.users.into_iter().map(user).collect(),
         fs_info: Some(VirtualMachineInstanceFileSystemInfo {

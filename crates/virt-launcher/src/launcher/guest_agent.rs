@@ -72,21 +72,31 @@ impl GuestAgentLink {
         *self.open.borrow()
     }
 
-    /// Runs one agent command on the shared session, connecting first when there is none.
-    async fn execute(&self, command: &str, arguments: Option<Value>) -> Result<Value, AgentError> {
+    /// The shared session, connected first when there is none.
+    async fn session(
+        &self,
+    ) -> Result<tokio::sync::MappedMutexGuard<'_, GuestAgentClient>, AgentError> {
         let mut session = self.session.lock().await;
         if session.is_none() {
             *session = Some(GuestAgentClient::connect(&self.socket, COMMAND_TIMEOUT).await?);
         }
-        let Some(client) = session.as_mut() else {
-            return Err(AgentError::Protocol("no session".into()));
-        };
-        let result = client.execute(command, arguments).await;
+        tokio::sync::MutexGuard::try_map(session, Option::as_mut)
+            .map_err(|_| AgentError::Protocol("no session".into()))
+    }
+
+    /// Drops the shared session: the next use connects again.
+    async fn reset(&self) {
+        *self.session.lock().await = None;
+    }
+
+    /// Runs one agent command on the shared session.
+    async fn execute(&self, command: &str, arguments: Option<Value>) -> Result<Value, AgentError> {
+        let result = self.session().await?.execute(command, arguments).await;
         if matches!(
             result,
             Err(AgentError::Io(_) | AgentError::Timeout { .. } | AgentError::Protocol(_))
         ) {
-            *session = None;
+            self.reset().await;
         }
         result
     }
@@ -175,18 +185,14 @@ impl GuestAgentLink {
 
     /// Asks the guest to reboot (`guest-shutdown`, mode `reboot`; no reply on success).
     pub(super) async fn reboot(&self) -> Result<(), AgentError> {
-        let mut session = self.session.lock().await;
-        if session.is_none() {
-            *session = Some(GuestAgentClient::connect(&self.socket, COMMAND_TIMEOUT).await?);
-        }
-        if let Some(client) = session.as_mut() {
-            client
-                .send_only("guest-shutdown", Some(json!({"mode": "reboot"})))
-                .await?;
-        }
+        let sent = self
+            .session()
+            .await?
+            .send_only("guest-shutdown", Some(json!({"mode": "reboot"})))
+            .await;
         // The agent goes down with the guest: the next use starts a new session.
-        *session = None;
-        Ok(())
+        self.reset().await;
+        sent
     }
 
     /// One polling round: what the domain status carries.
@@ -267,7 +273,7 @@ pub(super) async fn poll(link: Arc<GuestAgentLink>, shared: Arc<Shared>) {
             }
         }
         tracing::info!("the guest agent's port closed");
-        *link.session.lock().await = None;
+        link.reset().await;
         shared.set_guest_agent(|agent| {
             if let Some(agent) = agent {
                 agent.connected = false;

@@ -63,15 +63,17 @@ fn unsupported(
     if !has_all(REQUIRED_COMMANDS) {
         return Some("This guest agent doesn't support required basic commands");
     }
-    let credentials = vmi.spec.access_credentials.iter();
-    let (mut ssh, mut password) = (false, false);
-    for credential in credentials {
-        let through_agent =
-            |c: &Value, key: &str| !c[key]["propagationMethod"]["qemuGuestAgent"].is_null();
-        let c = serde_json::to_value(credential).unwrap_or_default();
-        ssh |= through_agent(&c, "sshPublicKey");
-        password |= through_agent(&c, "userPassword");
-    }
+    let credentials = &vmi.spec.access_credentials;
+    let ssh = credentials.iter().any(|c| {
+        c.ssh_public_key
+            .as_ref()
+            .is_some_and(|k| k.propagation_method.qemu_guest_agent.is_some())
+    });
+    let password = credentials.iter().any(|c| {
+        c.user_password
+            .as_ref()
+            .is_some_and(|p| p.propagation_method.qemu_guest_agent.is_some())
+    });
     if ssh && !has_all(SSH_COMMANDS) && !has_all(OLD_SSH_COMMANDS) {
         return Some("This guest agent doesn't support required public key commands");
     }
@@ -124,23 +126,8 @@ pub(super) fn update_conditions(
 
 /// `status.guestOSInfo` from the agent's `guest-get-osinfo`; `None` leaves the field as it is.
 pub(super) fn guest_os_info(agent: Option<&GuestAgent>) -> Option<Value> {
-    let os = agent?.os.as_ref()?;
-    let mut info = serde_json::Map::new();
-    for (key, value) in [
-        ("name", &os.name),
-        ("kernelRelease", &os.kernel_release),
-        ("version", &os.version),
-        ("prettyName", &os.pretty_name),
-        ("versionId", &os.version_id),
-        ("kernelVersion", &os.kernel_version),
-        ("machine", &os.machine),
-        ("id", &os.id),
-    ] {
-        if let Some(value) = value {
-            info.insert(key.into(), json!(value));
-        }
-    }
-    Some(Value::Object(info))
+    // The protocol's `GuestOs` has upstream's field names and omits absent ones.
+    serde_json::to_value(agent?.os.as_ref()?).ok()
 }
 
 /// Adds what the agent sees to the domain's interfaces, matched by MAC: the guest's name for
