@@ -7,6 +7,7 @@
 //! - [`crd`]: structural CustomResourceDefinitions generated from the types.
 //! - [`quantity`]: exact Kubernetes resource quantities, the one parser every crate uses.
 //! - [`live_update`]: the rules of CPU and memory hotplug.
+//! - [`duration`]: Go durations as `metav1.Duration` spells them.
 //! - [`cluster_config`]: the one watch of the `KubeVirt` CR every component subscribes to.
 //!
 //! Apart from [`cluster_config`] the crate does no I/O. Every optional field round-trips: decoding an upstream manifest and
@@ -17,6 +18,7 @@ mod string_enum;
 pub mod cluster_config;
 pub mod constants;
 pub mod crd;
+pub mod duration;
 pub mod live_update;
 pub mod pool;
 pub use k8s_quantity as quantity;

@@ -28,6 +28,10 @@ pub struct HandlerArgs {
     /// Address of the REST server (console, VNC, pause) virt-api connects to.
     #[arg(long, default_value = "0.0.0.0:8186")]
     pub listen: std::net::SocketAddr,
+    /// Address of the metrics port (`/metrics`, `/healthz`; upstream's 8443), served
+    /// with the REST server's certificate.
+    #[arg(long, default_value = "0.0.0.0:8443")]
+    pub metrics_listen: std::net::SocketAddr,
     /// This node's name (default: the hostname).
     #[arg(long)]
     pub node_name: Option<String>,
@@ -82,6 +86,7 @@ pub fn run(args: HandlerArgs) -> anyhow::Result<()> {
             kubelet_pods_dir: args.kubelet_pods_dir,
             use_emulation: args.use_emulation,
             rest,
+            metrics_listen: Some(args.metrics_listen),
             heartbeat_interval: args.heartbeat_interval,
             migration_ip: args.pod_ip_address,
         };

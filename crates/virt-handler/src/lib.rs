@@ -17,6 +17,7 @@
 
 pub mod images;
 pub mod launcher_spec;
+pub mod metrics;
 pub mod node;
 pub mod rest;
 pub mod vmi_sync;
@@ -41,6 +42,9 @@ pub struct HandlerConfig {
     /// certificates it accepts (virt-api's), and the certificate it presents. Without it no
     /// REST server runs.
     pub rest: Option<rest::RestConfig>,
+    /// Where `/metrics` is served ([`metrics`]), with the REST server's certificate; not at
+    /// all without a REST server or with `None`.
+    pub metrics_listen: Option<std::net::SocketAddr>,
     /// The heartbeat period ([`node::HEARTBEAT_INTERVAL`] unless `--heartbeat-interval`).
     pub heartbeat_interval: std::time::Duration,
     /// The handler's pod IP (`--pod-ip-address`): where migration targets listen.
@@ -80,6 +84,9 @@ pub enum HandlerError {
     /// The REST server could not be started.
     #[error("starting virt-handler's REST server")]
     Rest(#[source] rest::RestError),
+    /// The metrics port could not be served.
+    #[error("serving virt-handler's metrics")]
+    Metrics(#[source] kubevirt_tls::SpawnError),
 }
 
 /// Creates the data directory and its `hostdisks/` and `images/` owner-only (`0700`),
@@ -141,6 +148,15 @@ fn image_store(data_dir: &std::path::Path) -> images::ImageStore {
     }
 }
 
+/// Aborts a serving task when dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 /// Runs the node agent until `cancel` fires. Launchers and their guests keep running when
 /// it returns: they live in their own process groups.
 ///
@@ -166,6 +182,21 @@ pub async fn run_handler(
         migration_ip: config.migration_ip,
     };
     let (vmi_store, vmi_writer) = kube::runtime::reflector::store();
+    let _metrics = match (&config.rest, config.metrics_listen) {
+        (Some(rest), Some(listen)) => {
+            let app = metrics::router(
+                vmi_store.clone(),
+                &config.node_name,
+                &config.kubelet_pods_dir,
+            );
+            let (addr, task) = metrics::serve(listen, &rest.tls, app)
+                .await
+                .map_err(HandlerError::Metrics)?;
+            tracing::info!(%addr, "serving metrics");
+            Some(AbortOnDrop(task))
+        }
+        _ => None,
+    };
     let _rest = match &config.rest {
         Some(rest) => Some(
             rest::serve(
@@ -214,6 +245,7 @@ mod tests {
             kubelet_pods_dir: tmp.path().join("pods"),
             use_emulation: None,
             rest: None,
+            metrics_listen: None,
             heartbeat_interval: node::HEARTBEAT_INTERVAL,
             migration_ip: None,
         };

@@ -40,13 +40,11 @@ use tokio_util::sync::CancellationToken;
 
 use kube::runtime::reflector::{ObjectRef, Store};
 use kubevirt_api::v1::VirtualMachineInstance;
-use virt_launcher::pod_layout::PodLayout;
-use virt_launcher::protocol::Command;
+use virt_launcher::protocol::{Command, LauncherClient};
 
 mod guest_agent;
 
-use crate::vmi_sync::link::LauncherLink;
-use crate::vmi_sync::worker::active_pod_dir;
+use crate::vmi_sync::worker::connect_active_launcher;
 
 /// The Node annotation that tells virt-api where this node's handler serves (`host:port`).
 pub const ENDPOINT_ANNOTATION: &str = "kubevirt-rs.io/virt-handler-endpoint";
@@ -155,9 +153,13 @@ const PLAIN_STREAM_PROTOCOL: &str = "plain.kubevirt.io";
 const CACHE_READY: Duration = Duration::from_secs(10);
 
 /// The launcher directory of the VMI's active pod on this node, from the cache of this
-/// node's VMIs (no API call), once the launcher there has said it runs this VMI: an
-/// `activePods` key naming another VMI's pod must not open that VMI's console.
-async fn pod_dir(state: &RestState, namespace: &str, name: &str) -> Result<PathBuf, Response> {
+/// node's VMIs (no API call), and a connection to its launcher, once that launcher has said
+/// it runs this VMI ([`connect_active_launcher`]).
+async fn pod_launcher(
+    state: &RestState,
+    namespace: &str,
+    name: &str,
+) -> Result<(PathBuf, LauncherClient), Response> {
     let not_here = || not_on_node(namespace, name);
     tokio::time::timeout(CACHE_READY, state.vmis.wait_until_ready())
         .await
@@ -167,16 +169,9 @@ async fn pod_dir(state: &RestState, namespace: &str, name: &str) -> Result<PathB
         .vmis
         .get(&ObjectRef::new(name).within(namespace))
         .ok_or_else(not_here)?;
-    let dir =
-        active_pod_dir(&vmi, &state.node_name, &state.kubelet_pods_dir).ok_or_else(not_here)?;
-    match LauncherLink::connect(&PodLayout::new(&dir).launcher_socket()).await {
-        Ok(link) if link.vmi_uid().is_some() && link.vmi_uid() == vmi.metadata.uid.as_deref() => {
-            Ok(dir)
-        }
-        Ok(link) => {
-            tracing::warn!(vmi = %format!("{namespace}/{name}"), launcher_vmi = ?link.vmi_uid(), dir = %dir.display(), "the launcher of the VMI's active pod does not run this VMI");
-            Err(not_here())
-        }
+    match connect_active_launcher(&vmi, &state.node_name, &state.kubelet_pods_dir).await {
+        Ok(Some(found)) => Ok(found),
+        Ok(None) => Err(not_here()),
         Err(e) => Err((
             StatusCode::INTERNAL_SERVER_ERROR,
             format!("talking to the launcher: {e}"),
@@ -241,8 +236,8 @@ async fn stream_socket(
     missing: &'static str,
     upgrade: WebSocketUpgrade,
 ) -> Response {
-    let dir = match pod_dir(state, namespace, pod).await {
-        Ok(dir) => dir,
+    let dir = match pod_launcher(state, namespace, pod).await {
+        Ok((dir, _)) => dir,
         Err(response) => return response,
     };
     let path = dir.join(socket_name);
@@ -302,14 +297,38 @@ async fn vnc(
     .await
 }
 
+/// The `unfreezeTimeout` of a `freeze` request's body (upstream's `FreezeUnfreezeTimeout`),
+/// with upstream's answers to a body without one.
+fn unfreeze_timeout(body: &[u8]) -> Result<Duration, &'static str> {
+    const UNREADABLE: &str = "failed to retrieve unfreeze timeout";
+    let request: serde_json::Value = serde_json::from_slice(body).map_err(|_| UNREADABLE)?;
+    match request.get("unfreezeTimeout") {
+        None | Some(serde_json::Value::Null) => {
+            Err("Unfreeze timeout in freeze request is not set")
+        }
+        Some(value) => value
+            .as_str()
+            .and_then(kubevirt_api::duration::parse_go_duration)
+            .ok_or(UNREADABLE),
+    }
+}
+
 async fn launcher_command(
     State(state): State<RestState>,
     Path((namespace, name, command)): Path<(String, String, String)>,
+    body: axum::body::Bytes,
 ) -> Response {
     let command = match command.as_str() {
         "pause" => Command::Pause,
         "unpause" => Command::Unpause,
         "softreboot" => Command::SoftReboot,
+        "freeze" => match unfreeze_timeout(&body) {
+            Ok(timeout) => Command::Freeze {
+                unfreeze_timeout_seconds: timeout.as_secs(),
+            },
+            Err(message) => return (StatusCode::BAD_REQUEST, message).into_response(),
+        },
+        "unfreeze" => Command::Unfreeze,
         other => {
             return (StatusCode::NOT_FOUND, format!("unknown command {other}")).into_response();
         }
@@ -446,11 +465,13 @@ async fn serve_router(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::vmi_sync::link::LauncherLink;
     use axum::body::Body;
     use axum::http::Request;
     use http_body_util::BodyExt;
     use kube::runtime::watcher;
     use tower::ServiceExt;
+    use virt_launcher::pod_layout::PodLayout;
 
     const POD_UID: &str = "6f1c3b1e-2d4a-4b7e-9c1d-0a1b2c3d4e5f";
 
@@ -496,6 +517,24 @@ mod tests {
             .expect("body")
             .to_bytes();
         (status, String::from_utf8_lossy(&body).into_owned())
+    }
+
+    #[test]
+    fn a_freeze_needs_an_unfreeze_timeout_as_upstreams_handler_does() {
+        assert_eq!(
+            unfreeze_timeout(br#"{"unfreezeTimeout":"5m0s"}"#).ok(),
+            Some(Duration::from_secs(300))
+        );
+        for (body, message) in [
+            (&b"{}"[..], "Unfreeze timeout in freeze request is not set"),
+            (b"", "failed to retrieve unfreeze timeout"),
+            (
+                br#"{"unfreezeTimeout":"soon"}"#,
+                "failed to retrieve unfreeze timeout",
+            ),
+        ] {
+            assert_eq!(unfreeze_timeout(body), Err(message));
+        }
     }
 
     #[test]

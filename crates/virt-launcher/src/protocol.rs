@@ -180,6 +180,105 @@ pub enum Command {
         /// How long to wait for it to exit.
         timeout_seconds: u64,
     },
+    /// What the domain has used so far, read from QEMU and the kernel when asked: the ack
+    /// carries a [`DomainStats`]. An error when no QEMU runs. Newer than version 1's first
+    /// revision.
+    DomainStats,
+    /// Freeze the guest's filesystems through the agent (`guest-fsfreeze-freeze`) and thaw
+    /// them by itself after `unfreeze_timeout_seconds` unless [`Command::Unfreeze`] came
+    /// first; a frozen guest is left frozen (the timer restarts). Refused while the domain
+    /// migrates. Newer than version 1's first revision.
+    Freeze {
+        /// When to thaw without being asked (0: never).
+        unfreeze_timeout_seconds: u64,
+    },
+    /// Thaw the guest's filesystems (`guest-fsfreeze-thaw`); a thawed guest is left as it
+    /// is. Newer than version 1's first revision.
+    Unfreeze,
+}
+
+/// Counters of one domain, as the handler's `/metrics` serves them
+/// ([`Command::DomainStats`]). Times are seconds, sizes bytes.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DomainStats {
+    /// CPU time of the whole QEMU process in user mode (`/proc/<pid>/stat`).
+    pub cpu_user_seconds: f64,
+    /// CPU time of the whole QEMU process in kernel mode.
+    pub cpu_system_seconds: f64,
+    /// Each vCPU (`query-cpus-fast`), by index.
+    #[serde(default)]
+    pub vcpus: Vec<VcpuStats>,
+    /// QEMU's resident set (`VmRSS`).
+    pub memory_resident_bytes: u64,
+    /// The guest's memory as the domain defines it (boot memory plus plugged memory).
+    pub memory_domain_bytes: u64,
+    /// Each tap-backed interface, counted from the guest's side.
+    #[serde(default)]
+    pub interfaces: Vec<InterfaceStats>,
+    /// Each disk (`query-blockstats`).
+    #[serde(default)]
+    pub disks: Vec<DiskStats>,
+}
+
+/// One vCPU thread's time.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct VcpuStats {
+    /// `cpu-index`.
+    pub id: u32,
+    /// Time it ran (user and kernel mode, `/proc/<pid>/task/<tid>/stat`).
+    pub running_seconds: f64,
+    /// Time it was runnable but waited for a host CPU (`schedstat`).
+    pub delay_seconds: f64,
+}
+
+/// One interface's traffic as the guest sees it: what it received is what its tap sent.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct InterfaceStats {
+    /// The interface's name in the VMI.
+    pub name: String,
+    /// Bytes the guest received.
+    pub receive_bytes: u64,
+    /// Packets the guest received.
+    pub receive_packets: u64,
+    /// Receive errors.
+    pub receive_errors: u64,
+    /// Packets dropped on the way in.
+    pub receive_dropped: u64,
+    /// Bytes the guest sent.
+    pub transmit_bytes: u64,
+    /// Packets the guest sent.
+    pub transmit_packets: u64,
+    /// Transmit errors.
+    pub transmit_errors: u64,
+    /// Packets dropped on the way out.
+    pub transmit_dropped: u64,
+}
+
+/// One disk's I/O (QEMU's block statistics).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DiskStats {
+    /// The disk's name in the VMI.
+    pub name: String,
+    /// Read requests.
+    pub read_operations: u64,
+    /// Write requests.
+    pub write_operations: u64,
+    /// Flush requests.
+    pub flush_operations: u64,
+    /// Bytes read.
+    pub read_bytes: u64,
+    /// Bytes written.
+    pub write_bytes: u64,
+    /// Time spent on reads.
+    pub read_seconds: f64,
+    /// Time spent on writes.
+    pub write_seconds: f64,
+    /// Time spent on flushes.
+    pub flush_seconds: f64,
 }
 
 /// How a command run through the guest agent ended.
@@ -310,6 +409,10 @@ pub struct GuestAgent {
     /// `guest-network-get-interfaces`, loopback left out.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub interfaces: Vec<GuestInterface>,
+    /// `frozen` while the guest's filesystems are frozen ([`Command::Freeze`]); absent when
+    /// thawed (upstream's `status.fsFreezeStatus`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fs_freeze_status: Option<String>,
 }
 
 /// One command of the guest agent.
@@ -581,6 +684,12 @@ struct GuestExecBody {
     timeout_seconds: u64,
 }
 
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct FreezeBody {
+    unfreeze_timeout_seconds: u64,
+}
+
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 struct Empty {}
 
@@ -632,6 +741,16 @@ struct Wire {
     guest_ping: Option<Empty>,
     #[serde(rename = "guestExec", default, skip_serializing_if = "Option::is_none")]
     guest_exec: Option<GuestExecBody>,
+    #[serde(
+        rename = "domainStats",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    domain_stats: Option<Empty>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    freeze: Option<FreezeBody>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    unfreeze: Option<Empty>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     ok: Option<Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -658,6 +777,9 @@ impl Wire {
             self.soft_reboot.is_some(),
             self.guest_ping.is_some(),
             self.guest_exec.is_some(),
+            self.domain_stats.is_some(),
+            self.freeze.is_some(),
+            self.unfreeze.is_some(),
             self.ok.is_some(),
             self.error.is_some(),
             self.domain.is_some(),
@@ -752,6 +874,14 @@ impl DownMessage {
                 command: e.command,
                 timeout_seconds: e.timeout_seconds,
             }
+        } else if w.domain_stats.is_some() {
+            Command::DomainStats
+        } else if let Some(f) = w.freeze {
+            Command::Freeze {
+                unfreeze_timeout_seconds: f.unfreeze_timeout_seconds,
+            }
+        } else if w.unfreeze.is_some() {
+            Command::Unfreeze
         } else {
             return Err(ProtocolError::Malformed("not a handler message".into()));
         };
@@ -824,6 +954,15 @@ impl DownMessage {
                             timeout_seconds: *timeout_seconds,
                         });
                     }
+                    Command::DomainStats => w.domain_stats = Some(Empty {}),
+                    Command::Freeze {
+                        unfreeze_timeout_seconds,
+                    } => {
+                        w.freeze = Some(FreezeBody {
+                            unfreeze_timeout_seconds: *unfreeze_timeout_seconds,
+                        });
+                    }
+                    Command::Unfreeze => w.unfreeze = Some(Empty {}),
                 }
             }
         }
@@ -889,6 +1028,7 @@ pub struct LauncherClient {
     writer: OwnedWriteHalf,
     next_id: u64,
     queued: std::collections::VecDeque<UpMessage>,
+    hello: Hello,
 }
 
 impl LauncherClient {
@@ -907,13 +1047,19 @@ impl LauncherClient {
             writer,
             next_id: 1,
             queued: Default::default(),
+            hello: Hello::current(),
         };
         client.send(&DownMessage::Hello(Hello::current())).await?;
         match client.read().await? {
-            UpMessage::Hello(Hello {
-                version: PROTOCOL_VERSION,
-                ..
-            }) => Ok(client),
+            UpMessage::Hello(
+                hello @ Hello {
+                    version: PROTOCOL_VERSION,
+                    ..
+                },
+            ) => {
+                client.hello = hello;
+                Ok(client)
+            }
             UpMessage::Hello(Hello { version, .. }) => {
                 Err(ProtocolError::Version { peer: version })
             }
@@ -921,6 +1067,11 @@ impl LauncherClient {
                 "expected hello, got {other:?}"
             ))),
         }
+    }
+
+    /// The launcher's hello (its pod interface, the UID of its VMI).
+    pub fn hello(&self) -> &Hello {
+        &self.hello
     }
 
     /// Sends `command` and returns its ack (`Err(message)` when the launcher refused it).
@@ -1080,6 +1231,11 @@ mod tests {
                 command: vec!["cat".into(), "/etc/os-release".into()],
                 timeout_seconds: 2,
             },
+            Command::DomainStats,
+            Command::Freeze {
+                unfreeze_timeout_seconds: 300,
+            },
+            Command::Unfreeze,
         ] {
             let message = DownMessage::Command { id: 7, command };
             assert_eq!(DownMessage::decode(&message.encode()).unwrap(), message);

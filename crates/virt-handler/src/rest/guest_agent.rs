@@ -11,12 +11,9 @@ use kubevirt_api::v1::{
     VirtualMachineInstanceGuestAgentInfo, VirtualMachineInstanceGuestOsInfo,
     VirtualMachineInstanceGuestOsUser, VirtualMachineInstanceGuestOsUserList,
 };
-use virt_launcher::pod_layout::PodLayout;
-use virt_launcher::protocol::{
-    Command, GuestAgentInfo, GuestFilesystem, GuestUser, LauncherClient,
-};
+use virt_launcher::protocol::{Command, GuestAgentInfo, GuestFilesystem, GuestUser};
 
-use super::{RestState, pod_dir};
+use super::{RestState, pod_launcher};
 
 /// Sends `command` to the launcher of the VMI and returns its ack's value.
 pub(super) async fn ask_launcher(
@@ -25,12 +22,8 @@ pub(super) async fn ask_launcher(
     name: &str,
     command: Command,
 ) -> Result<serde_json::Value, Response> {
-    let dir = pod_dir(state, namespace, name).await?;
-    let result = match LauncherClient::connect(&PodLayout::new(&dir).launcher_socket()).await {
-        Ok(mut client) => client.request(command).await,
-        Err(e) => Err(e),
-    };
-    match result {
+    let (_, mut client) = pod_launcher(state, namespace, name).await?;
+    match client.request(command).await {
         Ok(Ok(value)) => Ok(value),
         Ok(Err(message)) => Err((StatusCode::INTERNAL_SERVER_ERROR, message).into_response()),
         Err(e) => Err((
@@ -105,7 +98,7 @@ fn guest_os_info(info: GuestAgentInfo) -> VirtualMachineInstanceGuestAgentInfo {
         fs_info: Some(VirtualMachineInstanceFileSystemInfo {
             disks: info.filesystems.into_iter().map(filesystem).collect(),
         }),
-        fs_freeze_status: None,
+        fs_freeze_status: agent.fs_freeze_status,
     }
 }
 

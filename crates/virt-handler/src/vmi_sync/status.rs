@@ -364,6 +364,7 @@ fn finish_hotplug(vmi: &VirtualMachineInstance, status: &Value, conditions: &mut
 const OWNED: &[&str] = &[
     "interfaces",
     "guestOSInfo",
+    "fsFreezeStatus",
     "migrationMethod",
     "machine",
     "currentCPUTopology",

@@ -11,7 +11,9 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 use virt_launcher::pod_layout::PodLayout;
-use virt_launcher::protocol::{Command, DomainState, DomainStatus, StateReason, UpMessage};
+use virt_launcher::protocol::{
+    Command, DomainState, DomainStatus, LauncherClient, ProtocolError, StateReason, UpMessage,
+};
 
 use super::VmiSyncConfig;
 use super::hotplug::{self, HandlerPhase};
@@ -86,6 +88,30 @@ pub fn active_pod_dir(
         .or_else(|| dirs.iter().find(|d| !ended(d)))
         .or_else(|| dirs.first())
         .cloned()
+}
+
+/// A connection to the launcher of the VMI's active pod on this node
+/// ([`active_pod_dir`]) and that directory, once the launcher has said in its hello that it
+/// runs this VMI; `None` when no pod of the VMI is here or its launcher runs another VMI (an
+/// `activePods` key naming another VMI's pod must not reach that VMI's domain).
+///
+/// # Errors
+/// When the launcher's socket does not answer the handshake.
+pub async fn connect_active_launcher(
+    vmi: &VirtualMachineInstance,
+    node_name: &str,
+    kubelet_pods_dir: &Path,
+) -> Result<Option<(PathBuf, LauncherClient)>, ProtocolError> {
+    let Some(dir) = active_pod_dir(vmi, node_name, kubelet_pods_dir) else {
+        return Ok(None);
+    };
+    let client = LauncherClient::connect(&PodLayout::new(&dir).launcher_socket()).await?;
+    let reported = client.hello().vmi_uid.as_deref();
+    if reported.is_none() || reported != vmi.metadata.uid.as_deref() {
+        warn!(vmi = %name(vmi), launcher_vmi = ?reported, dir = %dir.display(), "the launcher of the VMI's active pod does not run this VMI");
+        return Ok(None);
+    }
+    Ok(Some((dir, client)))
 }
 
 /// Where the launcher pod's [`LAUNCHER_VOLUME`] emptyDir is on the node: kubelet's layout

@@ -321,6 +321,30 @@ impl Domain {
             }
             Command::Pause => self.pause(true).await,
             Command::Unpause => self.pause(false).await,
+            Command::DomainStats => {
+                let stats = self.stats().await?;
+                serde_json::to_value(stats).map_err(|e| e.to_string())
+            }
+            Command::Freeze {
+                unfreeze_timeout_seconds,
+            } => {
+                let migrating = self
+                    .current()
+                    .migration
+                    .is_some_and(|m| m.ended_at.is_none());
+                if migrating {
+                    return Err("failed to freeze VMI, VMI is currently during migration".into());
+                }
+                self.agent
+                    .freeze(&self.shared, Duration::from_secs(unfreeze_timeout_seconds))
+                    .await
+                    .map(|()| serde_json::json!({}))
+            }
+            Command::Unfreeze => self
+                .agent
+                .thaw(&self.shared)
+                .await
+                .map(|()| serde_json::json!({})),
         }
     }
 
@@ -719,6 +743,31 @@ impl Domain {
             .filter(|(_, d)| !running.attached.contains_key(&d.name))
             .map(|(i, _)| format!("disk-{i}"))
             .collect()
+    }
+
+    /// The running domain's counters ([`super::stats`]).
+    async fn stats(&self) -> Result<crate::protocol::DomainStats, String> {
+        let (pid, qmp, spec) = match &*self.started.lock().await {
+            Some(s) => (s.pid, s.qmp.clone(), s.spec.clone()),
+            None => return Err("no domain is running: sync first".to_owned()),
+        };
+        let (Some(pid), Some(qmp)) = (pid, qmp) else {
+            return Err("no QEMU runs (fake mode): there are no domain stats".into());
+        };
+        let current = self.current();
+        if current.is_final() {
+            return Err("the domain has ended".into());
+        }
+        let memory_bytes = current
+            .memory
+            .map_or(spec.memory.guest_bytes, |m| m.current_bytes);
+        super::stats::read(super::stats::Subject {
+            pid,
+            qmp: &qmp,
+            spec: &spec,
+            memory_bytes,
+        })
+        .await
     }
 
     async fn started(&self) -> Result<(Option<u32>, Option<Arc<QmpClient>>), String> {

@@ -43,7 +43,12 @@ pub(super) struct GuestAgentLink {
     socket: PathBuf,
     session: tokio::sync::Mutex<Option<GuestAgentClient>>,
     open: watch::Sender<bool>,
+    /// The thaw that follows a freeze when no `unfreeze` comes first.
+    auto_thaw: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
+
+/// The value of [`GuestAgent::fs_freeze_status`] while the guest is frozen (upstream's).
+pub(super) const FROZEN: &str = "frozen";
 
 impl GuestAgentLink {
     /// A link to the channel whose host end is `socket`; not connected until the guest opens
@@ -53,6 +58,7 @@ impl GuestAgentLink {
             socket,
             session: tokio::sync::Mutex::new(None),
             open: watch::Sender::new(false),
+            auto_thaw: std::sync::Mutex::new(None),
         }
     }
 
@@ -183,6 +189,80 @@ impl GuestAgentLink {
         }
     }
 
+    /// Freezes the guest's filesystems (`guest-fsfreeze-freeze`) and, unless `unfreeze_after`
+    /// is zero, thaws them after it when [`Self::thaw`] has not come first. A frozen guest is
+    /// not frozen again; its timer starts over (upstream's launcher does the same).
+    pub(super) async fn freeze(
+        self: &Arc<Self>,
+        shared: &Arc<Shared>,
+        unfreeze_after: Duration,
+    ) -> Result<(), String> {
+        if !self.is_open() {
+            return Err("the guest agent is not connected".into());
+        }
+        let frozen = shared
+            .current()
+            .guest_agent
+            .is_some_and(|a| a.fs_freeze_status.as_deref() == Some(FROZEN));
+        if !frozen {
+            self.execute("guest-fsfreeze-freeze", None)
+                .await
+                .map_err(|e| format!("failed to freeze the guest's filesystems: {e}"))?;
+            shared.set_guest_agent(|agent| {
+                agent.get_or_insert_with(Box::default).fs_freeze_status = Some(FROZEN.into());
+            });
+        }
+        let timer = (!unfreeze_after.is_zero()).then(|| {
+            let link = Arc::clone(self);
+            let shared = Arc::clone(shared);
+            tokio::spawn(async move {
+                tokio::time::sleep(unfreeze_after).await;
+                tracing::info!(after = ?unfreeze_after, "thawing the guest's filesystems: no unfreeze came");
+                if let Err(error) = link.thaw_now(&shared).await {
+                    tracing::warn!(%error, "the automatic thaw failed");
+                }
+            })
+        });
+        self.replace_auto_thaw(timer);
+        Ok(())
+    }
+
+    /// Thaws the guest's filesystems (`guest-fsfreeze-thaw`); a thawed guest is left as it
+    /// is.
+    pub(super) async fn thaw(&self, shared: &Shared) -> Result<(), String> {
+        self.replace_auto_thaw(None);
+        self.thaw_now(shared).await
+    }
+
+    async fn thaw_now(&self, shared: &Shared) -> Result<(), String> {
+        let frozen = shared
+            .current()
+            .guest_agent
+            .is_some_and(|a| a.fs_freeze_status.is_some());
+        if !frozen {
+            return Ok(());
+        }
+        self.execute("guest-fsfreeze-thaw", None)
+            .await
+            .map_err(|e| format!("failed to thaw the guest's filesystems: {e}"))?;
+        shared.set_guest_agent(|agent| {
+            if let Some(agent) = agent {
+                agent.fs_freeze_status = None;
+            }
+        });
+        Ok(())
+    }
+
+    fn replace_auto_thaw(&self, timer: Option<tokio::task::JoinHandle<()>>) {
+        let mut slot = self
+            .auto_thaw
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(previous) = std::mem::replace(&mut *slot, timer) {
+            previous.abort();
+        }
+    }
+
     /// Asks the guest to reboot (`guest-shutdown`, mode `reboot`; no reply on success).
     pub(super) async fn reboot(&self) -> Result<(), AgentError> {
         let sent = self
@@ -251,7 +331,15 @@ pub(super) async fn poll(link: Arc<GuestAgentLink>, shared: Arc<Shared>) {
         loop {
             let current = shared.current().guest_agent.unwrap_or_default();
             let version_due = last_version.is_none_or(|t| t.elapsed() >= VERSION_INTERVAL);
-            let wait = match link.poll_round(&current, version_due).await {
+            // A frozen agent refuses all but a few commands: the round waits for the thaw.
+            let round = if current.fs_freeze_status.is_some() {
+                Err(AgentError::Protocol(
+                    "the guest's filesystems are frozen".into(),
+                ))
+            } else {
+                link.poll_round(&current, version_due).await
+            };
+            let wait = match round {
                 Ok(agent) => {
                     if version_due {
                         last_version = Some(tokio::time::Instant::now());
@@ -274,9 +362,12 @@ pub(super) async fn poll(link: Arc<GuestAgentLink>, shared: Arc<Shared>) {
         }
         tracing::info!("the guest agent's port closed");
         link.reset().await;
+        link.replace_auto_thaw(None);
+        // An agent that comes back (a rebooted guest) starts thawed.
         shared.set_guest_agent(|agent| {
             if let Some(agent) = agent {
                 agent.connected = false;
+                agent.fs_freeze_status = None;
             }
         });
     }

@@ -29,6 +29,7 @@ mod migration;
 mod passed_files;
 mod qemu_process;
 mod soft_reboot;
+mod stats;
 
 use std::path::PathBuf;
 use std::sync::Arc;

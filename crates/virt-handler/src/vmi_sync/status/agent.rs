@@ -1,6 +1,6 @@
 //! What the guest agent adds to a running VMI's status, as upstream's handler writes it:
 //! the `AgentConnected` and `AgentVersionNotSupported` conditions, `guestOSInfo`, and the
-//! guest's own interface names in `status.interfaces`.
+//! guest's own interface names in `status.interfaces`, and `fsFreezeStatus`.
 
 use kubevirt_api::v1::VirtualMachineInstance;
 use serde_json::{Value, json};
@@ -47,6 +47,11 @@ pub(super) fn apply(
     if let Some(os) = guest_os_info(agent) {
         status["guestOSInfo"] = os;
     }
+    // `frozen` while the guest's filesystems are frozen; cleared (null) once thawed.
+    status["fsFreezeStatus"] = agent
+        .filter(|a| a.connected)
+        .and_then(|a| a.fs_freeze_status.clone())
+        .map_or(Value::Null, Value::String);
     merge_interfaces(&mut status["interfaces"], agent);
 }
 
