@@ -4,7 +4,10 @@
 //! `virtctl soft-reboot` reboots the guest through the agent (its console shows a second boot,
 //! its QEMU keeps its pid); with the agent stopped the condition goes, and a soft reboot
 //! presses the ACPI power button and turns the guest's power-off into a reset (a third boot,
-//! same QEMU). Skips (saying why) when the test guest, QEMU or virtctl is missing.
+//! same QEMU). `virtctl freeze` freezes the guest's filesystems through the agent until
+//! `virtctl unfreeze` or its timeout, and virt-handler's `/metrics` counts what the guest did
+//! (the bytes it wrote to a disk, the DHCP exchange on its interface). Skips (saying why) when
+//! the test guest, QEMU or virtctl is missing.
 
 use std::path::Path;
 
@@ -34,9 +37,11 @@ fn the_guest_agent_reports_the_guest_and_soft_reboots_it_with_and_without_the_ag
 }
 
 fn scenario(server: &ServerProcess) -> anyhow::Result<()> {
-    server.apply(&testkit::test_guest_vm(
+    server.apply(&testkit::test_guest_vm_with(
         "agent",
         &["memory: {guest: 128Mi}"],
+        "{disks: [{name: scratch, disk: {bus: virtio}}]}",
+        &["volumes: [{name: scratch, emptyDisk: {capacity: 16Mi}}]"],
     ))?;
     let (pod, uid) = wait_until(DEADLINE, "the launcher pod Running", || {
         server.running_launcher("agent")
@@ -84,6 +89,8 @@ fn scenario(server: &ServerProcess) -> anyhow::Result<()> {
     let filesystems: serde_json::Value =
         serde_json::from_str(&server.virtctl(&["fslist", "agent"])?)?;
     assert!(filesystems.is_object(), "{filesystems}");
+    freeze_and_thaw(server)?;
+    domain_metrics(server)?;
 
     let qemu_pid = || {
         std::fs::read_to_string(testkit::launcher_dir(server.data_dir(), &uid).join("qemu.pid"))
@@ -135,5 +142,102 @@ fn scenario(server: &ServerProcess) -> anyhow::Result<()> {
         r#"{.status.conditions[?(@.type=="Paused")].status}"#,
     );
     assert_eq!(paused, "", "the reboot's pause is not reported");
+    Ok(())
+}
+
+fn freeze_status(server: &ServerProcess) -> String {
+    server.get(&["vmi", "agent"], "{.status.fsFreezeStatus}")
+}
+
+/// A freeze with a short timeout thaws by itself; one with a long timeout holds until
+/// `unfreeze`. The agent answers while frozen (`guestosinfo` says so).
+fn freeze_and_thaw(server: &ServerProcess) -> anyhow::Result<()> {
+    let said = server.virtctl(&["freeze", "agent", "--unfreeze-timeout", "5s"])?;
+    assert!(said.contains("was frozen"), "{said}");
+    let info: serde_json::Value =
+        serde_json::from_str(&server.virtctl(&["guestosinfo", "agent"])?)?;
+    assert_eq!(info["fsFreezeStatus"], "frozen", "{info}");
+    wait_until(DEADLINE, "the automatic thaw", || {
+        let info: serde_json::Value =
+            serde_json::from_str(&server.virtctl(&["guestosinfo", "agent"]).ok()?).ok()?;
+        info.get("fsFreezeStatus").is_none().then_some(())
+    })?;
+
+    server.virtctl(&["freeze", "agent"])?;
+    wait_until(DEADLINE, "fsFreezeStatus frozen", || {
+        (freeze_status(server) == "frozen").then_some(())
+    })?;
+    let said = server.virtctl(&["unfreeze", "agent"])?;
+    assert!(said.contains("was unfrozen"), "{said}");
+    wait_until(DEADLINE, "fsFreezeStatus cleared", || {
+        freeze_status(server).is_empty().then_some(())
+    })?;
+    Ok(())
+}
+
+/// The value of the handler's sample of `family` for the VMI `agent` whose labels include
+/// each of `labels`.
+fn handler_sample(server: &ServerProcess, family: &str, labels: &[&str]) -> Option<f64> {
+    let samples = server
+        .metric_samples("virt-handler", "virt-handler", family)
+        .ok()?;
+    samples
+        .iter()
+        .find(|l| l.contains(r#"name="agent""#) && labels.iter().all(|x| l.contains(x)))
+        .and_then(|l| l.rsplit_once(' ')?.1.parse().ok())
+}
+
+/// virt-handler's domain families for the VMI match its definition and grow with what the
+/// guest does.
+fn domain_metrics(server: &ServerProcess) -> anyhow::Result<()> {
+    let domain = wait_until(DEADLINE, "kubevirt_vmi_memory_domain_bytes", || {
+        handler_sample(server, "kubevirt_vmi_memory_domain_bytes", &[])
+    })?;
+    assert!((domain - 134_217_728.0).abs() < 1.0, "128Mi: {domain}");
+    let resident = handler_sample(server, "kubevirt_vmi_memory_resident_bytes", &[]);
+    assert!(resident.is_some_and(|r| r > 0.0), "{resident:?}");
+    let vcpu = handler_sample(
+        server,
+        "kubevirt_vmi_vcpu_seconds_total",
+        &[r#"id="0""#, r#"state="running""#],
+    );
+    assert!(vcpu.is_some_and(|s| s > 0.0), "vCPU 0 ran: {vcpu:?}");
+
+    let scratch = [r#"drive="scratch""#];
+    let written = "kubevirt_vmi_storage_write_traffic_bytes_total";
+    let before = handler_sample(server, written, &scratch).unwrap_or(f64::NAN);
+    assert!(before.is_finite(), "the scratch disk has a sample");
+    let ran = server.guest_run(
+        "agent",
+        "dd if=/dev/urandom of=/dev/vda bs=65536 count=64 conv=fsync",
+    )?;
+    assert!(ran.contains("RUN-DONE rc=0"), "{ran}");
+    wait_until(DEADLINE, "the 4 MiB written counted", || {
+        handler_sample(server, written, &scratch).filter(|after| *after >= before + 4_194_304.0)
+    })?;
+    let writes = handler_sample(server, "kubevirt_vmi_storage_iops_write_total", &scratch);
+    assert!(writes.is_some_and(|w| w >= 1.0), "{writes:?}");
+
+    let iface = [r#"interface="default""#];
+    let sent = "kubevirt_vmi_network_transmit_packets_total";
+    let received = "kubevirt_vmi_network_receive_packets_total";
+    let (sent_before, received_before) = (
+        handler_sample(server, sent, &iface).unwrap_or(f64::NAN),
+        handler_sample(server, received, &iface).unwrap_or(f64::NAN),
+    );
+    assert!(
+        sent_before.is_finite() && received_before.is_finite(),
+        "the interface has samples"
+    );
+    // A DHCP exchange with the launcher's server: packets both ways.
+    server.guest_run(
+        "agent",
+        "ip link set eth0 up && udhcpc -i eth0 -q -n -t 5 -T 1 -s /etc/udhcpc.script",
+    )?;
+    wait_until(DEADLINE, "the DHCP exchange counted", || {
+        let sent = handler_sample(server, sent, &iface)?;
+        let received = handler_sample(server, received, &iface)?;
+        (sent > sent_before && received > received_before).then_some(())
+    })?;
     Ok(())
 }

@@ -14,36 +14,7 @@ const BIN: &str = env!("CARGO_BIN_EXE_kubevirt-rs");
 /// The samples of `family` that virt-controller's pods serve on their HTTPS port (only the
 /// leader runs the controllers that fill them), verified against the cluster's CA bundle.
 fn controller_samples(server: &ServerProcess, family: &str) -> anyhow::Result<Vec<String>> {
-    let ca = server.get(
-        &["configmap", "kubevirt-ca", "-n", "kubevirt"],
-        "{.data.ca-bundle}",
-    );
-    let ips = server.get(
-        &[
-            "pods",
-            "-n",
-            "kubevirt",
-            "-l",
-            "kubevirt.io=virt-controller",
-        ],
-        r#"{range .items[*]}{.status.podIP}{"\n"}{end}"#,
-    );
-    let mut samples = Vec::new();
-    for ip in ips.lines().filter(|l| !l.is_empty()) {
-        let (status, text) = testkit::https_get(
-            &format!("{ip}:8443"),
-            "/metrics",
-            &ca,
-            "virt-controller.kubevirt.svc",
-        )?;
-        anyhow::ensure!(status == 200, "{ip}: {status} {text}");
-        samples.extend(
-            text.lines()
-                .filter(|l| l.starts_with(&format!("{family}{{")))
-                .map(str::to_owned),
-        );
-    }
-    Ok(samples)
+    server.metric_samples("virt-controller", "virt-controller.kubevirt.svc", family)
 }
 
 fn boots(server: &ServerProcess, pod: &str) -> usize {

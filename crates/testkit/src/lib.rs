@@ -478,6 +478,40 @@ impl ServerProcess {
 
     /// `kubectl get WHAT… -o jsonpath=TEMPLATE`; empty when kubectl fails (the object is not
     /// there yet), so that a polling caller just looks again.
+    /// The samples of metric family `family` (lines `family{…} value`) that the pods of
+    /// component `component` (`kubevirt.io=<component>` in namespace `kubevirt`) serve on
+    /// their port 8443, trusted through the cluster CA for `server_name`.
+    ///
+    /// # Errors
+    /// When a scrape fails or does not answer 200.
+    pub fn metric_samples(
+        &self,
+        component: &str,
+        server_name: &str,
+        family: &str,
+    ) -> anyhow::Result<Vec<String>> {
+        let ca = self.get(
+            &["configmap", "kubevirt-ca", "-n", "kubevirt"],
+            "{.data.ca-bundle}",
+        );
+        let selector = format!("kubevirt.io={component}");
+        let ips = self.get(
+            &["pods", "-n", "kubevirt", "-l", &selector],
+            r#"{range .items[*]}{.status.podIP}{"\n"}{end}"#,
+        );
+        let mut samples = Vec::new();
+        for ip in ips.lines().filter(|l| !l.is_empty()) {
+            let (status, text) = https_get(&format!("{ip}:8443"), "/metrics", &ca, server_name)?;
+            anyhow::ensure!(status == 200, "{component} at {ip}: {status} {text}");
+            samples.extend(
+                text.lines()
+                    .filter(|l| l.starts_with(&format!("{family}{{")))
+                    .map(str::to_owned),
+            );
+        }
+        Ok(samples)
+    }
+
     pub fn get(&self, what: &[&str], template: &str) -> String {
         let template = format!("jsonpath={template}");
         let mut args = vec!["get"];

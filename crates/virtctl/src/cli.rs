@@ -40,6 +40,11 @@ pub enum Command {
     Unpause(PauseTarget),
     /// Soft reboot a virtual machine instance.
     SoftReboot(Named),
+    /// Freeze the filesystems of a virtual machine instance through its guest agent
+    /// (kubevirt-rs; upstream offers the subresource without a command).
+    Freeze(Freeze),
+    /// Thaw the filesystems of a virtual machine instance frozen with `freeze`.
+    Unfreeze(Named),
     /// Add a volume to a running VM.
     Addvolume(AddVolume),
     /// Remove a volume from a running VM.
@@ -75,6 +80,16 @@ pub struct Named {
     /// command will be executed without performing any changes.
     #[arg(long)]
     pub dry_run: bool,
+}
+
+/// `freeze`.
+#[derive(Args, Debug)]
+pub struct Freeze {
+    /// Name of the virtual machine instance.
+    pub name: String,
+    /// Thaw by itself after this long (a Go duration) unless `unfreeze` comes first.
+    #[arg(long, default_value = "5m")]
+    pub unfreeze_timeout: String,
 }
 
 /// `start`.

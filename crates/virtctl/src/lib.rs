@@ -63,6 +63,8 @@ pub async fn run(cli: Cli) -> Result<(), Error> {
         C::Pause(t) => vm::pause(&ctx, &t, true).await,
         C::Unpause(t) => vm::pause(&ctx, &t, false).await,
         C::SoftReboot(a) => vm::soft_reboot(&ctx, &a).await,
+        C::Freeze(a) => vm::freeze(&ctx, &a).await,
+        C::Unfreeze(a) => vm::unfreeze(&ctx, &a).await,
         C::Addvolume(a) => vm::add_volume(&ctx, &a).await,
         C::Removevolume(a) => vm::remove_volume(&ctx, &a).await,
         C::Guestosinfo(a) => {

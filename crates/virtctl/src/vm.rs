@@ -1,5 +1,5 @@
 //! The request/response commands: start, stop, restart, migrate, migrate-cancel,
-//! pause/unpause, soft-reboot, add/removevolume, guestosinfo, userlist, fslist, version.
+//! pause/unpause, soft-reboot, freeze/unfreeze, add/removevolume, guestosinfo, userlist, fslist, version.
 
 use kube::Api;
 use kube::api::{DeleteParams, ListParams};
@@ -163,6 +163,35 @@ pub async fn soft_reboot(ctx: &Ctx, a: &Named) -> Result<(), Error> {
         .await
         .map_err(|e| fail("Error soft rebooting VirtualMachineInstance", &e))?;
     println!("VMI {} was scheduled to soft-reboot", a.name);
+    Ok(())
+}
+
+/// `virtctl freeze`.
+///
+/// # Errors
+/// The refused request.
+pub async fn freeze(ctx: &Ctx, a: &crate::cli::Freeze) -> Result<(), Error> {
+    ctx.put(
+        Kind::Vmi,
+        &a.name,
+        "freeze",
+        &json!({"unfreezeTimeout": a.unfreeze_timeout}),
+    )
+    .await
+    .map_err(|e| fail("Error freezing VirtualMachineInstance", &e))?;
+    println!("VMI {} was frozen", a.name);
+    Ok(())
+}
+
+/// `virtctl unfreeze`.
+///
+/// # Errors
+/// The refused request.
+pub async fn unfreeze(ctx: &Ctx, a: &Named) -> Result<(), Error> {
+    ctx.put(Kind::Vmi, &a.name, "unfreeze", &json!({}))
+        .await
+        .map_err(|e| fail("Error unfreezing VirtualMachineInstance", &e))?;
+    println!("VMI {} was unfrozen", a.name);
     Ok(())
 }
 

@@ -40,6 +40,16 @@ const RESOURCES: &[(&str, &str, &[&str])] = &[
         &["update"],
     ),
     (
+        "virtualmachineinstances/freeze",
+        "VirtualMachineInstance",
+        &["update"],
+    ),
+    (
+        "virtualmachineinstances/unfreeze",
+        "VirtualMachineInstance",
+        &["update"],
+    ),
+    (
         "virtualmachineinstances/addvolume",
         "VirtualMachineInstance",
         &["update"],

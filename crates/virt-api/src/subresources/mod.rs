@@ -203,6 +203,8 @@ pub fn router(
             .route(&format!("{vmi}/pause"), put(vmi::pause_handler))
             .route(&format!("{vmi}/unpause"), put(vmi::unpause_handler))
             .route(&format!("{vmi}/softreboot"), put(vmi::soft_reboot_handler))
+            .route(&format!("{vmi}/freeze"), put(vmi::freeze_handler))
+            .route(&format!("{vmi}/unfreeze"), put(vmi::unfreeze_handler))
             .route(&format!("{vmi}/addvolume"), put(volumes::vmi_add))
             .route(&format!("{vmi}/removevolume"), put(volumes::vmi_remove))
             .route(&format!("{vmi}/console"), get(console::console_handler))

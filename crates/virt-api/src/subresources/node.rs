@@ -198,7 +198,21 @@ impl NodeClient {
     /// # Errors
     /// See above.
     pub async fn put(&self, target: &NodeTarget, sub: &str) -> Result<(), SubError> {
-        self.request(target, hyper::Method::PUT, sub)
+        self.put_body(target, sub, Bytes::new()).await
+    }
+
+    /// `PUT`s `sub` with `body` (JSON: freeze's `unfreezeTimeout`); failures as
+    /// [`Self::put`]'s.
+    ///
+    /// # Errors
+    /// See [`Self::put`].
+    pub async fn put_body(
+        &self,
+        target: &NodeTarget,
+        sub: &str,
+        body: Bytes,
+    ) -> Result<(), SubError> {
+        self.request(target, hyper::Method::PUT, sub, body)
             .await
             .map(drop)
     }
@@ -209,7 +223,8 @@ impl NodeClient {
     /// # Errors
     /// See [`Self::put`].
     pub async fn get(&self, target: &NodeTarget, sub: &str) -> Result<Bytes, SubError> {
-        self.request(target, hyper::Method::GET, sub).await
+        self.request(target, hyper::Method::GET, sub, Bytes::new())
+            .await
     }
 
     async fn request(
@@ -217,6 +232,7 @@ impl NodeClient {
         target: &NodeTarget,
         method: hyper::Method,
         sub: &str,
+        body: Bytes,
     ) -> Result<Bytes, SubError> {
         let stream = self.connect(target).await?;
         let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
@@ -227,7 +243,7 @@ impl NodeClient {
             .method(method)
             .uri(target.path(sub))
             .header("host", format!("{}:{}", target.host, target.port))
-            .body(axum::body::Body::empty())
+            .body(axum::body::Body::from(body))
             .map_err(SubError::internal)?;
         let res = sender.send_request(req).await.map_err(SubError::internal)?;
         let status = res.status();

@@ -1,5 +1,6 @@
-//! VMI endpoints forwarded to the node: `pause`, `unpause`, `softreboot` (200 on success),
-//! and the guest-agent queries `guestosinfo`, `userlist`, `filesystemlist`.
+//! VMI endpoints forwarded to the node: `pause`, `unpause`, `softreboot`, `freeze`,
+//! `unfreeze` (200 on success), and the guest-agent queries `guestosinfo`, `userlist`,
+//! `filesystemlist`.
 //!
 //! The pure `check_*` functions hold upstream's pre-checks; the handlers fetch the VMI,
 //! check, and (unless dry-run) forward through [`super::node::NodeClient`].
@@ -145,12 +146,68 @@ pub fn check_guest_agent(vmi: &VirtualMachineInstance) -> Result<(), SubError> {
 }
 
 async fn forward(ctx: &Ctx, vmi: &VirtualMachineInstance, sub: &str) -> Result<(), SubError> {
+    forward_body(ctx, vmi, sub, Bytes::new()).await
+}
+
+async fn forward_body(
+    ctx: &Ctx,
+    vmi: &VirtualMachineInstance,
+    sub: &str,
+    body: Bytes,
+) -> Result<(), SubError> {
     let node = ctx
         .node
         .as_ref()
         .ok_or_else(|| SubError::internal("no client credentials for node agents configured"))?;
     let target = NodeClient::locate(&ctx.client, vmi).await?;
-    node.put(&target, sub).await
+    node.put_body(&target, sub, body).await
+}
+
+/// Upstream's check before `freeze` and `unfreeze`.
+///
+/// # Errors
+/// 409 not running.
+pub fn check_freeze(vmi: &VirtualMachineInstance) -> Result<(), SubError> {
+    if !running(vmi) {
+        return Err(SubError::conflict(
+            Res::Vmi,
+            vmi_name(vmi),
+            "VMI is not running",
+        ));
+    }
+    Ok(())
+}
+
+/// `freeze` (the body, with its `unfreezeTimeout`, goes to the node, which checks it, as
+/// upstream's) or `unfreeze`.
+async fn freeze(
+    ctx: &Ctx,
+    ns: &str,
+    name: &str,
+    sub: &str,
+    body: Bytes,
+) -> Result<StatusCode, SubError> {
+    let vmi = get_vmi(ctx, ns, name).await?;
+    check_freeze(&vmi)?;
+    forward_body(ctx, &vmi, sub, body).await?;
+    Ok(StatusCode::OK)
+}
+
+/// `PUT …/virtualmachineinstances/{name}/freeze`.
+pub(super) async fn freeze_handler(
+    State(ctx): State<Arc<Ctx>>,
+    Path((ns, name)): Path<(String, String)>,
+    body: Bytes,
+) -> Response {
+    respond(freeze(&ctx, &ns, &name, "freeze", body).await)
+}
+
+/// `PUT …/virtualmachineinstances/{name}/unfreeze`.
+pub(super) async fn unfreeze_handler(
+    State(ctx): State<Arc<Ctx>>,
+    Path((ns, name)): Path<(String, String)>,
+) -> Response {
+    respond(freeze(&ctx, &ns, &name, "unfreeze", Bytes::new()).await)
 }
 
 async fn pause(ctx: &Ctx, ns: &str, name: &str, body: &[u8]) -> Result<StatusCode, SubError> {
@@ -360,6 +417,15 @@ mod tests {
                 409,
                 "VMI neither have the agent connected nor the ACPI feature enabled".into()
             )
+        );
+    }
+
+    #[test]
+    fn freeze_needs_a_running_vmi() {
+        assert!(check_freeze(&vmi("Running", json!({}), json!({}))).is_ok());
+        assert_eq!(
+            inner(check_freeze(&vmi("Scheduled", json!({}), json!({})))),
+            (409, "VMI is not running".into())
         );
     }
 

@@ -414,7 +414,13 @@ pub fn status_patch(vmi: &VirtualMachineInstance, desired: &Value) -> Option<Val
         if let Some(new) = desired.get(*field)
             && !same_field(current.get(*field), new)
         {
-            ops.push(json!({"op": "add", "path": format!("/status/{field}"), "value": new}));
+            // A field cleared (null) is removed, not stored as null.
+            let op = if new.is_null() {
+                json!({"op": "remove", "path": format!("/status/{field}")})
+            } else {
+                json!({"op": "add", "path": format!("/status/{field}"), "value": new})
+            };
+            ops.push(op);
             changed = true;
         }
     }

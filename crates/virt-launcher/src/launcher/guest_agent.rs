@@ -113,6 +113,15 @@ impl GuestAgentLink {
         let Some(agent) = agent else {
             return Err("the guest agent is not connected".into());
         };
+        if agent.fs_freeze_status.is_some() {
+            // A frozen agent refuses these: the answer says frozen, with no users or
+            // filesystems.
+            return Ok(GuestAgentInfo {
+                agent,
+                users: Vec::new(),
+                filesystems: Vec::new(),
+            });
+        }
         let users = self
             .execute("guest-get-users", None)
             .await

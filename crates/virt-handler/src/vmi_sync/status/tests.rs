@@ -485,3 +485,22 @@ fn an_existing_paused_condition_is_kept_and_an_unknown_pause_reason_adds_none() 
     assert_eq!(kept["reason"], "PausedByUser");
     assert_eq!(kept["lastTransitionTime"], NOW);
 }
+
+#[test]
+fn a_thawed_guest_has_its_freeze_status_removed() {
+    let vmi = scheduled_vmi();
+    let obs = domain(DomainState::Running, StateReason::Booted);
+    let desired = desired_status(&vmi, &obs, &facts(Accel::Kvm), NOW);
+    let mut frozen = desired.clone();
+    frozen["fsFreezeStatus"] = json!("frozen");
+    let running = with_status(vmi, &frozen);
+    let thawed = desired_status(&running, &obs, &facts(Accel::Kvm), NOW);
+    let patch = status_patch(&running, &thawed).expect("a patch");
+    assert!(
+        patch
+            .as_array()
+            .expect("ops")
+            .contains(&json!({"op": "remove", "path": "/status/fsFreezeStatus"})),
+        "{patch}"
+    );
+}
