@@ -229,7 +229,7 @@ impl Snapshot {
         self.counter(|s| vec![((), value(s))], |base, ()| base.clone())
     }
 
-    fn per_interface(&self, value: fn(&virt_launcher::protocol::InterfaceStats) -> u64) -> Values {
+    fn per_interface(&self, value: InterfaceValue) -> Values {
         self.counter(
             |s| {
                 s.interfaces
@@ -241,7 +241,7 @@ impl Snapshot {
         )
     }
 
-    fn per_drive(&self, value: fn(&virt_launcher::protocol::DiskStats) -> f64) -> Values {
+    fn per_drive(&self, value: DriveValue) -> Values {
         self.counter(
             |s| s.disks.iter().map(|d| (d.name.clone(), value(d))).collect(),
             |base, name| with(base, "drive", name),
@@ -257,7 +257,7 @@ impl Snapshot {
                     .collect(),
             )
         };
-        vec![
+        let mut families = vec![
             (
                 "kubevirt_vmi_cpu_usage_seconds",
                 "Total CPU time spent in all modes (sum of both vcpu and hypervisor usage).",
@@ -299,89 +299,112 @@ impl Snapshot {
                 "The amount of memory in bytes allocated to the domain. The `memory` value in domain xml file.",
                 gauge(|s| s.memory_domain_bytes),
             ),
-            (
-                "kubevirt_vmi_network_receive_bytes",
-                "Total network traffic received in bytes.",
-                self.per_interface(|i| i.receive_bytes),
-            ),
-            (
-                "kubevirt_vmi_network_receive_packets",
-                "Total network traffic received packets.",
-                self.per_interface(|i| i.receive_packets),
-            ),
-            (
-                "kubevirt_vmi_network_receive_errors",
-                "Total network received error packets.",
-                self.per_interface(|i| i.receive_errors),
-            ),
-            (
-                "kubevirt_vmi_network_receive_packets_dropped",
-                "The total number of rx packets dropped on vNIC interfaces.",
-                self.per_interface(|i| i.receive_dropped),
-            ),
-            (
-                "kubevirt_vmi_network_transmit_bytes",
-                "Total network traffic transmitted in bytes.",
-                self.per_interface(|i| i.transmit_bytes),
-            ),
-            (
-                "kubevirt_vmi_network_transmit_packets",
-                "Total network traffic transmitted packets.",
-                self.per_interface(|i| i.transmit_packets),
-            ),
-            (
-                "kubevirt_vmi_network_transmit_errors",
-                "Total network transmitted error packets.",
-                self.per_interface(|i| i.transmit_errors),
-            ),
-            (
-                "kubevirt_vmi_network_transmit_packets_dropped",
-                "The total number of tx packets dropped on vNIC interfaces.",
-                self.per_interface(|i| i.transmit_dropped),
-            ),
-            (
-                "kubevirt_vmi_storage_iops_read",
-                "Total number of I/O read operations.",
-                self.per_drive(|d| count(d.read_operations)),
-            ),
-            (
-                "kubevirt_vmi_storage_iops_write",
-                "Total number of I/O write operations.",
-                self.per_drive(|d| count(d.write_operations)),
-            ),
-            (
-                "kubevirt_vmi_storage_read_traffic_bytes",
-                "Total number of bytes read from storage.",
-                self.per_drive(|d| count(d.read_bytes)),
-            ),
-            (
-                "kubevirt_vmi_storage_write_traffic_bytes",
-                "Total number of written bytes.",
-                self.per_drive(|d| count(d.write_bytes)),
-            ),
-            (
-                "kubevirt_vmi_storage_read_times_seconds",
-                "Total time spent on read operations.",
-                self.per_drive(|d| d.read_seconds),
-            ),
-            (
-                "kubevirt_vmi_storage_write_times_seconds",
-                "Total time spent on write operations.",
-                self.per_drive(|d| d.write_seconds),
-            ),
-            (
-                "kubevirt_vmi_storage_flush_requests",
-                "Total storage flush requests.",
-                self.per_drive(|d| count(d.flush_operations)),
-            ),
-            (
-                "kubevirt_vmi_storage_flush_times_seconds",
-                "Total time spent on cache flushing.",
-                self.per_drive(|d| d.flush_seconds),
-            ),
-        ]
+        ];
+        families.extend(
+            NETWORK_FAMILIES
+                .iter()
+                .map(|(name, help, value)| (*name, *help, self.per_interface(*value))),
+        );
+        families.extend(
+            STORAGE_FAMILIES
+                .iter()
+                .map(|(name, help, value)| (*name, *help, self.per_drive(*value))),
+        );
+        families
     }
 }
+
+type InterfaceValue = fn(&virt_launcher::protocol::InterfaceStats) -> u64;
+
+/// The per-interface families.
+const NETWORK_FAMILIES: &[(&str, &str, InterfaceValue)] = &[
+    (
+        "kubevirt_vmi_network_receive_bytes",
+        "Total network traffic received in bytes.",
+        |i| i.receive_bytes,
+    ),
+    (
+        "kubevirt_vmi_network_receive_packets",
+        "Total network traffic received packets.",
+        |i| i.receive_packets,
+    ),
+    (
+        "kubevirt_vmi_network_receive_errors",
+        "Total network received error packets.",
+        |i| i.receive_errors,
+    ),
+    (
+        "kubevirt_vmi_network_receive_packets_dropped",
+        "The total number of rx packets dropped on vNIC interfaces.",
+        |i| i.receive_dropped,
+    ),
+    (
+        "kubevirt_vmi_network_transmit_bytes",
+        "Total network traffic transmitted in bytes.",
+        |i| i.transmit_bytes,
+    ),
+    (
+        "kubevirt_vmi_network_transmit_packets",
+        "Total network traffic transmitted packets.",
+        |i| i.transmit_packets,
+    ),
+    (
+        "kubevirt_vmi_network_transmit_errors",
+        "Total network transmitted error packets.",
+        |i| i.transmit_errors,
+    ),
+    (
+        "kubevirt_vmi_network_transmit_packets_dropped",
+        "The total number of tx packets dropped on vNIC interfaces.",
+        |i| i.transmit_dropped,
+    ),
+];
+
+type DriveValue = fn(&virt_launcher::protocol::DiskStats) -> f64;
+
+/// The per-drive families.
+const STORAGE_FAMILIES: &[(&str, &str, DriveValue)] = &[
+    (
+        "kubevirt_vmi_storage_iops_read",
+        "Total number of I/O read operations.",
+        |d| count(d.read_operations),
+    ),
+    (
+        "kubevirt_vmi_storage_iops_write",
+        "Total number of I/O write operations.",
+        |d| count(d.write_operations),
+    ),
+    (
+        "kubevirt_vmi_storage_read_traffic_bytes",
+        "Total number of bytes read from storage.",
+        |d| count(d.read_bytes),
+    ),
+    (
+        "kubevirt_vmi_storage_write_traffic_bytes",
+        "Total number of written bytes.",
+        |d| count(d.write_bytes),
+    ),
+    (
+        "kubevirt_vmi_storage_read_times_seconds",
+        "Total time spent on read operations.",
+        |d| d.read_seconds,
+    ),
+    (
+        "kubevirt_vmi_storage_write_times_seconds",
+        "Total time spent on write operations.",
+        |d| d.write_seconds,
+    ),
+    (
+        "kubevirt_vmi_storage_flush_requests",
+        "Total storage flush requests.",
+        |d| count(d.flush_operations),
+    ),
+    (
+        "kubevirt_vmi_storage_flush_times_seconds",
+        "Total time spent on cache flushing.",
+        |d| d.flush_seconds,
+    ),
+];
 
 impl prometheus_client::collector::Collector for Snapshot {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {

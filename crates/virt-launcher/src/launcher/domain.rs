@@ -300,6 +300,24 @@ impl Domain {
                     .await
             }
             Command::Kill => self.kill().await,
+            Command::SoftReboot => self.soft_reboot().await,
+            command @ (Command::GuestAgentInfo
+            | Command::GuestPing
+            | Command::GuestExec { .. }
+            | Command::Freeze { .. }
+            | Command::Unfreeze) => self.guest_agent_command(command).await,
+            Command::Pause => self.pause(true).await,
+            Command::Unpause => self.pause(false).await,
+            Command::DomainStats => {
+                let stats = self.stats().await?;
+                serde_json::to_value(stats).map_err(|e| e.to_string())
+            }
+        }
+    }
+
+    /// The commands answered by the guest agent.
+    async fn guest_agent_command(&self, command: Command) -> Result<Value, String> {
+        match command {
             Command::GuestAgentInfo => {
                 let info = self
                     .agent
@@ -307,7 +325,6 @@ impl Domain {
                     .await?;
                 serde_json::to_value(info).map_err(|e| e.to_string())
             }
-            Command::SoftReboot => self.soft_reboot().await,
             Command::GuestPing => self.agent.ping().await.map(|()| serde_json::json!({})),
             Command::GuestExec {
                 command,
@@ -318,12 +335,6 @@ impl Domain {
                     .exec(&command, Duration::from_secs(timeout_seconds))
                     .await?;
                 serde_json::to_value(result).map_err(|e| e.to_string())
-            }
-            Command::Pause => self.pause(true).await,
-            Command::Unpause => self.pause(false).await,
-            Command::DomainStats => {
-                let stats = self.stats().await?;
-                serde_json::to_value(stats).map_err(|e| e.to_string())
             }
             Command::Freeze {
                 unfreeze_timeout_seconds,
@@ -345,6 +356,7 @@ impl Domain {
                 .thaw(&self.shared)
                 .await
                 .map(|()| serde_json::json!({})),
+            other => Err(format!("not a guest agent command: {other:?}")),
         }
     }
 
