@@ -7,10 +7,11 @@
 //! - [`crd`]: structural CustomResourceDefinitions generated from the types.
 //! - [`quantity`]: exact Kubernetes resource quantities, the one parser every crate uses.
 //! - [`live_update`]: the rules of CPU and memory hotplug.
+//! - [`events`]: the one Event recorder every component writes its Events with.
 //! - [`duration`]: Go durations as `metav1.Duration` spells them.
 //! - [`cluster_config`]: the one watch of the `KubeVirt` CR every component subscribes to.
 //!
-//! Apart from [`cluster_config`] the crate does no I/O. Every optional field round-trips: decoding an upstream manifest and
+//! Apart from [`cluster_config`] and [`events`] the crate does no I/O. Every optional field round-trips: decoding an upstream manifest and
 //! encoding it again yields the same JSON, and unknown enum strings are kept verbatim.
 
 mod string_enum;
@@ -19,6 +20,7 @@ pub mod cluster_config;
 pub mod constants;
 pub mod crd;
 pub mod duration;
+pub mod events;
 pub mod live_update;
 pub mod pool;
 pub use k8s_quantity as quantity;

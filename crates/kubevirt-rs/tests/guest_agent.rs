@@ -54,7 +54,7 @@ fn scenario(server: &ServerProcess) -> anyhow::Result<()> {
         Some(server.get(&["vmi", "agent"], "{.status.guestOSInfo.id}")).filter(|id| !id.is_empty())
     })?;
     assert_eq!(os_id, "kubevirt-rs-test-guest");
-
+    handler_events(server)?;
     let info: serde_json::Value =
         serde_json::from_str(&server.virtctl(&["guestosinfo", "agent"])?)?;
     assert_eq!(info["os"]["id"], "kubevirt-rs-test-guest", "{info}");
@@ -239,5 +239,24 @@ fn domain_metrics(server: &ServerProcess) -> anyhow::Result<()> {
         let received = handler_sample(server, received, &iface)?;
         (sent > sent_before && received > received_before).then_some(())
     })?;
+    Ok(())
+}
+
+/// virt-handler's events on the VMI, as upstream's handler records them.
+fn handler_events(server: &ServerProcess) -> anyhow::Result<()> {
+    wait_until(
+        DEADLINE,
+        "virt-handler's Created and Started events",
+        || {
+            let events = server.get(
+            &["events"],
+            r#"{range .items[?(@.involvedObject.kind=="VirtualMachineInstance")]}{.reason}/{.source.component}/{.message}{"\n"}{end}"#,
+        );
+            (events.contains("Created/virt-handler/VirtualMachineInstance defined.")
+                && events.contains("Started/virt-handler/VirtualMachineInstance started."))
+            .then_some(())
+        },
+    )?;
+
     Ok(())
 }

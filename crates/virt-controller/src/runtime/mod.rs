@@ -11,7 +11,7 @@
 //! Keys are `namespace/name` strings (just `name` for cluster-scoped objects), see [`key_of`].
 
 pub mod controller;
-pub mod events;
+pub use kubevirt_api::events;
 pub mod expectations;
 pub mod informer;
 pub mod leader;

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use kube::api::{Api, Patch, PatchParams};
 use kubevirt_api::constants::LAUNCHER_VOLUME;
+use kubevirt_api::events::{EventRecorder, EventType};
 use kubevirt_api::v1::{VirtualMachineInstance, VirtualMachineInstancePhase as Phase};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -171,6 +172,31 @@ pub(super) struct Follow {
     /// may ever come to wake this worker.
     status_owed: bool,
     pull_backoff: PullBackoff,
+    /// The VMI's Events (upstream's handler reasons). Events are aggregated per involved
+    /// object, so one recorder per followed VMI aggregates as one per process would.
+    events: EventRecorder,
+}
+
+/// The Event upstream's handler records when it moves a VMI to `phase`.
+fn phase_event(phase: &str) -> Option<(EventType, &'static str, &'static str)> {
+    match phase {
+        "Running" => Some((
+            EventType::Normal,
+            "Started",
+            "VirtualMachineInstance started.",
+        )),
+        "Succeeded" => Some((
+            EventType::Normal,
+            "Stopped",
+            "The VirtualMachineInstance was shut down.",
+        )),
+        "Failed" => Some((
+            EventType::Warning,
+            "Stopped",
+            "The VirtualMachineInstance crashed.",
+        )),
+        _ => None,
+    }
 }
 
 /// How a launcher session ended.
@@ -220,6 +246,7 @@ impl Follow {
     ) -> Self {
         let current = vmi.borrow().clone();
         Follow {
+            events: EventRecorder::new(client.clone(), "virt-handler"),
             client,
             config,
             vmi,
@@ -320,6 +347,26 @@ impl Follow {
         }
     }
 
+    /// Asks the launcher to power the guest off within the VMI's grace period (the VMI is
+    /// being deleted) and records `ShuttingDown`.
+    async fn power_off(&mut self, link: &mut LauncherLink) -> Result<(), ProtocolError> {
+        let grace = grace_seconds(&self.current);
+        info!(vmi = %name(&self.current), grace, "VMI is being deleted: powering the guest off");
+        link.send(Command::Shutdown {
+            grace_period_seconds: grace,
+        })
+        .await?;
+        self.events
+            .record(
+                &*self.current,
+                EventType::Normal,
+                "ShuttingDown",
+                "Signaled Graceful Shutdown",
+            )
+            .await;
+        Ok(())
+    }
+
     async fn session(&mut self, mut link: LauncherLink, dir: &Path) -> SessionEnd {
         self.facts.pod_interface = link.pod_interface().cloned();
         let mut st = SessionState {
@@ -335,15 +382,7 @@ impl Follow {
             let deleting = self.current.metadata.deletion_timestamp.is_some();
             let active = matches!(st.domain.state, DomainState::Running | DomainState::Paused);
             if deleting && active && !shutdown_sent {
-                let grace = grace_seconds(&self.current);
-                info!(vmi = %name(&self.current), grace, "VMI is being deleted: powering the guest off");
-                if link
-                    .send(Command::Shutdown {
-                        grace_period_seconds: grace,
-                    })
-                    .await
-                    .is_err()
-                {
+                if self.power_off(&mut link).await.is_err() {
                     return SessionEnd::Disconnected;
                 }
                 shutdown_sent = true;
@@ -734,6 +773,14 @@ impl Follow {
             }
         }
         info!(vmi = %name(&self.current), accel = ?prepared.spec.accel, incoming = receive.is_some(), "starting the domain");
+        self.events
+            .record(
+                &*self.current,
+                EventType::Normal,
+                "Created",
+                "VirtualMachineInstance defined.",
+            )
+            .await;
         let command = match receive {
             Some(receive) => Command::Receive {
                 spec: Box::new(prepared.spec),
@@ -795,6 +842,9 @@ impl Follow {
                         && Some(p) != phase(&self.current).as_ref().map(|p| p.as_str())
                     {
                         info!(vmi = %name(&self.current), phase = p, "VMI phase changed");
+                        if let Some((kind, reason, message)) = phase_event(p) {
+                            self.events.record(&patched, kind, reason, message).await;
+                        }
                     }
                     self.current = Arc::new(patched);
                     return;

@@ -1,4 +1,5 @@
-//! The event recorder every controller shares: `recorder.Eventf` of upstream's controllers.
+//! The event recorder every component shares: `recorder.Eventf` of upstream's controllers and
+//! virt-handler.
 //!
 //! Data flow: a controller calls [`EventRecorder::record`] with the object the event is
 //! about, a type, a reason and a message → the recorder looks the event up in its cache of
