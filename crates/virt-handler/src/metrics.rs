@@ -81,26 +81,7 @@ pub async fn serve(
     tls: &RestTls,
     app: Router,
 ) -> Result<(SocketAddr, tokio::task::JoinHandle<()>), kubevirt_tls::SpawnError> {
-    match tls {
-        RestTls::Pem { serving_cert, .. } => {
-            kubevirt_tls::spawn_serving(
-                listen,
-                serving_cert.as_ref(),
-                &kubevirt_tls::ClientAuth::None,
-                app,
-            )
-            .await
-        }
-        RestTls::Mounted(dir) => {
-            let cert = kubevirt_tls::SwappableCert::following_files(
-                &dir.join("tls.crt"),
-                &dir.join("tls.key"),
-            )
-            .map_err(|e| kubevirt_tls::SpawnError::Tls(e.to_string()))?;
-            kubevirt_tls::spawn_serving_cert(listen, cert, &kubevirt_tls::ClientAuth::None, app)
-                .await
-        }
-    }
+    crate::rest::serve_tls(listen, tls, app, false).await
 }
 
 async fn scrape(State(s): State<Serving>) -> Response {

@@ -430,36 +430,47 @@ async fn serve_router(
     tls: &RestTls,
     app: Router,
 ) -> Result<(SocketAddr, tokio::task::JoinHandle<()>), RestError> {
+    serve_tls(listen, tls, app, true)
+        .await
+        .map_err(RestError::Serve)
+}
+
+/// Serves `app` over TLS on `listen` with the certificate of `tls`, asking for a client
+/// certificate of its client CA when `client_certificates` (the REST server) and for none
+/// otherwise (the metrics port).
+pub(crate) async fn serve_tls(
+    listen: SocketAddr,
+    tls: &RestTls,
+    app: Router,
+    client_certificates: bool,
+) -> Result<(SocketAddr, tokio::task::JoinHandle<()>), kubevirt_tls::SpawnError> {
+    use kubevirt_tls::ClientAuth;
     match tls {
         RestTls::Pem {
             client_ca_pem,
             serving_cert,
         } => {
-            kubevirt_tls::spawn_serving(
-                listen,
-                serving_cert.as_ref(),
-                &kubevirt_tls::ClientAuth::Required(client_ca_pem.clone()),
-                app,
-            )
-            .await
+            let auth = if client_certificates {
+                ClientAuth::Required(client_ca_pem.clone())
+            } else {
+                ClientAuth::None
+            };
+            kubevirt_tls::spawn_serving(listen, serving_cert.as_ref(), &auth, app).await
         }
         RestTls::Mounted(dir) => {
             let cert = kubevirt_tls::SwappableCert::following_files(
                 &dir.join("tls.crt"),
                 &dir.join("tls.key"),
             )
-            .map_err(|e| kubevirt_tls::SpawnError::Tls(e.to_string()))
-            .map_err(RestError::Serve)?;
-            kubevirt_tls::spawn_serving_cert(
-                listen,
-                cert,
-                &kubevirt_tls::ClientAuth::RequiredFile(dir.join("ca.crt")),
-                app,
-            )
-            .await
+            .map_err(|e| kubevirt_tls::SpawnError::Tls(e.to_string()))?;
+            let auth = if client_certificates {
+                ClientAuth::RequiredFile(dir.join("ca.crt"))
+            } else {
+                ClientAuth::None
+            };
+            kubevirt_tls::spawn_serving_cert(listen, cert, &auth, app).await
         }
     }
-    .map_err(RestError::Serve)
 }
 
 #[cfg(test)]
