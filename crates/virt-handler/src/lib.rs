@@ -148,15 +148,6 @@ fn image_store(data_dir: &std::path::Path) -> images::ImageStore {
     }
 }
 
-/// Aborts a serving task when dropped.
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
 /// Runs the node agent until `cancel` fires. Launchers and their guests keep running when
 /// it returns: they live in their own process groups.
 ///
@@ -193,7 +184,7 @@ pub async fn run_handler(
                 .await
                 .map_err(HandlerError::Metrics)?;
             tracing::info!(%addr, "serving metrics");
-            Some(AbortOnDrop(task))
+            Some(tokio_util::task::AbortOnDropHandle::new(task))
         }
         _ => None,
     };
