@@ -386,21 +386,23 @@ async fn the_network_of_a_pod_deleted_while_the_agent_was_down_is_released_with_
         .expect("delete");
     wait_gone(&node, "gone").await;
     node.restart_agent();
-    // The orphan's container is stopped, then its network released before its directory is
-    // quarantined.
+    // The orphan's container is stopped, then its network released and its directory
+    // quarantined, the record of its network kept there. (The two steps follow each other
+    // within one pass, so the test waits for both at once.)
+    let quarantined = node
+        .config
+        .pods_dir()
+        .join("quarantine")
+        .join(uid(&pod))
+        .join("network.json");
     testkit::wait_until_async(
         Duration::from_secs(90),
-        "the orphan's network released",
-        || async { (!netns.exists() && !reservation(&node, ip).exists()).then_some(()) },
+        "the orphan's network released and its directory quarantined",
+        || async {
+            (!netns.exists() && !reservation(&node, ip).exists() && quarantined.is_file())
+                .then_some(())
+        },
     )
     .await
-    .expect("released");
-    assert!(
-        node.config
-            .pods_dir()
-            .join("quarantine")
-            .join(uid(&pod))
-            .join("network.json")
-            .is_file()
-    );
+    .expect("released and quarantined");
 }
