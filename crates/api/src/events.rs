@@ -91,6 +91,14 @@ impl EventRecorder {
         }
     }
 
+    /// The same recorder naming `host` as its source's host (a node agent names its node,
+    /// as client-go's recorder in upstream's handler does, not its pod's hostname).
+    #[must_use]
+    pub fn on_host(mut self, host: &str) -> Self {
+        host.clone_into(&mut self.host);
+        self
+    }
+
     /// Records an event about `obj`; never fails (errors are logged).
     pub async fn record<K: Resource<DynamicType = ()>>(
         &self,

@@ -10,6 +10,8 @@
 //! - [`events`]: the one Event recorder every component writes its Events with.
 //! - [`duration`]: Go durations as `metav1.Duration` spells them.
 //! - [`cluster_config`]: the one watch of the `KubeVirt` CR every component subscribes to.
+//! - [`rest_client_metrics`]: upstream's `kubevirt_rest_client_*` families, counted by a layer of
+//!   every component's client.
 //!
 //! Apart from [`cluster_config`] and [`events`] the crate does no I/O. Every optional field round-trips: decoding an upstream manifest and
 //! encoding it again yields the same JSON, and unknown enum strings are kept verbatim.
@@ -23,5 +25,6 @@ pub mod duration;
 pub mod events;
 pub mod live_update;
 pub mod pool;
+pub mod rest_client_metrics;
 pub use k8s_quantity as quantity;
 pub mod v1;

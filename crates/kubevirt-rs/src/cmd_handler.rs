@@ -77,7 +77,7 @@ pub fn run(args: HandlerArgs) -> anyhow::Result<()> {
                 }
             })
         };
-        let client = kube::Client::try_from(kube_config).context("client")?;
+        let client = crate::kube_config::build(kube_config)?;
         let config = virt_handler::HandlerConfig {
             node_name: args
                 .node_name

@@ -193,7 +193,7 @@ pub(crate) async fn client_from(
         kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
             .await
             .context("client configuration")?;
-    kube::Client::try_from(crate::kube_config::with_user_agent(config, component)).context("client")
+    crate::kube_config::build(crate::kube_config::with_user_agent(config, component))
 }
 
 /// A client of an embedded-wing component: a client certificate for user `user` in group

@@ -8,6 +8,7 @@ use std::path::Path;
 
 use anyhow::Context;
 use base64::Engine;
+use kubevirt_api::rest_client_metrics::RestClientMetrics;
 
 /// Where a service account's files are mounted in a pod.
 pub const SERVICE_ACCOUNT_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
@@ -60,7 +61,20 @@ pub async fn load(kubeconfig: Option<&Path>, component: &str) -> anyhow::Result<
 
 /// A client built from [`load`].
 pub async fn client(kubeconfig: Option<&Path>, component: &str) -> anyhow::Result<kube::Client> {
-    kube::Client::try_from(load(kubeconfig, component).await?).context("client")
+    build(load(kubeconfig, component).await?)
+}
+
+/// A component's client for `config`: kube-rs' stack with the REST client metrics layer
+/// ([`RestClientMetrics`]) around it, so the component's `/metrics` counts its requests.
+pub fn build(config: kube::Config) -> anyhow::Result<kube::Client> {
+    let host = config
+        .cluster_url
+        .authority()
+        .map_or_else(|| "none".to_owned(), ToString::to_string);
+    let builder = kube::client::ClientBuilder::try_from(config).context("client")?;
+    Ok(builder
+        .with_layer(&RestClientMetrics::shared().layer(host))
+        .build())
 }
 
 /// The cluster CA of a configuration as PEM, when it names one.

@@ -115,6 +115,11 @@ fn scenario(server: &ServerProcess) -> anyhow::Result<()> {
         testkit::tail(&console, 20)
     );
     assert_eq!(qemu_pid(), pid, "the same QEMU runs the rebooted guest");
+    let node = server.get(&["vmi", "agent"], "{.status.nodeName}");
+    wait_event(
+        server,
+        &format!("Normal/SoftRebooted/virt-handler@{node}/VirtualMachineInstance soft rebooted"),
+    )?;
     wait_until(DEADLINE, "AgentConnected after the reboot", || {
         (agent_connected(server) == "True").then_some(())
     })?;
@@ -124,6 +129,19 @@ fn scenario(server: &ServerProcess) -> anyhow::Result<()> {
     assert!(stopped.contains("RUN-DONE rc=0"), "{stopped}");
     wait_until(DEADLINE, "AgentConnected removed", || {
         agent_connected(server).is_empty().then_some(())
+    })?;
+    // A freeze needs the agent: refused, and recorded as upstream's handler records it.
+    let refused = server.virtctl(&["freeze", "agent"]);
+    assert!(refused.is_err(), "{refused:?}");
+    wait_until(DEADLINE, "a FreezeError event", || {
+        vmi_events(server)
+            .lines()
+            .any(|l| {
+                l.starts_with(&format!(
+                    "Warning/FreezeError/virt-handler@{node}/Failed to freeze VMI: "
+                ))
+            })
+            .then_some(())
     })?;
     server.virtctl(&["soft-reboot", "agent"])?;
     wait_until(DEADLINE, "the guest to boot a third time", || {
@@ -194,6 +212,12 @@ fn domain_metrics(server: &ServerProcess) -> anyhow::Result<()> {
         handler_sample(server, "kubevirt_vmi_memory_domain_bytes", &[])
     })?;
     assert!((domain - 134_217_728.0).abs() < 1.0, "128Mi: {domain}");
+    let ready = server.metric_samples(
+        "virt-handler",
+        "virt-handler",
+        "kubevirt_virt_handler_ready_status",
+    )?;
+    assert_eq!(ready, ["kubevirt_virt_handler_ready_status 1"]);
     let resident = handler_sample(server, "kubevirt_vmi_memory_resident_bytes", &[]);
     assert!(resident.is_some_and(|r| r > 0.0), "{resident:?}");
     let vcpu = handler_sample(
@@ -242,21 +266,31 @@ fn domain_metrics(server: &ServerProcess) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// virt-handler's events on the VMI, as upstream's handler records them.
-fn handler_events(server: &ServerProcess) -> anyhow::Result<()> {
-    wait_until(
-        DEADLINE,
-        "virt-handler's Created and Started events",
-        || {
-            let events = server.get(
-            &["events"],
-            r#"{range .items[?(@.involvedObject.kind=="VirtualMachineInstance")]}{.reason}/{.source.component}/{.message}{"\n"}{end}"#,
-        );
-            (events.contains("Created/virt-handler/VirtualMachineInstance defined.")
-                && events.contains("Started/virt-handler/VirtualMachineInstance started."))
-            .then_some(())
-        },
-    )?;
+/// The VMIs' Events, one `type/reason/component@host/message` line each.
+fn vmi_events(server: &ServerProcess) -> String {
+    server.get(
+        &["events"],
+        r#"{range .items[?(@.involvedObject.kind=="VirtualMachineInstance")]}{.type}/{.reason}/{.source.component}@{.source.host}/{.message}{"\n"}{end}"#,
+    )
+}
 
-    Ok(())
+/// Waits for the VMI Event line `line` (see [`vmi_events`]).
+fn wait_event(server: &ServerProcess, line: &str) -> anyhow::Result<()> {
+    wait_until(DEADLINE, line, || {
+        vmi_events(server).lines().any(|l| l == line).then_some(())
+    })
+    .map_err(|e| anyhow::anyhow!("{e}\nevents:\n{}", vmi_events(server)))
+}
+
+/// virt-handler's events on the VMI, as upstream's handler records them, from its node.
+fn handler_events(server: &ServerProcess) -> anyhow::Result<()> {
+    let node = server.get(&["vmi", "agent"], "{.status.nodeName}");
+    wait_event(
+        server,
+        &format!("Normal/Created/virt-handler@{node}/VirtualMachineInstance defined."),
+    )?;
+    wait_event(
+        server,
+        &format!("Normal/Started/virt-handler@{node}/VirtualMachineInstance started."),
+    )
 }

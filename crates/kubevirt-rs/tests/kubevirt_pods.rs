@@ -77,6 +77,26 @@ fn assert_controller_port(server: &ServerProcess, leader: &str) -> anyhow::Resul
             Some("1"),
             "{pod}: {metrics}"
         );
+        // The REST client families count this replica's own requests: both read the Lease,
+        // only the leader wrote it successfully and watches the VMIs.
+        let sent = |code: &str, resource: &str, verb: &str| {
+            let labels = format!(r#",resource="{resource}",verb="{verb}"}}"#);
+            metrics
+                .lines()
+                .filter(|l| l.starts_with(&format!("kubevirt_rest_client_requests_total{{{code}")))
+                .filter(|l| l.split(' ').next().is_some_and(|k| k.ends_with(&labels)))
+                .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+                .sum::<u64>()
+        };
+        assert!(sent("", "leases", "GET") >= 1, "{pod}: {metrics}");
+        let written =
+            sent(r#"code="201""#, "leases", "CREATE") + sent(r#"code="200""#, "leases", "UPDATE");
+        assert_eq!(written >= 1, leads, "{pod}: {metrics}");
+        assert_eq!(
+            sent("", "virtualmachineinstances", "WATCH") >= 1,
+            leads,
+            "{pod}: {metrics}"
+        );
         seen += 1;
     }
     assert_eq!(seen, 2, "two controller pods: {pods}");

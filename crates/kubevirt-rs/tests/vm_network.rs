@@ -201,6 +201,52 @@ fn port_forward_reaches_the_guest(server: &ServerProcess) -> anyhow::Result<()> 
         "port-forward to a closed port: {err}"
     );
     drop(forward);
+    tunnel_metrics_follow_an_open_tunnel(server)
+}
+
+/// The sum over both virt-api replicas of the samples of `family` for the VMI `web`.
+fn virt_api_gauge(server: &ServerProcess, family: &str) -> anyhow::Result<Option<f64>> {
+    let samples = server.metric_samples("virt-api", "virt-api.kubevirt.svc", family)?;
+    let values: Vec<f64> = samples
+        .iter()
+        .filter(|l| l.contains(r#"namespace="default",vmi="web"}"#))
+        .filter_map(|l| l.rsplit(' ').next()?.parse().ok())
+        .collect();
+    Ok((!values.is_empty()).then(|| values.iter().sum()))
+}
+
+/// virt-api's `/metrics`: a `--stdio` port-forward counts as one active tunnel while it is
+/// open, and its close stamps the VMI's last API connection.
+fn tunnel_metrics_follow_an_open_tunnel(server: &ServerProcess) -> anyhow::Result<()> {
+    let ready = server.metric_samples(
+        "virt-api",
+        "virt-api.kubevirt.svc",
+        "kubevirt_virt_api_ready_status",
+    )?;
+    assert_eq!(
+        ready, ["kubevirt_virt_api_ready_status 1"; 2],
+        "both replicas ready"
+    );
+    let tunnel = Started(
+        Command::new(virtctl())
+            .env("KUBECONFIG", server.kubeconfig())
+            .args(["port-forward", "--stdio=true", "vmi/web", "8080"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()?,
+    );
+    wait_until(DEADLINE, "virt-api to count the open tunnel", || {
+        let open = virt_api_gauge(server, "kubevirt_portforward_active_tunnels").ok()??;
+        (open == 1.0).then_some(())
+    })?;
+    drop(tunnel);
+    wait_until(DEADLINE, "the closed tunnel to stamp the VMI", || {
+        let open = virt_api_gauge(server, "kubevirt_portforward_active_tunnels").ok()??;
+        let stamp =
+            virt_api_gauge(server, "kubevirt_vmi_last_api_connection_timestamp_seconds").ok()??;
+        (open == 0.0 && stamp > 0.0).then_some(())
+    })?;
     Ok(())
 }
 

@@ -476,9 +476,8 @@ impl ServerProcess {
             })
     }
 
-    /// `kubectl get WHAT… -o jsonpath=TEMPLATE`; empty when kubectl fails (the object is not
-    /// there yet), so that a polling caller just looks again.
-    /// The samples of metric family `family` (lines `family{…} value`) that the pods of
+    /// The samples of metric family `family` (lines `family{…} value`, or `family value`
+    /// for a family without labels) that the pods of
     /// component `component` (`kubevirt.io=<component>` in namespace `kubevirt`) serve on
     /// their port 8443, trusted through the cluster CA for `server_name`.
     ///
@@ -505,13 +504,18 @@ impl ServerProcess {
             anyhow::ensure!(status == 200, "{component} at {ip}: {status} {text}");
             samples.extend(
                 text.lines()
-                    .filter(|l| l.starts_with(&format!("{family}{{")))
+                    .filter(|l| {
+                        l.starts_with(&format!("{family}{{"))
+                            || l.starts_with(&format!("{family} "))
+                    })
                     .map(str::to_owned),
             );
         }
         Ok(samples)
     }
 
+    /// `kubectl get WHAT… -o jsonpath=TEMPLATE`; empty when kubectl fails (the object is not
+    /// there yet), so that a polling caller just looks again.
     pub fn get(&self, what: &[&str], template: &str) -> String {
         let template = format!("jsonpath={template}");
         let mut args = vec!["get"];

@@ -19,6 +19,7 @@
 //! objects to create in the API server).
 
 pub mod config;
+pub mod metrics;
 pub mod mutate;
 pub mod server;
 mod serving;

@@ -344,5 +344,20 @@ async fn one_listener_serves_webhooks_without_and_subresources_only_with_a_clien
     )
     .await;
     assert_eq!(code, StatusCode::OK, "{health}");
+    // Prometheus scrapes without a client certificate too.
+    let res = app
+        .clone()
+        .oneshot(Request::get("/metrics").body(Body::empty())?)
+        .await?;
+    assert_eq!(res.status(), StatusCode::OK);
+    let text = String::from_utf8(
+        axum::body::to_bytes(res.into_body(), 1 << 20)
+            .await?
+            .to_vec(),
+    )?;
+    assert!(
+        text.contains("kubevirt_virt_api_ready_status 1\n"),
+        "{text}"
+    );
     Ok(())
 }

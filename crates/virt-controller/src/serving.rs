@@ -9,8 +9,9 @@
 //! - `/leader` always answers `200`, with `{"apiserver":{"leader":"true"}}` on the replica that
 //!   runs the controllers and `"false"` on the others (upstream: every replica is Ready, the
 //!   body says which leads).
-//! - `/metrics`: the work-queue and reconcile families and
-//!   `kubevirt_virt_controller_{leading,ready}_status` ([`Metrics`]).
+//! - `/metrics`: the work-queue and reconcile families,
+//!   `kubevirt_virt_controller_{leading,ready}_status` ([`Metrics`]) and the REST client
+//!   families of the process's clients ([`kubevirt_api::rest_client_metrics`]).
 //!
 //! The certificate is the operator's `kubevirt-controller-certs`, mounted and followed per
 //! handshake ([`kubevirt_tls::SwappableCert::following_files`]), so its renewals need no
@@ -45,6 +46,7 @@ struct Serving {
 pub fn router(client: kube::Client, metrics: Metrics) -> Router {
     let mut registry = Registry::default();
     metrics.register(&mut registry);
+    kubevirt_api::rest_client_metrics::RestClientMetrics::shared().register(&mut registry);
     Router::new()
         .route("/healthz", get(healthz))
         .route("/leader", get(leader))

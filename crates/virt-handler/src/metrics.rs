@@ -9,7 +9,9 @@
 //! `kubevirt_vmi_vcpu_seconds_total` (`id`, `state`), `kubevirt_vmi_vcpu_delay_seconds_total`
 //! (`id`), `kubevirt_vmi_memory_resident_bytes`, `kubevirt_vmi_memory_domain_bytes`,
 //! `kubevirt_vmi_network_{receive,transmit}_{bytes,packets,errors,packets_dropped}_total`
-//! (`interface`) and `kubevirt_vmi_storage_*_total` (`drive`).
+//! (`interface`) and `kubevirt_vmi_storage_*_total` (`drive`). Besides them:
+//! `kubevirt_virt_handler_ready_status` (1 once the VMI cache has synced) and the REST client
+//! families of the handler's client ([`kubevirt_api::rest_client_metrics`]).
 //!
 //! Differences from upstream: there is no balloon device, so the guest-reported memory
 //! families (`_available_`, `_unused_`, `_usable_`, `_cached_`, swap, page faults) are not
@@ -31,6 +33,7 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use kube::runtime::reflector::Store;
+use kubevirt_api::rest_client_metrics::RestClientMetrics;
 use kubevirt_api::v1::{VirtualMachineInstance, VirtualMachineInstancePhase};
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::MetricType;
@@ -109,6 +112,17 @@ async fn scrape(State(s): State<Serving>) -> Response {
         .filter_map(|(stats, vmi)| Some((vmi_labels(vmi, &s.node_name), stats?)))
         .collect();
     let mut registry = prometheus_client::registry::Registry::default();
+    let ready = prometheus_client::metrics::gauge::Gauge::<i64>::default();
+    // Upstream is ready once its caches have synced and its controller runs.
+    let synced =
+        futures::FutureExt::now_or_never(s.vmis.wait_until_ready()).is_some_and(|r| r.is_ok());
+    ready.set(i64::from(synced));
+    registry.register(
+        "kubevirt_virt_handler_ready_status",
+        "Indication for a virt-handler that is ready to serve requests.",
+        ready,
+    );
+    RestClientMetrics::shared().register(&mut registry);
     registry.register_collector(Box::new(Snapshot(samples)));
     let mut text = String::new();
     if let Err(e) = prometheus_client::encoding::text::encode(&mut text, &registry) {

@@ -5,8 +5,9 @@
 //! subprotocol `plain.kubevirt.io`, bridged to the launcher's serial console socket
 //! `serial0.sock`), `vnc` (websocket to the VNC server's `vnc.sock`; "No graphics devices are
 //! present." without one) — one session of each per VMI, a new one ends the previous — and
-//! `pause`, `unpause` and `softreboot` (PUT, sent as commands over `launcher.sock`), and the
-//! guest agent's `guestosinfo`, `userlist`, `filesystemlist` (GET, [`guest_agent`]). The VMI's
+//! `pause`, `unpause`, `softreboot`, `freeze` and `unfreeze` (PUT, sent as commands over
+//! `launcher.sock`; upstream's Events `Paused`, `Unpaused`, `SoftRebooted` on success and
+//! `FreezeError` with a 400 on a failed freeze), and the guest agent's `guestosinfo`, `userlist`, `filesystemlist` (GET, [`guest_agent`]). The VMI's
 //! active pod on this node names the launcher directory
 //! ([`crate::vmi_sync::worker::active_pod_dir`]); the VMI comes from the VMI sync loop's cache of
 //! this node's VMIs, so a request makes no API call.
@@ -39,6 +40,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 
 use kube::runtime::reflector::{ObjectRef, Store};
+use kubevirt_api::events::{EventRecorder, EventType};
 use kubevirt_api::v1::VirtualMachineInstance;
 use virt_launcher::protocol::{Command, LauncherClient};
 
@@ -97,6 +99,8 @@ struct RestState {
     kubelet_pods_dir: PathBuf,
     /// The open console and VNC streams.
     sessions: Sessions,
+    /// Upstream's lifecycle Events (`Paused`, `Unpaused`, `SoftRebooted`, `FreezeError`).
+    events: Arc<EventRecorder>,
 }
 
 /// Which stream of which VMI: (namespace, name, socket file).
@@ -159,7 +163,7 @@ async fn pod_launcher(
     state: &RestState,
     namespace: &str,
     name: &str,
-) -> Result<(PathBuf, LauncherClient), Response> {
+) -> Result<(PathBuf, LauncherClient), Refusal> {
     let not_here = || not_on_node(namespace, name);
     tokio::time::timeout(CACHE_READY, state.vmis.wait_until_ready())
         .await
@@ -172,20 +176,37 @@ async fn pod_launcher(
     match connect_active_launcher(&vmi, &state.node_name, &state.kubelet_pods_dir).await {
         Ok(Some(found)) => Ok(found),
         Ok(None) => Err(not_here()),
-        Err(e) => Err((
-            StatusCode::INTERNAL_SERVER_ERROR,
-            format!("talking to the launcher: {e}"),
-        )
-            .into_response()),
+        Err(e) => Err(Refusal::internal(format!("talking to the launcher: {e}"))),
     }
 }
 
-fn not_on_node(namespace: &str, name: &str) -> Response {
-    (
-        StatusCode::NOT_FOUND,
-        format!("VMI {namespace}/{name} does not run on this node"),
-    )
-        .into_response()
+/// Why a request was not carried out: the status and text of its answer.
+#[derive(Debug)]
+pub(crate) struct Refusal {
+    status: StatusCode,
+    message: String,
+}
+
+impl Refusal {
+    fn internal(message: String) -> Self {
+        Refusal {
+            status: StatusCode::INTERNAL_SERVER_ERROR,
+            message,
+        }
+    }
+}
+
+impl IntoResponse for Refusal {
+    fn into_response(self) -> Response {
+        (self.status, self.message).into_response()
+    }
+}
+
+fn not_on_node(namespace: &str, name: &str) -> Refusal {
+    Refusal {
+        status: StatusCode::NOT_FOUND,
+        message: format!("VMI {namespace}/{name} does not run on this node"),
+    }
 }
 
 /// Copies websocket frames into the unix socket and the socket's bytes into frames until
@@ -238,7 +259,7 @@ async fn stream_socket(
 ) -> Response {
     let dir = match pod_launcher(state, namespace, pod).await {
         Ok((dir, _)) => dir,
-        Err(response) => return response,
+        Err(refusal) => return refusal.into_response(),
     };
     let path = dir.join(socket_name);
     if !path.exists() {
@@ -315,10 +336,10 @@ fn unfreeze_timeout(body: &[u8]) -> Result<Duration, &'static str> {
 
 async fn launcher_command(
     State(state): State<RestState>,
-    Path((namespace, name, command)): Path<(String, String, String)>,
+    Path((namespace, name, subresource)): Path<(String, String, String)>,
     body: axum::body::Bytes,
 ) -> Response {
-    let command = match command.as_str() {
+    let command = match subresource.as_str() {
         "pause" => Command::Pause,
         "unpause" => Command::Unpause,
         "softreboot" => Command::SoftReboot,
@@ -333,9 +354,42 @@ async fn launcher_command(
             return (StatusCode::NOT_FOUND, format!("unknown command {other}")).into_response();
         }
     };
-    match guest_agent::ask_launcher(&state, &namespace, &name, command).await {
-        Ok(_) => StatusCode::OK.into_response(),
-        Err(response) => response,
+    let answer = guest_agent::ask_launcher(&state, &namespace, &name, command).await;
+    let vmi = state.vmis.get(&ObjectRef::new(&name).within(&namespace));
+    match (answer, vmi) {
+        (Ok(_), Some(vmi)) => {
+            if let Some((reason, message)) = lifecycle_event(&subresource) {
+                state
+                    .events
+                    .record(&*vmi, EventType::Normal, reason, message)
+                    .await;
+            }
+            StatusCode::OK.into_response()
+        }
+        (Ok(_), None) => StatusCode::OK.into_response(),
+        (Err(error), Some(vmi)) if subresource == "freeze" => {
+            // Upstream answers a failed freeze with 400 and records why.
+            let message = format!("Failed to freeze VMI: {}", error.message);
+            state
+                .events
+                .record(&*vmi, EventType::Warning, "FreezeError", &message)
+                .await;
+            (StatusCode::BAD_REQUEST, error.message).into_response()
+        }
+        (Err(error), _) if subresource == "unfreeze" => {
+            (StatusCode::BAD_REQUEST, error.message).into_response()
+        }
+        (Err(error), _) => error.into_response(),
+    }
+}
+
+/// The Normal Event upstream's handler records once `subresource` succeeded.
+fn lifecycle_event(subresource: &str) -> Option<(&'static str, &'static str)> {
+    match subresource {
+        "pause" => Some(("Paused", "VirtualMachineInstance paused")),
+        "unpause" => Some(("Unpaused", "VirtualMachineInstance unpaused")),
+        "softreboot" => Some(("SoftRebooted", "VirtualMachineInstance soft rebooted")),
+        _ => None,
     }
 }
 
@@ -386,6 +440,7 @@ pub async fn serve(
         node_name: node_name.to_owned(),
         kubelet_pods_dir: kubelet_pods_dir.to_owned(),
         sessions: Sessions::default(),
+        events: Arc::new(EventRecorder::new(client.clone(), "virt-handler").on_host(node_name)),
     };
     let (addr, task) = serve_router(config.listen, &config.tls, router(state)).await?;
     let server = RestServer { addr, task };
@@ -510,7 +565,14 @@ mod tests {
             node_name: "node01".into(),
             kubelet_pods_dir: pods_dir.to_owned(),
             sessions: Sessions::default(),
+            events: Arc::new(EventRecorder::new(unreachable_client(), "virt-handler")),
         })
+    }
+
+    /// A client whose requests fail at once (the tests' Events go nowhere).
+    fn unreachable_client() -> kube::Client {
+        let config = kube::Config::new("http://127.0.0.1:9".parse().expect("url"));
+        kube::Client::try_from(config).expect("client")
     }
 
     async fn put(app: Router, name: &str, command: &str) -> (StatusCode, String) {

@@ -20,6 +20,7 @@ use super::error::{Res, SubError};
 use super::node::{NodeClient, PLAIN_STREAM_PROTOCOL};
 use super::state_change::phase;
 use super::{Ctx, get_vmi};
+use crate::metrics::StreamKind;
 
 /// Upstream's checks before `console`.
 ///
@@ -114,9 +115,18 @@ async fn stream(
         .ok_or_else(|| SubError::internal("no client credentials for node agents configured"))?;
     let target = NodeClient::locate(&ctx.client, &vmi).await?;
     let node_ws = node.websocket(&target, sub).await?;
+    let kind = if sub == "console" {
+        StreamKind::Console
+    } else {
+        StreamKind::Vnc
+    };
+    let active = ctx.metrics.open(kind, ns, name);
     Ok(upgrade
         .protocols([PLAIN_STREAM_PROTOCOL])
-        .on_upgrade(move |socket| bridge(socket, node_ws)))
+        .on_upgrade(move |socket| async move {
+            bridge(socket, node_ws).await;
+            drop(active);
+        }))
 }
 
 /// `GET …/virtualmachineinstances/{name}/console` (websocket).

@@ -45,6 +45,7 @@ pub use error::{Res, SubError};
 pub use node::{HANDLER_SERVER_NAME, NodeClientConfig, NodeCredentials};
 
 use crate::config::ClusterConfig;
+use crate::metrics::ApiMetrics;
 
 /// Inputs of [`run_subresource_server`].
 pub struct SubresourceServerConfig {
@@ -86,6 +87,7 @@ pub struct Ctx {
     client: kube::Client,
     node: Option<node::NodeClient>,
     cluster_config: watch::Receiver<ClusterConfig>,
+    metrics: ApiMetrics,
 }
 
 /// The `APIService` object registering `subresources.kubevirt.io/v1`; `url` is the
@@ -168,17 +170,22 @@ async fn require_client_cert(req: Request, next: Next) -> Response {
 }
 
 /// The router of every endpoint (exposed for in-process tests). `require_cert` refuses
-/// requests whose connection did not present a verified client certificate.
+/// requests whose connection did not present a verified client certificate, but for the
+/// health checks and `/metrics` ([`crate::metrics`]), which Prometheus scrapes without one.
 pub fn router(
     client: kube::Client,
     node_endpoint: Option<node::NodeClient>,
     cluster_config: watch::Receiver<ClusterConfig>,
     require_cert: bool,
 ) -> Router {
+    let metrics = ApiMetrics::new();
+    // The routes are built to be served at once: from here on virt-api serves requests.
+    metrics.set_ready(true);
     let ctx = Arc::new(Ctx {
         client,
         node: node_endpoint,
         cluster_config,
+        metrics: metrics.clone(),
     });
     let mut app = Router::new()
         .route("/healthz", get(discovery::healthz_handler))
@@ -236,11 +243,12 @@ pub fn router(
             );
     }
     let app = app.with_state(ctx);
-    if require_cert {
+    let app = if require_cert {
         app.layer(axum::middleware::from_fn(require_client_cert))
     } else {
         app
-    }
+    };
+    app.route("/metrics", get(move || async move { metrics.scrape() }))
 }
 
 /// TLS with the serving certificate; with a client CA, a client certificate is optional

@@ -30,6 +30,7 @@ use tracing::{debug, warn};
 use super::error::{Res, SubError};
 use super::node::PLAIN_STREAM_PROTOCOL;
 use super::{Ctx, get_vm, get_vmi};
+use crate::metrics::StreamKind;
 
 type Upgrade = Result<WebSocketUpgrade, axum::extract::ws::rejection::WebSocketUpgradeRejection>;
 
@@ -151,7 +152,10 @@ async fn tunnel(client: WebSocket, guest: TcpStream) {
     }
 }
 
+/// The tunnel is counted under the requested name (for a VM, the VM's), as upstream.
 async fn forward(
+    ctx: &Ctx,
+    (ns, name): (&str, &str),
     vmi: &VirtualMachineInstance,
     target: Target,
     upgrade: Upgrade,
@@ -164,9 +168,13 @@ async fn forward(
         SubError::internal(format!("dialing VM: dial tcp {addr}: {e}"))
     })?;
     debug!(%addr, "port-forward tunnel open");
+    let active = ctx.metrics.open(StreamKind::PortForward, ns, name);
     Ok(upgrade
         .protocols([PLAIN_STREAM_PROTOCOL])
-        .on_upgrade(move |socket| tunnel(socket, guest)))
+        .on_upgrade(move |socket| async move {
+            tunnel(socket, guest).await;
+            drop(active);
+        }))
 }
 
 async fn vmi_forward(
@@ -179,7 +187,7 @@ async fn vmi_forward(
 ) -> Result<Response, SubError> {
     let target = parse_target(port, protocol)?;
     let vmi = get_vmi(ctx, ns, name).await?;
-    forward(&vmi, target, upgrade).await
+    forward(ctx, (ns, name), &vmi, target, upgrade).await
 }
 
 async fn vm_forward(
@@ -192,7 +200,7 @@ async fn vm_forward(
 ) -> Result<Response, SubError> {
     let target = parse_target(port, protocol)?;
     let vmi = vmi_of_vm(ctx, ns, name).await?;
-    forward(&vmi, target, upgrade).await
+    forward(ctx, (ns, name), &vmi, target, upgrade).await
 }
 
 /// `GET …/virtualmachineinstances/{name}/portforward/{port}` (websocket).

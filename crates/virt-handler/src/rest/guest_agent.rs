@@ -13,7 +13,7 @@ use kubevirt_api::v1::{
 };
 use virt_launcher::protocol::{Command, GuestAgentInfo, GuestFilesystem, GuestUser};
 
-use super::{RestState, pod_launcher};
+use super::{Refusal, RestState, pod_launcher};
 
 /// Sends `command` to the launcher of the VMI and returns its ack's value.
 pub(super) async fn ask_launcher(
@@ -21,16 +21,12 @@ pub(super) async fn ask_launcher(
     namespace: &str,
     name: &str,
     command: Command,
-) -> Result<serde_json::Value, Response> {
+) -> Result<serde_json::Value, Refusal> {
     let (_, mut client) = pod_launcher(state, namespace, name).await?;
     match client.request(command).await {
         Ok(Ok(value)) => Ok(value),
-        Ok(Err(message)) => Err((StatusCode::INTERNAL_SERVER_ERROR, message).into_response()),
-        Err(e) => Err((
-            StatusCode::INTERNAL_SERVER_ERROR,
-            format!("talking to the launcher: {e}"),
-        )
-            .into_response()),
+        Ok(Err(message)) => Err(Refusal::internal(message)),
+        Err(e) => Err(Refusal::internal(format!("talking to the launcher: {e}"))),
     }
 }
 
@@ -47,7 +43,7 @@ pub(super) async fn query(
     }
     let value = match ask_launcher(&state, &namespace, &name, Command::GuestAgentInfo).await {
         Ok(value) => value,
-        Err(response) => return response,
+        Err(refusal) => return refusal.into_response(),
     };
     let info: GuestAgentInfo = match serde_json::from_value(value) {
         Ok(info) => info,

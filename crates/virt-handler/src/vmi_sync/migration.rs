@@ -42,11 +42,9 @@
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::Path;
 
-use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
-use kube::Resource;
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::{Api, Patch, PatchParams};
 use kubevirt_api::constants as c;
+use kubevirt_api::events::EventType;
 use kubevirt_api::v1::{VirtualMachineInstance, VirtualMachineInstanceMigrationState};
 use serde_json::{Value, json};
 use tokio::task::JoinHandle;
@@ -254,48 +252,6 @@ pub async fn patch_vmi(
     .await
 }
 
-/// Records a core `v1` Event on the VMI as virt-handler (no aggregation: migrations are rare).
-pub async fn event(
-    client: &kube::Client,
-    node: &str,
-    vmi: &VirtualMachineInstance,
-    warning: bool,
-    reason: &str,
-    message: &str,
-) {
-    let regarding: ObjectReference = vmi.object_ref(&());
-    let ns = vmi.metadata.namespace.clone().unwrap_or_default();
-    let now = Time(k8s_openapi::jiff::Timestamp::now());
-    let name = format!(
-        "{}.{:x}",
-        vmi.metadata.name.as_deref().unwrap_or_default(),
-        k8s_openapi::jiff::Timestamp::now().as_nanosecond()
-    );
-    let event = Event {
-        metadata: ObjectMeta {
-            name: Some(name),
-            namespace: Some(ns.clone()),
-            ..ObjectMeta::default()
-        },
-        involved_object: regarding,
-        reason: Some(reason.to_owned()),
-        message: Some(message.to_owned()),
-        type_: Some(if warning { "Warning" } else { "Normal" }.to_owned()),
-        source: Some(EventSource {
-            component: Some("virt-handler".to_owned()),
-            host: Some(node.to_owned()),
-        }),
-        first_timestamp: Some(now.clone()),
-        last_timestamp: Some(now),
-        count: Some(1),
-        ..Event::default()
-    };
-    let api: Api<Event> = Api::namespaced(client.clone(), &ns);
-    if let Err(e) = api.create(&PostParams::default(), &event).await {
-        warn!(reason, error = %e, "could not record an event");
-    }
-}
-
 /// How a migration target's domain starts: its sockets as the launcher sees them and the
 /// disks a block migration fills.
 #[derive(Debug, Clone)]
@@ -383,15 +339,14 @@ impl Follow {
                 info!(vmi = %self.name(), "aborting the live migration");
                 link.send(Command::CancelMigration).await.map_err(drop)?;
                 src.cancel_sent = true;
-                event(
-                    &self.client,
-                    &node,
-                    &self.current,
-                    false,
-                    "Migrating",
-                    "VirtualMachineInstance is aborting migration.",
-                )
-                .await;
+                self.events
+                    .record(
+                        &*self.current,
+                        EventType::Normal,
+                        "Migrating",
+                        "VirtualMachineInstance is aborting migration.",
+                    )
+                    .await;
             }
             return Ok(());
         }
@@ -410,7 +365,6 @@ impl Follow {
         st: &VirtualMachineInstanceMigrationState,
         src: &mut SourceMigration,
     ) -> Result<(), ()> {
-        let node = self.config.node_name.clone();
         let port_of = |wanted: i32| {
             st.target_direct_migration_node_ports
                 .iter()
@@ -474,15 +428,14 @@ impl Follow {
             .await
             .map_err(drop)?;
         src.migrate_id = Some(id);
-        event(
-            &self.client,
-            &node,
-            &self.current,
-            false,
-            "Migrating",
-            "VirtualMachineInstance is migrating.",
-        )
-        .await;
+        self.events
+            .record(
+                &*self.current,
+                EventType::Normal,
+                "Migrating",
+                "VirtualMachineInstance is migrating.",
+            )
+            .await;
         Ok(())
     }
 
@@ -526,16 +479,9 @@ impl Follow {
         warn!(vmi = %self.name(), %reason, "the live migration failed");
         self.patch_migration(state_ops(&uid, &fields)).await;
         let message = format!("VirtualMachineInstance migration uid {uid} failed. reason:{reason}");
-        let node = self.config.node_name.clone();
-        event(
-            &self.client,
-            &node,
-            &self.current,
-            true,
-            "Migrated",
-            &message,
-        )
-        .await;
+        self.events
+            .record(&*self.current, EventType::Warning, "Migrated", &message)
+            .await;
     }
 
     async fn patch_migration(&mut self, ops: Vec<Value>) {
@@ -708,17 +654,15 @@ impl Follow {
         );
         info!(vmi = %self.name(), %ip, ports = %port, "migration target listening");
         self.patch_migration(ops).await;
-        let node = self.config.node_name.clone();
         let message = format!("Migration Target is listening at {ip}, on ports: {port}");
-        event(
-            &self.client,
-            &node,
-            &self.current,
-            false,
-            "PreparingTarget",
-            &message,
-        )
-        .await;
+        self.events
+            .record(
+                &*self.current,
+                EventType::Normal,
+                "PreparingTarget",
+                &message,
+            )
+            .await;
         Some(proxies)
     }
 
@@ -751,15 +695,9 @@ impl Follow {
         info!(vmi = %self.name(), node = %node, "the VMI migrated to this node");
         self.patch_migration(ops).await;
         let message = format!("The VirtualMachineInstance migrated to node {node}.");
-        event(
-            &self.client,
-            &node,
-            &self.current,
-            false,
-            "Migrated",
-            &message,
-        )
-        .await;
+        self.events
+            .record(&*self.current, EventType::Normal, "Migrated", &message)
+            .await;
     }
 }
 

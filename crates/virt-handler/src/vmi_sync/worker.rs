@@ -174,7 +174,7 @@ pub(super) struct Follow {
     pull_backoff: PullBackoff,
     /// The VMI's Events (upstream's handler reasons). Events are aggregated per involved
     /// object, so one recorder per followed VMI aggregates as one per process would.
-    events: EventRecorder,
+    pub(super) events: EventRecorder,
 }
 
 /// The Event upstream's handler records when it moves a VMI to `phase`.
@@ -246,7 +246,7 @@ impl Follow {
     ) -> Self {
         let current = vmi.borrow().clone();
         Follow {
-            events: EventRecorder::new(client.clone(), "virt-handler"),
+            events: EventRecorder::new(client.clone(), "virt-handler").on_host(&config.node_name),
             client,
             config,
             vmi,
