@@ -242,5 +242,85 @@ fn patching_the_image_tag_upgrades_every_component_and_the_guests_never_notice()
             "a VMI left Running during the upgrade: {line:?}\n{seen:#?}"
         );
     }
+    drop(phases);
+    workload_update_evicts_the_outdated(&server, &vms, &old_launcher_image)
+        .map_err(|e| fail("workload update", &e))
+}
+
+/// The workload updater: the CR and the controller's gauge count both VMIs as outdated, and
+/// listing `Evict` in the CR's `workloadUpdateStrategy` moves each to a launcher of the new
+/// version (its launcher pod evicted, the VM's run strategy starting a new VMI).
+fn workload_update_evicts_the_outdated(
+    server: &ServerProcess,
+    vms: &[&str],
+    old_image: &str,
+) -> anyhow::Result<()> {
+    let outdated = || {
+        server.get(
+            &["kubevirt", "kubevirt", "-n", "kubevirt"],
+            "{.status.outdatedVirtualMachineInstanceWorkloads}",
+        )
+    };
+    wait_until(DEADLINE, "both VMIs counted as outdated", || {
+        (outdated() == "2").then_some(())
+    })?;
+    let gauge = server.metric_samples(
+        "virt-controller",
+        "virt-controller.kubevirt.svc",
+        "kubevirt_vmi_number_of_outdated",
+    )?;
+    assert_eq!(
+        gauge,
+        ["kubevirt_vmi_number_of_outdated 2"],
+        "served by the leader"
+    );
+    let uids: Vec<String> = vms
+        .iter()
+        .map(|vm| server.get(&["vmi", vm], "{.metadata.uid}"))
+        .collect();
+    server.ok(&[
+        "patch",
+        "kubevirt",
+        "kubevirt",
+        "-n",
+        "kubevirt",
+        "--type",
+        "merge",
+        "-p",
+        r#"{"spec":{"workloadUpdateStrategy":{"workloadUpdateMethods":["Evict"]}}}"#,
+    ])?;
+    for (vm, uid) in vms.iter().zip(&uids) {
+        wait_until(
+            DEADLINE,
+            &format!("{vm} on a launcher of the new version"),
+            || {
+                let now = server.get(
+                    &["vmi", vm],
+                    "{.metadata.uid} {.status.phase} {.status.launcherContainerImageVersion}",
+                );
+                let fields: Vec<&str> = now.split(' ').collect();
+                let [now_uid, phase, image] = fields[..] else {
+                    return None;
+                };
+                (now_uid != uid && phase == "Running" && !image.is_empty() && image != old_image)
+                    .then_some(())
+            },
+        )?;
+    }
+    wait_until(DEADLINE, "no outdated VMI left", || {
+        (outdated() == "0").then_some(())
+    })?;
+    let evictions = server.get(
+        &["events"],
+        r#"{range .items[?(@.reason=="SuccessfulEvict")]}{.involvedObject.name}/{.source.component}{"\n"}{end}"#,
+    );
+    for vm in vms {
+        assert!(
+            evictions
+                .lines()
+                .any(|l| l == format!("{vm}/workload-update-controller")),
+            "{evictions}"
+        );
+    }
     Ok(())
 }

@@ -1,5 +1,5 @@
 //! virt-controller as an application: leader election, the KubeVirt CR's settings, and the
-//! VM, VMI, node, evacuation and migration controllers — what `kubevirt-rs controller` and `kubevirt-rs server` run.
+//! VM, VMI, node, evacuation, migration and workload-update controllers — what `kubevirt-rs controller` and `kubevirt-rs server` run.
 //!
 //! Data flow: the shared CR watch ([`kubevirt_api::cluster_config::subscribe`]) publishes the
 //! CR's settings ([`ClusterSettings`]); the effective
@@ -27,6 +27,7 @@ use crate::runtime::metrics::Metrics;
 use crate::vm::{VmControllerConfig, run_vm_controller};
 use crate::vmi::template::LauncherPodConfig;
 use crate::vmi::{VmiControllerConfig, run_vmi_controller};
+use crate::workload_updater::run_workload_updater;
 
 /// Flag names shared by the command line and the KubeVirt CR.
 pub const LABELS_SYNC_FLAG: &str = "additional-launcher-labels-sync";
@@ -129,8 +130,9 @@ pub async fn run_controller(
                 let node = run_node_controller(client.clone(), config.node, metrics, controllers.clone());
                 let evacuation = run_evacuation_controller(client.clone(), cluster_rx.clone(), metrics, controllers.clone());
                 let migration = run_migration_controller(client.clone(), config.launcher.clone(), cluster_rx.clone(), metrics, controllers.clone());
+                let workload_updater = run_workload_updater(client.clone(), &config.namespace, config.launcher.launcher_image.clone(), cluster_rx.clone(), metrics, controllers.clone());
                 tokio::select! {
-                    _ = async { tokio::join!(vm, vmi, node, evacuation, migration) } => Ok(()),
+                    _ = async { tokio::join!(vm, vmi, node, evacuation, migration, workload_updater) } => Ok(()),
                     _ = status.lost() => {
                         warn!("lost the virt-controller lease; stopping controllers");
                         controllers.cancel();

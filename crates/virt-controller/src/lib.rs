@@ -20,3 +20,4 @@ pub mod migration;
 pub mod node;
 pub mod serving;
 pub mod vmi;
+pub mod workload_updater;

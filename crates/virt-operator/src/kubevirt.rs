@@ -363,6 +363,9 @@ impl Context {
                 return Err(OperatorError::Install(e));
             }
         };
+        // The strategy now installed; `observedDeploymentID` follows once it is ready, so the
+        // two differ while a rollout is under way (the workload updater waits for them).
+        status.target_deployment_id = Some(deployment_id.clone());
         set_condition(
             &mut status.conditions,
             KubeVirtConditionType::Created,
