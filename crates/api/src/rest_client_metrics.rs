@@ -200,9 +200,9 @@ where
 /// Core paths are `/api/<version>/…`, group paths `/apis/<group>/<version>/…`; then an
 /// optional `watch`, then `namespaces/<ns>/<resource>` or `<resource>`.
 fn resource_index(segments: &[&str]) -> Option<(usize, bool)> {
-    let mut i = match segments.first()? {
-        &"api" => 2,
-        &"apis" => 3,
+    let mut i = match *segments.first()? {
+        "api" => 2,
+        "apis" => 3,
         _ => return None,
     };
     if segments.get(i) == Some(&"watch") {

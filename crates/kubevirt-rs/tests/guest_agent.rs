@@ -124,7 +124,18 @@ fn scenario(server: &ServerProcess) -> anyhow::Result<()> {
         (agent_connected(server) == "True").then_some(())
     })?;
 
-    // Without the agent: the condition goes, and the power button reboots the guest.
+    without_the_agent(server, &pod, &pid, &qemu_pid)
+}
+
+/// Without the agent: the condition goes, a freeze is refused with upstream's Event, and the
+/// power button reboots the guest in the same QEMU.
+fn without_the_agent(
+    server: &ServerProcess,
+    pod: &str,
+    pid: &str,
+    qemu_pid: &dyn Fn() -> String,
+) -> anyhow::Result<()> {
+    let node = server.get(&["vmi", "agent"], "{.status.nodeName}");
     let stopped = server.guest_run("agent", "killall qemu-ga")?;
     assert!(stopped.contains("RUN-DONE rc=0"), "{stopped}");
     wait_until(DEADLINE, "AgentConnected removed", || {
@@ -145,9 +156,9 @@ fn scenario(server: &ServerProcess) -> anyhow::Result<()> {
     })?;
     server.virtctl(&["soft-reboot", "agent"])?;
     wait_until(DEADLINE, "the guest to boot a third time", || {
-        (boots(server, &pod) == 3).then_some(())
+        (boots(server, pod) == 3).then_some(())
     })?;
-    let console = server.guest_console(&pod);
+    let console = server.guest_console(pod);
     assert!(
         console.contains("ACPI-POWER-BUTTON"),
         "the power button rebooted it: {}",
