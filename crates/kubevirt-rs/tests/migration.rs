@@ -179,6 +179,16 @@ fn migrate_away(
         server.get(&["vmim", &name], "{.status.migrationState.completed}"),
         "true"
     );
+    // virt-controller's migration families name it as succeeded.
+    let succeeded = server.metric_samples(
+        "virt-controller",
+        "virt-controller.kubevirt.svc",
+        "kubevirt_vmi_migration_succeeded",
+    )?;
+    let sample = format!(
+        r#"kubevirt_vmi_migration_succeeded{{vmi="mover",vmim="{name}",namespace="default"}} 1"#
+    );
+    assert!(succeeded.contains(&sample), "{succeeded:?}");
     let target_pod = vmi_field(server, "{.status.migrationState.targetPod}");
     assert_eq!(
         server.get(&["pod", &target_pod], "{.spec.nodeName}"),

@@ -30,6 +30,7 @@
 //!   `kubevirt.io/migrationPendingPodTimeoutSeconds`), which fails the migration.
 
 pub mod gc;
+pub mod metrics;
 pub mod phase;
 pub mod target_pod;
 
@@ -763,6 +764,7 @@ pub async fn run_migration_controller(
         Some(key_of(m))
     });
     let migrations = migration_informer.handle();
+    metrics.add_collector(self::metrics::MigrationCollector::new(migrations.clone()));
     let mut vmi_informer = Informer::<VirtualMachineInstance>::new();
     let (q, cache) = (queue.clone(), migrations.clone());
     vmi_informer.on_change(move |change| {
