@@ -241,6 +241,32 @@ fn cancel_slow_migration(server: &ServerProcess, node: &str) -> anyhow::Result<(
         ),
         "1Mi"
     );
+    // The source handler serves the transfer's progress while it runs.
+    let progress = |family: &str| {
+        let labels = format!(r#"{{node="{node}",namespace="default",name="mover"}} "#);
+        server
+            .metric_samples("virt-handler", "virt-handler", family)
+            .ok()?
+            .iter()
+            .find_map(|l| {
+                l.strip_prefix(&format!("{family}{labels}"))?
+                    .parse::<f64>()
+                    .ok()
+            })
+    };
+    let (total, remaining) = testkit::with_log(
+        server,
+        wait_until(DEADLINE, "the migration's progress on the source", || {
+            let total = progress("kubevirt_vmi_migration_data_bytes_total")?;
+            let remaining = progress("kubevirt_vmi_migration_data_remaining_bytes")?;
+            (remaining > 0.0).then_some((total, remaining))
+        }),
+    )?;
+    assert!(
+        total >= 128.0 * 1024.0 * 1024.0,
+        "the guest's 128Mi to send: {total}"
+    );
+    assert!(remaining <= total, "{remaining} of {total}");
     let target_pod = vmi_field(server, "{.status.migrationState.targetPod}");
     virtctl_ok(server, &["migrate-cancel", "mover"])?;
     testkit::with_log(

@@ -11,7 +11,11 @@
 //! `kubevirt_vmi_network_{receive,transmit}_{bytes,packets,errors,packets_dropped}_total`
 //! (`interface`) and `kubevirt_vmi_storage_*_total` (`drive`). Besides them:
 //! `kubevirt_virt_handler_ready_status` (1 once the VMI cache has synced) and the REST client
-//! families of the handler's client ([`kubevirt_api::rest_client_metrics`]).
+//! families of the handler's client ([`kubevirt_api::rest_client_metrics`]). While a VMI
+//! migrates away, its source handler also serves upstream's
+//! `kubevirt_vmi_migration_data_bytes_total`, `_data_remaining_bytes`, `_data_processed_bytes`,
+//! `_dirty_memory_rate_bytes` and `_memory_transfer_rate_bytes` (`node`, `namespace`, `name`),
+//! read from `query-migrate` at the scrape.
 //!
 //! Differences from upstream: there is no balloon device, so the guest-reported memory
 //! families (`_available_`, `_unused_`, `_usable_`, `_cached_`, swap, page faults) are not
@@ -39,7 +43,7 @@ use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
-use virt_launcher::protocol::{Command, DomainStats};
+use virt_launcher::protocol::{Command, DomainStats, MigrationStats};
 
 use crate::rest::RestTls;
 use crate::vmi_sync::worker::connect_active_launcher;
@@ -305,7 +309,62 @@ impl Snapshot {
                 .iter()
                 .map(|(name, help, value)| (*name, *help, self.per_drive(*value))),
         );
+        families.extend(self.migration_families());
         families
+    }
+
+    /// The families of the outgoing migrations under way, labelled by node, namespace and
+    /// name only (as upstream's migration collector).
+    fn migration_families(&self) -> Vec<(&'static str, &'static str, Values)> {
+        let samples = |value: fn(&MigrationStats) -> u64| {
+            self.0
+                .iter()
+                .filter_map(|(base, s)| {
+                    let m = s.migration.as_ref()?;
+                    Some((base.iter().take(3).cloned().collect(), value(m)))
+                })
+                .collect::<Vec<(Labels, u64)>>()
+        };
+        let gauge = |value: fn(&MigrationStats) -> u64| {
+            Values::Gauge(
+                samples(value)
+                    .into_iter()
+                    .map(|(l, v)| (l, i64::try_from(v).unwrap_or(i64::MAX)))
+                    .collect(),
+            )
+        };
+        vec![
+            (
+                "kubevirt_vmi_migration_data_bytes",
+                "The total Guest OS data to be migrated to the new VM.",
+                Values::Counter(
+                    samples(|m| m.data_total_bytes)
+                        .into_iter()
+                        .map(|(l, v)| (l, count(v)))
+                        .collect(),
+                ),
+            ),
+            (
+                "kubevirt_vmi_migration_data_remaining_bytes",
+                "The remaining guest OS data to be migrated to the new VM.",
+                gauge(|m| m.data_remaining_bytes),
+            ),
+            (
+                "kubevirt_vmi_migration_data_processed_bytes",
+                "The total Guest OS data processed and migrated to the new VM.",
+                gauge(|m| m.data_processed_bytes),
+            ),
+            (
+                "kubevirt_vmi_migration_dirty_memory_rate_bytes",
+                "The rate of memory being dirty in the Guest OS.",
+                gauge(|m| m.dirty_rate_bytes_per_second),
+            ),
+            (
+                "kubevirt_vmi_migration_memory_transfer_rate_bytes",
+                "The rate at which the memory is being transferred.",
+                gauge(|m| m.transfer_rate_bytes_per_second),
+            ),
+        ]
     }
 }
 
@@ -473,6 +532,7 @@ mod tests {
                 read_seconds: 0.25,
                 ..DiskStats::default()
             }],
+            migration: None,
         };
         let text = encoded(Snapshot(vec![(vmi_labels(&vmi(), "node01"), stats)]));
         let vmi = r#"node="node01",namespace="default",name="vm1",kubernetes_vmi_label_app="web",kubernetes_vmi_label_kubevirt_io_domain="vm1""#;
@@ -504,5 +564,37 @@ mod tests {
             text.contains("# TYPE kubevirt_vmi_storage_iops_read counter"),
             "{text}"
         );
+        assert!(
+            !text.contains("kubevirt_vmi_migration_data_remaining_bytes{"),
+            "no migration, no sample: {text}"
+        );
+    }
+
+    #[test]
+    fn a_migration_under_way_is_served_with_the_node_namespace_and_name() {
+        let stats = DomainStats {
+            migration: Some(MigrationStats {
+                data_total_bytes: 1000,
+                data_remaining_bytes: 400,
+                data_processed_bytes: 600,
+                dirty_rate_bytes_per_second: 4096,
+                transfer_rate_bytes_per_second: 125_000,
+            }),
+            ..DomainStats::default()
+        };
+        let text = encoded(Snapshot(vec![(vmi_labels(&vmi(), "node01"), stats)]));
+        let vmi = r#"node="node01",namespace="default",name="vm1""#;
+        for sample in [
+            format!("kubevirt_vmi_migration_data_bytes_total{{{vmi}}} 1000.0"),
+            format!("kubevirt_vmi_migration_data_remaining_bytes{{{vmi}}} 400"),
+            format!("kubevirt_vmi_migration_data_processed_bytes{{{vmi}}} 600"),
+            format!("kubevirt_vmi_migration_dirty_memory_rate_bytes{{{vmi}}} 4096"),
+            format!("kubevirt_vmi_migration_memory_transfer_rate_bytes{{{vmi}}} 125000"),
+        ] {
+            assert!(
+                text.lines().any(|l| l == sample),
+                "{sample} not in:\n{text}"
+            );
+        }
     }
 }

@@ -219,6 +219,26 @@ pub struct DomainStats {
     /// Each disk (`query-blockstats`).
     #[serde(default)]
     pub disks: Vec<DiskStats>,
+    /// The outgoing live migration's progress while one runs (`query-migrate`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub migration: Option<MigrationStats>,
+}
+
+/// An outgoing live migration's memory transfer as `query-migrate` reports it (libvirt's job
+/// info fields upstream's handler exports).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MigrationStats {
+    /// Guest memory to migrate (`ram.total`).
+    pub data_total_bytes: u64,
+    /// What is left (`ram.remaining`).
+    pub data_remaining_bytes: u64,
+    /// What was sent (`ram.transferred`).
+    pub data_processed_bytes: u64,
+    /// Memory the guest dirties per second (`ram.dirty-pages-rate` × `ram.page-size`).
+    pub dirty_rate_bytes_per_second: u64,
+    /// Transfer rate (`ram.mbps`, in bytes per second).
+    pub transfer_rate_bytes_per_second: u64,
 }
 
 /// One vCPU thread's time.

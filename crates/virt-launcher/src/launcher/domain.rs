@@ -773,11 +773,16 @@ impl Domain {
         let memory_bytes = current
             .memory
             .map_or(spec.memory.guest_bytes, |m| m.current_bytes);
+        let migrating = current
+            .migration
+            .as_ref()
+            .is_some_and(|m| m.state == crate::protocol::MigrationJobState::Active);
         super::stats::read(super::stats::Subject {
             pid,
             qmp: &qmp,
             spec: &spec,
             memory_bytes,
+            migrating,
         })
         .await
     }
