@@ -124,14 +124,14 @@ fn scenario(server: &ServerProcess) -> anyhow::Result<()> {
         (agent_connected(server) == "True").then_some(())
     })?;
 
-    without_the_agent(server, &pod, &pid, &qemu_pid)
+    without_the_agent(server, (&pod, &uid), &pid, &qemu_pid)
 }
 
 /// Without the agent: the condition goes, a freeze is refused with upstream's Event, and the
 /// power button reboots the guest in the same QEMU.
 fn without_the_agent(
     server: &ServerProcess,
-    pod: &str,
+    (pod, uid): (&str, &str),
     pid: &str,
     qemu_pid: &dyn Fn() -> String,
 ) -> anyhow::Result<()> {
@@ -154,6 +154,25 @@ fn without_the_agent(
             })
             .then_some(())
     })?;
+    // A `guestAgentPing` probe (virt-probe, as kubelet runs it in the compute container)
+    // fails, and the launcher has the handler record upstream's Event.
+    let probe = std::process::Command::new(BIN)
+        .args([
+            "virt-probe",
+            "--domainName",
+            "default_agent",
+            "--guestAgentPing",
+        ])
+        .arg("--pod-dir")
+        .arg(testkit::launcher_dir(server.data_dir(), uid))
+        .output()?;
+    assert!(!probe.status.success(), "{probe:?}");
+    wait_event(
+        server,
+        &format!(
+            "Warning/GuestAgentPingFailed/virt-handler@{node}/GuestAgentPing probe failed for VMI agent"
+        ),
+    )?;
     server.virtctl(&["soft-reboot", "agent"])?;
     wait_until(DEADLINE, "the guest to boot a third time", || {
         (boots(server, pod) == 3).then_some(())

@@ -646,6 +646,23 @@ pub enum UpMessage {
     Domain(DomainStatus),
     /// Something went wrong outside any command (e.g. QMP lost).
     Error(String),
+    /// Something the handler records as an Event on the VMI (upstream's launcher sends these
+    /// through its notify client: `GuestAgentPingFailed`, …). Handlers older than the message
+    /// skip it as malformed.
+    Event(LauncherEvent),
+}
+
+/// An Event for the VMI, as the launcher reports it ([`UpMessage::Event`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LauncherEvent {
+    /// A warning (else a normal Event).
+    #[serde(default)]
+    pub warning: bool,
+    /// The Event's reason (`GuestAgentPingFailed`).
+    pub reason: String,
+    /// Its message.
+    pub message: String,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -777,6 +794,8 @@ struct Wire {
     error: Option<ErrorBody>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     domain: Option<DomainStatus>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    event: Option<LauncherEvent>,
 }
 
 impl Wire {
@@ -803,6 +822,7 @@ impl Wire {
             self.ok.is_some(),
             self.error.is_some(),
             self.domain.is_some(),
+            self.event.is_some(),
         ]
         .iter()
         .filter(|set| **set)
@@ -997,6 +1017,9 @@ impl UpMessage {
     /// [`ProtocolError::Malformed`] for anything but a launcher message.
     pub fn decode(line: &str) -> Result<Self, ProtocolError> {
         let w = Wire::parse(line)?;
+        if let (None, Some(event)) = (w.id, w.event.clone()) {
+            return Ok(Self::Event(event));
+        }
         match (w.id, w.hello, w.ok, w.error, w.domain) {
             (None, Some(hello), None, None, None) => Ok(Self::Hello(hello)),
             (Some(id), None, Some(value), None, None) => Ok(Self::Ack {
@@ -1030,6 +1053,7 @@ impl UpMessage {
                 }
             }
             Self::Domain(status) => w.domain = Some(status.clone()),
+            Self::Event(event) => w.event = Some(event.clone()),
             Self::Error(message) => {
                 w.error = Some(ErrorBody {
                     message: message.clone(),
@@ -1352,6 +1376,21 @@ mod tests {
             "{line}"
         );
         assert_eq!(UpMessage::decode(&line).unwrap(), UpMessage::Domain(status));
+    }
+
+    #[test]
+    fn an_event_for_the_handler_round_trips() {
+        let event = UpMessage::Event(LauncherEvent {
+            warning: true,
+            reason: "GuestAgentPingFailed".into(),
+            message: "GuestAgentPing probe failed for VMI v".into(),
+        });
+        let line = event.encode();
+        assert_eq!(
+            line,
+            "{\"event\":{\"warning\":true,\"reason\":\"GuestAgentPingFailed\",\"message\":\"GuestAgentPing probe failed for VMI v\"}}\n"
+        );
+        assert_eq!(UpMessage::decode(&line).unwrap(), event);
     }
 
     #[test]

@@ -413,6 +413,10 @@ impl Follow {
                     Some(UpMessage::Error(message)) => {
                         warn!(vmi = %name(&self.current), %message, "launcher error");
                     }
+                    Some(UpMessage::Event(event)) => {
+                        let kind = if event.warning { EventType::Warning } else { EventType::Normal };
+                        self.events.record(&*self.current, kind, &event.reason, &event.message).await;
+                    }
                 },
                 changed = self.vmi.changed() => {
                     if changed.is_err() {

@@ -52,6 +52,7 @@ async fn serve_inner(domain: &Domain, stream: UnixStream) -> std::io::Result<()>
         }
     }
     let mut status = domain.subscribe();
+    let mut events = domain.subscribe_events();
     let current = status.borrow_and_update().clone();
     send(&mut write, &UpMessage::Domain(current.clone())).await?;
     if current.is_final() {
@@ -84,6 +85,11 @@ async fn serve_inner(domain: &Domain, stream: UnixStream) -> std::io::Result<()>
                 };
                 send(&mut write, &reply).await?;
             }
+            event = events.recv() => match event {
+                Ok(event) => send(&mut write, &UpMessage::Event(event)).await?,
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => return Ok(()),
+            },
             changed = status.changed() => {
                 if changed.is_err() {
                     return Ok(());

@@ -49,6 +49,8 @@ pub(super) struct Shared {
     device_deleted: tokio::sync::broadcast::Sender<String>,
     delivered: watch::Sender<bool>,
     intent: Mutex<Intent>,
+    /// Events for the VMI, sent to every connected handler ([`UpMessage::Event`](crate::protocol::UpMessage::Event)).
+    events: tokio::sync::broadcast::Sender<crate::protocol::LauncherEvent>,
 }
 
 impl Shared {
@@ -178,6 +180,7 @@ impl Domain {
             device_deleted: tokio::sync::broadcast::Sender::new(16),
             delivered: watch::Sender::new(false),
             intent: Mutex::new(Intent::None),
+            events: tokio::sync::broadcast::Sender::new(16),
         };
         let agent_socket = crate::pod_layout::PodLayout::new(
             opts.socket_path.parent().unwrap_or_else(|| Path::new("/")),
@@ -206,6 +209,13 @@ impl Domain {
 
     pub(super) fn subscribe(&self) -> watch::Receiver<DomainStatus> {
         self.shared.status.subscribe()
+    }
+
+    /// The Events for the handler from now on.
+    pub(super) fn subscribe_events(
+        &self,
+    ) -> tokio::sync::broadcast::Receiver<crate::protocol::LauncherEvent> {
+        self.shared.events.subscribe()
     }
 
     pub(super) fn subscribe_delivered(&self) -> watch::Receiver<bool> {
@@ -325,7 +335,25 @@ impl Domain {
                     .await?;
                 serde_json::to_value(info).map_err(|e| e.to_string())
             }
-            Command::GuestPing => self.agent.ping().await.map(|()| serde_json::json!({})),
+            Command::GuestPing => match self.agent.ping().await {
+                Ok(()) => Ok(serde_json::json!({})),
+                Err(e) => {
+                    // Upstream's launcher reports a failed `guestAgentPing` probe as an Event.
+                    tracing::warn!(error = %e, "GuestAgentPing probe failed");
+                    let vmi = match &*self.started.lock().await {
+                        Some(started) => started.spec.vmi.name.clone(),
+                        None => String::new(),
+                    };
+                    // Nobody listening (no handler connected) loses the Event, as upstream's
+                    // notify client does.
+                    let _ = self.shared.events.send(crate::protocol::LauncherEvent {
+                        warning: true,
+                        reason: "GuestAgentPingFailed".into(),
+                        message: format!("GuestAgentPing probe failed for VMI {vmi}"),
+                    });
+                    Err(e)
+                }
+            },
             Command::GuestExec {
                 command,
                 timeout_seconds,
