@@ -271,6 +271,29 @@ fn domain_metrics(server: &ServerProcess) -> anyhow::Result<()> {
     })?;
     let writes = handler_sample(server, "kubevirt_vmi_storage_iops_write_total", &scratch);
     assert!(writes.is_some_and(|w| w >= 1.0), "{writes:?}");
+    // A filesystem the guest mounts is reported by its agent with its size.
+    let mounted = server.guest_run(
+        "agent",
+        "mkdosfs /dev/vda && mkdir -p /mnt/scratch && mount -t vfat /dev/vda /mnt/scratch",
+    )?;
+    assert!(mounted.contains("RUN-DONE rc=0"), "{mounted}");
+    let filesystem = [
+        r#"mount_point="/mnt/scratch""#,
+        r#"file_system_type="vfat""#,
+    ];
+    let capacity = wait_until(DEADLINE, "the mounted filesystem's capacity", || {
+        handler_sample(
+            server,
+            "kubevirt_vmi_filesystem_capacity_bytes",
+            &filesystem,
+        )
+    })?;
+    assert!(
+        capacity > 8.0 * 1024.0 * 1024.0 && capacity <= 16.0 * 1024.0 * 1024.0,
+        "the 16Mi disk's filesystem: {capacity}"
+    );
+    let used = handler_sample(server, "kubevirt_vmi_filesystem_used_bytes", &filesystem);
+    assert!(used.is_some_and(|u| u < capacity), "{used:?}");
 
     let iface = [r#"interface="default""#];
     let sent = "kubevirt_vmi_network_transmit_packets_total";

@@ -215,7 +215,17 @@ fn remove_volume(
         "--persist removed it from the template"
     );
     assert_eq!(qemu_pid(), pid, "the domain was not restarted");
-
+    // The handler records upstream's Event for the removal.
+    wait_until(DEADLINE, "the VolumeUnplugged event", || {
+        let events = server.get(
+            &["events"],
+            r#"{range .items[?(@.reason=="VolumeUnplugged")]}{.involvedObject.name}/{.source.component}/{.message}{"\n"}{end}"#,
+        );
+        events
+            .lines()
+            .any(|l| l == "hot/virt-handler/Volume hot-data has been unplugged")
+            .then_some(())
+    })?;
     Ok(())
 }
 

@@ -9,7 +9,9 @@
 //! `kubevirt_vmi_vcpu_seconds_total` (`id`, `state`), `kubevirt_vmi_vcpu_delay_seconds_total`
 //! (`id`), `kubevirt_vmi_memory_resident_bytes`, `kubevirt_vmi_memory_domain_bytes`,
 //! `kubevirt_vmi_network_{receive,transmit}_{bytes,packets,errors,packets_dropped}_total`
-//! (`interface`) and `kubevirt_vmi_storage_*_total` (`drive`). Besides them:
+//! (`interface`), `kubevirt_vmi_storage_*_total` (`drive`), and from the guest agent
+//! `kubevirt_vmi_filesystem_{capacity,used}_bytes` (`disk_name`, `mount_point`,
+//! `file_system_type`). Besides them:
 //! `kubevirt_virt_handler_ready_status` (1 once the VMI cache has synced) and the REST client
 //! families of the handler's client ([`kubevirt_api::rest_client_metrics`]). While a VMI
 //! migrates away, its source handler also serves upstream's
@@ -43,7 +45,7 @@ use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
-use virt_launcher::protocol::{Command, DomainStats, MigrationStats};
+use virt_launcher::protocol::{Command, DomainStats, GuestFilesystem, MigrationStats};
 
 use crate::rest::RestTls;
 use crate::vmi_sync::worker::connect_active_launcher;
@@ -309,8 +311,47 @@ impl Snapshot {
                 .iter()
                 .map(|(name, help, value)| (*name, *help, self.per_drive(*value))),
         );
+        families.extend(self.filesystem_families());
         families.extend(self.migration_families());
         families
+    }
+
+    /// The guest-agent-reported filesystems, one sample per filesystem (`disk_name`,
+    /// `mount_point`, `file_system_type`, as upstream).
+    fn filesystem_families(&self) -> Vec<(&'static str, &'static str, Values)> {
+        let per_filesystem = |value: fn(&GuestFilesystem) -> u64| {
+            Values::Gauge(
+                self.0
+                    .iter()
+                    .flat_map(|(base, stats)| {
+                        stats.filesystems.iter().map(move |fs| {
+                            let labels = with(
+                                &with(
+                                    &with(base, "disk_name", &fs.disk_name),
+                                    "mount_point",
+                                    &fs.mount_point,
+                                ),
+                                "file_system_type",
+                                &fs.file_system_type,
+                            );
+                            (labels, i64::try_from(value(fs)).unwrap_or(i64::MAX))
+                        })
+                    })
+                    .collect(),
+            )
+        };
+        vec![
+            (
+                "kubevirt_vmi_filesystem_capacity_bytes",
+                "Total VM filesystem capacity in bytes.",
+                per_filesystem(|fs| fs.total_bytes),
+            ),
+            (
+                "kubevirt_vmi_filesystem_used_bytes",
+                "Used VM filesystem capacity in bytes.",
+                per_filesystem(|fs| fs.used_bytes),
+            ),
+        ]
     }
 
     /// The families of the outgoing migrations under way, labelled by node, namespace and
@@ -533,6 +574,14 @@ mod tests {
                 ..DiskStats::default()
             }],
             migration: None,
+            filesystems: vec![GuestFilesystem {
+                disk_name: "vda".into(),
+                mount_point: "/mnt/scratch".into(),
+                file_system_type: "vfat".into(),
+                used_bytes: 4096,
+                total_bytes: 16_000_000,
+                disks: Vec::new(),
+            }],
         };
         let text = encoded(Snapshot(vec![(vmi_labels(&vmi(), "node01"), stats)]));
         let vmi = r#"node="node01",namespace="default",name="vm1",kubernetes_vmi_label_app="web",kubernetes_vmi_label_kubevirt_io_domain="vm1""#;
@@ -553,6 +602,12 @@ mod tests {
             ),
             format!(
                 r#"kubevirt_vmi_storage_read_times_seconds_total{{{vmi},drive="rootdisk"}} 0.25"#
+            ),
+            format!(
+                r#"kubevirt_vmi_filesystem_capacity_bytes{{{vmi},disk_name="vda",mount_point="/mnt/scratch",file_system_type="vfat"}} 16000000"#
+            ),
+            format!(
+                r#"kubevirt_vmi_filesystem_used_bytes{{{vmi},disk_name="vda",mount_point="/mnt/scratch",file_system_type="vfat"}} 4096"#
             ),
         ] {
             assert!(

@@ -222,6 +222,10 @@ pub struct DomainStats {
     /// The outgoing live migration's progress while one runs (`query-migrate`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub migration: Option<MigrationStats>,
+    /// The guest's mounted filesystems with their sizes, as its agent reports them
+    /// (`guest-get-fsinfo`; none without a connected, thawed agent).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub filesystems: Vec<GuestFilesystem>,
 }
 
 /// An outgoing live migration's memory transfer as `query-migrate` reports it (libvirt's job

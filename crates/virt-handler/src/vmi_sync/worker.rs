@@ -476,6 +476,17 @@ impl Follow {
                         self.facts.hotplug.insert(disk, HandlerPhase::Ready);
                     }
                 }
+                for volume in std::mem::take(&mut st.live_asked.unplugging) {
+                    let message = format!("Volume {volume} has been unplugged");
+                    self.events
+                        .record(
+                            &*self.current,
+                            EventType::Normal,
+                            "VolumeUnplugged",
+                            &message,
+                        )
+                        .await;
+                }
                 if let Some(observation) = self.observation.clone() {
                     self.observe(observation).await;
                 }
@@ -486,6 +497,15 @@ impl Follow {
                 if st.live_asked.is_disk_sync(id) {
                     st.live_asked.disk_sync = None;
                     st.live_asked.disks_sent = None;
+                    st.live_asked.unplugging.clear();
+                    self.events
+                        .record(
+                            &*self.current,
+                            EventType::Warning,
+                            "HotplugFailed",
+                            &message,
+                        )
+                        .await;
                 }
                 self.source_refused(id, &message, &mut st.source).await;
             }
@@ -594,6 +614,11 @@ impl Follow {
             .disks_sent
             .get_or_insert_with(|| ready_hotplug_volumes(&self.current));
         let disks_change = *sent != disks;
+        let removed: Vec<String> = sent
+            .iter()
+            .filter(|d| !disks.contains(d))
+            .cloned()
+            .collect();
         if !disks_change && (wants == has || asked.resources == Some(wants)) {
             return Ok(());
         }
@@ -606,6 +631,7 @@ impl Follow {
             .map_err(drop)?;
         if disks_change {
             asked.disk_sync = Some((id, disks));
+            asked.unplugging = removed;
         }
         Ok(())
     }
@@ -893,6 +919,8 @@ struct LiveAsk {
     disks_sent: Option<Vec<String>>,
     /// The live sync that changes the hotplug disks, with them, until it is acknowledged.
     disk_sync: Option<(u64, Vec<String>)>,
+    /// The hotplug disks that sync removes (for the `VolumeUnplugged` Events).
+    unplugging: Vec<String>,
 }
 
 impl LiveAsk {

@@ -805,14 +805,19 @@ impl Domain {
             .migration
             .as_ref()
             .is_some_and(|m| m.state == crate::protocol::MigrationJobState::Active);
-        super::stats::read(super::stats::Subject {
+        let mut stats = super::stats::read(super::stats::Subject {
             pid,
             qmp: &qmp,
             spec: &spec,
             memory_bytes,
             migrating,
         })
-        .await
+        .await?;
+        stats.filesystems = self
+            .agent
+            .filesystems(current.guest_agent.map(|a| *a))
+            .await;
+        Ok(stats)
     }
 
     async fn started(&self) -> Result<(Option<u32>, Option<Arc<QmpClient>>), String> {

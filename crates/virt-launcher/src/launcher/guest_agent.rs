@@ -139,6 +139,19 @@ impl GuestAgentLink {
         })
     }
 
+    /// The guest's filesystems now (`guest-get-fsinfo`), for the domain stats: none when
+    /// the agent is not connected, frozen, or does not answer.
+    pub(super) async fn filesystems(&self, agent: Option<GuestAgent>) -> Vec<GuestFilesystem> {
+        let usable = agent.is_some_and(|a| a.connected && a.fs_freeze_status.is_none());
+        if !usable || !self.is_open() {
+            return Vec::new();
+        }
+        self.execute("guest-get-fsinfo", None)
+            .await
+            .map(|v| filesystems(&v))
+            .unwrap_or_default()
+    }
+
     /// `guest-ping`.
     pub(super) async fn ping(&self) -> Result<(), String> {
         if !self.is_open() {

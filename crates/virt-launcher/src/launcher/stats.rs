@@ -9,6 +9,8 @@
 //! - Per interface: the tap device's counters in `/proc/net/dev` of the launcher's network
 //!   namespace (the pod's), turned around: what the tap transmitted the guest received.
 //! - Per disk: QMP `query-blockstats`, matched to the disk by its device id `ua-<name>`.
+//! - The guest's filesystems: its agent's `guest-get-fsinfo` (added by the domain, which owns
+//!   the agent's channel).
 //! - While an outgoing migration is active: its memory transfer from QMP `query-migrate`
 //!   (the disks of a block migration go through their own mirror jobs, not counted here).
 //!
@@ -93,6 +95,7 @@ pub(super) async fn read(subject: Subject<'_>) -> Result<DomainStats, String> {
         interfaces: interfaces(spec, &net_dev),
         disks: disks(spec, &blockstats),
         migration,
+        filesystems: Vec::new(),
     })
 }
 
