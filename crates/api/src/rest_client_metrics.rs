@@ -285,6 +285,14 @@ mod tests {
     use prometheus_client::encoding::text::encode;
     use tower::{Layer, Service, ServiceExt};
 
+    fn encoded(metrics: &RestClientMetrics) -> String {
+        let mut registry = Registry::default();
+        metrics.register(&mut registry);
+        let mut text = String::new();
+        encode(&mut text, &registry).expect("encode");
+        text
+    }
+
     #[test]
     fn resources_and_verbs_are_read_from_the_path_as_upstream_reads_them() {
         let cases = [
@@ -414,10 +422,7 @@ mod tests {
                 .await
                 .expect("response");
         }
-        let mut registry = Registry::default();
-        metrics.register(&mut registry);
-        let mut text = String::new();
-        encode(&mut text, &registry).expect("encode");
+        let text = encoded(&metrics);
         assert!(
             text.contains(r#"kubevirt_rest_client_requests_total{code="200",method="GET",host="10.0.0.1:6443",resource="pods",verb="GET"} 2"#),
             "{text}"
@@ -453,10 +458,7 @@ mod tests {
                 .await
                 .is_err()
         );
-        let mut registry = Registry::default();
-        metrics.register(&mut registry);
-        let mut text = String::new();
-        encode(&mut text, &registry).expect("encode");
+        let text = encoded(&metrics);
         assert!(
             text.contains(r#"kubevirt_rest_client_requests_total{code="<error>",method="GET",host="h",resource="nodes",verb="LIST"} 1"#),
             "{text}"

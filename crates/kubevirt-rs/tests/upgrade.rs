@@ -61,17 +61,7 @@ fn upgrade_to(server: &ServerProcess, next: &str) -> anyhow::Result<Vec<(String,
         .args(["import-release", next, BIN])
         .output()?;
     anyhow::ensure!(imported.status.success(), "{imported:?}");
-    server.ok(&[
-        "patch",
-        "kubevirt",
-        "kubevirt",
-        "-n",
-        "kubevirt",
-        "--type",
-        "merge",
-        "-p",
-        &format!(r#"{{"spec":{{"imageTag":"{next}"}}}}"#),
-    ])?;
+    server.patch_kubevirt(&format!(r#"{{"spec":{{"imageTag":"{next}"}}}}"#))?;
     let upgraded = wait_until(DEADLINE, "the CR to observe the new version", || {
         let status = server.get(
             &["kubevirt", "kubevirt", "-n", "kubevirt"],
@@ -278,17 +268,9 @@ fn workload_update_evicts_the_outdated(
         .iter()
         .map(|vm| server.get(&["vmi", vm], "{.metadata.uid}"))
         .collect();
-    server.ok(&[
-        "patch",
-        "kubevirt",
-        "kubevirt",
-        "-n",
-        "kubevirt",
-        "--type",
-        "merge",
-        "-p",
+    server.patch_kubevirt(
         r#"{"spec":{"workloadUpdateStrategy":{"workloadUpdateMethods":["Evict"]}}}"#,
-    ])?;
+    )?;
     for (vm, uid) in vms.iter().zip(&uids) {
         wait_until(
             DEADLINE,

@@ -555,6 +555,22 @@ impl ServerProcess {
         self.ok(&["apply", "-f", &path.display().to_string()])
     }
 
+    /// `kubectl patch kubevirt kubevirt -n kubevirt --type merge -p PATCH`: changes the KubeVirt
+    /// CR; fails unless kubectl succeeds.
+    pub fn patch_kubevirt(&self, merge_patch: &str) -> anyhow::Result<String> {
+        self.ok(&[
+            "patch",
+            "kubevirt",
+            "kubevirt",
+            "-n",
+            "kubevirt",
+            "--type",
+            "merge",
+            "-p",
+            merge_patch,
+        ])
+    }
+
     /// `kubectl apply -f` of `yaml`, whatever its outcome.
     pub fn apply_output(&self, yaml: &str) -> anyhow::Result<Output> {
         let path = self.manifest(yaml)?;

@@ -160,7 +160,10 @@ async fn domain_stats(s: &Serving, vmi: &VirtualMachineInstance) -> Option<Domai
 
 type Labels = Vec<(String, String)>;
 
-/// Upstream's per-VMI label set.
+/// How many of [`vmi_labels`]' labels name the VMI (`node`, `namespace`, `name`, first).
+const VMI_IDENTITY_LABELS: usize = 3;
+
+/// Upstream's per-VMI label set: the VMI's identity, then its labels.
 fn vmi_labels(vmi: &VirtualMachineInstance, node: &str) -> Labels {
     let mut labels = vec![
         ("node".to_owned(), node.to_owned()),
@@ -203,6 +206,18 @@ enum Values {
 #[allow(clippy::cast_precision_loss)]
 fn count(n: u64) -> f64 {
     n as f64
+}
+
+impl Values {
+    /// A gauge family of byte counts and the like (saturating at `i64::MAX`).
+    fn gauges(samples: impl IntoIterator<Item = (Labels, u64)>) -> Self {
+        Values::Gauge(
+            samples
+                .into_iter()
+                .map(|(l, v)| (l, i64::try_from(v).unwrap_or(i64::MAX)))
+                .collect(),
+        )
+    }
 }
 
 impl Snapshot {
@@ -251,12 +266,7 @@ impl Snapshot {
 
     fn families(&self) -> Vec<(&'static str, &'static str, Values)> {
         let gauge = |value: fn(&DomainStats) -> u64| {
-            Values::Gauge(
-                self.0
-                    .iter()
-                    .map(|(l, s)| (l.clone(), i64::try_from(value(s)).unwrap_or(i64::MAX)))
-                    .collect(),
-            )
+            Values::gauges(self.0.iter().map(|(l, s)| (l.clone(), value(s))))
         };
         let mut families = vec![
             (
@@ -320,25 +330,20 @@ impl Snapshot {
     /// `mount_point`, `file_system_type`, as upstream).
     fn filesystem_families(&self) -> Vec<(&'static str, &'static str, Values)> {
         let per_filesystem = |value: fn(&GuestFilesystem) -> u64| {
-            Values::Gauge(
-                self.0
-                    .iter()
-                    .flat_map(|(base, stats)| {
-                        stats.filesystems.iter().map(move |fs| {
-                            let labels = with(
-                                &with(
-                                    &with(base, "disk_name", &fs.disk_name),
-                                    "mount_point",
-                                    &fs.mount_point,
-                                ),
-                                "file_system_type",
-                                &fs.file_system_type,
-                            );
-                            (labels, i64::try_from(value(fs)).unwrap_or(i64::MAX))
-                        })
-                    })
-                    .collect(),
-            )
+            Values::gauges(self.0.iter().flat_map(|(base, stats)| {
+                stats.filesystems.iter().map(move |fs| {
+                    let labels = with(
+                        &with(
+                            &with(base, "disk_name", &fs.disk_name),
+                            "mount_point",
+                            &fs.mount_point,
+                        ),
+                        "file_system_type",
+                        &fs.file_system_type,
+                    );
+                    (labels, value(fs))
+                })
+            }))
         };
         vec![
             (
@@ -362,18 +367,14 @@ impl Snapshot {
                 .iter()
                 .filter_map(|(base, s)| {
                     let m = s.migration.as_ref()?;
-                    Some((base.iter().take(3).cloned().collect(), value(m)))
+                    Some((
+                        base.iter().take(VMI_IDENTITY_LABELS).cloned().collect(),
+                        value(m),
+                    ))
                 })
                 .collect::<Vec<(Labels, u64)>>()
         };
-        let gauge = |value: fn(&MigrationStats) -> u64| {
-            Values::Gauge(
-                samples(value)
-                    .into_iter()
-                    .map(|(l, v)| (l, i64::try_from(v).unwrap_or(i64::MAX)))
-                    .collect(),
-            )
-        };
+        let gauge = |value: fn(&MigrationStats) -> u64| Values::gauges(samples(value));
         vec![
             (
                 "kubevirt_vmi_migration_data_bytes",

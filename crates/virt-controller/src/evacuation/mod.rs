@@ -131,7 +131,8 @@ pub fn migrates_on_eviction(
     }
 }
 
-fn is_live_migratable(vmi: &VirtualMachineInstance) -> bool {
+/// Whether the VMI's `LiveMigratable` condition is true.
+pub(crate) fn is_live_migratable(vmi: &VirtualMachineInstance) -> bool {
     vmi.status.as_ref().is_some_and(|s| {
         s.conditions
             .iter()

@@ -48,8 +48,8 @@ use kube::{Client, ResourceExt};
 use kubevirt_api::constants as c;
 use kubevirt_api::v1::{
     KubeVirt, KubeVirtPhase, MigrationPhase, MigrationPriority, VirtualMachineInstance,
-    VirtualMachineInstanceConditionType, VirtualMachineInstanceMigration,
-    VirtualMachineInstanceMigrationSpec, VirtualMachineInstancePhase,
+    VirtualMachineInstanceMigration, VirtualMachineInstanceMigrationSpec,
+    VirtualMachineInstancePhase,
 };
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::MetricType;
@@ -121,17 +121,10 @@ fn phase(vmi: &VirtualMachineInstance) -> Option<&VirtualMachineInstancePhase> {
     vmi.status.as_ref().and_then(|s| s.phase.as_ref())
 }
 
-fn is_final(vmi: &VirtualMachineInstance) -> bool {
-    matches!(
-        phase(vmi),
-        Some(VirtualMachineInstancePhase::Succeeded | VirtualMachineInstancePhase::Failed)
-    )
-}
-
 /// Upstream's `isOutdated`: not final, and a launcher image is known and is not `launcher_image`
 /// (an unknown image, while the VMI starts or migrates, is not outdated).
 pub fn is_outdated(vmi: &VirtualMachineInstance, launcher_image: &str) -> bool {
-    !is_final(vmi)
+    !crate::vmi::status::phase_is_final(vmi)
         && vmi
             .status
             .as_ref()
@@ -145,14 +138,6 @@ fn is_migrating(vmi: &VirtualMachineInstance) -> bool {
         .as_ref()
         .and_then(|s| s.migration_state.as_ref())
         .is_some_and(|m| m.start_timestamp.is_some() && m.end_timestamp.is_none())
-}
-
-fn is_live_migratable(vmi: &VirtualMachineInstance) -> bool {
-    vmi.status.as_ref().is_some_and(|s| {
-        s.conditions
-            .iter()
-            .any(|cond| cond.is_true(&VirtualMachineInstanceConditionType::LiveMigratable))
-    })
 }
 
 fn migration_phase(m: &VirtualMachineInstanceMigration) -> Option<&MigrationPhase> {
@@ -257,7 +242,7 @@ pub fn plan<'a>(
         if is_migrating(vmi) || migrating.contains(&key) {
             continue;
         }
-        if strategy.live_migrate && is_live_migratable(vmi) {
+        if strategy.live_migrate && crate::evacuation::is_live_migratable(vmi) {
             plan.migrate.push(vmi);
         } else if strategy.evict {
             plan.evict.push(vmi);

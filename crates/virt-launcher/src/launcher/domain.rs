@@ -41,6 +41,9 @@ pub(super) enum Intent {
     Reboot,
 }
 
+/// How long `domainStats` waits for the guest agent's filesystems.
+const STATS_AGENT_TIMEOUT: Duration = Duration::from_secs(1);
+
 /// State shared with the supervisor task.
 #[derive(Debug)]
 pub(super) struct Shared {
@@ -813,10 +816,12 @@ impl Domain {
             migrating,
         })
         .await?;
-        stats.filesystems = self
-            .agent
-            .filesystems(current.guest_agent.map(|a| *a))
-            .await;
+        // A slow agent costs only its filesystems, never QEMU's counters (the handler waits
+        // 3 s for the whole answer).
+        let filesystems = self.agent.filesystems(current.guest_agent.map(|a| *a));
+        stats.filesystems = tokio::time::timeout(STATS_AGENT_TIMEOUT, filesystems)
+            .await
+            .unwrap_or_default();
         Ok(stats)
     }
 
