@@ -311,6 +311,7 @@ pub fn install_strategy(config: &InstallConfig) -> Result<Vec<Value>, InstallErr
         .flat_map(|g| g.objects)
         .filter(|o| o["kind"] != "KubeVirt" && !virt_operator::is_operator_object(o))
         .collect();
+    objects.extend(virt_operator::strategy_objects(config)?);
     let rank = |o: &Value| {
         let kind = o["kind"].as_str().unwrap_or_default();
         let position = STRATEGY_ORDER

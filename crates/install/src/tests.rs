@@ -224,6 +224,14 @@ fn the_operator_manifest_the_strategy_and_the_cr_split_the_rendering_in_upstream
         .collect();
     let mut all: Vec<String> = all_objects(&config).iter().map(key).collect();
     all.push("Deployment kubevirt/virt-operator".into());
+    // The operator's own webhooks are strategy-only: the full rendering is applied without an
+    // operator (then nothing would answer them).
+    all.extend(
+        crate::virt_operator::strategy_objects(&config)
+            .unwrap()
+            .iter()
+            .map(key),
+    );
     together.sort();
     all.sort();
     assert_eq!(together, all, "every object in exactly one place");

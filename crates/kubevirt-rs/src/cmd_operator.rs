@@ -17,6 +17,13 @@ pub struct OperatorArgs {
     /// pod's namespace, else `kubevirt`).
     #[arg(long)]
     pub namespace: Option<String>,
+    /// Address of the metrics (8443) and webhook (8444) ports.
+    #[arg(long, default_value = "0.0.0.0")]
+    pub listen: std::net::IpAddr,
+    /// Where the Secret `kubevirt-operator-certs` is mounted; the ports open once it holds
+    /// `tls.crt` and `tls.key`.
+    #[arg(long, default_value = kubevirt_install::virt_operator::CERTIFICATES_DIR)]
+    pub certificates_dir: PathBuf,
 }
 
 pub fn run(args: OperatorArgs) -> anyhow::Result<()> {
@@ -33,6 +40,16 @@ pub fn run(args: OperatorArgs) -> anyhow::Result<()> {
             crate::shutdown_signal().await;
             token.cancel();
         });
-        virt_operator::kubevirt::run(client, &namespace, cancel).await
+        let metrics = virt_operator::serving::OperatorMetrics::default();
+        let ports = tokio::spawn(virt_operator::serving::serve(
+            client.clone(),
+            args.listen,
+            args.certificates_dir.clone(),
+            metrics.clone(),
+            cancel.clone(),
+        ));
+        let result = virt_operator::kubevirt::run(client, &namespace, &metrics, cancel).await;
+        ports.abort();
+        result
     })
 }

@@ -3,8 +3,9 @@
 //! deploy/kubevirt-operator.yaml` and `-f deploy/kubevirt-cr.yaml`; virt-operator, as the
 //! Deployment of that manifest, installs its install strategy (CRDs included), reports
 //! upstream's status, applies `customizeComponents.patches`, prunes what left the strategy,
-//! refuses to uninstall while a VM exists under `BlockUninstallIfWorkloadsExist`, and
-//! uninstalls on the CR's deletion.
+//! validates the CR through its own admission webhooks (`virt-operator-validator`: lifetimes
+//! with their field paths, one CR only, and no uninstall while a VM exists under
+//! `BlockUninstallIfWorkloadsExist`), and uninstalls on the CR's deletion.
 
 use std::path::Path;
 use std::time::Duration;
@@ -82,9 +83,18 @@ fn kubectl_apply_of_deploy_installs_kubevirt_through_the_operator_and_deleting_t
     assert_install_strategy(&server)?;
 
     patches_reach_their_resource_and_pruning_follows(&server, &fail)?;
+    the_operators_webhooks_validate_the_cr(&server)?;
     a_vm_blocks_the_uninstallation(&server, &fail)?;
     // … until it is gone.
     server.ok(&["-n", "default", "delete", "vm", "keeps-kubevirt"])?;
+    server.ok(&[
+        "-n",
+        "kubevirt",
+        "delete",
+        "kubevirt",
+        "kubevirt",
+        "--wait=false",
+    ])?;
     wait_until(INSTALL_DEADLINE, "the CR to disappear", || {
         let out = server.kubectl(&KV);
         (!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("NotFound"))
@@ -134,8 +144,51 @@ fn patches_reach_their_resource_and_pruning_follows(
     Ok(())
 }
 
-/// With `BlockUninstallIfWorkloadsExist`, a VM keeps the CR and its components, with
-/// upstream's message.
+/// The operator's webhooks: an unreadable certificate lifetime is refused with its field
+/// path and nothing changes; a second KubeVirt CR is refused.
+fn the_operators_webhooks_validate_the_cr(server: &ServerProcess) -> anyhow::Result<()> {
+    let out = server.kubectl(&[
+        "-n",
+        "kubevirt",
+        "patch",
+        "kubevirt",
+        "kubevirt",
+        "--type",
+        "merge",
+        "-p",
+        r#"{"spec":{"certificateRotateStrategy":{"selfSigned":{"server":{"duration":"a day"}}}}}"#,
+    ]);
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{said}");
+    // kubectl prints the 422's causes with their field paths.
+    assert!(
+        said.contains(
+            "spec.certificateRotateStrategy.selfSigned.server.duration: \"a day\" is not a positive duration"
+        ),
+        "{said}"
+    );
+    assert_eq!(
+        jsonpath(
+            server,
+            &KV,
+            "{.spec.certificateRotateStrategy.selfSigned.server.duration}"
+        ),
+        "",
+        "nothing written"
+    );
+    let out = server.apply_output(
+        "apiVersion: kubevirt.io/v1\nkind: KubeVirt\nmetadata: {name: second, namespace: default}\nspec: {}\n",
+    )?;
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && said.contains("Kubevirt is already created"),
+        "{said}"
+    );
+    Ok(())
+}
+
+/// With `BlockUninstallIfWorkloadsExist`, the deletion of the CR is refused at admission while
+/// a VM exists, with upstream's message, and the CR and its components stay.
 fn a_vm_blocks_the_uninstallation(server: &ServerProcess, fail: Fail<'_>) -> anyhow::Result<()> {
     server.apply(VM)?;
     server.ok(&[
@@ -149,28 +202,30 @@ fn a_vm_blocks_the_uninstallation(server: &ServerProcess, fail: Fail<'_>) -> any
         "-p",
         r#"{"spec":{"uninstallStrategy":"BlockUninstallIfWorkloadsExist"}}"#,
     ])?;
-    server.ok(&[
+    // The status is Deployed once the operator saw the patch; the webhook reads the CR.
+    wait_until(INSTALL_DEADLINE, "the strategy to be observed", || {
+        (jsonpath(server, &KV, "{.spec.uninstallStrategy} {.status.phase}")
+            == "BlockUninstallIfWorkloadsExist Deployed")
+            .then_some(())
+    })
+    .map_err(fail)?;
+    let out = server.kubectl(&[
         "-n",
         "kubevirt",
         "delete",
         "kubevirt",
         "kubevirt",
         "--wait=false",
-    ])?;
-    let synchronized = r#"{.status.conditions[?(@.type=="Synchronized")].reason}: {.status.conditions[?(@.type=="Synchronized")].message}"#;
-    wait_until(INSTALL_DEADLINE, "the uninstallation to be refused", || {
-        let text = jsonpath(server, &KV, synchronized);
-        text.starts_with("DeletionFailed: ").then_some(text)
-    })
-    .map_err(fail)
-    .map(|text| {
-        assert!(
-            text.contains(
-                "Rejecting the uninstall request, since there are still Virtual Machines present."
-            ),
-            "{text}"
-        );
-    })?;
+    ]);
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{said}");
+    assert!(
+        said.contains(
+            "Rejecting the uninstall request, since there are still Virtual Machines present."
+        ),
+        "{said}"
+    );
+    assert_eq!(jsonpath(server, &KV, "{.metadata.deletionTimestamp}"), "");
     server.ok(&["-n", "kubevirt", "get", "deployment", "virt-api"])?;
     Ok(())
 }

@@ -24,7 +24,8 @@
 //! Certificates: the Secrets `kubevirt-virt-api-certs` (virt-api's serving certificate for
 //! its Service names), `kubevirt-virt-handler-server-certs` (virt-handler's, for
 //! [`virt_api::subresources::HANDLER_SERVER_NAME`]), `kubevirt-virt-handler-certs` (virt-api's
-//! client certificate towards the handler) and `kubevirt-controller-certs`, each a
+//! client certificate towards the handler), `kubevirt-controller-certs` and
+//! `kubevirt-operator-certs` (the operator's own webhooks, for `kubevirt-operator-webhook`), each a
 //! `kubernetes.io/tls` Secret with `tls.crt`, `tls.key` and the CA bundle as `ca.crt` (upstream
 //! keeps the bundle in the ConfigMap `kubevirt-ca` only, which is also written). Their
 //! lifetimes and renewal times are [`certificates`]'s; each pass is scheduled at the
@@ -52,11 +53,12 @@ use crate::certificates::{self, KubeVirtCa};
 use crate::strategy::{self, Strategy};
 
 /// The components' certificate Secrets (upstream's names).
-const CERTIFICATE_SECRETS: [&str; 4] = [
+const CERTIFICATE_SECRETS: [&str; 5] = [
     "kubevirt-virt-api-certs",
     "kubevirt-virt-handler-server-certs",
     "kubevirt-virt-handler-certs",
     "kubevirt-controller-certs",
+    kubevirt_install::virt_operator::CERT_SECRET,
 ];
 /// The ConfigMap with the CA bundle.
 const CA_BUNDLE: &str = "kubevirt-ca";
@@ -261,8 +263,13 @@ pub async fn issue_certificates(admin: &kube::Client, namespace: &str) -> anyhow
 
 /// The certificate of the component Secret `name` (upstream's subjects and names).
 fn issue_leaf(ca: &KubeVirtCa, name: &str, namespace: &str) -> anyhow::Result<(String, String)> {
-    let [api, handler_server, handler_client, _controller] = CERTIFICATE_SECRETS;
-    if name == api {
+    let [api, handler_server, handler_client, _controller, operator] = CERTIFICATE_SECRETS;
+    if name == operator {
+        ca.issue_serving(certificates::service_names(
+            kubevirt_install::virt_operator::WEBHOOK_SERVICE,
+            namespace,
+        ))
+    } else if name == api {
         ca.issue_serving(certificates::service_names("virt-api", namespace))
     } else if name == handler_server {
         let names = vec![virt_api::subresources::HANDLER_SERVER_NAME.to_owned()];
@@ -904,9 +911,10 @@ mod tests {
             .map(|o| o["metadata"]["name"].as_str().unwrap())
             .collect();
         assert!(
-            !names
-                .iter()
-                .any(|n| n.starts_with("kubevirt-operator") || *n == "virt-operator"),
+            !names.iter().any(|n| matches!(
+                *n,
+                "kubevirt-operator" | "kubevirt-operator-rolebinding" | "virt-operator"
+            )),
             "{names:?}"
         );
         assert!(!names.contains(&"kubevirts.kubevirt.io"));

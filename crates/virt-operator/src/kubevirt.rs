@@ -87,8 +87,10 @@ const BLOCKED_REQUEUE: Duration = Duration::from_secs(5);
 pub async fn run(
     client: kube::Client,
     namespace: &str,
+    metrics: &crate::serving::OperatorMetrics,
     cancel: CancellationToken,
 ) -> anyhow::Result<()> {
+    metrics.set_ready(true);
     let leader = LeaderElectionConfig {
         lease_name: LEASE.to_owned(),
         namespace: namespace.to_owned(),
@@ -103,6 +105,7 @@ pub async fn run(
             Err(_) => true,
             Ok(()) => {
                 info!(namespace, "acquired the virt-operator lease; starting the KubeVirt controller");
+                metrics.set_leading(true);
                 let controllers = cancel.child_token();
                 tokio::select! {
                     () = run_controller(client, namespace, controllers.clone()) => false,
@@ -115,6 +118,7 @@ pub async fn run(
             }
         },
     };
+    metrics.set_leading(false);
     election_cancel.cancel();
     let election = election.await;
     if lost && !cancel.is_cancelled() {
@@ -518,8 +522,7 @@ impl Context {
         if kv.spec.uninstall_strategy.as_deref() == Some(BLOCK_UNINSTALL)
             && status.phase != Some(KubeVirtPhase::Deleting)
         {
-            let present = self
-                .workloads_present()
+            let present = workloads_present(&self.client)
                 .await
                 .map_err(OperatorError::Delete)?;
             if let Some(what) = present {
@@ -565,30 +568,35 @@ impl Context {
         info!(namespace = %self.namespace, "KubeVirt deleted");
         Ok(Action::Done)
     }
+}
 
-    /// The first kind of KubeVirt workload that exists anywhere, in upstream's order.
-    async fn workloads_present(&self) -> anyhow::Result<Option<&'static str>> {
-        let one = ListParams::default().limit(1);
-        let vmis = Api::<VirtualMachineInstance>::all(self.client.clone())
-            .list(&one)
-            .await
-            .context("listing VMIs")?;
-        if !vmis.items.is_empty() {
-            return Ok(Some("Virtual Machine Instances"));
-        }
-        let vms = Api::<VirtualMachine>::all(self.client.clone())
-            .list(&one)
-            .await
-            .context("listing VMs")?;
-        if !vms.items.is_empty() {
-            return Ok(Some("Virtual Machines"));
-        }
-        let sets = Api::<VirtualMachineInstanceReplicaSet>::all(self.client.clone())
-            .list(&one)
-            .await
-            .context("listing VMI replica sets")?;
-        Ok((!sets.items.is_empty()).then_some("Virtual Machine Instance Replica Sets"))
+/// The first kind of KubeVirt workload that still exists (upstream's uninstall check order).
+///
+/// # Errors
+/// When a kind cannot be listed.
+pub(crate) async fn workloads_present(
+    client: &kube::Client,
+) -> anyhow::Result<Option<&'static str>> {
+    let one = ListParams::default().limit(1);
+    let vmis = Api::<VirtualMachineInstance>::all(client.clone())
+        .list(&one)
+        .await
+        .context("listing VMIs")?;
+    if !vmis.items.is_empty() {
+        return Ok(Some("Virtual Machine Instances"));
     }
+    let vms = Api::<VirtualMachine>::all(client.clone())
+        .list(&one)
+        .await
+        .context("listing VMs")?;
+    if !vms.items.is_empty() {
+        return Ok(Some("Virtual Machines"));
+    }
+    let sets = Api::<VirtualMachineInstanceReplicaSet>::all(client.clone())
+        .list(&one)
+        .await
+        .context("listing VMI replica sets")?;
+    Ok((!sets.items.is_empty()).then_some("Virtual Machine Instance Replica Sets"))
 }
 
 fn now() -> Time {
@@ -618,7 +626,7 @@ fn is_updating(status: &KubeVirtStatus) -> bool {
 }
 
 /// The admission message of upstream's deletion admitter.
-fn uninstall_blocked_message(what: &str) -> String {
+pub(crate) fn uninstall_blocked_message(what: &str) -> String {
     format!(
         "Rejecting the uninstall request, since there are still {what} present. Either delete \
          all KubeVirt related workloads or change the uninstall strategy before uninstalling \

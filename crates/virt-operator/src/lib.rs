@@ -8,6 +8,8 @@
 //!  installer.rs ──renders── kubevirt_install (deploy/) ──► apply.rs ──► API server
 //!        │
 //!        └── certificates.rs: the KubeVirt CA and the components' certificates
+//!
+//!  serving.rs: /metrics (8443) and the CR's admission webhooks (8444), every replica
 //! ```
 //!
 //! `kubevirt-rs operator` runs [`kubevirt::run`]; `kubevirt-rs server` applies `deploy/` and waits
@@ -19,4 +21,5 @@ pub mod certificates;
 pub mod customize;
 pub mod installer;
 pub mod kubevirt;
+pub mod serving;
 pub mod strategy;

@@ -94,14 +94,16 @@ pub struct Outcome {
 }
 
 impl Outcome {
-    fn causes(causes: Vec<Cause>) -> Self {
+    /// A denial with `causes` (422).
+    pub fn causes(causes: Vec<Cause>) -> Self {
         Self {
             causes,
             ..Self::default()
         }
     }
 
-    fn error(message: impl Into<String>) -> Self {
+    /// A denial without causes (400).
+    pub fn error(message: impl Into<String>) -> Self {
         Self {
             error: Some(message.into()),
             ..Self::default()
@@ -144,16 +146,31 @@ pub async fn handle(
     body: &Value,
     ctx: &ReviewContext<'_>,
 ) -> Result<Value, ReviewError> {
-    let request = body
-        .get("request")
+    let request = review_request(body)?;
+    let outcome = admit(path, request, ctx).await?;
+    respond(body, outcome)
+}
+
+/// The `request` of an AdmissionReview body.
+///
+/// # Errors
+/// When there is none.
+pub fn review_request(body: &Value) -> Result<&Value, ReviewError> {
+    body.get("request")
         .filter(|r| r.is_object())
-        .ok_or_else(|| ReviewError::Malformed("missing request".into()))?;
-    let uid = request
+        .ok_or_else(|| ReviewError::Malformed("missing request".into()))
+}
+
+/// The AdmissionReview answering `body` with `outcome` (any webhook server's answer).
+///
+/// # Errors
+/// When the body has no request or the patch cannot be encoded.
+pub fn respond(body: &Value, outcome: Outcome) -> Result<Value, ReviewError> {
+    let uid = review_request(body)?
         .get("uid")
         .and_then(Value::as_str)
         .unwrap_or_default()
         .to_owned();
-    let outcome = admit(path, request, ctx).await?;
     let api_version = body
         .get("apiVersion")
         .and_then(Value::as_str)
