@@ -81,6 +81,7 @@ fn kubectl_apply_of_deploy_installs_kubevirt_through_the_operator_and_deleting_t
     );
     assert_deployed(&server);
     assert_install_strategy(&server)?;
+    the_operators_metrics_say_which_replica_leads(&server)?;
 
     patches_reach_their_resource_and_pruning_follows(&server, &fail)?;
     the_operators_webhooks_validate_the_cr(&server)?;
@@ -105,6 +106,63 @@ fn kubectl_apply_of_deploy_installs_kubevirt_through_the_operator_and_deleting_t
 }
 
 type Fail<'a> = &'a dyn Fn(anyhow::Error) -> anyhow::Error;
+
+/// Both operator replicas serve `/metrics` on 8443 with the certificate the operator issued
+/// itself (`kubevirt-operator-certs`, trusted through the KubeVirt CA bundle); the Lease's
+/// holder alone reports leading, both report ready.
+fn the_operators_metrics_say_which_replica_leads(server: &ServerProcess) -> anyhow::Result<()> {
+    let get = |what: &[&str], path: &str| {
+        jsonpath(
+            server,
+            &[&["-n", "kubevirt", "get"][..], what].concat(),
+            path,
+        )
+    };
+    let ca = get(&["configmap", "kubevirt-ca"], "{.data.ca-bundle}");
+    let holder = get(&["lease", "virt-operator"], "{.spec.holderIdentity}");
+    let pods = get(
+        &["pods", "-l", "kubevirt.io=virt-operator"],
+        r#"{range .items[*]}{.metadata.name} {.status.podIP}{"\n"}{end}"#,
+    );
+    let mut leaders = 0;
+    for line in pods.lines() {
+        let (pod, ip) = line.split_once(' ').unwrap_or_default();
+        let (status, metrics) = testkit::https_get(
+            &format!("{ip}:8443"),
+            "/metrics",
+            &ca,
+            "kubevirt-operator-webhook.kubevirt.svc",
+        )?;
+        assert_eq!(status, 200, "{pod}: {metrics}");
+        let gauge = |name: &str| {
+            metrics
+                .lines()
+                .find_map(|l| l.strip_prefix(&format!("{name} ")))
+                .map(str::to_owned)
+        };
+        let leads = holder.starts_with(&format!("{pod}_"));
+        leaders += usize::from(leads);
+        assert_eq!(
+            gauge("kubevirt_virt_operator_leading_status").as_deref(),
+            Some(if leads { "1" } else { "0" }),
+            "{pod} (holder {holder}): {metrics}"
+        );
+        assert_eq!(
+            gauge("kubevirt_virt_operator_ready_status").as_deref(),
+            Some("1"),
+            "{pod}: {metrics}"
+        );
+        assert!(
+            metrics.contains("kubevirt_rest_client_requests_total{"),
+            "{pod}: {metrics}"
+        );
+    }
+    assert_eq!(
+        leaders, 1,
+        "one of the replicas leads: {pods}, holder {holder}"
+    );
+    Ok(())
+}
 
 /// A patch of the CR reaches its resource; an object of the operator's that left the strategy
 /// is pruned on that reinstallation.
