@@ -111,6 +111,26 @@ fn rollouts_logged(server: &ServerProcess) -> Vec<String> {
         .collect()
 }
 
+/// Upstream's canary rollout of virt-handler, as the DaemonSet's generations show it: the new
+/// template with `maxUnavailable` 1 (the canary), then 10 % once the canary is Ready, and 1
+/// again at the end.
+fn canary_then_ten_percent_then_one(seen: &[String]) {
+    let mut values: Vec<&str> = Vec::new();
+    let mut generation = "";
+    for line in seen {
+        let (g, value) = line.split_once(' ').unwrap_or((line, ""));
+        if g != generation {
+            generation = g;
+            values.push(value.trim());
+        }
+    }
+    assert_eq!(
+        values,
+        ["1", "10%", "1"],
+        "maxUnavailable per generation: {seen:#?}"
+    );
+}
+
 /// `virtctl pause` and `unpause` of VM `vm`, each seen in its printable status.
 fn pause_and_unpause(server: &ServerProcess, virtctl: &Path, vm: &str) -> anyhow::Result<()> {
     for (verb, want) in [("pause", "Paused"), ("unpause", "Running")] {
@@ -142,7 +162,8 @@ fn patching_the_image_tag_upgrades_every_component_and_the_guests_never_notice()
     let Some(virtctl) = testkit::available(testkit::virtctl_beside(Path::new(BIN))) else {
         return Ok(());
     };
-    let mut server = ServerProcess::start(Path::new(BIN), "server", &[])?;
+    // Two nodes, so that virt-handler's canary is one of two pods.
+    let mut server = ServerProcess::start(Path::new(BIN), "server", &["--nodes", "2"])?;
     server.import_test_guest(guest)?;
     let fail = |what: &str, e: &dyn std::fmt::Display| {
         let log = server.log();
@@ -173,8 +194,22 @@ fn patching_the_image_tag_upgrades_every_component_and_the_guests_never_notice()
         "custom-columns=NAME:.metadata.name,PHASE:.status.phase",
     ])?;
 
+    // virt-handler's maxUnavailable through the rollout.
+    let max_unavailable = server.watch(&[
+        "get",
+        "daemonset",
+        "virt-handler",
+        "-n",
+        "kubevirt",
+        "--watch-only",
+        "-o",
+        r#"jsonpath={.metadata.generation} {.spec.updateStrategy.rollingUpdate.maxUnavailable}{"\n"}"#,
+    ])?;
+
     let next = next_release();
     let upgraded = upgrade_to(&server, &next).map_err(|e| fail("upgrade", &e))?;
+    canary_then_ten_percent_then_one(&max_unavailable.lines_so_far());
+    drop(max_unavailable);
     for (name, _) in &old_pods {
         assert!(
             !upgraded.iter().any(|(n, _)| n == name),

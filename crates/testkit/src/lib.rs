@@ -733,12 +733,23 @@ impl Drop for Watcher {
 }
 
 /// The launcher directory of launcher pod `pod_uid` of a server with `data_dir`: the pod's
-/// `public` emptyDir in the embedded node's pod directory.
+/// `public` emptyDir in the pod directory of the embedded node that runs it (the first
+/// node's, `node/`, or a further one's under `nodes/`; the first node's when none has it yet).
 pub fn launcher_dir(data_dir: &Path, pod_uid: &str) -> std::path::PathBuf {
-    data_dir
-        .join("node/pods")
-        .join(pod_uid)
-        .join("volumes/kubernetes.io~empty-dir/public")
+    let in_node = |node: &Path| {
+        node.join("pods")
+            .join(pod_uid)
+            .join("volumes/kubernetes.io~empty-dir/public")
+    };
+    let first = in_node(&data_dir.join("node"));
+    std::fs::read_dir(data_dir.join("nodes"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| in_node(&e.path()))
+        .find(|dir| dir.exists())
+        .filter(|_| !first.exists())
+        .unwrap_or(first)
 }
 
 /// `GET path` over HTTPS at `address` (`ip:port`), verifying the server's certificate against

@@ -10,8 +10,8 @@
 //!                                                    ▼
 //!   CRDs, ServiceAccounts, RBAC, Services ─► KubeVirt CA (Secret kubevirt-ca) and the
 //!   component Secrets, ConfigMap kubevirt-ca ─► the workloads in [`Rollout`]'s order
-//!   (an update: DaemonSet virt-handler, Deployments virt-controller, virt-api, each rolled
-//!   out before the next) ─► webhooks and APIServices (caBundle) ─► PDBs
+//!   (an update: DaemonSet virt-handler by its canary, Deployments virt-controller, virt-api,
+//!   each rolled out before the next) ─► webhooks and APIServices (caBundle) ─► PDBs
 //!                                                    │ prune
 //!                                                    ▼
 //!            objects labelled managed-by virt-operator that left the strategy are deleted
@@ -19,7 +19,8 @@
 //!
 //! Every installed object carries upstream's operator metadata: the label
 //! `app.kubernetes.io/managed-by: virt-operator` and the annotations
-//! `kubevirt.io/install-strategy-{version,registry,identifier}`.
+//! `kubevirt.io/install-strategy-{version,registry,identifier}`, a workload's pod template
+//! too (so a pod tells its strategy, [`crate::rollout`]).
 //!
 //! Certificates: the Secrets `kubevirt-virt-api-certs` (virt-api's serving certificate for
 //! its Service names), `kubevirt-virt-handler-server-certs` (virt-handler's, for
@@ -48,8 +49,12 @@ use kubevirt_api::v1::{CustomizeComponentsPatch, KubeVirt};
 use serde_json::{Value, json};
 use tracing::info;
 
+use kubevirt_api::events::EventRecorder;
+
 use crate::apply::create_or_replace_dynamic;
 use crate::certificates::{self, KubeVirtCa};
+pub use crate::rollout::Rollout;
+use crate::rollout::{ROLLOUT_TIMEOUT, WORKLOAD_KINDS};
 use crate::strategy::{self, Strategy};
 
 /// The components' certificate Secrets (upstream's names).
@@ -294,15 +299,23 @@ const BEFORE_CERTIFICATES: [&str; 7] = [
 ];
 
 /// Upstream's operator metadata (see the module documentation).
+/// Upstream's `injectOperatorMetadata`: on the object and, for a workload, on its pod
+/// template, so that a pod tells which strategy it was created for.
 fn inject_metadata(object: &mut Value, strategy: &Strategy) {
-    let metadata = &mut object["metadata"];
-    metadata["labels"][strategy::MANAGED_BY_LABEL] = json!(strategy::MANAGED_BY);
-    for (key, value) in [
-        (strategy::VERSION_ANNOTATION, &strategy.version),
-        (strategy::REGISTRY_ANNOTATION, &strategy.registry),
-        (strategy::IDENTIFIER_ANNOTATION, &strategy.id),
-    ] {
-        metadata["annotations"][key] = json!(value);
+    let workload = WORKLOAD_KINDS.contains(&object["kind"].as_str().unwrap_or_default());
+    let inject = |metadata: &mut Value| {
+        metadata["labels"][strategy::MANAGED_BY_LABEL] = json!(strategy::MANAGED_BY);
+        for (key, value) in [
+            (strategy::VERSION_ANNOTATION, &strategy.version),
+            (strategy::REGISTRY_ANNOTATION, &strategy.registry),
+            (strategy::IDENTIFIER_ANNOTATION, &strategy.id),
+        ] {
+            metadata["annotations"][key] = json!(value);
+        }
+    };
+    inject(&mut object["metadata"]);
+    if workload {
+        inject(&mut object["spec"]["template"]["metadata"]);
     }
 }
 
@@ -327,6 +340,7 @@ pub async fn install(
     strategy: &Strategy,
     patches: &[CustomizeComponentsPatch],
     rollout: Rollout,
+    recorder: &EventRecorder,
 ) -> anyhow::Result<Issued> {
     let mut objects: Vec<Value> = strategy.objects.as_ref().clone();
     crate::customize::apply(&mut objects, patches)?;
@@ -351,6 +365,7 @@ pub async fn install(
     workloads.sort_by_key(|o| rollout.rank(o["metadata"]["name"].as_str().unwrap_or_default()));
     for object in workloads.into_iter().chain(others) {
         trust_ca(object, &issued.ca_bundle);
+        rollout.prepare(object);
         let what = describe(object);
         create_or_replace_dynamic(admin.clone(), object.clone())
             .await
@@ -358,121 +373,12 @@ pub async fn install(
         if rollout == Rollout::Update
             && WORKLOAD_KINDS.contains(&object["kind"].as_str().unwrap_or_default())
         {
-            wait_rolled_out(admin, object, ROLLOUT_TIMEOUT)
+            crate::rollout::wait_rolled_out(admin, object, strategy, recorder, ROLLOUT_TIMEOUT)
                 .await
                 .with_context(|| format!("updating {what}"))?;
         }
     }
     Ok(issued)
-}
-
-/// The kinds of KubeVirt's workloads, which [`install`] orders by [`Rollout`].
-const WORKLOAD_KINDS: [&str; 2] = ["DaemonSet", "Deployment"];
-
-/// How long an update waits for one component to roll out before the pass fails (and is
-/// retried by the next reconcile, which finds the component further along).
-const ROLLOUT_TIMEOUT: Duration = Duration::from_secs(180);
-
-/// The order in which [`install`] writes KubeVirt's workloads: upstream's two paths
-/// (`Reconciler.Sync`, `shouldTakeUpdatePath`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Rollout {
-    /// A first installation or a rollback: virt-api, virt-controller, then virt-handler, written
-    /// one after the other. Upstream waits for virt-api before the controllers; with nothing
-    /// installed yet there is nothing that waiting protects, so this path does not wait.
-    Create,
-    /// An update to another version: virt-handler first, then virt-controller, virt-api last,
-    /// each rolled out (every pod updated and ready) before the next is written, so that a
-    /// newer virt-controller never drives an older handler and the API changes last.
-    Update,
-}
-
-impl Rollout {
-    /// Upstream's `shouldTakeUpdatePath`: a version was observed and the target is newer (by
-    /// semantic version where both are one; any change otherwise).
-    pub fn for_versions(observed: Option<&str>, target: &str) -> Rollout {
-        let Some(observed) = observed.filter(|o| !o.is_empty()) else {
-            return Rollout::Create;
-        };
-        let semver = |v: &str| semver::Version::parse(v.strip_prefix('v').unwrap_or(v)).ok();
-        match (semver(observed), semver(target)) {
-            (Some(o), Some(t)) if t <= o => Rollout::Create,
-            _ if observed == target => Rollout::Create,
-            _ => Rollout::Update,
-        }
-    }
-
-    fn rank(self, component: &str) -> usize {
-        let order: [&str; 3] = match self {
-            Rollout::Create => ["virt-api", "virt-controller", "virt-handler"],
-            Rollout::Update => ["virt-handler", "virt-controller", "virt-api"],
-        };
-        order
-            .iter()
-            .position(|c| *c == component)
-            .unwrap_or(order.len())
-    }
-}
-
-/// Waits until the Deployment or DaemonSet `object` (as just written) has rolled out: its
-/// controller saw the written generation and every pod is updated and ready.
-async fn wait_rolled_out(
-    admin: &kube::Client,
-    object: &Value,
-    timeout: Duration,
-) -> anyhow::Result<()> {
-    let name = object["metadata"]["name"].as_str().unwrap_or_default();
-    let namespace = object["metadata"]["namespace"].as_str().unwrap_or_default();
-    let kind = object["kind"].as_str().unwrap_or_default();
-    let deadline = tokio::time::Instant::now() + timeout;
-    let started = tokio::time::Instant::now();
-    loop {
-        let done = match kind {
-            "Deployment" => Api::<Deployment>::namespaced(admin.clone(), namespace)
-                .get_opt(name)
-                .await?
-                .is_some_and(|d| deployment_rolled_out(&d)),
-            _ => Api::<DaemonSet>::namespaced(admin.clone(), namespace)
-                .get_opt(name)
-                .await?
-                .is_some_and(|d| daemonset_rolled_out(&d)),
-        };
-        if done {
-            info!(
-                kind,
-                name,
-                seconds = started.elapsed().as_secs_f32(),
-                "rolled out"
-            );
-            return Ok(());
-        }
-        anyhow::ensure!(
-            tokio::time::Instant::now() < deadline,
-            "{kind} {name} has not rolled out within {timeout:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-}
-
-/// A Deployment whose controller saw its generation, with every replica updated and
-/// available and no old replica left.
-fn deployment_rolled_out(d: &Deployment) -> bool {
-    let wanted = d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
-    let status = d.status.clone().unwrap_or_default();
-    status.observed_generation >= d.metadata.generation
-        && status.updated_replicas.unwrap_or(0) >= wanted
-        && status.available_replicas.unwrap_or(0) >= wanted
-        && status.replicas.unwrap_or(0) <= status.updated_replicas.unwrap_or(0)
-}
-
-/// A DaemonSet whose controller saw its generation, updated and ready on every node it is
-/// scheduled to.
-fn daemonset_rolled_out(d: &DaemonSet) -> bool {
-    d.status.as_ref().is_some_and(|s| {
-        s.observed_generation >= d.metadata.generation
-            && s.updated_number_scheduled.unwrap_or(0) >= s.desired_number_scheduled
-            && s.number_ready >= s.desired_number_scheduled
-    })
 }
 
 /// Writes `bundle` into the objects of `strategy` that carry the CA bundle (webhook
@@ -848,41 +754,6 @@ mod tests {
         );
         assert_eq!(config.image_pull_policy, "Always");
         assert_eq!(target_config(&base, None), base);
-    }
-
-    #[test]
-    fn an_update_to_a_newer_version_takes_upstreams_update_path_and_everything_else_the_create_path()
-     {
-        use Rollout::{Create, Update};
-        let cases = [
-            (None, "v1.2.0", Create, "a first installation"),
-            (Some("1.2.0"), "1.2.0", Create, "the same version"),
-            (Some("v1.2.0"), "v1.3.0", Update, "a newer semantic version"),
-            (Some("1.3.0"), "1.2.0", Create, "a rollback"),
-            (Some("0.1.0"), "next", Update, "a tag that is not a version"),
-            (
-                Some("next"),
-                "0.1.0",
-                Update,
-                "from a tag that is not a version",
-            ),
-        ];
-        for (observed, target, want, case) in cases {
-            assert_eq!(Rollout::for_versions(observed, target), want, "{case}");
-        }
-        let order = |r: Rollout| {
-            let mut names = ["virt-controller", "virt-api", "virt-handler"];
-            names.sort_by_key(|n| r.rank(n));
-            names
-        };
-        assert_eq!(
-            order(Update),
-            ["virt-handler", "virt-controller", "virt-api"]
-        );
-        assert_eq!(
-            order(Create),
-            ["virt-api", "virt-controller", "virt-handler"]
-        );
     }
 
     #[test]

@@ -481,8 +481,15 @@ impl Context {
             crate::installer::issue_certificates(&self.client, &self.namespace).await?;
         }
         let strategy = self.strategies.ensure(&self.client, config).await?;
-        let issued =
-            crate::installer::install(&self.client, config, &strategy, patches, rollout).await?;
+        let issued = crate::installer::install(
+            &self.client,
+            config,
+            &strategy,
+            patches,
+            rollout,
+            &self.recorder,
+        )
+        .await?;
         let pruned = crate::installer::prune(&self.client, config, &strategy).await?;
         info!(
             namespace = %self.namespace,

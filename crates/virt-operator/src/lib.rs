@@ -7,6 +7,7 @@
 //!        ▼
 //!  installer.rs ──renders── kubevirt_install (deploy/) ──► apply.rs ──► API server
 //!        │
+//!        ├── rollout.rs: the workloads' order, the update path's waits, virt-handler's canary
 //!        └── certificates.rs: the KubeVirt CA and the components' certificates
 //!
 //!  serving.rs: /metrics (8443) and the CR's admission webhooks (8444), every replica
@@ -21,5 +22,6 @@ pub mod certificates;
 pub mod customize;
 pub mod installer;
 pub mod kubevirt;
+pub mod rollout;
 pub mod serving;
 pub mod strategy;
