@@ -111,6 +111,20 @@ fn rollouts_logged(server: &ServerProcess) -> Vec<String> {
         .collect()
 }
 
+/// virt-handler's DaemonSet from now on: `<generation> <maxUnavailable>` per change.
+fn watch_handler_max_unavailable(server: &ServerProcess) -> anyhow::Result<testkit::Watcher> {
+    server.watch(&[
+        "get",
+        "daemonset",
+        "virt-handler",
+        "-n",
+        "kubevirt",
+        "--watch-only",
+        "-o",
+        r#"jsonpath={.metadata.generation} {.spec.updateStrategy.rollingUpdate.maxUnavailable}{"\n"}"#,
+    ])
+}
+
 /// Upstream's canary rollout of virt-handler, as the DaemonSet's generations show it: the new
 /// template with `maxUnavailable` 1 (the canary), then 10 % once the canary is Ready, and 1
 /// again at the end.
@@ -194,17 +208,7 @@ fn patching_the_image_tag_upgrades_every_component_and_the_guests_never_notice()
         "custom-columns=NAME:.metadata.name,PHASE:.status.phase",
     ])?;
 
-    // virt-handler's maxUnavailable through the rollout.
-    let max_unavailable = server.watch(&[
-        "get",
-        "daemonset",
-        "virt-handler",
-        "-n",
-        "kubevirt",
-        "--watch-only",
-        "-o",
-        r#"jsonpath={.metadata.generation} {.spec.updateStrategy.rollingUpdate.maxUnavailable}{"\n"}"#,
-    ])?;
+    let max_unavailable = watch_handler_max_unavailable(&server)?;
 
     let next = next_release();
     let upgraded = upgrade_to(&server, &next).map_err(|e| fail("upgrade", &e))?;
