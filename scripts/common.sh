@@ -47,9 +47,10 @@ ensure_runtime_packages() {
   # secret and downwardAPI disks; ovmf: EFI firmware;
   # containernetworking-plugins+iproute2: pod network namespaces through the CNI plugins;
   # nftables: the service proxy (cluster IPs to endpoints); docker-registry: a real OCI
-  # registry on loopback for the containerDisk pull tests.
+  # registry on loopback for the containerDisk pull tests; openssh-client: `virtctl ssh`/`scp`
+  # run the system's ssh and scp.
   apt_install qemu-system-x86 busybox-static cpio xz-utils zstd curl ca-certificates dosfstools mtools genisoimage \
-    ovmf containernetworking-plugins iproute2 nftables docker-registry
+    ovmf containernetworking-plugins iproute2 nftables docker-registry openssh-client
   command -v kubectl >/dev/null || install_kubectl
 }
 

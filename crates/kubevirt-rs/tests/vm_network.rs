@@ -1,6 +1,7 @@
 //! End-to-end: a VM's guest reached over the network the way KubeVirt users reach it — a
 //! Service made by `virtctl expose` (requested with `curl` from inside another pod's network
-//! namespace, as an in-cluster client), a `virtctl port-forward` tunnel through virt-api, and another
+//! namespace, as an in-cluster client), a `virtctl port-forward` tunnel through virt-api, `virtctl
+//! ssh` and `scp` (the system's OpenSSH through that tunnel to the guest's Dropbear), and another
 //! VM on the same node by pod IP (each guest fetches the other's page). Needs root and the CNI plugins (a pod network), the test
 //! guest and QEMU; skips, saying why, without them.
 
@@ -34,13 +35,80 @@ fn start_server_with_guest() -> anyhow::Result<Option<ServerProcess>> {
     Ok(Some(server))
 }
 
-/// A serving VM ([`testkit::serving_guest_vm`]) with a masquerade interface forwarding 8080.
-fn serving_vm(name: &str) -> String {
-    testkit::serving_guest_vm(
+/// A serving VM ([`testkit::serving_guest_vm`]) with a masquerade interface forwarding 8080
+/// and 22, whose guest runs its SSH server (Dropbear) for `authorized_key`.
+fn serving_vm(name: &str, authorized_key: &str) -> String {
+    let key = format!(
+        "echo '{}' > /root/.ssh/authorized_keys",
+        authorized_key.trim()
+    );
+    testkit::serving_guest_vm_running(
         name,
-        "masquerade: {}, ports: [{name: http, port: 8080}]",
+        "masquerade: {}, ports: [{name: http, port: 8080}, {name: ssh, port: 22}]",
+        &["mkdir -p /root/.ssh", &key, "/sbin/sshd-start"],
         &[],
     )
+}
+
+/// A throwaway SSH key pair in `dir`: the private key's path and the public key.
+fn ssh_key(dir: &Path) -> anyhow::Result<(PathBuf, String)> {
+    let key = dir.join("id_ed25519");
+    let out = Command::new("ssh-keygen")
+        .args(["-q", "-t", "ed25519", "-N", "", "-f"])
+        .arg(&key)
+        .output()?;
+    anyhow::ensure!(out.status.success(), "ssh-keygen: {out:?}");
+    let public = std::fs::read_to_string(key.with_extension("pub"))?;
+    Ok((key, public))
+}
+
+/// `virtctl ssh` and `virtctl scp` with `key`: the system's ssh reaches the guest's SSH server
+/// through the port-forward subresource, the remote command's exit status is virtctl's, and
+/// a file goes to the guest and back unchanged.
+fn ssh_and_scp_reach_the_guest(
+    server: &ServerProcess,
+    key: &Path,
+    dir: &Path,
+) -> anyhow::Result<()> {
+    let virtctl = |args: &[&str]| {
+        let mut command = Command::new(virtctl());
+        command
+            .args(["--kubeconfig"])
+            .arg(server.kubeconfig())
+            .args(args)
+            .args(["-i"])
+            .arg(key)
+            .args([
+                "-t",
+                "-o StrictHostKeyChecking=no",
+                "-t",
+                "-o UserKnownHostsFile=/dev/null",
+            ])
+            .stdin(Stdio::null());
+        command.output()
+    };
+    let out = wait_until(DEADLINE, "the guest's SSH server", || {
+        let out = virtctl(&["ssh", "root@vm/web", "-c", "cat /www/index.html; uname -n"]).ok()?;
+        out.status.success().then_some(out)
+    })?;
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "hello-from-web\ntestguest\n",
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = virtctl(&["ssh", "root@vmi/web/default", "-c", "exit 3"])?;
+    assert_eq!(out.status.code(), Some(3), "{out:?}");
+
+    let sent = dir.join("sent.txt");
+    std::fs::write(&sent, "through scp\n")?;
+    let out = virtctl(&["scp", &sent.to_string_lossy(), "root@vm/web:/tmp/got.txt"])?;
+    assert!(out.status.success(), "scp to the guest: {out:?}");
+    let back = dir.join("back.txt");
+    let out = virtctl(&["scp", "root@vm/web:/tmp/got.txt", &back.to_string_lossy()])?;
+    assert!(out.status.success(), "scp from the guest: {out:?}");
+    assert_eq!(std::fs::read_to_string(&back)?, "through scp\n");
+    Ok(())
 }
 
 fn wait_phase(server: &ServerProcess, vmi: &str, phase: &str) -> anyhow::Result<()> {
@@ -256,7 +324,12 @@ fn a_vm_exposed_by_virtctl_answers_on_its_cluster_ip_and_through_port_forward() 
     let Some(server) = start_server_with_guest()? else {
         return Ok(());
     };
-    server.apply(&serving_vm("web"))?;
+    if testkit::available(testkit::command("ssh", "openssh-client")).is_none() {
+        return Ok(());
+    }
+    let keys = tempfile::tempdir()?;
+    let (key, public) = ssh_key(keys.path())?;
+    server.apply(&serving_vm("web", &public))?;
     wait_phase(&server, "web", "Running")?;
     let Some(pod_ip) = pod_ip(&server, "web") else {
         eprintln!("skipped: the server has no pod network (needs root and the CNI plugins)");
@@ -320,6 +393,7 @@ fn a_vm_exposed_by_virtctl_answers_on_its_cluster_ip_and_through_port_forward() 
     assert_eq!(body.trim(), "hello-from-web");
 
     port_forward_reaches_the_guest(&server)?;
+    ssh_and_scp_reach_the_guest(&server, &key, keys.path())?;
 
     peers_reach_each_other(&server, &pod_ip)?;
 

@@ -17,7 +17,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-pub use test_prerequisites::{GuestSees, TestGuest, available, guest_reports, test_guest};
+pub use test_prerequisites::{GuestSees, TestGuest, available, command, guest_reports, test_guest};
 
 mod cluster;
 pub use cluster::{InProcessCluster, client_for};
@@ -47,10 +47,22 @@ pub fn test_guest_vm_with(name: &str, domain: &[&str], devices: &str, spec: &[&s
 /// `masquerade: {}, ports: [{name: http, port: 8080}]`); `spec` holds more lines of the
 /// template's `spec` (probes, say), indented as its fields.
 pub fn serving_guest_vm(name: &str, binding: &str, spec: &[&str]) -> String {
+    serving_guest_vm_running(name, binding, &[], spec)
+}
+
+/// [`serving_guest_vm`] whose user data also runs the shell lines `user_data` (after the
+/// HTTP server has started).
+pub fn serving_guest_vm_running(
+    name: &str,
+    binding: &str,
+    user_data: &[&str],
+    spec: &[&str],
+) -> String {
     let devices = format!(
         "{{disks: [{{name: cloudinit, disk: {{bus: virtio}}}}], interfaces: [{{name: default, {binding}}}]}}"
     );
     let page = format!("        mkdir -p /www && echo hello-from-{name} > /www/index.html");
+    let script: Vec<String> = user_data.iter().map(|l| format!("        {l}")).collect();
     let mut lines = vec![
         "terminationGracePeriodSeconds: 0",
         "networks: [{name: default, pod: {}}]",
@@ -62,6 +74,7 @@ pub fn serving_guest_vm(name: &str, binding: &str, spec: &[&str]) -> String {
         &page,
         "        httpd -p 8080 -h /www",
     ];
+    lines.extend(script.iter().map(String::as_str));
     lines.extend_from_slice(spec);
     guest_vm(
         name,

@@ -64,6 +64,10 @@ pub enum Command {
     Expose(Expose),
     /// Forward local ports to a virtualmachine or virtualmachineinstance.
     PortForward(PortForward),
+    /// Open a SSH connection to a virtual machine instance.
+    Ssh(Ssh),
+    /// SCP files from/to a virtual machine instance.
+    Scp(Scp),
     /// Create a manifest for the specified Kind.
     #[command(subcommand)]
     Create(Create),
@@ -262,6 +266,62 @@ pub struct PortForward {
     /// The address the local ports are opened on.
     #[arg(long, default_value = "127.0.0.1")]
     pub address: String,
+}
+
+/// The options `ssh` and `scp` share (upstream's).
+#[derive(Args, Debug)]
+pub struct SshOptions {
+    /// --username=jdoe: the user to open the SSH connection as; unset, the user of the
+    /// environment (`USER`, `USERNAME`, `LOGNAME`) or ssh's default applies.
+    #[arg(short = 'l', long)]
+    pub username: Option<String>,
+    /// --identity-file=~/.ssh/id_rsa: a private key to authenticate with; unset, ssh's own
+    /// defaults and agent apply.
+    #[arg(short = 'i', long)]
+    pub identity_file: Option<PathBuf>,
+    /// --known-hosts: accepted for upstream's command lines; the system ssh keeps its own
+    /// known hosts (pass `-t "-o UserKnownHostsFile=…"`).
+    #[arg(long)]
+    pub known_hosts: Option<PathBuf>,
+    /// --port=22: the port on the VM to send SSH traffic to.
+    #[arg(short = 'p', long, default_value_t = 22)]
+    pub port: u16,
+    /// --local-ssh-opts="-o StrictHostKeyChecking=no": additional options for the local ssh
+    /// client (repeatable).
+    #[arg(short = 't', long, allow_hyphen_values = true)]
+    pub local_ssh_opts: Vec<String>,
+}
+
+/// `ssh`.
+#[derive(Args, Debug)]
+pub struct Ssh {
+    /// [username@]type/name[/namespace]: vm or vmi.
+    #[arg(value_name = "[USER@]TYPE/NAME[/NAMESPACE]")]
+    pub target: String,
+    /// The shared options.
+    #[command(flatten)]
+    pub options: SshOptions,
+    /// --command='ls /': a command to execute in the VM.
+    #[arg(short = 'c', long)]
+    pub command: Option<String>,
+}
+
+/// `scp`.
+#[derive(Args, Debug)]
+pub struct Scp {
+    /// A local path, or [username@]type/name[/namespace]:path.
+    pub source: String,
+    /// A local path, or [username@]type/name[/namespace]:path.
+    pub destination: String,
+    /// The shared options.
+    #[command(flatten)]
+    pub options: SshOptions,
+    /// Recursively copy entire directories.
+    #[arg(short = 'r', long)]
+    pub recursive: bool,
+    /// Preserves modification times, access times, and modes from the original file.
+    #[arg(long)]
+    pub preserve: bool,
 }
 
 /// `create` kinds.

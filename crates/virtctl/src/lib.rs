@@ -3,7 +3,7 @@
 //! Data flow: [`Cli`] (clap) → [`run`] builds a kube `Client` from `--kubeconfig` (or the
 //! usual inference) → each command calls the API server: the `subresources.kubevirt.io/v1`
 //! endpoints through [`client`] (start, stop, pause, …; the console and vnc websockets in
-//! [`console`], the port-forward tunnels in [`portforward`]), plain objects for `migrate-cancel` and [`expose`]; [`create`] only prints
+//! [`console`], the port-forward tunnels in [`portforward`], which [`ssh`] gives the system's ssh and scp), plain objects for `migrate-cancel` and [`expose`]; [`create`] only prints
 //! a manifest. Output lines and flags follow upstream's virtctl.
 
 pub mod cli;
@@ -12,6 +12,7 @@ pub mod console;
 pub mod create;
 pub mod expose;
 pub mod portforward;
+pub mod ssh;
 pub mod vm;
 pub mod vnc;
 
@@ -32,6 +33,10 @@ pub enum Error {
     /// Encoding a manifest failed.
     #[error("encoding the manifest")]
     Encode(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// The program virtctl ran (`ssh`, `scp`) exited with this status, which becomes
+    /// virtctl's.
+    #[error("exit status {0}")]
+    Exited(i32),
 }
 
 /// Runs the parsed command line.
@@ -78,6 +83,8 @@ pub async fn run(cli: Cli) -> Result<(), Error> {
         C::Vnc(a) => vnc::vnc(&ctx, &a).await,
         C::Expose(a) => expose::run(&ctx, &a).await,
         C::PortForward(a) => portforward::run(&ctx, &a).await,
+        C::Ssh(a) => ssh::ssh(&ctx, cli.kubeconfig.as_deref(), &a).await,
+        C::Scp(a) => ssh::scp(&ctx, cli.kubeconfig.as_deref(), &a).await,
         C::Version(_) => vm::server_version(&ctx).await,
         C::Create(_) => Ok(()),
     }

@@ -10,6 +10,10 @@ async fn main() -> ExitCode {
     match virtctl::run(cli).await.map_err(anyhow::Error::from) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
+            if let Some(virtctl::Error::Exited(code)) = e.downcast_ref::<virtctl::Error>() {
+                // ssh and scp said what went wrong; their status is virtctl's.
+                return ExitCode::from(u8::try_from(*code).unwrap_or(1));
+            }
             eprintln!("Error: {e:#}");
             ExitCode::FAILURE
         }
