@@ -22,13 +22,17 @@
 #                          RUN-DONE rc=N, poweroff, reboot,
 #                        - starts Debian's QEMU guest agent (qemu-ga, package
 #                          qemu-guest-agent) in the background before GUEST-READY when the
-#                          guest has the virtio-serial port org.qemu.guest_agent.0 (see below).
+#                          guest has the virtio-serial port org.qemu.guest_agent.0 (see below),
+#                        - mounts devpts on /dev/pts (PTYs for SSH sessions).
 #   kernel.version     the kernel release the guest was built from
 #
-# Guest agent: qemu-ga and exactly the shared libraries it loads (glib, pcre2, libnuma,
-# liburing, libudev, libc and the dynamic loader) come from the Debian packages, found by
+# Programs: qemu-ga, dropbear, dropbearkey and exactly the shared libraries they load (glib,
+# pcre2, libnuma, liburing, libudev for qemu-ga; libcrypt, libtomcrypt, libtommath, zlib for
+# dropbear; libc and the dynamic loader) come from the Debian packages, found per program by
 # asking the packages' own dynamic loader what is still missing and fetching only the
-# matching Depends; nothing is taken from the host. There is no udev, so /sbin/qga-start
+# matching Depends; nothing is taken from the host.
+#
+# Guest agent: there is no udev, so /sbin/qga-start
 # (run by /init after the modules are loaded, and by the uevent helper when the port's name
 # arrives later) finds the port whose /sys/class/virtio-ports/*/name is
 # org.qemu.guest_agent.0, links /dev/virtio-ports/org.qemu.guest_agent.0 to its /dev/vportNpM
@@ -42,6 +46,20 @@
 #                      runs `poweroff -f` (-h/-P), `halt -f` (-H) or `reboot -f` (-r). The
 #                      reboot resets the VM, so QEMU without -no-reboot boots the guest again.
 #   /sbin/hwclock      busybox hwclock, for guest-set-time.
+#   /usr/sbin/dropbear Debian's Dropbear SSH server (package dropbear-bin, with
+#                      /usr/bin/dropbearkey); /init does not start it. Root (home /root,
+#                      shell /bin/sh, no password) logs in with a key from
+#                      /root/.ssh/authorized_keys. Start it from user-data, e.g.
+#                        #!/bin/sh
+#                        echo 'ssh-ed25519 AAAA... test' >/root/.ssh/authorized_keys
+#                        /sbin/sshd-start
+#                      or with `run /sbin/sshd-start` on the console (after the key is
+#                      written the same way). /sbin/sshd-start creates /root/.ssh and
+#                      /etc/dropbear, runs `dropbear -F -E -R -p 22` in the background (host
+#                      keys generated in /etc/dropbear on first use, pidfile /run/dropbear.pid,
+#                      log /var/log/dropbear.log), waits until port 22 listens and prints
+#                      SSHD-READY on the console (SSHD-FAILED after 30 s); started twice it
+#                      only waits and prints again. Needs tg.net=dhcp (or other networking).
 #
 # Boot it with at least 96 MiB of guest memory and `console=ttyS0`, e.g.
 #   qemu-system-x86_64 -accel tcg -M q35 -m 128 -nodefaults -display none \
@@ -146,13 +164,14 @@ add_module() {
 }
 for m in $wanted; do add_module "$m"; done
 
-# ---------------------------------------------------------------- guest agent
-# qemu-ga is dynamically linked. Fetch its package, then ask the dynamic loader (from the
-# fetched libc6 once there is one) which libraries it cannot find in the fetched packages;
-# for each, fetch the Depends of the package whose file needs it -- only the one named
-# after the library (libpcre2-8.so.0 -> libpcre2-8-0) when there is such a Depends, all
-# of its Depends otherwise -- and ask again. A library the loader finds on the host
-# counts as missing, so the result does not depend on what the host has installed.
+# ---------------------------------------------------------------- guest programs
+# qemu-ga and dropbear are dynamically linked. Fetch a program's package, then ask the dynamic
+# loader (from the fetched libc6 once there is one) which libraries it cannot find in the
+# fetched packages; for each, fetch the Depends of the package whose file needs it -- only the
+# one named after the library (libpcre2-8.so.0 -> libpcre2-8-0) when there is such a Depends,
+# all of its Depends otherwise -- and ask again. A library the loader finds on the host
+# counts as missing, so the result does not depend on what the host has installed. This is
+# done for each program in turn; the initramfs gets the union of their libraries.
 debs="$scratch/debs"
 mkdir -p "$debs"
 declare -A fetched=()
@@ -194,45 +213,71 @@ libc6_loader() {
     done
     return 1
 }
-fetch_package qemu-guest-agent
-qga_bin="$debs/qemu-guest-agent/usr/sbin/qemu-ga"
-[ -x "$qga_bin" ] || { echo "qemu-guest-agent has no /usr/sbin/qemu-ga" >&2; exit 1; }
-for round in $(seq 1 30); do
-    loader=/lib64/ld-linux-x86-64.so.2
-    if [ -n "${fetched[libc6]:-}" ]; then loader=$(libc6_loader); fi
-    libpath=$(find "$debs" -name '*.so*' \( -type f -o -type l \) -printf '%h\n' | sort -u | paste -sd:)
-    # What ldd does (`ld.so --list` gives up at the first missing library instead).
-    LD_TRACE_LOADED_OBJECTS=1 LD_DEBUG=files "$loader" --library-path "$libpath" "$qga_bin" \
-        >"$scratch/ld.list" 2>"$scratch/ld.debug" || true
-    # "soname => path (address)" or "soname => not found" lines; the loader's own line
-    # starts with a /.
-    missing=$(awk -v debs="$debs/" '$2 == "=>" && $1 !~ /^\// && index($3, debs) != 1 { print $1 }' "$scratch/ld.list")
-    [ -n "$missing" ] || break
-    wanted=() fallback=()
-    for soname in $missing; do
-        needer=$(sed -n "s/^.*file=${soname//./\\.} \[0\]; *needed by \(.*\) \[0\]\$/\1/p" "$scratch/ld.debug" | head -n1)
-        case $needer in "$debs"/*) ;; *) continue ;; esac # needed by a host library for now
-        owner=${needer#"$debs"/}
-        owner=${owner%%/*}
-        stem=$(squash "${soname%%.so*}")
-        for dep in $(package_depends "$owner"); do
-            [ -z "${fetched[$dep]:-}" ] || continue
-            fallback+=("$dep")
-            rest=$(squash "$dep")
-            rest=${rest#"$stem"}
-            if [ "$rest" != "$(squash "$dep")" ] && [[ $rest =~ ^[0-9]*$ ]]; then wanted+=("$dep"); fi
+# resolve_libraries PROGRAM: fetch packages until the loader finds every library PROGRAM (a
+# file in an extracted package) loads in the fetched packages, then add its
+# "soname path" pairs to $scratch/libs.list.
+resolve_libraries() {
+    local bin=$1 name round loader libpath missing= soname needer owner stem dep rest
+    local -a wanted fallback
+    name=$(basename "$bin")
+    for round in $(seq 1 30); do
+        loader=/lib64/ld-linux-x86-64.so.2
+        if [ -n "${fetched[libc6]:-}" ]; then loader=$(libc6_loader); fi
+        libpath=$(find "$debs" -name '*.so*' \( -type f -o -type l \) -printf '%h\n' | sort -u | paste -sd:)
+        # What ldd does (`ld.so --list` gives up at the first missing library instead).
+        LD_TRACE_LOADED_OBJECTS=1 LD_DEBUG=files "$loader" --library-path "$libpath" "$bin" \
+            >"$scratch/ld.list" 2>"$scratch/ld.debug" || true
+        # "soname => path (address)" or "soname => not found" lines; the loader's own line
+        # starts with a /.
+        missing=$(awk -v debs="$debs/" '$2 == "=>" && $1 !~ /^\// && index($3, debs) != 1 { print $1 }' "$scratch/ld.list")
+        [ -n "$missing" ] || break
+        wanted=() fallback=()
+        for soname in $missing; do
+            needer=$(sed -n "s/^.*file=${soname//./\\.} \[0\]; *needed by \(.*\) \[0\]\$/\1/p" "$scratch/ld.debug" | head -n1)
+            case $needer in "$debs"/*) ;; *) continue ;; esac # needed by a host library for now
+            owner=${needer#"$debs"/}
+            owner=${owner%%/*}
+            stem=$(squash "${soname%%.so*}")
+            for dep in $(package_depends "$owner"); do
+                [ -z "${fetched[$dep]:-}" ] || continue
+                fallback+=("$dep")
+                rest=$(squash "$dep")
+                rest=${rest#"$stem"}
+                if [ "$rest" != "$(squash "$dep")" ] && [[ $rest =~ ^[0-9]*$ ]]; then wanted+=("$dep"); fi
+            done
+        done
+        [ ${#wanted[@]} -gt 0 ] || wanted=("${fallback[@]}")
+        if [ ${#wanted[@]} -eq 0 ]; then
+            echo "no Debian package found for the $name libraries: $(echo $missing)" >&2
+            exit 1
+        fi
+        for dep in $(printf '%s\n' "${wanted[@]}" | sort -u); do
+            [ -n "${fetched[$dep]:-}" ] || fetch_package "$dep"
         done
     done
-    [ ${#wanted[@]} -gt 0 ] || wanted=("${fallback[@]}")
-    if [ ${#wanted[@]} -eq 0 ]; then
-        echo "no Debian package found for the qemu-ga libraries: $(echo $missing)" >&2
+    [ -z "$missing" ] || { echo "$name libraries still missing: $(echo $missing)" >&2; exit 1; }
+    awk '$2 == "=>" && $1 !~ /^\// { print $1, $3 }' "$scratch/ld.list" >>"$scratch/libs.list"
+}
+# The programs the guest gets, as "PACKAGE PATH [optional]"; each is installed at PATH.
+guest_programs=(
+    "qemu-guest-agent /usr/sbin/qemu-ga"
+    "dropbear-bin /usr/sbin/dropbear"
+    "dropbear-bin /usr/bin/dropbearkey optional"
+)
+declare -A installed=() # path in the guest -> file in an extracted package
+: >"$scratch/libs.list"
+for entry in "${guest_programs[@]}"; do
+    read -r pkg path need <<<"$entry"
+    [ -n "${fetched[$pkg]:-}" ] || fetch_package "$pkg"
+    bin=$(tree_file "$debs/$pkg" "$path")
+    if [ ! -f "$bin" ] || [ ! -x "$bin" ]; then
+        if [ "$need" = optional ]; then log "$pkg has no $path; left out"; continue; fi
+        echo "$pkg has no $path" >&2
         exit 1
     fi
-    for dep in $(printf '%s\n' "${wanted[@]}" | sort -u); do
-        [ -n "${fetched[$dep]:-}" ] || fetch_package "$dep"
-    done
+    resolve_libraries "$bin"
+    installed[$path]=$bin
 done
-[ -z "$missing" ] || { echo "qemu-ga libraries still missing: $(echo $missing)" >&2; exit 1; }
 libc6_loader >/dev/null || { echo "no dynamic loader in the fetched libc6" >&2; exit 1; }
 
 # ---------------------------------------------------------------- initramfs tree
@@ -256,15 +301,18 @@ done
 cp "$modroot/modules.builtin" "$root/lib/modules/$kver/" 2>/dev/null || true
 "$busybox_bin" depmod -b "$root" "$kver"
 
-# The guest agent, its libraries in the loader's default directory, and the loader itself.
+# The guest programs, their libraries in the loader's default directory, and the loader itself.
 mkdir -p "$root/lib/x86_64-linux-gnu" "$root/lib64"
-cp "$qga_bin" "$root/usr/sbin/qemu-ga"
-awk '$2 == "=>" && $1 !~ /^\// { print $1, $3 }' "$scratch/ld.list" | while read -r soname path; do
+for path in "${!installed[@]}"; do
+    cp "${installed[$path]}" "$root$path"
+    chmod 0755 "$root$path"
+done
+sort -u "$scratch/libs.list" | while read -r soname path; do
     rel=${path#"$debs"/}
     cp "$(tree_file "$debs/${rel%%/*}" "/${rel#*/}")" "$root/lib/x86_64-linux-gnu/$soname"
 done
 cp "$(libc6_loader)" "$root/lib64/ld-linux-x86-64.so.2"
-chmod 0755 "$root/lib64/ld-linux-x86-64.so.2" "$root/usr/sbin/qemu-ga"
+chmod 0755 "$root/lib64/ld-linux-x86-64.so.2"
 ln -s ../run "$root/var/run"
 ln -s ../bin/busybox "$root/sbin/hwclock" # guest-set-time runs /sbin/hwclock
 
@@ -276,6 +324,47 @@ VERSION="1 (busybox)"
 PRETTY_NAME="kubevirt-rs test guest 1 (busybox, Debian kernel)"
 VARIANT="busybox initramfs"
 VARIANT_ID=initramfs
+EOF
+
+# Accounts for dropbear (root logs in with a key only: no password is set) and the tty group
+# that owns PTYs.
+cat >"$root/etc/passwd" <<'EOF'
+root:*:0:0:root:/root:/bin/sh
+EOF
+cat >"$root/etc/group" <<'EOF'
+root:x:0:
+tty:x:5:
+EOF
+echo /bin/sh >"$root/etc/shells"
+printf 'passwd: files\ngroup: files\nshadow: files\nhosts: files dns\n' >"$root/etc/nsswitch.conf"
+mkdir -p "$root/root/.ssh" "$root/etc/dropbear"
+chmod 0700 "$root/root" "$root/root/.ssh" "$root/etc/dropbear"
+
+# Start dropbear on port 22 (once; later calls only wait), host keys made on first use.
+cat >"$root/sbin/sshd-start" <<'EOF'
+#!/bin/sh
+# Usage: sshd-start -- root logs in with a key from /root/.ssh/authorized_keys.
+mkdir -p /root/.ssh /etc/dropbear /dev/pts
+chmod 0700 /root /root/.ssh /etc/dropbear
+[ -e /dev/pts/ptmx ] || mount -t devpts -o gid=5,mode=0620,ptmxmode=0666 devpts /dev/pts
+pid=$(cat /run/dropbear.pid 2>/dev/null)
+if [ -z "$pid" ] || ! kill -0 "$pid" 2>/dev/null; then
+    # -F -E with setsid and & rather than dropbear's own fork, so its log is kept.
+    setsid /usr/sbin/dropbear -F -E -R -p 22 -P /run/dropbear.pid \
+        </dev/null >>/var/log/dropbear.log 2>&1 &
+fi
+# Listening on port 22 (0x16), IPv4 or IPv6.
+n=0
+until grep -qE '^ *[0-9]+: [0-9A-F]+:0016 [0-9A-F]+:0000 0A ' /proc/net/tcp /proc/net/tcp6 2>/dev/null; do
+    n=$((n + 1))
+    if [ $n -gt 300 ]; then
+        echo "SSHD-FAILED" >/dev/console
+        tail -n 5 /var/log/dropbear.log >/dev/console 2>/dev/null
+        exit 1
+    fi
+    sleep 0.1
+done
+echo "SSHD-READY" >/dev/console
 EOF
 
 cat >"$root/etc/acpi/PWRF/00000080" <<'EOF'
@@ -365,6 +454,8 @@ export PATH
 mount -t proc proc /proc
 mount -t sysfs sysfs /sys
 mount -t devtmpfs devtmpfs /dev
+mkdir -p /dev/pts
+mount -t devpts -o gid=5,mode=0620,ptmxmode=0666 devpts /dev/pts
 mount -t tmpfs tmpfs /tmp
 cmdline=$(cat /proc/cmdline)
 option() { for word in $cmdline; do case $word in "$1"=*) echo "${word#*=}" ;; esac; done; }
@@ -424,10 +515,10 @@ while :; do
 done
 EOF
 chmod 0755 "$root/init" "$root/etc/acpi/PWRF/00000080" "$root/etc/udhcpc.script" "$root/sbin/hotplug" "$root/sbin/guest-sees" \
-    "$root/sbin/qga-start" "$root/sbin/shutdown"
+    "$root/sbin/qga-start" "$root/sbin/shutdown" "$root/sbin/sshd-start"
 
 log "packing initramfs (${#picked[@]} modules)"
-(cd "$root" && find . -print0 | cpio --null -o -H newc --quiet | gzip -9) >"$scratch/initramfs.cpio.gz"
+(cd "$root" && find . -print0 | cpio --null -o -H newc -R 0:0 --quiet | gzip -9) >"$scratch/initramfs.cpio.gz"
 
 # Publish atomically so an interrupted build never looks finished.
 mv "$scratch/vmlinux" "$out/vmlinux.tmp" && mv "$out/vmlinux.tmp" "$out/vmlinux"

@@ -48,9 +48,9 @@ ensure_runtime_packages() {
   # containernetworking-plugins+iproute2: pod network namespaces through the CNI plugins;
   # nftables: the service proxy (cluster IPs to endpoints); docker-registry: a real OCI
   # registry on loopback for the containerDisk pull tests; openssh-client: `virtctl ssh`/`scp`
-  # run the system's ssh and scp.
+  # run the system's ssh and scp; passt: the passt network binding.
   apt_install qemu-system-x86 busybox-static cpio xz-utils zstd curl ca-certificates dosfstools mtools genisoimage \
-    ovmf containernetworking-plugins iproute2 nftables docker-registry openssh-client
+    ovmf containernetworking-plugins iproute2 nftables docker-registry openssh-client passt
   command -v kubectl >/dev/null || install_kubectl
 }
 

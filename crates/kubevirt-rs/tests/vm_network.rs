@@ -1,8 +1,9 @@
 //! End-to-end: a VM's guest reached over the network the way KubeVirt users reach it — a
 //! Service made by `virtctl expose` (requested with `curl` from inside another pod's network
 //! namespace, as an in-cluster client), a `virtctl port-forward` tunnel through virt-api, `virtctl
-//! ssh` and `scp` (the system's OpenSSH through that tunnel to the guest's Dropbear), and another
-//! VM on the same node by pod IP (each guest fetches the other's page). Needs root and the CNI plugins (a pod network), the test
+//! ssh` and `scp` (the system's OpenSSH through that tunnel to the guest's Dropbear), another
+//! VM on the same node by pod IP (each guest fetches the other's page), and a guest on the
+//! passt binding, which holds its pod's address. Needs root and the CNI plugins (a pod network), the test
 //! guest and QEMU; skips, saying why, without them.
 
 use std::io::{BufRead, BufReader};
@@ -179,6 +180,55 @@ fn free_port() -> anyhow::Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .port())
+}
+
+/// The passt binding: the guest takes its pod's address from passt, its listed port answers
+/// at the pod IP from the host and an unlisted one does not, and it reaches `web` at
+/// `web_ip` (through passt, with the pod's address).
+fn a_passt_guest_holds_the_pod_ip(server: &ServerProcess, web_ip: &str) -> anyhow::Result<()> {
+    // At most two guests at once: the peer's is on its way out.
+    wait_until(DEADLINE, "the peer's VMI to go", || {
+        (!server.kubectl(&["get", "vmi", "peer"]).status.success()).then_some(())
+    })?;
+    server.apply(&testkit::serving_guest_vm(
+        "pt",
+        "passtBinding: {}, ports: [{name: http, port: 8080}]",
+        &[],
+    ))?;
+    wait_phase(server, "pt", "Running")?;
+    let ip = crate::pod_ip(server, "pt").ok_or_else(|| anyhow::anyhow!("pt's pod IP"))?;
+    let addresses = wait_until(DEADLINE, "the passt guest's address", || {
+        server
+            .guest_run("pt", "ip -4 -o addr show dev eth0")
+            .ok()
+            .filter(|out| out.contains(&format!("inet {ip}/")))
+    })?;
+    assert!(addresses.contains("RUN-DONE rc=0"), "{addresses}");
+    assert_eq!(
+        server.get(&["vmi", "pt"], "{.status.interfaces[0].ipAddress}"),
+        ip
+    );
+    wait_until(
+        DEADLINE,
+        "the passt guest's listed port from the host",
+        || http_get(&format!("{ip}:8080")).filter(|t| t.contains("hello-from-pt")),
+    )?;
+    let second = server.guest_run("pt", "httpd -p 8081 -h /www && echo started")?;
+    assert!(second.contains("started"), "{second}");
+    assert_eq!(
+        http_get(&format!("{ip}:8081")),
+        None,
+        "a port not listed is not forwarded"
+    );
+    let seen = wait_until(DEADLINE, "the passt guest to reach web", || {
+        server
+            .guest_run("pt", &format!("wget -q -O- http://{web_ip}:8080/"))
+            .ok()
+            .filter(|out| out.contains("hello-from-web"))
+    })?;
+    assert!(seen.contains("RUN-DONE rc=0"), "{seen}");
+    server.ok(&["delete", "vm", "pt", "--wait=false"])?;
+    Ok(())
 }
 
 /// A second VM on the node: each guest reaches the other's service at its pod IP (`web`'s is
@@ -393,9 +443,9 @@ fn a_vm_exposed_by_virtctl_answers_on_its_cluster_ip_and_through_port_forward() 
     assert_eq!(body.trim(), "hello-from-web");
 
     port_forward_reaches_the_guest(&server)?;
-    ssh_and_scp_reach_the_guest(&server, &key, keys.path())?;
-
     peers_reach_each_other(&server, &pod_ip)?;
+    a_passt_guest_holds_the_pod_ip(&server, &pod_ip)?;
+    ssh_and_scp_reach_the_guest(&server, &key, keys.path())?;
 
     // Deleting the VM removes the endpoints (and the Service it owns).
     server.ok(&["delete", "vm", "web", "--wait=false"])?;

@@ -40,6 +40,12 @@ pub mod gates {
     pub const RESERVED_OVERHEAD_MEMLOCK: &str = "ReservedOverheadMemlock";
     /// `portRanges` on interfaces.
     pub const PORT_RANGES: &str = "PortRangesSpec";
+    /// The core passt binding (`passtBinding`). Beta: on unless disabled.
+    pub const PASST_BINDING: &str = "PasstBinding";
+
+    /// Upstream's Beta gates among these: enabled unless listed in
+    /// `developerConfiguration.disabledFeatureGates`.
+    pub const BETA: &[&str] = &[PASST_BINDING];
 }
 
 /// Cluster-wide settings admission reads. [`Default`] is upstream's default configuration.
@@ -63,6 +69,8 @@ pub struct ClusterConfig {
     pub eviction_strategy: Option<EvictionStrategy>,
     /// Enabled feature gates.
     pub feature_gates: BTreeSet<String>,
+    /// `developerConfiguration.disabledFeatureGates` (they turn Beta gates off).
+    pub disabled_feature_gates: BTreeSet<String>,
     /// Whether software emulation is allowed.
     pub use_emulation: bool,
     /// `Stage` or `LiveUpdate`.
@@ -87,6 +95,7 @@ impl Default for ClusterConfig {
             permit_bridge_interface_on_pod_network: true,
             eviction_strategy: None,
             feature_gates: BTreeSet::new(),
+            disabled_feature_gates: BTreeSet::new(),
             use_emulation: false,
             vm_rollout_strategy: "LiveUpdate".into(),
             max_hotplug_ratio: 4,
@@ -138,6 +147,7 @@ impl ClusterConfig {
                 .filter(|g| !dev.disabled_feature_gates.contains(g))
                 .cloned()
                 .collect();
+            cfg.disabled_feature_gates = dev.disabled_feature_gates.iter().cloned().collect();
             cfg.use_emulation = dev.use_emulation.unwrap_or(false);
         }
         if let Some(s) = c.vm_rollout_strategy.as_ref().filter(|s| !s.is_empty()) {
@@ -151,10 +161,12 @@ impl ClusterConfig {
         cfg
     }
 
-    /// Whether a feature gate is enabled.
+    /// Whether a feature gate is enabled: listed, or Beta ([`gates::BETA`]) and not
+    /// disabled (upstream's precedence: explicit enable, explicit disable, Beta).
     #[must_use]
     pub fn gate(&self, name: &str) -> bool {
         self.feature_gates.contains(name)
+            || (gates::BETA.contains(&name) && !self.disabled_feature_gates.contains(name))
     }
 
     /// Whether VM changes roll out live (`LiveUpdate`, the default).

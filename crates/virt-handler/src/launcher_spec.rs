@@ -50,7 +50,7 @@ use kubevirt_api::v1::{
 use virt_launcher::spec::{
     Accel, Bootloader, CacheMode, Cpu, CpuFeature, CpuModel, Disk, DiskBus, DiskFormat, Efi,
     Firmware, ForwardedPort, Graphics, Interface, InterfaceBinding, KernelBoot, LauncherSpec,
-    Masquerade, Memory, PodBridge, RuntimePaths, VideoModel, VmiIdentity,
+    Masquerade, Memory, Passt, PodBridge, RuntimePaths, VideoModel, VmiIdentity,
 };
 
 use virt_launcher::protocol::PodInterface;
@@ -350,7 +350,7 @@ pub fn build_spec(
         memory: memory(vmi)?,
         firmware: firmware(spec, ctx, &mut files)?,
         disks: disks(vmi, ctx, &mut files)?,
-        interfaces: interfaces(vmi, ctx.pod_interface)?,
+        interfaces: interfaces(vmi, ctx.pod_interface, &layout)?,
         hotplug_ports: HOTPLUG_PORTS,
         graphics: graphics(spec, &path(layout.vnc_socket()))?,
         paths: RuntimePaths {
@@ -1082,6 +1082,7 @@ pub fn derived_mac(uid: &str, iface: &str) -> String {
 fn interfaces(
     vmi: &VirtualMachineInstance,
     pod_interface: Option<&PodInterface>,
+    layout: &virt_launcher::pod_layout::PodLayout,
 ) -> Result<Vec<Interface>, SpecError> {
     let uid = vmi.metadata.uid.clone().unwrap_or_default();
     let mut out = Vec::new();
@@ -1095,9 +1096,13 @@ fn interfaces(
             )));
         };
         let b = &iface.binding_method;
-        if b.masquerade.is_none() && b.bridge.is_none() && b.slirp.is_none() {
+        if b.masquerade.is_none()
+            && b.bridge.is_none()
+            && b.passt_binding.is_none()
+            && b.slirp.is_none()
+        {
             return Err(SpecError::Unsupported(format!(
-                "interface {name:?}: only masquerade, bridge and slirp bindings are supported"
+                "interface {name:?}: only masquerade, bridge, passtBinding and slirp bindings are supported"
             )));
         }
         let spec_mac = iface.mac_address.clone().filter(|m| !m.is_empty());
@@ -1105,7 +1110,7 @@ fn interfaces(
         // has one primary interface, so only the first such interface gets it (as upstream
         // gives NAT rules to the first one only). Everything else is user-mode networking.
         let pod = pod_interface.filter(|_| {
-            let wants = b.masquerade.is_some() || b.bridge.is_some();
+            let wants = b.masquerade.is_some() || b.bridge.is_some() || b.passt_binding.is_some();
             let first = wants && !pod_network_taken;
             pod_network_taken |= first;
             first
@@ -1116,6 +1121,15 @@ fn interfaces(
             Some(pod) if b.bridge.is_some() => (
                 InterfaceBinding::Bridge(pod_bridge(pod, index)),
                 spec_mac.unwrap_or_else(|| pod.mac.clone()),
+            ),
+            Some(pod) if b.passt_binding.is_some() => (
+                InterfaceBinding::Passt(Passt {
+                    pod_interface: pod.name.clone(),
+                    socket: layout.passt_socket().display().to_string(),
+                    log: layout.passt_log().display().to_string(),
+                    ports: forwarded_ports(name, &iface.ports)?,
+                }),
+                spec_mac.unwrap_or_else(|| derived_mac(&uid, name)),
             ),
             Some(pod) => (
                 InterfaceBinding::Masquerade(masquerade(name, pod, pod_network, &iface.ports)?),
@@ -1151,6 +1165,33 @@ fn pod_bridge(pod: &PodInterface, index: usize) -> PodBridge {
     }
 }
 
+/// The `ports` of interface `name` (protocol `tcp` unless given, lower-cased).
+fn forwarded_ports(
+    name: &str,
+    ports: &[kubevirt_api::v1::Port],
+) -> Result<Vec<ForwardedPort>, SpecError> {
+    ports
+        .iter()
+        .map(|p| {
+            let port = u16::try_from(p.port)
+                .ok()
+                .filter(|p| *p > 0)
+                .ok_or_else(|| {
+                    SpecError::Invalid(format!("interface {name:?}: invalid port {}", p.port))
+                })?;
+            Ok(ForwardedPort {
+                protocol: p
+                    .protocol
+                    .as_deref()
+                    .filter(|p| !p.is_empty())
+                    .unwrap_or("tcp")
+                    .to_ascii_lowercase(),
+                port,
+            })
+        })
+        .collect()
+}
+
 /// The masquerade binding of interface `name` on the pod network: gateway and guest are the
 /// 2nd and 3rd address of the VM network (`10.0.2.1`, `10.0.2.2`).
 fn masquerade(
@@ -1175,26 +1216,7 @@ fn masquerade(
         )));
     }
     let base = u32::from(network_address);
-    let ports = ports
-        .iter()
-        .map(|p| {
-            let port = u16::try_from(p.port)
-                .ok()
-                .filter(|p| *p > 0)
-                .ok_or_else(|| {
-                    SpecError::Invalid(format!("interface {name:?}: invalid port {}", p.port))
-                })?;
-            Ok(ForwardedPort {
-                protocol: p
-                    .protocol
-                    .as_deref()
-                    .filter(|p| !p.is_empty())
-                    .unwrap_or("tcp")
-                    .to_ascii_lowercase(),
-                port,
-            })
-        })
-        .collect::<Result<_, SpecError>>()?;
+    let ports = forwarded_ports(name, ports)?;
     Ok(Masquerade {
         pod_interface: pod.name.clone(),
         bridge: MASQUERADE_BRIDGE.to_owned(),

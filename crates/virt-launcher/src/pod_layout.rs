@@ -26,6 +26,10 @@ pub const QMP_SOCKET: &str = "qmp.sock";
 /// The guest agent's channel (QEMU serves it; the launcher is its one client). As short as
 /// `qmp.sock`: QEMU binds it itself, and a unix socket path must fit in 107 bytes.
 pub const GUEST_AGENT_SOCKET: &str = "qga.sock";
+/// The passt binding's socket (passt binds it, QEMU connects). Short for `sun_path`.
+pub const PASST_SOCKET: &str = "passt.sock";
+/// passt's log.
+pub const PASST_LOG: &str = "passt.log";
 /// QEMU's pid file.
 pub const PID_FILE: &str = "qemu.pid";
 /// QEMU's stdout and stderr.
@@ -82,6 +86,14 @@ impl PodLayout {
         self.dir.join(GUEST_AGENT_SOCKET)
     }
 
+    pub fn passt_socket(&self) -> PathBuf {
+        self.dir.join(PASST_SOCKET)
+    }
+
+    pub fn passt_log(&self) -> PathBuf {
+        self.dir.join(PASST_LOG)
+    }
+
     pub fn pid_file(&self) -> PathBuf {
         self.dir.join(PID_FILE)
     }
@@ -121,6 +133,8 @@ mod tests {
             layout.vnc_socket(),
             layout.qmp_socket(),
             layout.guest_agent_socket(),
+            layout.passt_socket(),
+            layout.passt_log(),
             layout.pid_file(),
             layout.qemu_log(),
             layout.migration_target_socket(),

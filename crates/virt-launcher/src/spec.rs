@@ -353,6 +353,28 @@ pub enum InterfaceBinding {
     /// the guest gets the pod's address by DHCP from the launcher ([`crate::netsetup::bridge`]).
     /// Newer than the first spec revision: an older launcher refuses a spec with it.
     Bridge(PodBridge),
+    /// KubeVirt's core passt binding (`passtBinding`): passt, started by the launcher in the
+    /// pod's network namespace, gives the guest the pod's addresses by DHCP and carries its
+    /// traffic as the pod's own sockets; QEMU's NIC talks to passt over a unix stream socket
+    /// ([`crate::netsetup::passt`]). Newer than the bridge binding: an older launcher refuses
+    /// a spec with it.
+    Passt(Passt),
+}
+
+/// The passt binding.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Passt {
+    /// The pod's interface passt takes the addresses and routes from (`eth0`).
+    pub pod_interface: String,
+    /// The unix socket passt listens on and QEMU connects to.
+    pub socket: String,
+    /// passt's log file.
+    pub log: String,
+    /// Ports of the pod forwarded to the guest (`interfaces[].ports`); empty forwards every
+    /// TCP and UDP port, as upstream.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ports: Vec<ForwardedPort>,
 }
 
 /// The bridge binding (upstream's names: `eth0` renamed `eth0-nic` on the bridge `k6t-eth0`

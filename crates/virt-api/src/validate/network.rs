@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use kubevirt_api::v1::{InterfaceState, Network, VirtualMachineInstanceSpec};
 
 use super::{Cause, FieldPath, devices::is_pci_address, reason};
-use crate::config::ClusterConfig;
+use crate::config::{ClusterConfig, gates};
 
 const MODELS: &[&str] = &[
     "e1000", "e1000e", "igb", "ne2k_pci", "pcnet", "rtl8139", "virtio",
@@ -214,6 +214,18 @@ fn validate_states_and_bindings(
             c.push(Cause::invalid(
                 "The requested MAC address is reserved for the in-pod bridge. Please choose another one.",
                 at.child("macAddress"),
+            ));
+        }
+        if bm.passt_binding.is_some() && !cfg.gate(gates::PASST_BINDING) {
+            c.push(Cause::invalid(
+                "PasstBinding feature gate is not enabled",
+                at.child("name"),
+            ));
+        }
+        if bm.passt_binding.is_some() && !on_pod {
+            c.push(Cause::invalid(
+                "PasstBinding interface only implemented with pod network",
+                at.child("name"),
             ));
         }
         if bm.bridge.is_some() && on_pod && !cfg.permit_bridge_interface_on_pod_network {

@@ -391,6 +391,29 @@ fn an_enabled_feature_gate_lets_the_gated_volume_through() {
 }
 
 #[test]
+fn the_passt_binding_is_beta_on_the_pod_network_only() {
+    let passt = |network: Value| {
+        json!({"spec": {"networks": [network],
+            "domain": {"devices": {"interfaces": [{"name": "n", "passtBinding": {}}]}}}})
+    };
+    let on_pod = passt(json!({"name": "n", "pod": {}}));
+    assert_eq!(vmi_causes(&on_pod), vec![], "Beta: on by default");
+    let mut cfg = ClusterConfig::default();
+    cfg.disabled_feature_gates.insert("PasstBinding".into());
+    assert_cause(
+        &vmi_causes_with(&on_pod, &cfg),
+        "spec.domain.devices.interfaces[0].name",
+        "PasstBinding feature gate is not enabled",
+    );
+    let on_multus = passt(json!({"name": "n", "multus": {"networkName": "other"}}));
+    assert_cause(
+        &vmi_causes(&on_multus),
+        "spec.domain.devices.interfaces[0].name",
+        "PasstBinding interface only implemented with pod network",
+    );
+}
+
+#[test]
 fn kubevirt_service_accounts_may_set_reserved_labels() {
     let mut doc = base_vmi();
     merge(

@@ -533,3 +533,46 @@ fn the_claim_disks_directory_is_where_the_launcher_pod_mounts_claims() {
         kubevirt_api::constants::VMI_DISKS_DIR
     );
 }
+
+#[test]
+fn a_passt_interface_gets_passts_socket_and_log_in_the_pod_dir_and_its_ports() {
+    let f = fixture();
+    let pod = PodInterface {
+        name: "eth0".into(),
+        mac: "0a:58:0a:00:00:05".into(),
+        ip_addresses: vec!["10.85.0.5".into()],
+        mtu: 1500,
+    };
+    let ctx = SpecContext {
+        pod_interface: Some(&pod),
+        ..f.ctx()
+    };
+    let mut vmi = demo_vmi();
+    vmi.spec.domain.devices.interfaces = serde_json::from_value(serde_json::json!([
+        {"name": "default", "passtBinding": {},
+         "ports": [{"port": 8080}, {"port": 53, "protocol": "UDP"}]}
+    ]))
+    .unwrap();
+    let spec = build_spec(&vmi, &ctx).unwrap().spec;
+    let dir = f.pod.display().to_string();
+    let InterfaceBinding::Passt(passt) = &spec.interfaces[0].binding else {
+        panic!("{:?}", spec.interfaces[0].binding)
+    };
+    assert_eq!(passt.pod_interface, "eth0");
+    assert_eq!(passt.socket, format!("{dir}/passt.sock"));
+    assert_eq!(passt.log, format!("{dir}/passt.log"));
+    let ports: Vec<(&str, u16)> = passt
+        .ports
+        .iter()
+        .map(|p| (p.protocol.as_str(), p.port))
+        .collect();
+    assert_eq!(ports, [("tcp", 8080), ("udp", 53)]);
+    // The guest's MAC is its own: passt answers it from the pod interface's.
+    assert_ne!(
+        spec.interfaces[0].mac_address.as_deref(),
+        Some("0a:58:0a:00:00:05")
+    );
+    // Without the pod's own network namespace, user-mode networking, as the other bindings.
+    let spec = build_spec(&vmi, &f.ctx()).unwrap().spec;
+    assert_eq!(spec.interfaces[0].binding, InterfaceBinding::UserMode);
+}

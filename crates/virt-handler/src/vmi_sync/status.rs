@@ -249,7 +249,8 @@ pub fn desired_status(
 
 /// `status.interfaces` as upstream's handler reports it from the domain: name, MAC,
 /// `infoSource: domain`, and for a masquerade interface the pod IPs (upstream reports the
-/// pod's addresses, never the guest's NAT address), for a bridge interface the pod's IPv4
+/// pod's addresses, never the guest's NAT address), for a passt interface the pod IPs (the
+/// guest holds them), for a bridge interface the pod's IPv4
 /// address, which the guest holds. A user-mode interface has no address
 /// anyone could reach, so it reports none.
 fn interface_status(spec: &LauncherSpec, pod: Option<&PodInterface>) -> Value {
@@ -265,7 +266,10 @@ fn interface_status(spec: &LauncherSpec, pod: Option<&PodInterface>) -> Value {
                 "linkState": "up",
             });
             let ips: Vec<&String> = match (&i.binding, pod) {
-                (InterfaceBinding::Masquerade(_), Some(pod)) => pod.ip_addresses.iter().collect(),
+                // passt hands the pod's addresses to the guest.
+                (InterfaceBinding::Masquerade(_) | InterfaceBinding::Passt(_), Some(pod)) => {
+                    pod.ip_addresses.iter().collect()
+                }
                 // The guest holds the pod's IPv4 address; IPv6 is not handed to it (upstream).
                 (InterfaceBinding::Bridge(_), Some(pod)) => pod
                     .ip_addresses

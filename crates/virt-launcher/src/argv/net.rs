@@ -1,9 +1,10 @@
 //! Network interfaces: a QEMU backend (`-netdev`) plus the guest NIC.
 //!
-//! Two backends: user-mode networking (slirp) where the launcher shares the host's network
-//! (no privileges, no tap; the guest gets 10.0.2.15 from QEMU), and for the masquerade
-//! binding a tap device that [`crate::netsetup`] created on the in-pod bridge before QEMU
-//! starts (`-netdev tap,ifname=tap0,script=no,downscript=no`: QEMU only opens it).
+//! Three backends: user-mode networking (slirp) where the launcher shares the host's network
+//! (no privileges, no tap; the guest gets 10.0.2.15 from QEMU); for the masquerade and bridge
+//! bindings a tap device that [`crate::netsetup`] created on the in-pod bridge before QEMU
+//! starts (`-netdev tap,ifname=tap0,script=no,downscript=no`: QEMU only opens it); for the
+//! passt binding passt's unix socket (`-netdev stream,server=off,addr.type=unix`).
 //! NICs without a boot order get no option ROM (`romfile=`), which saves guest memory and
 //! boot time; a NIC with a boot order keeps iPXE so it can network-boot.
 
@@ -42,6 +43,17 @@ pub(super) fn push(spec: &LauncherSpec, args: &mut Args) -> Result<(), ArgvError
                 args.push_pair(
                     "-netdev",
                     format!("tap,id=netdev-{index},ifname={tap},script=no,downscript=no"),
+                );
+            }
+            InterfaceBinding::Passt(crate::spec::Passt { socket, .. }) => {
+                if socket.is_empty() || socket.contains(',') {
+                    return Err(fail(format!("{socket:?} is not a usable passt socket")));
+                }
+                args.push_pair(
+                    "-netdev",
+                    format!(
+                        "stream,id=netdev-{index},server=off,addr.type=unix,addr.path={socket}"
+                    ),
                 );
             }
         }
@@ -114,6 +126,32 @@ mod tests {
             prefix_length: 24,
             ports: vec![],
         });
+        spec.interfaces = vec![nic];
+        assert!(matches!(qemu_argv(&spec), Err(ArgvError::Interface { .. })));
+    }
+
+    #[test]
+    fn a_passt_interface_connects_to_passts_socket() {
+        let mut spec = minimal_spec();
+        let mut nic = iface("virtio", None);
+        let passt = |socket: &str| {
+            InterfaceBinding::Passt(crate::spec::Passt {
+                pod_interface: "eth0".into(),
+                socket: socket.into(),
+                log: "/var/run/kubevirt/passt.log".into(),
+                ports: vec![],
+            })
+        };
+        nic.binding = passt("/var/run/kubevirt/passt.sock");
+        spec.interfaces = vec![nic.clone()];
+        let argv = qemu_argv(&spec).unwrap();
+        assert!(
+            argv.windows(2).any(|w| w[0] == "-netdev"
+                && w[1]
+                    == "stream,id=netdev-0,server=off,addr.type=unix,addr.path=/var/run/kubevirt/passt.sock"),
+            "{argv:?}"
+        );
+        nic.binding = passt("/x.sock,reconnect=1");
         spec.interfaces = vec![nic];
         assert!(matches!(qemu_argv(&spec), Err(ArgvError::Interface { .. })));
     }

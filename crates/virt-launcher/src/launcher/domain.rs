@@ -144,8 +144,7 @@ impl Shared {
 }
 
 /// A started domain: the spec it runs (as changed live since), QEMU's pid (none in fake
-/// mode), its QMP connection, and the DHCP servers of its masquerade interfaces (they run as
-/// long as the launcher).
+/// mode), its QMP connection, and the services of its interfaces.
 #[derive(Debug)]
 struct Started {
     spec: LauncherSpec,
@@ -153,7 +152,17 @@ struct Started {
     attached: super::live::AttachedDisks,
     pid: Option<u32>,
     qmp: Option<Arc<QmpClient>>,
+    _network: NetworkServices,
+}
+
+/// What serves a domain's interfaces: the DHCP servers of the masquerade and bridge
+/// bindings (tasks that run as long as the launcher), and the passt processes of the passt
+/// binding (killed when the domain is dropped; each also ends by itself when its QEMU
+/// disconnects, `--one-off`, which covers a launcher killed outright).
+#[derive(Debug, Default)]
+struct NetworkServices {
     _dhcp: Vec<tokio::task::JoinHandle<()>>,
+    _passt: Vec<Child>,
 }
 
 /// The domain and everything needed to run it.
@@ -446,16 +455,16 @@ impl Domain {
                 attached: Default::default(),
                 pid: None,
                 qmp: None,
-                _dhcp: Vec::new(),
+                _network: NetworkServices::default(),
             }
         } else {
-            let dhcp = self.setup_network(spec).await?;
+            let network = self.setup_network(spec).await?;
             let inherited = inherited.into_iter().map(|(_, fd)| fd).collect();
             let mut started = self
                 .start_qemu(spec, &argv, incoming.is_some(), inherited)
                 .await?;
             drop(passed);
-            started._dhcp = dhcp;
+            started._network = network;
             started
         });
         if self.opts.fake_qemu {
@@ -649,21 +658,24 @@ impl Domain {
             attached: Default::default(),
             pid,
             qmp: Some(qmp),
-            _dhcp: Vec::new(),
+            _network: NetworkServices::default(),
         })
     }
 
-    /// Builds the in-pod network of every masquerade interface and starts its DHCP server.
-    /// A failure leaves the domain Pending: the handler retries the `sync`, and the set-up
-    /// starts clean again ([`crate::netsetup`]).
-    async fn setup_network(
-        &self,
-        spec: &LauncherSpec,
-    ) -> Result<Vec<tokio::task::JoinHandle<()>>, String> {
+    /// Builds the in-pod network of every masquerade and bridge interface and starts its
+    /// DHCP server, and starts passt for every passt interface. A failure leaves the domain
+    /// Pending: the handler retries the `sync`, and the set-up starts clean again
+    /// ([`crate::netsetup`]).
+    async fn setup_network(&self, spec: &LauncherSpec) -> Result<NetworkServices, String> {
         let mut servers = Vec::new();
+        let mut passts = Vec::new();
         for iface in &spec.interfaces {
             if let InterfaceBinding::Bridge(b) = &iface.binding {
                 servers.extend(self.setup_bridge(spec, iface, b).await?);
+                continue;
+            }
+            if let InterfaceBinding::Passt(p) = &iface.binding {
+                passts.push(self.start_passt(iface, p).await?);
                 continue;
             }
             let InterfaceBinding::Masquerade(m) = &iface.binding else {
@@ -687,7 +699,70 @@ impl Domain {
                 .map_err(network)?;
             servers.push(crate::netsetup::start_dhcp(m, pod, &spec.vmi.name).map_err(network)?);
         }
-        Ok(servers)
+        Ok(NetworkServices {
+            _dhcp: servers,
+            _passt: passts,
+        })
+    }
+
+    /// Starts passt for the passt interface `iface` ([`crate::netsetup::passt`]) and waits
+    /// until it listens on its socket (QEMU connects at start and gives up when nothing
+    /// listens).
+    async fn start_passt(
+        &self,
+        iface: &crate::spec::Interface,
+        p: &crate::spec::Passt,
+    ) -> Result<Child, String> {
+        let fail = |why: String| format!("interface {:?}: {why}", iface.name);
+        if self
+            .pod_interface
+            .as_ref()
+            .is_none_or(|pod| pod.name != p.pod_interface)
+        {
+            return Err(fail(format!(
+                "the passt binding needs the pod interface {:?} in the launcher's own network namespace",
+                p.pod_interface
+            )));
+        }
+        let socket = Path::new(&p.socket);
+        // A stale socket of an earlier start would look like a listening passt.
+        let _ = std::fs::remove_file(socket);
+        let mut command = Process::new(crate::netsetup::program("passt"));
+        command
+            .args(crate::netsetup::passt::args(p))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true);
+        super::qemu_process::confine(&mut command);
+        super::qemu_process::raise_open_files(&mut command);
+        let mut child = command
+            .spawn()
+            .map_err(|e| fail(format!("cannot start passt: {e}")))?;
+        let deadline = Instant::now() + self.opts.qmp_timeout;
+        loop {
+            if let Ok(Some(status)) = child.try_wait() {
+                let detail = last_log_line(Path::new(&p.log))
+                    .map(|l| format!(": {l}"))
+                    .unwrap_or_default();
+                return Err(fail(format!(
+                    "passt exited during start-up ({status}){detail}"
+                )));
+            }
+            // Not probed by connecting: passt serves one client only (`--one-off`), and
+            // that is QEMU. It listens right after it binds.
+            if std::fs::symlink_metadata(socket)
+                .is_ok_and(|m| std::os::unix::fs::FileTypeExt::is_socket(&m.file_type()))
+            {
+                return Ok(child);
+            }
+            if Instant::now() >= deadline {
+                return Err(fail(
+                    "passt did not listen on its socket in time".to_owned(),
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     /// Builds the bridge binding of `iface` and starts its DHCP server (none when the pod has

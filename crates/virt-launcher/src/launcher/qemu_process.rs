@@ -74,6 +74,28 @@ pub(super) fn inherit(command: &mut tokio::process::Command, fds: Vec<std::os::f
     }
 }
 
+/// Raises the child's soft limit of open files to the hard limit: passt holds one socket per
+/// forwarded port and protocol (tens of thousands when it forwards every port).
+#[allow(unsafe_code)]
+pub(super) fn raise_open_files(command: &mut tokio::process::Command) {
+    // SAFETY: the closure runs in the forked child before `exec`. It only makes the system
+    // calls `getrlimit` and `setrlimit` (async-signal-safe), takes no lock and does not
+    // allocate.
+    unsafe {
+        command.pre_exec(|| {
+            let mut limit = nix::libc::rlimit {
+                rlim_cur: 0,
+                rlim_max: 0,
+            };
+            if nix::libc::getrlimit(nix::libc::RLIMIT_NOFILE, &raw mut limit) == 0 {
+                limit.rlim_cur = limit.rlim_max;
+                nix::libc::setrlimit(nix::libc::RLIMIT_NOFILE, &raw const limit);
+            }
+            Ok(())
+        });
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::io::{BufRead, BufReader, Read};

@@ -193,7 +193,7 @@ fn interfaces(spec: &LauncherSpec, net_dev_text: &str) -> Vec<InterfaceStats> {
             let tap = match &iface.binding {
                 InterfaceBinding::Masquerade(m) => &m.tap,
                 InterfaceBinding::Bridge(b) => &b.tap,
-                InterfaceBinding::UserMode => return None,
+                InterfaceBinding::UserMode | InterfaceBinding::Passt(_) => return None,
             };
             // Receive: bytes packets errs drop fifo frame compressed multicast;
             // transmit: bytes packets errs drop fifo colls carrier compressed.

@@ -1,5 +1,5 @@
-//! Pod networking inside the launcher pod: the masquerade binding, and the bridge binding
-//! ([`bridge`]).
+//! Pod networking inside the launcher pod: the masquerade binding, the bridge binding
+//! ([`bridge`]) and the passt binding ([`passt`]).
 //!
 //! Data flow: at start the launcher [`discover`]s its pod interface (`eth0`), but only when
 //! it runs in a network namespace of its own ([`own_network_namespace`]);
@@ -25,6 +25,7 @@
 pub mod bridge;
 pub mod dhcp;
 pub mod nft;
+pub mod passt;
 
 use std::net::Ipv4Addr;
 
