@@ -27,10 +27,10 @@
 #   kernel.version     the kernel release the guest was built from
 #
 # Programs: qemu-ga, dropbear, dropbearkey and exactly the shared libraries they load (glib,
-# pcre2, libnuma, liburing, libudev for qemu-ga; libcrypt, libtomcrypt, libtommath, zlib for
-# dropbear; libc and the dynamic loader) come from the Debian packages, found per program by
-# asking the packages' own dynamic loader what is still missing and fetching only the
-# matching Depends; nothing is taken from the host.
+# pcre2, libnuma, liburing, libudev for qemu-ga; libcrypt, libtomcrypt, libtommath, libgmp,
+# zlib for dropbear; libc and the dynamic loader) come from the Debian packages, found per
+# program by asking the packages' own dynamic loader what is still missing and fetching only
+# the matching Depends; nothing is taken from the host.
 #
 # Guest agent: there is no udev, so /sbin/qga-start
 # (run by /init after the modules are loaded, and by the uevent helper when the port's name

@@ -197,43 +197,56 @@ fn validate_states_and_bindings(
                 &at,
             ));
         }
-        let net = networks.get(iface.name.as_str());
-        let on_pod = net.is_some_and(|n| n.network_source.pod.is_some());
-        if bm.masquerade.is_some() && !on_pod {
-            c.push(Cause::invalid(
-                "Masquerade interface only implemented with pod network",
-                at.child("name"),
-            ));
-        }
-        if bm.masquerade.is_some()
-            && iface
-                .mac_address
-                .as_deref()
-                .is_some_and(|m| m.eq_ignore_ascii_case("02:00:00:00:00:00"))
-        {
-            c.push(Cause::invalid(
-                "The requested MAC address is reserved for the in-pod bridge. Please choose another one.",
-                at.child("macAddress"),
-            ));
-        }
-        if bm.passt_binding.is_some() && !cfg.gate(gates::PASST_BINDING) {
-            c.push(Cause::invalid(
-                "PasstBinding feature gate is not enabled",
-                at.child("name"),
-            ));
-        }
-        if bm.passt_binding.is_some() && !on_pod {
-            c.push(Cause::invalid(
-                "PasstBinding interface only implemented with pod network",
-                at.child("name"),
-            ));
-        }
-        if bm.bridge.is_some() && on_pod && !cfg.permit_bridge_interface_on_pod_network {
-            c.push(Cause::invalid(
-                "Bridge on pod network configuration is not enabled under kubevirt-config",
-                at.child("name"),
-            ));
-        }
+        let on_pod = networks
+            .get(iface.name.as_str())
+            .is_some_and(|n| n.network_source.pod.is_some());
+        validate_binding_on_network(iface, on_pod, &at, cfg, c);
+    }
+}
+
+/// What each binding needs of its network and configuration (upstream's messages).
+fn validate_binding_on_network(
+    iface: &kubevirt_api::v1::Interface,
+    on_pod: bool,
+    at: &FieldPath,
+    cfg: &ClusterConfig,
+    c: &mut Vec<Cause>,
+) {
+    let bm = &iface.binding_method;
+    if bm.masquerade.is_some() && !on_pod {
+        c.push(Cause::invalid(
+            "Masquerade interface only implemented with pod network",
+            at.child("name"),
+        ));
+    }
+    if bm.masquerade.is_some()
+        && iface
+            .mac_address
+            .as_deref()
+            .is_some_and(|m| m.eq_ignore_ascii_case("02:00:00:00:00:00"))
+    {
+        c.push(Cause::invalid(
+            "The requested MAC address is reserved for the in-pod bridge. Please choose another one.",
+            at.child("macAddress"),
+        ));
+    }
+    if bm.passt_binding.is_some() && !cfg.gate(gates::PASST_BINDING) {
+        c.push(Cause::invalid(
+            "PasstBinding feature gate is not enabled",
+            at.child("name"),
+        ));
+    }
+    if bm.passt_binding.is_some() && !on_pod {
+        c.push(Cause::invalid(
+            "PasstBinding interface only implemented with pod network",
+            at.child("name"),
+        ));
+    }
+    if bm.bridge.is_some() && on_pod && !cfg.permit_bridge_interface_on_pod_network {
+        c.push(Cause::invalid(
+            "Bridge on pod network configuration is not enabled under kubevirt-config",
+            at.child("name"),
+        ));
     }
 }
 
