@@ -31,13 +31,13 @@ use std::net::Ipv4Addr;
 
 use serde_json::Value;
 
-use super::dhcp::DhcpConfig;
+use super::dhcp::{DhcpConfig, Route};
 use super::{NetSetupError, program, run, sysctl};
 use crate::protocol::PodInterface;
 use crate::spec::PodBridge;
 
 /// The pod interface's IPv4 configuration, as the CNI plugin left it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PodIpv4 {
     /// The pod's address.
     pub address: Ipv4Addr,
@@ -45,6 +45,9 @@ pub struct PodIpv4 {
     pub prefix_length: u8,
     /// The next hop of the default route through the interface.
     pub gateway: Option<Ipv4Addr>,
+    /// Every IPv4 route through the interface but the one to its own network (upstream's
+    /// `filterRoutesByNonLocalDestination`), handed to the guest as option 121.
+    pub routes: Vec<Route>,
 }
 
 /// Reads `ip -j addr show dev NAME` and `ip -j route show dev NAME`: the first global IPv4
@@ -63,10 +66,35 @@ pub fn parse_ipv4(addr_json: &str, route_json: &str) -> Option<PodIpv4> {
         .flatten()
         .find(|r| r["dst"] == "default")
         .and_then(|r| r["gateway"].as_str()?.parse().ok());
+    let address: Ipv4Addr = addr["local"].as_str()?.parse().ok()?;
+    let prefix_length = u8::try_from(addr["prefixlen"].as_u64()?).ok()?;
+    let own = ipnet::Ipv4Net::new(address, prefix_length).ok()?.trunc();
+    let routes = routes
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|r| {
+            let destination = match r["dst"].as_str()? {
+                "default" => ipnet::Ipv4Net::default(),
+                dst if dst.contains('/') => dst.parse().ok()?,
+                host => ipnet::Ipv4Net::new(host.parse().ok()?, 32).ok()?,
+            };
+            let gateway = match r["gateway"].as_str() {
+                Some(gw) => Some(gw.parse().ok()?),
+                None => None,
+            };
+            Some(Route {
+                destination,
+                gateway,
+            })
+        })
+        .filter(|r| r.destination.prefix_len() == 0 || r.destination.trunc() != own)
+        .collect();
     Some(PodIpv4 {
-        address: addr["local"].as_str()?.parse().ok()?,
-        prefix_length: u8::try_from(addr["prefixlen"].as_u64()?).ok()?,
+        address,
+        prefix_length,
         gateway,
+        routes,
     })
 }
 
@@ -192,6 +220,7 @@ pub fn dhcp_config(
         hostname: hostname.to_owned(),
         mtu: u16::try_from(pod.mtu).unwrap_or(1500),
         client_mac: super::dhcp::parse_mac(guest_mac),
+        routes: v4.routes.clone(),
     })
 }
 
@@ -224,13 +253,25 @@ mod tests {
             {"family":"inet6","local":"fe80::1","prefixlen":64,"scope":"link"},
             {"family":"inet","local":"10.245.0.7","prefixlen":24,"scope":"global"}]}]"#;
         let routes = r#"[{"dst":"10.245.0.0/24","protocol":"kernel","scope":"link"},
-            {"dst":"default","gateway":"10.245.0.1","flags":[]}]"#;
+            {"dst":"default","gateway":"10.245.0.1","flags":[]},
+            {"dst":"10.96.0.0/12","gateway":"10.245.0.254"},
+            {"dst":"169.254.1.1","scope":"link"}]"#;
+        let route = |destination: &str, gateway: Option<[u8; 4]>| Route {
+            destination: destination.parse().unwrap(),
+            gateway: gateway.map(Ipv4Addr::from),
+        };
         assert_eq!(
             parse_ipv4(addr, routes),
             Some(PodIpv4 {
                 address: [10, 245, 0, 7].into(),
                 prefix_length: 24,
                 gateway: Some([10, 245, 0, 1].into()),
+                // The route to the pod's own network is left out, as upstream.
+                routes: vec![
+                    route("0.0.0.0/0", Some([10, 245, 0, 1])),
+                    route("10.96.0.0/12", Some([10, 245, 0, 254])),
+                    route("169.254.1.1/32", None),
+                ],
             })
         );
         assert_eq!(parse_ipv4("[]", routes), None);
@@ -242,6 +283,7 @@ mod tests {
             address: [10, 245, 0, 7].into(),
             prefix_length: 24,
             gateway: Some([10, 245, 0, 1].into()),
+            routes: Vec::new(),
         };
         assert_eq!(
             rename_script(&bridge(), &pod()),

@@ -37,6 +37,19 @@ pub struct DhcpConfig {
     /// Answer only this client (the bridge binding: other guests on the pod network must
     /// not get this address); any client when `None` (masquerade, as upstream).
     pub client_mac: Option<[u8; 6]>,
+    /// Classless static routes (option 121, RFC 3442), the default route last; none sends no
+    /// option. A client that takes them ignores the router option, so they include the
+    /// default route.
+    pub routes: Vec<Route>,
+}
+
+/// One IPv4 route handed to the guest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Route {
+    /// The destination network.
+    pub destination: ipnet::Ipv4Net,
+    /// The next hop; `None` for a destination on the link (sent as `0.0.0.0`).
+    pub gateway: Option<Ipv4Addr>,
 }
 
 /// `aa:bb:cc:dd:ee:ff` as bytes.
@@ -111,6 +124,17 @@ pub fn reply(request: &Message, config: &DhcpConfig) -> Option<Message> {
         config.prefix_length,
     )));
     opts.insert(DhcpOption::Router(vec![config.router]));
+    if !config.routes.is_empty() {
+        let mut routes = config.routes.clone();
+        // Upstream's order: the default route last.
+        routes.sort_by_key(|r| r.destination.prefix_len() == 0);
+        opts.insert(DhcpOption::ClasslessStaticRoute(
+            routes
+                .iter()
+                .map(|r| (r.destination, r.gateway.unwrap_or(Ipv4Addr::UNSPECIFIED)))
+                .collect(),
+        ));
+    }
     if !config.dns.is_empty() {
         opts.insert(DhcpOption::DomainNameServer(config.dns.clone()));
     }
@@ -198,6 +222,7 @@ mod tests {
             hostname: "demo".into(),
             mtu: 1500,
             client_mac: None,
+            routes: Vec::new(),
         }
     }
 
@@ -256,6 +281,39 @@ mod tests {
         assert_eq!(get(C::InterfaceMtu), Some(DhcpOption::InterfaceMtu(1500)));
         assert_eq!(get(C::Hostname), Some(DhcpOption::Hostname("demo".into())));
         assert!(matches!(get(C::DomainSearch), Some(DhcpOption::DomainSearch(n)) if n.len() == 2));
+    }
+
+    #[test]
+    fn routes_go_out_as_rfc_3442_classless_routes_with_the_default_last() {
+        assert_eq!(
+            reply(&request(MessageType::Discover), &config())
+                .unwrap()
+                .opts()
+                .get(dhcproto::v4::OptionCode::ClasslessStaticRoute),
+            None,
+            "no routes, no option"
+        );
+        let mut with_routes = config();
+        with_routes.routes = vec![
+            Route {
+                destination: "0.0.0.0/0".parse().unwrap(),
+                gateway: Some([10, 0, 2, 1].into()),
+            },
+            Route {
+                destination: "10.96.0.0/12".parse().unwrap(),
+                gateway: None,
+            },
+        ];
+        let offer = reply(&request(MessageType::Discover), &with_routes).unwrap();
+        let mut bytes = Vec::new();
+        offer.encode(&mut Encoder::new(&mut bytes)).unwrap();
+        // Option 121, 12 bytes: width 12 and the two significant octets of 10.96/12, on the
+        // link (0.0.0.0); then width 0 (the default route) through 10.0.2.1.
+        let option = [121, 12, 12, 10, 96, 0, 0, 0, 0, 0, 10, 0, 2, 1];
+        assert!(
+            bytes.windows(option.len()).any(|w| w == option),
+            "{bytes:?}"
+        );
     }
 
     #[test]

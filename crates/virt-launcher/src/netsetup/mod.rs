@@ -233,6 +233,7 @@ pub fn dhcp_config(
         hostname: hostname.to_owned(),
         mtu: u16::try_from(pod.mtu).unwrap_or(1500),
         client_mac: None,
+        routes: Vec::new(),
     }
 }
 
