@@ -26,7 +26,8 @@
 #                        - mounts devpts on /dev/pts (PTYs for SSH sessions).
 #   kernel.version     the kernel release the guest was built from
 #
-# Programs: qemu-ga, dropbear, dropbearkey and exactly the shared libraries they load (glib,
+# Programs: qemu-ga, dropbear, dropbearkey, OpenSSH's sftp-server (what `scp` talks to since
+# OpenSSH 9; dropbear runs /usr/lib/sftp-server) and exactly the shared libraries they load (glib,
 # pcre2, libnuma, liburing, libudev for qemu-ga; libcrypt, libtomcrypt, libtommath, libgmp,
 # zlib for dropbear; libc and the dynamic loader) come from the Debian packages, found per
 # program by asking the packages' own dynamic loader what is still missing and fetching only
@@ -263,6 +264,7 @@ guest_programs=(
     "qemu-guest-agent /usr/sbin/qemu-ga"
     "dropbear-bin /usr/sbin/dropbear"
     "dropbear-bin /usr/bin/dropbearkey optional"
+    "openssh-sftp-server /usr/lib/openssh/sftp-server"
 )
 declare -A installed=() # path in the guest -> file in an extracted package
 : >"$scratch/libs.list"
@@ -304,6 +306,7 @@ cp "$modroot/modules.builtin" "$root/lib/modules/$kver/" 2>/dev/null || true
 # The guest programs, their libraries in the loader's default directory, and the loader itself.
 mkdir -p "$root/lib/x86_64-linux-gnu" "$root/lib64"
 for path in "${!installed[@]}"; do
+    mkdir -p "$(dirname "$root$path")"
     cp "${installed[$path]}" "$root$path"
     chmod 0755 "$root$path"
 done
@@ -315,6 +318,7 @@ cp "$(libc6_loader)" "$root/lib64/ld-linux-x86-64.so.2"
 chmod 0755 "$root/lib64/ld-linux-x86-64.so.2"
 ln -s ../run "$root/var/run"
 ln -s ../bin/busybox "$root/sbin/hwclock" # guest-set-time runs /sbin/hwclock
+ln -s openssh/sftp-server "$root/usr/lib/sftp-server" # where Debian's dropbear runs it
 
 cat >"$root/etc/os-release" <<'EOF'
 NAME="kubevirt-rs test guest"
