@@ -27,7 +27,8 @@
 #   kernel.version     the kernel release the guest was built from
 #
 # Programs: qemu-ga, dropbear, dropbearkey, OpenSSH's sftp-server (what `scp` talks to since
-# OpenSSH 9; dropbear runs /usr/lib/sftp-server) and exactly the shared libraries they load (glib,
+# OpenSSH 9; dropbear runs /usr/lib/sftp-server), OpenBSD's netcat as /bin/nc.openbsd (UDP,
+# which busybox's nc lacks) and exactly the shared libraries they load (glib,
 # pcre2, libnuma, liburing, libudev for qemu-ga; libcrypt, libtomcrypt, libtommath, libgmp,
 # zlib for dropbear; libc and the dynamic loader) come from the Debian packages, found per
 # program by asking the packages' own dynamic loader what is still missing and fetching only
@@ -265,6 +266,7 @@ guest_programs=(
     "dropbear-bin /usr/sbin/dropbear"
     "dropbear-bin /usr/bin/dropbearkey optional"
     "openssh-sftp-server /usr/lib/openssh/sftp-server"
+    "netcat-openbsd /bin/nc.openbsd"
 )
 declare -A installed=() # path in the guest -> file in an extracted package
 : >"$scratch/libs.list"

@@ -45,7 +45,7 @@ fn serving_vm(name: &str, authorized_key: &str) -> String {
     );
     testkit::serving_guest_vm_running(
         name,
-        "masquerade: {}, ports: [{name: http, port: 8080}, {name: ssh, port: 22}]",
+        "masquerade: {}, ports: [{name: http, port: 8080}, {name: ssh, port: 22}, {name: echo, port: 5353, protocol: UDP}]",
         &["mkdir -p /root/.ssh", &key, "/sbin/sshd-start"],
         &[],
     )
@@ -319,7 +319,47 @@ fn port_forward_reaches_the_guest(server: &ServerProcess) -> anyhow::Result<()> 
         "port-forward to a closed port: {err}"
     );
     drop(forward);
+    udp_port_forward_reaches_the_guest(server)?;
     tunnel_metrics_follow_an_open_tunnel(server)
+}
+
+/// `virtctl port-forward vm/web udp/LOCAL:5353`: a datagram from the host reaches the guest's
+/// UDP listener (OpenBSD netcat) and its answer comes back to the sender.
+fn udp_port_forward_reaches_the_guest(server: &ServerProcess) -> anyhow::Result<()> {
+    let listening = server.guest_run(
+        "web",
+        "(echo pong-udp; sleep 120) | nc.openbsd -u -l -p 5353 > /tmp/udp.txt 2>&1 & echo listening",
+    )?;
+    assert!(listening.contains("listening"), "{listening}");
+    let local = free_port()?;
+    let mut forward = Started(
+        Command::new(virtctl())
+            .env("KUBECONFIG", server.kubeconfig())
+            .args(["port-forward", "vm/web", &format!("udp/{local}:5353")])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()?,
+    );
+    let stderr = forward.0.stderr.take().expect("piped stderr");
+    let mut first = String::new();
+    BufReader::new(stderr).read_line(&mut first)?;
+    assert!(
+        first.contains(&format!("forwarding udp 127.0.0.1:{local} to 5353")),
+        "virtctl port-forward: {first}"
+    );
+    let socket = std::net::UdpSocket::bind("127.0.0.1:0")?;
+    socket.set_read_timeout(Some(std::time::Duration::from_secs(2)))?;
+    let answer = wait_until(DEADLINE, "the guest's UDP answer", || {
+        socket.send_to(b"ping-udp\n", ("127.0.0.1", local)).ok()?;
+        let mut buf = [0u8; 64];
+        let (n, _) = socket.recv_from(&mut buf).ok()?;
+        Some(String::from_utf8_lossy(&buf[..n]).into_owned())
+    })?;
+    assert_eq!(answer, "pong-udp\n");
+    let seen = server.guest_run("web", "cat /tmp/udp.txt")?;
+    assert!(seen.contains("ping-udp"), "{seen}");
+    drop(forward);
+    Ok(())
 }
 
 /// The sum over both virt-api replicas of the samples of `family` for the VMI `web`.

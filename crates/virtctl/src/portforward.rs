@@ -7,12 +7,12 @@
 //! either side closes. `--stdio` streams one port over stdin/stdout instead (what
 //! `virtctl ssh` uses as ssh's `ProxyCommand`). Runs until interrupted.
 //!
-//! # Caveats
-//! - TCP only; `udp/` ports are refused (upstream also forwards UDP).
+//! `udp/` ports forward datagrams: a tunnel per local client address (upstream's
+//! `udpProxy`), one websocket frame per datagram.
 
 use futures::{SinkExt, StreamExt};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, UdpSocket};
 use tokio_tungstenite::tungstenite::Message;
 
 use crate::Error;
@@ -38,6 +38,8 @@ pub struct Forward {
     pub local: u16,
     /// The guest's port.
     pub remote: u16,
+    /// UDP rather than TCP.
+    pub udp: bool,
 }
 
 /// Parses `TYPE/NAME[/NAMESPACE]` with upstream's kinds and messages.
@@ -79,18 +81,14 @@ pub fn parse_target(target: &str) -> Result<Target, Error> {
 /// Parses `[PROTOCOL/]LOCAL[:REMOTE]` (REMOTE defaults to LOCAL).
 ///
 /// # Errors
-/// A port that is not a number, a missing port, or a protocol other than tcp.
+/// A port that is not a number, a missing port, or a protocol other than tcp and udp.
 pub fn parse_port(arg: &str) -> Result<Forward, Error> {
     let (protocol, ports) = arg.split_once('/').unwrap_or(("tcp", arg));
-    match protocol {
-        "tcp" => {}
-        "udp" => {
-            return Err(Error::Message(
-                "udp port forwarding is not supported".into(),
-            ));
-        }
+    let udp = match protocol {
+        "tcp" => false,
+        "udp" => true,
         other => return Err(Error::Message(format!("unknown protocol: {other}"))),
-    }
+    };
     let mut split = ports.split(':').filter(|p| !p.is_empty());
     let number = |p: &str| {
         p.parse::<u16>()
@@ -101,16 +99,17 @@ pub fn parse_port(arg: &str) -> Result<Forward, Error> {
         .ok_or_else(|| Error::Message("invalid port, missing local and/or remote port".into()))?;
     let local = number(local)?;
     let remote = split.next().map_or(Ok(local), number)?;
-    Ok(Forward { local, remote })
+    Ok(Forward { local, remote, udp })
 }
 
-async fn open(ctx: &Ctx, target: &Target, remote: u16) -> Result<Stream, Error> {
+async fn open(ctx: &Ctx, target: &Target, remote: u16, udp: bool) -> Result<Stream, Error> {
     let ns = target.namespace.as_deref().unwrap_or(&ctx.namespace);
+    let protocol = if udp { "udp" } else { "tcp" };
     let path = subresource_path(
         ns,
         target.kind,
         &target.name,
-        &format!("portforward/{remote}/tcp"),
+        &format!("portforward/{remote}/{protocol}"),
     );
     let kind = match target.kind {
         Kind::Vm => "vm",
@@ -167,7 +166,7 @@ async fn serve(ctx: &Ctx, target: &Target, listener: TcpListener, remote: u16) {
         let Ok((conn, _)) = listener.accept().await else {
             continue;
         };
-        let ws = match open(ctx, target, remote).await {
+        let ws = match open(ctx, target, remote, false).await {
             Ok(ws) => ws,
             Err(e) => {
                 eprintln!("{e}");
@@ -178,6 +177,74 @@ async fn serve(ctx: &Ctx, target: &Target, listener: TcpListener, remote: u16) {
             let (read, write) = conn.into_split();
             // A connection reset by either side just ends this tunnel.
             let _ = pipe(ws, read, write).await;
+        });
+    }
+}
+
+/// UDP, as upstream's `udpProxy`: a tunnel per local client address, opened by its first
+/// datagram; a frame is a datagram both ways; a client's tunnel ends when the guest side
+/// closes it.
+async fn serve_udp(ctx: &Ctx, target: &Target, socket: UdpSocket, remote: u16) {
+    use std::collections::HashMap;
+    use std::net::SocketAddr;
+    let socket = std::sync::Arc::new(socket);
+    let (gone_tx, mut gone_rx) = tokio::sync::mpsc::unbounded_channel::<SocketAddr>();
+    let mut clients: HashMap<SocketAddr, tokio::sync::mpsc::UnboundedSender<Vec<u8>>> =
+        HashMap::new();
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let (n, client) = tokio::select! {
+            received = socket.recv_from(&mut buf) => match received {
+                Ok(received) => received,
+                Err(_) => continue,
+            },
+            Some(gone) = gone_rx.recv() => {
+                clients.remove(&gone);
+                continue;
+            }
+        };
+        let datagram = buf[..n].to_vec();
+        if let Some(tunnel) = clients.get(&client)
+            && tunnel.send(datagram.clone()).is_ok()
+        {
+            continue;
+        }
+        let ws = match open(ctx, target, remote, true).await {
+            Ok(ws) => ws,
+            Err(e) => {
+                eprintln!("{e}");
+                continue;
+            }
+        };
+        let (to_guest, mut datagrams) = tokio::sync::mpsc::unbounded_channel::<Vec<u8>>();
+        let _ = to_guest.send(datagram);
+        clients.insert(client, to_guest);
+        let (socket, gone) = (std::sync::Arc::clone(&socket), gone_tx.clone());
+        tokio::spawn(async move {
+            let (mut tx, mut rx) = ws.split();
+            let up = async {
+                while let Some(d) = datagrams.recv().await {
+                    if tx.send(Message::Binary(d.into())).await.is_err() {
+                        break;
+                    }
+                }
+            };
+            let down = async {
+                while let Some(Ok(msg)) = rx.next().await {
+                    let data = match msg {
+                        Message::Binary(b) => b.to_vec(),
+                        Message::Text(t) => t.as_bytes().to_vec(),
+                        Message::Close(_) => break,
+                        _ => continue,
+                    };
+                    let _ = socket.send_to(&data, client).await;
+                }
+            };
+            tokio::select! {
+                () = up => {}
+                () = down => {}
+            }
+            let _ = gone.send(client);
         });
     }
 }
@@ -199,18 +266,32 @@ pub async fn run(ctx: &Ctx, a: &PortForward) -> Result<(), Error> {
                 "only one port supported when forwarding to stdout".into(),
             ));
         };
-        let ws = open(ctx, &target, forward.remote).await?;
+        if forward.udp {
+            return Err(Error::Message(
+                "only tcp is supported when forwarding to stdout".into(),
+            ));
+        }
+        let ws = open(ctx, &target, forward.remote, false).await?;
         return pipe(ws, tokio::io::stdin(), tokio::io::stdout()).await;
     }
-    let mut tasks = Vec::new();
+    let mut tasks: Vec<futures::future::BoxFuture<'_, ()>> = Vec::new();
     for forward in forwards {
         let addr = format!("{}:{}", a.address, forward.local);
-        let listener = TcpListener::bind(&addr)
-            .await
-            .map_err(|e| Error::Message(format!("can't listen on {addr}: {e}")))?;
+        let cannot = |e: std::io::Error| Error::Message(format!("can't listen on {addr}: {e}"));
+        if forward.udp {
+            let socket = UdpSocket::bind(&addr).await.map_err(cannot)?;
+            eprintln!(
+                "forwarding udp {} to {}",
+                socket.local_addr()?,
+                forward.remote
+            );
+            tasks.push(Box::pin(serve_udp(ctx, &target, socket, forward.remote)));
+            continue;
+        }
+        let listener = TcpListener::bind(&addr).await.map_err(cannot)?;
         let bound = listener.local_addr()?;
         eprintln!("forwarding tcp {bound} to {}", forward.remote);
-        tasks.push(serve(ctx, &target, listener, forward.remote));
+        tasks.push(Box::pin(serve(ctx, &target, listener, forward.remote)));
     }
     tokio::select! {
         _ = futures::future::join_all(tasks) => {}
@@ -253,17 +334,26 @@ mod tests {
             parse_port("18080:8080").unwrap(),
             Forward {
                 local: 18080,
-                remote: 8080
+                remote: 8080,
+                udp: false
             }
         );
         assert_eq!(
             parse_port("tcp/22").unwrap(),
             Forward {
                 local: 22,
-                remote: 22
+                remote: 22,
+                udp: false
             }
         );
-        assert!(parse_port("udp/53").is_err());
+        assert_eq!(
+            parse_port("udp/5353:53").unwrap(),
+            Forward {
+                local: 5353,
+                remote: 53,
+                udp: true
+            }
+        );
         assert!(parse_port("x:1").is_err());
         assert_eq!(
             message(&parse_port(":").unwrap_err()),

@@ -11,7 +11,7 @@
 //! an HTTP error.
 //!
 //! # Caveats
-//! - TCP only: a `udp` protocol is refused with 400 (upstream also tunnels UDP datagrams).
+//! - UDP (`…/portforward/{port}/udp`): one binary frame per datagram, as upstream.
 //! - virt-api must reach the pod network (true on one machine, and on clusters whose pod
 //!   network virt-api's pod is on).
 
@@ -24,7 +24,7 @@ use axum::response::{IntoResponse, Response};
 use futures::{SinkExt, StreamExt};
 use kubevirt_api::v1::{VirtualMachineInstance, VirtualMachineInstanceConditionType};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+use tokio::net::{TcpStream, UdpSocket};
 use tracing::{debug, warn};
 
 use super::error::{Res, SubError};
@@ -39,13 +39,14 @@ type Upgrade = Result<WebSocketUpgrade, axum::extract::ws::rejection::WebSocketU
 pub struct Target {
     /// The guest port.
     pub port: u16,
+    /// TCP or UDP.
+    pub udp: bool,
 }
 
 /// Reads the path's port and protocol (default `tcp`).
 ///
 /// # Errors
-/// 400 for a port that is not a number in 1..=65535 or a protocol other than tcp/udp; 400
-/// for udp, which is not tunnelled here.
+/// 400 for a port that is not a number in 1..=65535 or a protocol other than tcp/udp.
 pub fn parse_target(port: &str, protocol: Option<&str>) -> Result<Target, SubError> {
     if port.is_empty() {
         return Err(SubError::bad_request("port must not be empty"));
@@ -56,10 +57,8 @@ pub fn parse_target(port: &str, protocol: Option<&str>) -> Result<Target, SubErr
         .filter(|p| *p > 0)
         .ok_or_else(|| SubError::bad_request(format!("invalid port: {port}")))?;
     match protocol.unwrap_or("tcp") {
-        "tcp" => Ok(Target { port }),
-        "udp" => Err(SubError::bad_request(
-            "udp port forwarding is not supported",
-        )),
+        "tcp" => Ok(Target { port, udp: false }),
+        "udp" => Ok(Target { port, udp: true }),
         other => Err(SubError::bad_request(format!("unknown protocol: {other}"))),
     }
 }
@@ -108,6 +107,44 @@ async fn vmi_of_vm(ctx: &Ctx, ns: &str, name: &str) -> Result<VirtualMachineInst
         Err(SubError::internal(format!(
             "unable to retrieve vmi [{name}] for vm"
         )))
+    }
+}
+
+/// One binary frame per datagram, both ways, until the client closes (upstream's UDP
+/// tunnel: a frame is a datagram).
+async fn udp_tunnel(client: WebSocket, guest: UdpSocket) {
+    let (mut tx, mut rx) = client.split();
+    let up = async {
+        while let Some(Ok(msg)) = rx.next().await {
+            let data = match msg {
+                Message::Binary(b) => b,
+                Message::Text(t) => axum::body::Bytes::copy_from_slice(t.as_str().as_bytes()),
+                Message::Close(_) => break,
+                Message::Ping(_) | Message::Pong(_) => continue,
+            };
+            // A datagram the guest refuses (ICMP unreachable) is lost, as UDP's are.
+            let _ = guest.send(&data).await;
+        }
+    };
+    let down = async {
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            match guest.recv(&mut buf).await {
+                Ok(n) => {
+                    let frame = Message::Binary(axum::body::Bytes::copy_from_slice(&buf[..n]));
+                    if tx.send(frame).await.is_err() {
+                        break;
+                    }
+                }
+                // An earlier datagram was refused: keep listening.
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {}
+                Err(_) => break,
+            }
+        }
+    };
+    tokio::select! {
+        () = up => {}
+        () = down => {}
     }
 }
 
@@ -163,6 +200,29 @@ async fn forward(
     let ip = check_portforward(vmi)?;
     let upgrade = upgrade.map_err(|e| SubError::bad_request(e.body_text()))?;
     let addr = std::net::SocketAddr::new(ip, target.port);
+    if target.udp {
+        let unspecified: IpAddr = if ip.is_ipv4() {
+            std::net::Ipv4Addr::UNSPECIFIED.into()
+        } else {
+            std::net::Ipv6Addr::UNSPECIFIED.into()
+        };
+        let dial = async {
+            let socket = UdpSocket::bind((unspecified, 0)).await?;
+            socket.connect(addr).await?;
+            Ok::<_, std::io::Error>(socket)
+        };
+        let guest = dial
+            .await
+            .map_err(|e| SubError::internal(format!("dialing VM: dial udp {addr}: {e}")))?;
+        debug!(%addr, "port-forward udp tunnel open");
+        let active = ctx.metrics.open(StreamKind::PortForward, ns, name);
+        return Ok(upgrade.protocols([PLAIN_STREAM_PROTOCOL]).on_upgrade(
+            move |socket| async move {
+                udp_tunnel(socket, guest).await;
+                drop(active);
+            },
+        ));
+    }
     let guest = TcpStream::connect(addr).await.map_err(|e| {
         warn!(%addr, error = %e, "port-forward dial failed");
         SubError::internal(format!("dialing VM: dial tcp {addr}: {e}"))
@@ -294,7 +354,8 @@ mod tests {
         for (port, protocol) in [("0", None), ("x", None), ("70000", None), ("", None)] {
             assert_eq!(parse_target(port, protocol).unwrap_err().code, 400);
         }
-        assert_eq!(parse_target("53", Some("udp")).unwrap_err().code, 400);
+        assert!(parse_target("53", Some("udp")).unwrap().udp);
+        assert!(!parse_target("53", None).unwrap().udp);
         assert_eq!(parse_target("53", Some("sctp")).unwrap_err().code, 400);
     }
 }
