@@ -24,6 +24,7 @@ pub mod crd;
 pub mod duration;
 pub mod events;
 pub mod live_update;
+pub mod migrations;
 pub mod pool;
 pub mod rest_client_metrics;
 pub use k8s_quantity as quantity;

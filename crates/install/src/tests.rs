@@ -187,7 +187,7 @@ fn groups_come_in_upstreams_order_with_the_namespace_first_and_the_cr_last() {
     let cr = &groups[6].objects[0];
     assert_eq!(cr["kind"], "KubeVirt");
     assert_eq!(cr["metadata"]["namespace"], "kubevirt");
-    assert_eq!(groups[1].objects.len(), 6, "the six KubeVirt CRDs");
+    assert_eq!(groups[1].objects.len(), 7, "the seven KubeVirt CRDs");
 }
 
 #[test]
@@ -337,7 +337,6 @@ fn rules_name_only_api_groups_that_exist_and_the_dropped_ones_are_known() {
             "export.kubevirt.io",
             "instancetype.kubevirt.io",
             "k8s.cni.cncf.io",
-            "migrations.kubevirt.io",
             "monitoring.coreos.com",
             "plugin.kubevirt.io",
             "route.openshift.io",

@@ -7,7 +7,7 @@
 //! target's disk (block migration). Skips (saying why) when the test guest, QEMU
 //! or virtctl is missing.
 //!
-//! Then a second migration, slowed to 1 MiB/s through the KubeVirt CR, is cancelled while it
+//! Then a second migration, slowed to 1 MiB/s by the MigrationPolicy that selects the VMI, is cancelled while it
 //! runs (`virtctl migrate-cancel`): the migration goes away, the VMI stays on its node with
 //! `migrationState.failed` and upstream's abort reason, and the guest runs on. Last, a
 //! migration whose target pod no node can take fails after the pending-pod timeout.
@@ -29,6 +29,8 @@ metadata:
 spec:
   runStrategy: Always
   template:
+    metadata:
+      labels: {moves: slowly}
     spec:
       domain:
         memory: {guest: 128Mi}
@@ -208,19 +210,31 @@ fn migrate_away(
     Ok((target_node, target_pod))
 }
 
-/// Slows migrations down to 1 MiB/s (the CR's `bandwidthPerMigration`), starts one, cancels
-/// it once it runs (`virtctl migrate-cancel`) and checks that the VMI stayed on `node`.
+/// Migration policies: `slow` selects the VMI by its label and the `default` namespace by
+/// its name label, and slows it to 1 MiB/s; `other` asks for a label the VMI lacks.
+const POLICIES: &str = r#"apiVersion: migrations.kubevirt.io/v1alpha1
+kind: MigrationPolicy
+metadata: {name: slow}
+spec:
+  selectors:
+    virtualMachineInstanceSelector: {moves: slowly}
+    namespaceSelector: {kubernetes.io/metadata.name: default}
+  bandwidthPerMigration: 1Mi
+---
+apiVersion: migrations.kubevirt.io/v1alpha1
+kind: MigrationPolicy
+metadata: {name: other}
+spec:
+  selectors:
+    virtualMachineInstanceSelector: {moves: slowly, tier: gold, zone: a}
+  bandwidthPerMigration: 1Gi
+"#;
+
+/// Slows the VMI's migrations down to 1 MiB/s (a MigrationPolicy's `bandwidthPerMigration`),
+/// starts one, cancels it once it runs (`virtctl migrate-cancel`) and checks that the VMI
+/// stayed on `node`.
 fn cancel_slow_migration(server: &ServerProcess, node: &str) -> anyhow::Result<()> {
-    server.ok(&[
-        "-n",
-        "kubevirt",
-        "patch",
-        "kubevirt",
-        "kubevirt",
-        "--type=merge",
-        "-p",
-        r#"{"spec":{"configuration":{"migrations":{"bandwidthPerMigration":"1Mi"}}}}"#,
-    ])?;
+    server.apply(POLICIES)?;
     let name = start_migration(server)?;
     testkit::with_log(
         server,
@@ -237,9 +251,9 @@ fn cancel_slow_migration(server: &ServerProcess, node: &str) -> anyhow::Result<(
     assert_eq!(
         vmi_field(
             server,
-            "{.status.migrationState.migrationConfiguration.bandwidthPerMigration}"
+            "{.status.migrationState.migrationPolicyName} {.status.migrationState.migrationConfiguration.bandwidthPerMigration}"
         ),
-        "1Mi"
+        "slow 1Mi"
     );
     // The source handler serves the transfer's progress while it runs.
     let progress = |family: &str| {

@@ -19,6 +19,7 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
 };
 use kube::CustomResourceExt;
 
+use crate::migrations::v1alpha1::MigrationPolicy;
 use crate::pool::v1beta1::VirtualMachinePool;
 use crate::v1::{
     KubeVirt, VirtualMachine, VirtualMachineInstance, VirtualMachineInstanceMigration,
@@ -53,8 +54,8 @@ pub enum CrdError {
 }
 
 /// The CRDs of every kind: VirtualMachineInstance, VirtualMachine,
-/// VirtualMachineInstanceMigration, VirtualMachineInstanceReplicaSet, KubeVirt and
-/// VirtualMachinePool, in that order.
+/// VirtualMachineInstanceMigration, VirtualMachineInstanceReplicaSet, KubeVirt,
+/// VirtualMachinePool and MigrationPolicy, in that order.
 ///
 /// # Errors
 ///
@@ -81,6 +82,9 @@ pub fn all_crds() -> Result<Vec<CustomResourceDefinition>, CrdError> {
     finish(&mut pool)?;
     add_deprecated_version(&mut pool, "v1alpha1", None);
     out.push(pool);
+    let mut policy = MigrationPolicy::crd();
+    finish(&mut policy)?;
+    out.push(policy);
     Ok(out)
 }
 
@@ -228,6 +232,7 @@ mod tests {
                 "virtualmachineinstancereplicasets.kubevirt.io",
                 "kubevirts.kubevirt.io",
                 "virtualmachinepools.pool.kubevirt.io",
+                "migrationpolicies.migrations.kubevirt.io",
             ]
         );
     }

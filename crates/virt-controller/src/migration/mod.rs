@@ -22,7 +22,7 @@
 //! `test` of the value it replaces), `migrationState.abortRequested` and the target label.
 //!
 //! # Caveats
-//! - No MigrationPolicy matching, no per-priority queue (throttled migrations retry after
+//! - MigrationPolicies are matched at hand-off ([`policy`]). No per-priority queue (throttled migrations retry after
 //!   upstream's per-priority delay), no garbage collection of old finalized migrations, no
 //!   decentralized migrations, no PodDisruptionBudget.
 //! - A target pod still `Pending` is deleted after upstream's timeouts (unschedulable 5 min,
@@ -32,18 +32,20 @@
 pub mod gc;
 pub mod metrics;
 pub mod phase;
+pub mod policy;
 pub mod target_pod;
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 use kubevirt_api::constants as c;
+use kubevirt_api::migrations::v1alpha1::MigrationPolicy;
 use kubevirt_api::v1::{
     ConditionStatus, MigrationConditionType, MigrationConfiguration, MigrationPhase,
     MigrationPriority, VirtualMachineInstance, VirtualMachineInstanceMigration,
@@ -92,6 +94,9 @@ pub enum MigrationError {
     /// Writing the migration's status or finalizers failed.
     #[error("updating the migration")]
     PatchMigration(#[source] kube::Error),
+    /// The migration policies or the VMI's namespace could not be read.
+    #[error("reading the migration policies")]
+    ReadPolicies(#[source] kube::Error),
 }
 
 impl ControllerError for MigrationError {
@@ -99,7 +104,7 @@ impl ControllerError for MigrationError {
         match self {
             MigrationError::RenderPod(_) | MigrationError::CreatePod(_) => "FailedCreate",
             MigrationError::DeletePod(_) => "FailedDelete",
-            MigrationError::PatchVmi(_) => "FailedHandOver",
+            MigrationError::PatchVmi(_) | MigrationError::ReadPolicies(_) => "FailedHandOver",
             MigrationError::PatchMigration(_) => "FailedUpdate",
         }
     }
@@ -139,9 +144,10 @@ fn throttle_delay(m: &VirtualMachineInstanceMigration) -> Duration {
     }
 }
 
-/// Upstream's migration defaults overlaid by the CR's `spec.configuration.migrations` (there
-/// is no MigrationPolicy to overlay): what the handlers apply, handed over in
-/// `migrationState.migrationConfiguration`.
+/// Upstream's migration defaults overlaid by the CR's `spec.configuration.migrations`; at
+/// hand-off a matching MigrationPolicy is overlaid on that ([`policy::apply`]), and the
+/// result, handed over in `migrationState.migrationConfiguration`, is what the handlers
+/// apply.
 pub fn resolved_configuration(cr: Option<&MigrationConfiguration>) -> MigrationConfiguration {
     let cr = cr.cloned().unwrap_or_default();
     let allow_post_copy = cr.allow_post_copy.unwrap_or(false);
@@ -442,6 +448,33 @@ impl MigrationReconciler {
             .map(drop)
     }
 
+    /// The MigrationPolicy for `vmi` ([`policy`]), read from the API server at hand-off (once
+    /// per migration).
+    async fn matching_policy(
+        &self,
+        vmi: &VirtualMachineInstance,
+    ) -> Result<Option<MigrationPolicy>, MigrationError> {
+        let policies = Api::<MigrationPolicy>::all(self.client.clone())
+            .list(&ListParams::default())
+            .await
+            .map_err(MigrationError::ReadPolicies)?
+            .items;
+        if policies.is_empty() {
+            return Ok(None);
+        }
+        let namespace = Api::<Namespace>::all(self.client.clone())
+            .get(&vmi.namespace().unwrap_or_default())
+            .await
+            .map_err(MigrationError::ReadPolicies)?;
+        let none = std::collections::BTreeMap::new();
+        Ok(policy::matching(
+            &policies,
+            vmi.metadata.labels.as_ref().unwrap_or(&none),
+            namespace.metadata.labels.as_ref().unwrap_or(&none),
+        )
+        .cloned())
+    }
+
     /// Upstream's `handleTargetPodHandoff`: a fresh `migrationState` and the target label.
     async fn hand_off(
         &self,
@@ -452,9 +485,14 @@ impl MigrationReconciler {
         let Some(target_node) = target.spec.as_ref().and_then(|s| s.node_name.clone()) else {
             return Ok(()); // not scheduled yet; the pod's binding re-queues the migration
         };
-        let configuration = resolved_configuration(self.cluster.borrow().migrations.as_ref());
+        let mut configuration = resolved_configuration(self.cluster.borrow().migrations.as_ref());
+        let policy = self.matching_policy(vmi).await?;
+        if let Some(policy) = &policy {
+            configuration = policy::apply(configuration, &policy.spec);
+        }
         let state = VirtualMachineInstanceMigrationState {
             migration_configuration: Some(configuration),
+            migration_policy_name: policy.and_then(|p| p.metadata.name),
             migration_uid: m.metadata.uid.clone(),
             target_node: Some(target_node.clone()),
             source_node: node_of(vmi).map(str::to_owned),

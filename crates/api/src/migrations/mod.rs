@@ -1,0 +1,3 @@
+//! `migrations.kubevirt.io` API group.
+
+pub mod v1alpha1;
