@@ -73,6 +73,12 @@ pub const MIGRATION_TARGET_NODE_NAME_LABEL: &str = "kubevirt.io/migrationTargetN
 pub const MIGRATION_SELECTOR_LABEL: &str = "kubevirt.io/vmi-name";
 /// Node label: whether the node accepts VMIs.
 pub const NODE_SCHEDULABLE_LABEL: &str = "kubevirt.io/schedulable";
+/// Node label prefix (`true`): a CPU feature the node's host CPU has (upstream's
+/// `CPUFeatureLabel`).
+pub const CPU_FEATURE_LABEL_PREFIX: &str = "cpu-feature.node.kubevirt.io/";
+/// Node label prefix (`true`): a named CPU model the node can run (upstream's
+/// `CPUModelLabel`).
+pub const CPU_MODEL_LABEL_PREFIX: &str = "cpu-model.node.kubevirt.io/";
 /// VMI label: the launcher image is outdated.
 pub const OUTDATED_LAUNCHER_IMAGE_LABEL: &str = "kubevirt.io/outdatedLauncherImage";
 /// Label of install strategy objects.

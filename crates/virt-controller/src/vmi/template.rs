@@ -196,6 +196,7 @@ pub fn render_launcher_pod(
     let mut node_selector =
         BTreeMap::from([(c::NODE_SCHEDULABLE_LABEL.to_owned(), "true".to_owned())]);
     node_selector.extend(spec.node_selector.clone());
+    node_selector.extend(cpu_node_selector(vmi));
 
     Ok(Pod {
         metadata: ObjectMeta {
@@ -888,6 +889,36 @@ fn io_thread_cpus(vmi: &VirtualMachineInstance) -> u64 {
     )
 }
 
+/// Upstream's CPU node selectors (`NodeSelectorRenderer`): a named CPU model (not
+/// `host-model` or `host-passthrough`) needs a node labelled able to run it, and every
+/// feature with policy `require` (the default) a node whose CPU has it; the handlers label
+/// their nodes so.
+fn cpu_node_selector(vmi: &VirtualMachineInstance) -> BTreeMap<String, String> {
+    use kubevirt_api::v1::domain::{CPU_MODEL_HOST_MODEL, CPU_MODEL_HOST_PASSTHROUGH};
+    let Some(cpu) = vmi.spec.domain.cpu.as_ref() else {
+        return BTreeMap::new();
+    };
+    let model = cpu
+        .model
+        .as_deref()
+        .filter(|m| !m.is_empty() && *m != CPU_MODEL_HOST_MODEL && *m != CPU_MODEL_HOST_PASSTHROUGH)
+        .map(|m| format!("{}{m}", c::CPU_MODEL_LABEL_PREFIX));
+    let features = cpu
+        .features
+        .iter()
+        .filter(|f| {
+            f.policy
+                .as_deref()
+                .is_none_or(|p| p.is_empty() || p == "require")
+        })
+        .map(|f| format!("{}{}", c::CPU_FEATURE_LABEL_PREFIX, f.name));
+    model
+        .into_iter()
+        .chain(features)
+        .map(|label| (label, "true".to_owned()))
+        .collect()
+}
+
 fn dedicated_cpus(vmi: &VirtualMachineInstance) -> bool {
     let cpu = vmi.spec.domain.cpu.as_ref();
     cpu.and_then(|c| c.dedicated_cpu_placement).unwrap_or(false)
@@ -975,6 +1006,36 @@ mod tests {
             }
             (b, e) => *b = e,
         }
+    }
+
+    #[test]
+    fn a_named_cpu_model_and_required_features_select_nodes_that_have_them() {
+        let pod = render(
+            &vmi(
+                json!({"spec": {"domain": {"cpu": {"model": "Westmere", "features": [
+                    {"name": "avx512f"}, {"name": "vmx", "policy": "require"},
+                    {"name": "svm", "policy": "disable"}, {"name": "pcid", "policy": "optional"}
+                ]}}}}),
+            ),
+            &LauncherPodConfig::default(),
+        );
+        assert_eq!(
+            pod["spec"]["nodeSelector"],
+            json!({
+                "kubevirt.io/schedulable": "true",
+                "cpu-model.node.kubevirt.io/Westmere": "true",
+                "cpu-feature.node.kubevirt.io/avx512f": "true",
+                "cpu-feature.node.kubevirt.io/vmx": "true",
+            })
+        );
+        let host = render(
+            &vmi(json!({"spec": {"domain": {"cpu": {"model": "host-model"}}}})),
+            &LauncherPodConfig::default(),
+        );
+        assert_eq!(
+            host["spec"]["nodeSelector"],
+            json!({"kubevirt.io/schedulable": "true"})
+        );
     }
 
     fn render(vmi: &VirtualMachineInstance, config: &LauncherPodConfig) -> serde_json::Value {

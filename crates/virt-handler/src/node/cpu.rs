@@ -24,9 +24,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde_json::{Value, json};
 
 /// Label prefix of CPU features.
-pub const CPU_FEATURE_PREFIX: &str = "cpu-feature.node.kubevirt.io/";
+pub const CPU_FEATURE_PREFIX: &str = kubevirt_api::constants::CPU_FEATURE_LABEL_PREFIX;
 /// Label prefix of usable CPU models.
-pub const CPU_MODEL_PREFIX: &str = "cpu-model.node.kubevirt.io/";
+pub const CPU_MODEL_PREFIX: &str = kubevirt_api::constants::CPU_MODEL_LABEL_PREFIX;
 /// Label prefix of the models a host-model guest may migrate to.
 pub const CPU_MODEL_MIGRATION_PREFIX: &str = "cpu-model-migration.node.kubevirt.io/";
 /// Label prefix of the host CPU model.
