@@ -143,6 +143,14 @@ fn scenario(server: &ServerProcess) -> anyhow::Result<()> {
     // Add: template, attachment pod, Ready, the guest sees and writes the disk.
     add_volume(server)?;
     wait_attached(server, &pod, "sda")?;
+    // The volume status names the device as the guest does.
+    wait_until(DEADLINE, "the hotplugged volume's target", || {
+        let target = server.get(
+            &["vmi", "hot"],
+            r#"{.status.volumeStatus[?(@.name=="hot-data")].target}"#,
+        );
+        (target == "sda").then_some(())
+    })?;
     let template_claim = server.get(
         &["vm", "hot"],
         r#"{.spec.template.spec.volumes[?(@.name=="hot-data")].persistentVolumeClaim.claimName}"#,

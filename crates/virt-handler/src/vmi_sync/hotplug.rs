@@ -252,7 +252,94 @@ pub fn volume_status_with(
         entry["message"] = json!(message);
         changed = true;
     }
+    changed |= fill_targets(vmi, &mut list);
     changed.then_some(Value::Array(list))
+}
+
+/// Upstream's device names (`makeDeviceName`): `vd` for virtio disks, `sd` for SATA, SCSI and
+/// USB, then `a`…`z`, `aa`…; a name once given stays (the volume status keeps it) and a new
+/// disk takes the lowest free one of its bus, in the order of the spec's disks.
+#[must_use]
+pub fn device_names(
+    disks: &[kubevirt_api::v1::Disk],
+    existing: &BTreeMap<String, String>,
+) -> BTreeMap<String, String> {
+    use kubevirt_api::v1::DiskBus;
+    let prefix = |d: &kubevirt_api::v1::Disk| {
+        let bus = d
+            .disk
+            .as_ref()
+            .and_then(|t| t.bus.clone())
+            .or_else(|| d.cdrom.as_ref().and_then(|t| t.bus.clone()))
+            .or_else(|| d.lun.as_ref().and_then(|t| t.bus.clone()))
+            .unwrap_or(if d.cdrom.is_some() {
+                DiskBus::Sata
+            } else if d.lun.is_some() {
+                DiskBus::Scsi
+            } else {
+                DiskBus::Virtio
+            });
+        if bus == DiskBus::Virtio { "vd" } else { "sd" }
+    };
+    let letters = |mut i: usize| {
+        let mut out = Vec::new();
+        loop {
+            out.push(b'a' + u8::try_from(i % 26).unwrap_or(0));
+            if i < 26 {
+                break;
+            }
+            i = i / 26 - 1;
+        }
+        out.reverse();
+        String::from_utf8(out).unwrap_or_default()
+    };
+    let mut names: BTreeMap<String, String> = disks
+        .iter()
+        .filter_map(|d| Some((d.name.clone(), existing.get(&d.name)?.clone())))
+        .collect();
+    for disk in disks {
+        if names.contains_key(&disk.name) {
+            continue;
+        }
+        let prefix = prefix(disk);
+        let free = (0..26 * 27)
+            .map(|i| format!("{prefix}{}", letters(i)))
+            .find(|n| !names.values().any(|used| used == n));
+        if let Some(free) = free {
+            names.insert(disk.name.clone(), free);
+        }
+    }
+    names
+}
+
+/// Gives every volume of the running domain its device name (`target`): the boot-time ones
+/// at once, a hotplugged one once it is `Ready`. True when an entry changed.
+fn fill_targets(vmi: &VirtualMachineInstance, list: &mut [Value]) -> bool {
+    let existing: BTreeMap<String, String> = list
+        .iter()
+        .filter_map(|e| {
+            let target = e["target"].as_str().filter(|t| !t.is_empty())?;
+            Some((e["name"].as_str()?.to_owned(), target.to_owned()))
+        })
+        .collect();
+    let names = device_names(&vmi.spec.domain.devices.disks, &existing);
+    let mut changed = false;
+    for entry in list {
+        let Some(name) = entry["name"].as_str() else {
+            continue;
+        };
+        let hotplugged = entry.get("hotplugVolume").is_some();
+        if !entry["target"].as_str().unwrap_or_default().is_empty()
+            || (hotplugged && entry["phase"] != "Ready")
+        {
+            continue;
+        }
+        if let Some(target) = names.get(name) {
+            entry["target"] = json!(target);
+            changed = true;
+        }
+    }
+    changed
 }
 
 #[cfg(test)]
@@ -295,6 +382,46 @@ mod tests {
                 read_only: false
             }],
             "root is no hotplug volume"
+        );
+    }
+
+    #[test]
+    fn devices_are_named_per_bus_as_upstream_and_a_given_name_stays() {
+        let disks: Vec<kubevirt_api::v1::Disk> = serde_json::from_value(json!([
+            {"name": "root", "disk": {"bus": "virtio"}},
+            {"name": "cloud", "disk": {}},
+            {"name": "iso", "cdrom": {}},
+            {"name": "hot", "disk": {"bus": "scsi"}},
+        ]))
+        .unwrap();
+        let names = device_names(&disks, &BTreeMap::new());
+        let got: Vec<(&str, &str)> = ["root", "cloud", "iso", "hot"]
+            .iter()
+            .map(|n| (*n, names[*n].as_str()))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("root", "vda"),
+                ("cloud", "vdb"),
+                ("iso", "sda"),
+                ("hot", "sdb")
+            ]
+        );
+        // `iso` was once named sdc: it keeps it, and the next SCSI disk takes sda.
+        let kept = device_names(&disks, &[("iso".to_owned(), "sdc".to_owned())].into());
+        assert_eq!((kept["iso"].as_str(), kept["hot"].as_str()), ("sdc", "sda"));
+        let many: Vec<kubevirt_api::v1::Disk> = (0..28)
+            .map(|i| serde_json::from_value(json!({"name": format!("d{i}"), "disk": {}})).unwrap())
+            .collect();
+        let names = device_names(&many, &BTreeMap::new());
+        assert_eq!(
+            (
+                names["d25"].as_str(),
+                names["d26"].as_str(),
+                names["d27"].as_str()
+            ),
+            ("vdz", "vdaa", "vdab")
         );
     }
 
