@@ -132,5 +132,5 @@ fn every_example_round_trips_and_passes_its_crd_schema() {
 
 #[test]
 fn every_generated_crd_schema_compiles_as_a_structural_schema() {
-    assert_eq!(schemas().len(), 6);
+    assert_eq!(schemas().len(), 7);
 }
