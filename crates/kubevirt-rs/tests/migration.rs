@@ -10,7 +10,9 @@
 //! Then a second migration, slowed to 1 MiB/s by the MigrationPolicy that selects the VMI, is cancelled while it
 //! runs (`virtctl migrate-cancel`): the migration goes away, the VMI stays on its node with
 //! `migrationState.failed` and upstream's abort reason, and the guest runs on. Last, a
-//! migration whose target pod no node can take fails after the pending-pod timeout.
+//! migration whose target pod no node can take fails after the pending-pod timeout. Then a
+//! guest without disks to copy is migrated with the policy allowing post-copy and a 1 s
+//! completion timeout: the source switches to post-copy and the migration succeeds.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -378,7 +380,122 @@ fn virtctl_migrate_moves_a_running_guest_to_the_other_node_and_migrate_cancel_ke
         anyhow::anyhow!("the guest is not the same after the cancel: {cancelled:?}")
     })?;
     assert!(up_cancelled > up_after, "uptime went on after the cancel");
-    unschedulable_target_fails_the_migration(&server, &target_node)
+    unschedulable_target_fails_the_migration(&server, &target_node)?;
+    post_copy_moves_a_disk_less_guest(&server)
+}
+
+/// A guest without disks to copy (post-copy does not combine with a block migration here).
+const LIGHT: &str = r#"apiVersion: kubevirt.io/v1
+kind: VirtualMachine
+metadata:
+  name: light
+spec:
+  runStrategy: Always
+  template:
+    metadata:
+      labels: {moves: slowly}
+    spec:
+      domain:
+        memory: {guest: 128Mi}
+        firmware:
+          kernelBoot:
+            kernelArgs: "console=ttyS0 panic=-1 quiet tg.quiet=1"
+            container:
+              image: kubevirt-rs/test-guest:latest
+              kernelPath: /vmlinux
+              initrdPath: /initramfs.cpio.gz
+        devices:
+          interfaces: [{name: default, masquerade: {}}]
+      networks: [{name: default, pod: {}}]
+"#;
+
+/// The `slow` policy now allows post-copy with a completion timeout of 1 s per GiB: at
+/// 1 MiB/s the pre-copy of `light` cannot finish in time, so the source switches to post-copy
+/// (`migrationState.mode: PostCopy`), the migration succeeds and the guest runs on.
+fn post_copy_moves_a_disk_less_guest(server: &ServerProcess) -> anyhow::Result<()> {
+    // At most two guests at once: the mover goes first.
+    server.ok(&["delete", "vm", "mover", "--wait=false"])?;
+    wait_until(DEADLINE, "the mover's VMI to go", || {
+        (!server.kubectl(&["get", "vmi", "mover"]).status.success()).then_some(())
+    })?;
+    server.apply(LIGHT)?;
+    testkit::with_log(
+        server,
+        wait_until(DEADLINE, "light Running", || {
+            (server.get(&["vmi", "light"], "{.status.phase}") == "Running").then_some(())
+        }),
+    )?;
+    let pod = server.get(
+        &["pods", "-l", "vm.kubevirt.io/name=light"],
+        "{.items[0].metadata.name}",
+    );
+    wait_until(DEADLINE, "light's guest to boot", || {
+        server
+            .guest_console(&pod)
+            .contains("GUEST-READY")
+            .then_some(())
+    })?;
+    let node = server.get(&["vmi", "light"], "{.status.nodeName}");
+    server.ok(&[
+        "patch",
+        "migrationpolicy",
+        "slow",
+        "--type=merge",
+        "-p",
+        r#"{"spec":{"allowPostCopy":true,"completionTimeoutPerGiB":1}}"#,
+    ])?;
+    server.apply(
+        "apiVersion: kubevirt.io/v1\nkind: VirtualMachineInstanceMigration\nmetadata: {name: post-copy}\nspec: {vmiName: light}\n",
+    )?;
+    let phase = testkit::with_log(
+        server,
+        wait_until(MIGRATION_DEADLINE, "the post-copy migration to end", || {
+            let phase = server.get(&["vmim", "post-copy"], "{.status.phase}");
+            matches!(phase.as_str(), "Succeeded" | "Failed").then_some(phase)
+        }),
+    )?;
+    let qemu_logs = || {
+        ["sourcePod", "targetPod"]
+            .iter()
+            .map(|pod| {
+                let pod = server.get(
+                    &["vmim", "post-copy"],
+                    &format!("{{.status.migrationState.{pod}}}"),
+                );
+                let uid = server.get(&["pod", &pod], "{.metadata.uid}");
+                let log = testkit::launcher_dir(server.data_dir(), &uid).join("qemu.log");
+                format!(
+                    "{pod}: {}",
+                    std::fs::read_to_string(log).unwrap_or_default()
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    anyhow::ensure!(
+        phase == "Succeeded",
+        "the post-copy migration {phase}: {}\nQEMU:\n{}",
+        server.get(&["vmim", "post-copy"], "{.status}"),
+        qemu_logs(),
+    );
+    assert_eq!(
+        server.get(
+            &["vmim", "post-copy"],
+            "{.status.migrationState.mode} {.status.migrationState.migrationConfiguration.allowPostCopy} {.status.migrationState.completed}"
+        ),
+        "PostCopy true true"
+    );
+    assert_ne!(
+        server.get(&["vmi", "light"], "{.status.nodeName}"),
+        node,
+        "the VMI moved"
+    );
+    let alive = server.guest_run("light", "echo MARK light $(cut -d' ' -f1 /proc/uptime)")?;
+    assert!(
+        uptime_after(&alive, "light").is_some(),
+        "the guest runs on after post-copy: {alive:?}"
+    );
+    Ok(())
 }
 
 /// A migration whose target pod cannot be scheduled (`addedNodeSelector` no node matches)

@@ -129,6 +129,10 @@ pub enum Command {
         block_socket: Option<String>,
         /// The disks (spec names) the source copies.
         block_disks: Vec<String>,
+        /// The source may switch the migration to post-copy (`allowPostCopy`): the incoming
+        /// QEMU needs `postcopy-ram` too. Newer than the first revision of `receive`: an older
+        /// launcher ignores it (and a post-copy switch then fails the migration).
+        post_copy: bool,
     },
     /// Live-migrate the running domain to `uri` (QEMU's URI, e.g. `unix:/path`); progress is
     /// reported in [`DomainStatus::migration`]. After success QEMU quits and the domain ends
@@ -147,6 +151,12 @@ pub enum Command {
         block_socket: Option<String>,
         /// The disks (spec names) to copy.
         block_disks: Vec<String>,
+        /// Let QEMU throttle the guest's vCPUs so that the migration converges
+        /// (`allowAutoConverge`).
+        auto_converge: bool,
+        /// Switch to post-copy instead of aborting once the completion timeout has passed
+        /// (`allowPostCopy`); reported in [`MigrationInfo::post_copy`].
+        post_copy: bool,
     },
     /// Abort the running outgoing migration (QMP `migrate_cancel`).
     CancelMigration,
@@ -584,6 +594,10 @@ pub struct MigrationInfo {
     /// An abort was asked for (`cancelMigration`).
     #[serde(default)]
     pub abort_requested: bool,
+    /// The migration switched to post-copy (the guest runs on the target, which fetches the
+    /// rest of its memory on demand).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub post_copy: bool,
 }
 
 /// vCPU topology of a running domain.
@@ -694,6 +708,8 @@ struct ReceiveBody {
     block_socket: Option<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     block_disks: Vec<String>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    post_copy: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -710,6 +726,10 @@ struct MigrateBody {
     block_socket: Option<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     block_disks: Vec<String>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    auto_converge: bool,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    post_copy: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -893,6 +913,7 @@ impl DownMessage {
                 socket: r.socket,
                 block_socket: r.block_socket,
                 block_disks: r.block_disks,
+                post_copy: r.post_copy,
             }
         } else if let Some(m) = w.migrate {
             Command::Migrate {
@@ -902,6 +923,8 @@ impl DownMessage {
                 bandwidth_bytes_per_second: m.bandwidth_bytes_per_second,
                 block_socket: m.block_socket,
                 block_disks: m.block_disks,
+                auto_converge: m.auto_converge,
+                post_copy: m.post_copy,
             }
         } else if w.cancel_migration.is_some() {
             Command::CancelMigration
@@ -957,12 +980,14 @@ impl DownMessage {
                         socket,
                         block_socket,
                         block_disks,
+                        post_copy,
                     } => {
                         w.receive = Some(ReceiveBody {
                             spec: spec.clone(),
                             socket: socket.clone(),
                             block_socket: block_socket.clone(),
                             block_disks: block_disks.clone(),
+                            post_copy: *post_copy,
                         });
                     }
                     Command::Migrate {
@@ -972,6 +997,8 @@ impl DownMessage {
                         bandwidth_bytes_per_second,
                         block_socket,
                         block_disks,
+                        auto_converge,
+                        post_copy,
                     } => {
                         w.migrate = Some(MigrateBody {
                             uri: uri.clone(),
@@ -980,6 +1007,8 @@ impl DownMessage {
                             bandwidth_bytes_per_second: *bandwidth_bytes_per_second,
                             block_socket: block_socket.clone(),
                             block_disks: block_disks.clone(),
+                            auto_converge: *auto_converge,
+                            post_copy: *post_copy,
                         });
                     }
                     Command::CancelMigration => w.cancel_migration = Some(Empty {}),
@@ -1269,6 +1298,8 @@ mod tests {
                 bandwidth_bytes_per_second: 1 << 20,
                 block_socket: Some("/var/run/kubevirt/migration-source-block.sock".into()),
                 block_disks: vec!["scratch".into()],
+                auto_converge: true,
+                post_copy: true,
             },
             Command::CancelMigration,
             Command::PassFile { key: "vol1".into() },
@@ -1359,6 +1390,7 @@ mod tests {
                 ended_at: Some("2026-11-29T12:00:05Z".into()),
                 failure_reason: Some("Live migration has been aborted".into()),
                 abort_requested: true,
+                post_copy: false,
             }),
             guest_agent: Some(Box::new(GuestAgent {
                 connected: true,

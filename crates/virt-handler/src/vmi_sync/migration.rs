@@ -191,6 +191,10 @@ pub struct MigrationOptions {
     pub completion_timeout_seconds: u64,
     /// `bandwidthPerMigration` in bytes per second (0: no cap).
     pub bandwidth_bytes_per_second: u64,
+    /// `allowAutoConverge`.
+    pub auto_converge: bool,
+    /// `allowPostCopy`.
+    pub post_copy: bool,
 }
 
 impl MigrationOptions {
@@ -214,6 +218,8 @@ impl MigrationOptions {
             ),
             completion_timeout_seconds: completion_timeout_seconds(guest_bytes, per_gib),
             bandwidth_bytes_per_second: bandwidth,
+            auto_converge: config.and_then(|c| c.allow_auto_converge).unwrap_or(false),
+            post_copy: config.and_then(|c| c.allow_post_copy).unwrap_or(false),
         }
     }
 }
@@ -262,6 +268,8 @@ pub struct Receive {
     pub block_socket: Option<String>,
     /// The disks (volume names) the source copies.
     pub block_disks: Vec<String>,
+    /// The source may switch to post-copy (`allowPostCopy`).
+    pub post_copy: bool,
 }
 
 /// The source side of the VMI's current migration, kept by its worker's launcher session.
@@ -273,6 +281,7 @@ pub struct SourceMigration {
     migrate_id: Option<u64>,
     cancel_sent: bool,
     start_reported: bool,
+    post_copy_reported: bool,
     end_reported: bool,
 }
 
@@ -318,6 +327,12 @@ impl Follow {
                 );
                 self.patch_migration(ops).await;
                 src.start_reported = true;
+            }
+            if info.post_copy && !src.post_copy_reported {
+                // Upstream's `migrationState.mode` once the source switched.
+                let ops = state_ops(&uid, &[("mode", json!("PostCopy"))]);
+                self.patch_migration(ops).await;
+                src.post_copy_reported = true;
             }
             if info.state == MigrationJobState::Failed {
                 let reason = info.failure_reason.clone().unwrap_or_default();
@@ -424,6 +439,8 @@ impl Follow {
                 bandwidth_bytes_per_second: options.bandwidth_bytes_per_second,
                 block_socket,
                 block_disks: disks,
+                auto_converge: options.auto_converge,
+                post_copy: options.post_copy,
             })
             .await
             .map_err(drop)?;
@@ -545,6 +562,10 @@ impl Follow {
             block_socket: (!disks.is_empty())
                 .then(|| in_pod.migration_target_block_socket().display().to_string()),
             block_disks: disks,
+            post_copy: state(&self.current)
+                .and_then(|s| s.migration_configuration.as_ref())
+                .and_then(|c| c.allow_post_copy)
+                .unwrap_or(false),
         };
         let mut receive_id = None;
         // The target listens only once the launcher acknowledged `receive` (its disks are
@@ -724,11 +745,14 @@ mod tests {
             MigrationOptions {
                 progress_timeout_seconds: 150,
                 completion_timeout_seconds: 150,
-                bandwidth_bytes_per_second: 0
+                bandwidth_bytes_per_second: 0,
+                auto_converge: false,
+                post_copy: false,
             }
         );
         let config: kubevirt_api::v1::MigrationConfiguration = serde_json::from_value(json!({
-            "bandwidthPerMigration": "1Mi", "progressTimeout": 20, "completionTimeoutPerGiB": 10
+            "bandwidthPerMigration": "1Mi", "progressTimeout": 20, "completionTimeoutPerGiB": 10,
+            "allowAutoConverge": true, "allowPostCopy": true
         }))
         .expect("config");
         let set = MigrationOptions::of(Some(&config), 3_000_000_000);
@@ -737,7 +761,9 @@ mod tests {
             MigrationOptions {
                 progress_timeout_seconds: 20,
                 completion_timeout_seconds: 30,
-                bandwidth_bytes_per_second: 1 << 20
+                bandwidth_bytes_per_second: 1 << 20,
+                auto_converge: true,
+                post_copy: true,
             }
         );
     }

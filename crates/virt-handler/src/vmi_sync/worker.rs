@@ -817,6 +817,7 @@ impl Follow {
                 socket: receive.socket,
                 block_socket: receive.block_socket,
                 block_disks: receive.block_disks,
+                post_copy: receive.post_copy,
             },
             None => Command::Sync(Box::new(prepared.spec)),
         };

@@ -271,8 +271,15 @@ impl Domain {
                 socket,
                 block_socket,
                 block_disks,
+                post_copy,
             } => {
                 let value = self.sync(&spec, Some(&socket)).await?;
+                if post_copy {
+                    let (_, qmp) = self.started().await?;
+                    if let Some(qmp) = qmp {
+                        super::migration::accept_post_copy(&qmp).await?;
+                    }
+                }
                 if let Some(block_socket) = block_socket {
                     let nodes = self.block_nodes(&block_disks).await;
                     let (_, qmp) = self.started().await?;
@@ -289,6 +296,8 @@ impl Domain {
                 bandwidth_bytes_per_second,
                 block_socket,
                 block_disks,
+                auto_converge,
+                post_copy,
             } => {
                 let (_, qmp) = self.started().await?;
                 let mirror = match block_socket {
@@ -303,6 +312,8 @@ impl Domain {
                         progress_timeout: Duration::from_secs(progress_timeout_seconds),
                         completion_timeout: Duration::from_secs(completion_timeout_seconds),
                         bandwidth_bytes_per_second,
+                        auto_converge,
+                        post_copy,
                         mirror,
                     },
                 )

@@ -38,6 +38,11 @@ pub(super) struct Options {
     pub progress_timeout: Duration,
     pub completion_timeout: Duration,
     pub bandwidth_bytes_per_second: u64,
+    /// `allowAutoConverge`: QEMU's `auto-converge` capability.
+    pub auto_converge: bool,
+    /// `allowPostCopy`: `postcopy-ram`, and a switch to post-copy when the completion timeout
+    /// passes (instead of the abort).
+    pub post_copy: bool,
     /// Block migration: the target's NBD socket (as this launcher sees the handler's proxy)
     /// and the format nodes to mirror there before the memory goes.
     pub mirror: Option<(String, Vec<String>)>,
@@ -164,7 +169,37 @@ async fn stop_mirrors(qmp: &QmpClient, nodes: &[String]) {
     }
 }
 
+/// Readies an incoming QEMU for a migration that may switch to post-copy: `postcopy-ram` must
+/// be set on both ends before the migration starts.
+pub(super) async fn accept_post_copy(qmp: &QmpClient) -> Result<(), String> {
+    set_capabilities(qmp, &[("postcopy-ram", true)]).await
+}
+
+async fn set_capabilities(qmp: &QmpClient, capabilities: &[(&str, bool)]) -> Result<(), String> {
+    let list: Vec<Value> = capabilities
+        .iter()
+        .map(|(capability, state)| json!({"capability": capability, "state": state}))
+        .collect();
+    qmp.execute(
+        "migrate-set-capabilities",
+        Some(json!({"capabilities": list})),
+    )
+    .await
+    .map(drop)
+    .map_err(|e| format!("migrate-set-capabilities: {e}"))
+}
+
 async fn begin_memory(qmp: &QmpClient, uri: &str, options: &Options) -> Result<(), String> {
+    let capabilities: Vec<(&str, bool)> = [
+        ("auto-converge", options.auto_converge),
+        ("postcopy-ram", options.post_copy),
+    ]
+    .into_iter()
+    .filter(|(_, on)| *on)
+    .collect();
+    if !capabilities.is_empty() {
+        set_capabilities(qmp, &capabilities).await?;
+    }
     if options.bandwidth_bytes_per_second > 0 {
         qmp.execute(
             "migrate-set-parameters",
@@ -179,6 +214,8 @@ async fn begin_memory(qmp: &QmpClient, uri: &str, options: &Options) -> Result<(
     tracing::info!(
         uri,
         bandwidth = options.bandwidth_bytes_per_second,
+        auto_converge = options.auto_converge,
+        post_copy = options.post_copy,
         "memory migration started"
     );
     Ok(())
@@ -209,6 +246,13 @@ pub(super) async fn start(
     let Some(qmp) = qmp else {
         return fake_outgoing(shared, uri).await;
     };
+    let mut options = options;
+    if options.post_copy && options.mirror.as_ref().is_some_and(|(_, n)| !n.is_empty()) {
+        // QEMU 7.2 fails to start post-copy while mirror jobs hold the disks ("postcopy failed
+        // to start"), so a block migration stays pre-copy (and its completion timeout aborts).
+        tracing::info!("block migration: post-copy is not used");
+        options.post_copy = false;
+    }
     match &options.mirror {
         Some((socket, nodes)) if !nodes.is_empty() => {
             tracing::info!(?nodes, "block migration: mirroring the disks first");
@@ -226,6 +270,7 @@ pub(super) async fn start(
             ended_at: None,
             failure_reason: None,
             abort_requested: false,
+            post_copy: false,
         });
     });
     tokio::spawn(monitor(Arc::clone(shared), qmp, uri.to_owned(), options));
@@ -288,6 +333,7 @@ async fn monitor(shared: Arc<Shared>, qmp: Arc<QmpClient>, uri: String, options:
     let mut low_water = u64::MAX;
     let mut last_progress = Instant::now();
     let mut abort_reason: Option<String> = None;
+    let mut post_copy_since: Option<Instant> = None;
     let mut tick = tokio::time::interval(POLL);
     loop {
         tick.tick().await;
@@ -339,7 +385,9 @@ async fn monitor(shared: Arc<Shared>, qmp: Arc<QmpClient>, uri: String, options:
             }
             _ => {}
         }
-        if abort_reason.is_some() {
+        if abort_reason.is_some() || post_copy_since.is_some() {
+            // Past the switch to post-copy there is nothing to abort: the guest runs on the
+            // target.
             continue;
         }
         let remaining = info
@@ -350,6 +398,14 @@ async fn monitor(shared: Arc<Shared>, qmp: Arc<QmpClient>, uri: String, options:
             low_water = remaining;
             last_progress = Instant::now();
         }
+        if options.post_copy
+            && !options.completion_timeout.is_zero()
+            && started.elapsed() > options.completion_timeout
+            && switch_to_post_copy(&shared, &qmp).await
+        {
+            post_copy_since = Some(Instant::now());
+            continue;
+        }
         let reason = timed_out(&options, last_progress.elapsed(), started.elapsed());
         if let Some(reason) = reason {
             tracing::warn!(%reason, "aborting the live migration");
@@ -357,6 +413,27 @@ async fn monitor(shared: Arc<Shared>, qmp: Arc<QmpClient>, uri: String, options:
             if let Err(e) = qmp.execute("migrate_cancel", None).await {
                 tracing::warn!(error = %e, "migrate_cancel failed");
             }
+        }
+    }
+}
+
+/// Upstream: a migration allowed to switch to post-copy does so when it would be aborted for
+/// its completion timeout. False when QEMU refused (the migration is aborted then).
+async fn switch_to_post_copy(shared: &Shared, qmp: &QmpClient) -> bool {
+    let switched = qmp.execute("migrate-start-postcopy", None).await;
+    match switched {
+        Ok(_) => {
+            tracing::info!("switched the migration to post-copy");
+            shared.set_migration(|m| {
+                if let Some(m) = m {
+                    m.post_copy = true;
+                }
+            });
+            true
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot switch to post-copy; aborting");
+            false
         }
     }
 }
@@ -381,7 +458,11 @@ async fn mirror_phase(
         {
             return Err(ABORTED.to_owned());
         }
-        if !options.completion_timeout.is_zero() && started.elapsed() > options.completion_timeout {
+        // A migration allowed to switch to post-copy does so in the memory phase instead.
+        if !options.post_copy
+            && !options.completion_timeout.is_zero()
+            && started.elapsed() > options.completion_timeout
+        {
             return Err(format!(
                 "Aborting migration: not completed after {} seconds",
                 started.elapsed().as_secs()
@@ -430,6 +511,7 @@ async fn fake_outgoing(shared: &Arc<Shared>, uri: &str) -> Result<(), String> {
             ended_at: None,
             failure_reason: None,
             abort_requested: false,
+            post_copy: false,
         });
     });
     let sent = async {
@@ -484,6 +566,8 @@ mod tests {
             progress_timeout: Duration::from_secs(150),
             completion_timeout: Duration::from_secs(300),
             bandwidth_bytes_per_second: 0,
+            auto_converge: false,
+            post_copy: false,
             mirror: None,
         };
         let s = Duration::from_secs;

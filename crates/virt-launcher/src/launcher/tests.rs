@@ -167,6 +167,7 @@ async fn a_fake_domain_migrates_from_one_launcher_to_another_through_their_socke
             socket: incoming.display().to_string(),
             block_socket: None,
             block_disks: Vec::new(),
+            post_copy: false,
         })
         .await
         .unwrap();
@@ -187,6 +188,8 @@ async fn a_fake_domain_migrates_from_one_launcher_to_another_through_their_socke
             bandwidth_bytes_per_second: 0,
             block_socket: None,
             block_disks: Vec::new(),
+            auto_converge: false,
+            post_copy: false,
         })
         .await
         .unwrap()
