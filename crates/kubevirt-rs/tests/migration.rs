@@ -24,18 +24,24 @@ const BIN: &str = env!("CARGO_BIN_EXE_kubevirt-rs");
 /// A migration of a small guest under TCG, plus the target pod's start.
 const MIGRATION_DEADLINE: Duration = Duration::from_secs(240);
 
-const VM: &str = r#"apiVersion: kubevirt.io/v1
+/// A VM of the test guest named `name`, labelled for the `slow` policy, with `devices` and
+/// more lines of the template's `spec` (indented as its fields).
+fn vm(name: &str, devices: &[&str], spec: &[&str]) -> String {
+    let devices: String = devices.iter().map(|l| format!("          {l}\n")).collect();
+    let spec: String = spec.iter().map(|l| format!("      {l}\n")).collect();
+    format!(
+        r#"apiVersion: kubevirt.io/v1
 kind: VirtualMachine
 metadata:
-  name: mover
+  name: {name}
 spec:
   runStrategy: Always
   template:
     metadata:
-      labels: {moves: slowly}
+      labels: {{moves: slowly}}
     spec:
       domain:
-        memory: {guest: 128Mi}
+        memory: {{guest: 128Mi}}
         firmware:
           kernelBoot:
             kernelArgs: "console=ttyS0 panic=-1 quiet tg.quiet=1"
@@ -44,11 +50,20 @@ spec:
               kernelPath: /vmlinux
               initrdPath: /initramfs.cpio.gz
         devices:
-          disks: [{name: scratch, disk: {}}]
-          interfaces: [{name: default, masquerade: {}}]
-      networks: [{name: default, pod: {}}]
-      volumes: [{name: scratch, emptyDisk: {capacity: 16Mi}}]
-"#;
+{devices}          interfaces: [{{name: default, masquerade: {{}}}}]
+      networks: [{{name: default, pod: {{}}}}]
+{spec}"#
+    )
+}
+
+/// The migrating VM: an emptyDisk makes its migrations block migrations.
+fn mover() -> String {
+    vm(
+        "mover",
+        &["disks: [{name: scratch, disk: {}}]"],
+        &["volumes: [{name: scratch, emptyDisk: {capacity: 16Mi}}]"],
+    )
+}
 
 fn virtctl() -> PathBuf {
     Path::new(BIN).with_file_name("virtctl")
@@ -102,7 +117,7 @@ fn start_migration(server: &ServerProcess) -> anyhow::Result<String> {
 
 /// Boots the VM and waits for its guest; returns its node and launcher pod.
 fn boot_mover(server: &ServerProcess) -> anyhow::Result<(String, String)> {
-    server.apply(VM)?;
+    server.apply(&mover())?;
     testkit::with_log(
         server,
         wait_until(DEADLINE, "the VMI Running and LiveMigratable", || {
@@ -384,31 +399,6 @@ fn virtctl_migrate_moves_a_running_guest_to_the_other_node_and_migrate_cancel_ke
     post_copy_moves_a_disk_less_guest(&server)
 }
 
-/// A guest without disks to copy (post-copy does not combine with a block migration here).
-const LIGHT: &str = r#"apiVersion: kubevirt.io/v1
-kind: VirtualMachine
-metadata:
-  name: light
-spec:
-  runStrategy: Always
-  template:
-    metadata:
-      labels: {moves: slowly}
-    spec:
-      domain:
-        memory: {guest: 128Mi}
-        firmware:
-          kernelBoot:
-            kernelArgs: "console=ttyS0 panic=-1 quiet tg.quiet=1"
-            container:
-              image: kubevirt-rs/test-guest:latest
-              kernelPath: /vmlinux
-              initrdPath: /initramfs.cpio.gz
-        devices:
-          interfaces: [{name: default, masquerade: {}}]
-      networks: [{name: default, pod: {}}]
-"#;
-
 /// The `slow` policy now allows post-copy with a completion timeout of 1 s per GiB: at
 /// 1 MiB/s the pre-copy of `light` cannot finish in time, so the source switches to post-copy
 /// (`migrationState.mode: PostCopy`), the migration succeeds and the guest runs on.
@@ -418,7 +408,8 @@ fn post_copy_moves_a_disk_less_guest(server: &ServerProcess) -> anyhow::Result<(
     wait_until(DEADLINE, "the mover's VMI to go", || {
         (!server.kubectl(&["get", "vmi", "mover"]).status.success()).then_some(())
     })?;
-    server.apply(LIGHT)?;
+    // A guest without disks to copy (post-copy does not combine with a block migration here).
+    server.apply(&vm("light", &[], &[]))?;
     testkit::with_log(
         server,
         wait_until(DEADLINE, "light Running", || {

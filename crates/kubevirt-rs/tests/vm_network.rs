@@ -281,14 +281,13 @@ fn peers_reach_each_other(server: &ServerProcess, web_ip: &str) -> anyhow::Resul
     Ok(())
 }
 
-/// `virtctl port-forward`: a local port tunnelled through virt-api to the guest's 8080 of `web`.
-fn port_forward_reaches_the_guest(server: &ServerProcess) -> anyhow::Result<()> {
-    // virtctl port-forward: a local port tunnelled through virt-api to the guest's 8080.
-    let local = free_port()?;
+/// `virtctl port-forward vm/web PORT` running, and the first line it printed (which says
+/// where it listens).
+fn port_forward(server: &ServerProcess, port: &str) -> anyhow::Result<(Started, String)> {
     let mut forward = Started(
         Command::new(virtctl())
             .env("KUBECONFIG", server.kubeconfig())
-            .args(["port-forward", "vm/web", &format!("{local}:8080")])
+            .args(["port-forward", "vm/web", port])
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()?,
@@ -296,6 +295,14 @@ fn port_forward_reaches_the_guest(server: &ServerProcess) -> anyhow::Result<()> 
     let stderr = forward.0.stderr.take().expect("piped stderr");
     let mut first = String::new();
     BufReader::new(stderr).read_line(&mut first)?;
+    Ok((forward, first))
+}
+
+/// `virtctl port-forward`: a local port tunnelled through virt-api to the guest's 8080 of `web`.
+fn port_forward_reaches_the_guest(server: &ServerProcess) -> anyhow::Result<()> {
+    // virtctl port-forward: a local port tunnelled through virt-api to the guest's 8080.
+    let local = free_port()?;
+    let (forward, first) = port_forward(server, &format!("{local}:8080"))?;
     assert!(
         first.contains(&format!("127.0.0.1:{local}")) && first.contains("8080"),
         "virtctl port-forward: {first}"
@@ -332,17 +339,7 @@ fn udp_port_forward_reaches_the_guest(server: &ServerProcess) -> anyhow::Result<
     )?;
     assert!(listening.contains("listening"), "{listening}");
     let local = free_port()?;
-    let mut forward = Started(
-        Command::new(virtctl())
-            .env("KUBECONFIG", server.kubeconfig())
-            .args(["port-forward", "vm/web", &format!("udp/{local}:5353")])
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()?,
-    );
-    let stderr = forward.0.stderr.take().expect("piped stderr");
-    let mut first = String::new();
-    BufReader::new(stderr).read_line(&mut first)?;
+    let (forward, first) = port_forward(server, &format!("udp/{local}:5353"))?;
     assert!(
         first.contains(&format!("forwarding udp 127.0.0.1:{local} to 5353")),
         "virtctl port-forward: {first}"

@@ -239,18 +239,28 @@ pub async fn exec(program: &str, args: &[String]) -> Result<(), Error> {
     }
 }
 
-/// `virtctl ssh`.
-///
-/// # Errors
-/// See [`ssh_args`] and [`exec`].
-pub async fn ssh(ctx: &Ctx, kubeconfig: Option<&Path>, a: &Ssh) -> Result<(), Error> {
+/// Runs `program` with the arguments `args` builds for this virtctl.
+async fn run_client(
+    program: &str,
+    ctx: &Ctx,
+    kubeconfig: Option<&Path>,
+    args: impl FnOnce(&SshContext<'_>) -> Result<Vec<String>, Error>,
+) -> Result<(), Error> {
     let virtctl = std::env::current_exe()?;
     let context = SshContext {
         virtctl: &virtctl,
         kubeconfig,
         namespace: &ctx.namespace,
     };
-    exec("ssh", &ssh_args(&context, a)?).await
+    exec(program, &args(&context)?).await
+}
+
+/// `virtctl ssh`.
+///
+/// # Errors
+/// See [`ssh_args`] and [`exec`].
+pub async fn ssh(ctx: &Ctx, kubeconfig: Option<&Path>, a: &Ssh) -> Result<(), Error> {
+    run_client("ssh", ctx, kubeconfig, |c| ssh_args(c, a)).await
 }
 
 /// `virtctl scp`.
@@ -258,13 +268,7 @@ pub async fn ssh(ctx: &Ctx, kubeconfig: Option<&Path>, a: &Ssh) -> Result<(), Er
 /// # Errors
 /// See [`scp_args`] and [`exec`].
 pub async fn scp(ctx: &Ctx, kubeconfig: Option<&Path>, a: &Scp) -> Result<(), Error> {
-    let virtctl = std::env::current_exe()?;
-    let context = SshContext {
-        virtctl: &virtctl,
-        kubeconfig,
-        namespace: &ctx.namespace,
-    };
-    exec("scp", &scp_args(&context, a)?).await
+    run_client("scp", ctx, kubeconfig, |c| scp_args(c, a)).await
 }
 
 #[cfg(test)]

@@ -110,17 +110,37 @@ async fn vmi_of_vm(ctx: &Ctx, ns: &str, name: &str) -> Result<VirtualMachineInst
     }
 }
 
+/// What a client's websocket message carries for the guest.
+enum Payload {
+    /// Bytes (a binary frame, or a text frame's bytes).
+    Data(axum::body::Bytes),
+    /// The client closed.
+    Closed,
+    /// Ping or pong: nothing for the guest.
+    Control,
+}
+
+fn payload(msg: Message) -> Payload {
+    match msg {
+        Message::Binary(b) => Payload::Data(b),
+        Message::Text(t) => {
+            Payload::Data(axum::body::Bytes::copy_from_slice(t.as_str().as_bytes()))
+        }
+        Message::Close(_) => Payload::Closed,
+        Message::Ping(_) | Message::Pong(_) => Payload::Control,
+    }
+}
+
 /// One binary frame per datagram, both ways, until the client closes (upstream's UDP
 /// tunnel: a frame is a datagram).
 async fn udp_tunnel(client: WebSocket, guest: UdpSocket) {
     let (mut tx, mut rx) = client.split();
     let up = async {
         while let Some(Ok(msg)) = rx.next().await {
-            let data = match msg {
-                Message::Binary(b) => b,
-                Message::Text(t) => axum::body::Bytes::copy_from_slice(t.as_str().as_bytes()),
-                Message::Close(_) => break,
-                Message::Ping(_) | Message::Pong(_) => continue,
+            let data = match payload(msg) {
+                Payload::Data(data) => data,
+                Payload::Closed => break,
+                Payload::Control => continue,
             };
             // A datagram the guest refuses (ICMP unreachable) is lost, as UDP's are.
             let _ = guest.send(&data).await;
@@ -153,11 +173,10 @@ async fn tunnel(client: WebSocket, guest: TcpStream) {
     let (mut guest_rx, mut guest_tx) = guest.into_split();
     let up = async {
         while let Some(Ok(msg)) = rx.next().await {
-            let data = match msg {
-                Message::Binary(b) => b,
-                Message::Text(t) => axum::body::Bytes::copy_from_slice(t.as_str().as_bytes()),
-                Message::Close(_) => break,
-                Message::Ping(_) | Message::Pong(_) => continue,
+            let data = match payload(msg) {
+                Payload::Data(data) => data,
+                Payload::Closed => break,
+                Payload::Control => continue,
             };
             if guest_tx.write_all(&data).await.is_err() {
                 break;
