@@ -253,6 +253,24 @@ fn peers_reach_each_other(server: &ServerProcess, web_ip: &str) -> anyhow::Resul
     );
     wait_until(DEADLINE, "the bridge-bound guest from the host", || {
         http_get(&format!("{peer_ip}:8080")).filter(|t| t.contains("hello-from-peer"))
+    })
+    .map_err(|e| {
+        // What the host and the guest see of each other, for a failure that only shows up
+        // under load.
+        let host = Command::new("ip")
+            .args(["neigh", "show", &peer_ip])
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default();
+        let route = Command::new("ip")
+            .args(["route", "get", &peer_ip])
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default();
+        let guest = server
+            .guest_run("peer", "ip -4 -o addr; ip route; ip neigh; netstat -ltn")
+            .unwrap_or_default();
+        anyhow::anyhow!("{e}\nhost neighbour: {host}host route: {route}guest:\n{guest}")
     })?;
     // (Debian's busybox wget crashes with `-T`.)
     for (from, to, answer) in [
