@@ -23,6 +23,7 @@ pub mod constants;
 pub mod crd;
 pub mod duration;
 pub mod events;
+pub mod exposition;
 pub mod live_update;
 pub mod migrations;
 pub mod pool;

@@ -258,17 +258,7 @@ fn traffic_keeps_flowing_through_ten_leaf_and_two_ca_rotations() -> anyhow::Resu
     let started = Instant::now();
     let server = ServerProcess::start(Path::new(BIN), "server", &["--fake-qemu"])?;
     let fail = |e: anyhow::Error| anyhow::anyhow!("{e}\nserver log:\n{}", server.log());
-    server.ok(&[
-        "-n",
-        "kubevirt",
-        "patch",
-        "kubevirt",
-        "kubevirt",
-        "--type",
-        "merge",
-        "-p",
-        r#"{"spec":{"certificateRotateStrategy":{"selfSigned":{"ca":{"duration":"90s","renewBefore":"45s"},"server":{"duration":"40s","renewBefore":"25s"}}}}}"#,
-    ])?;
+    server.patch_kubevirt(r#"{"spec":{"certificateRotateStrategy":{"selfSigned":{"ca":{"duration":"90s","renewBefore":"45s"},"server":{"duration":"40s","renewBefore":"25s"}}}}}"#)?;
     // The operator renews what outlives the new lifetimes at once.
     wait_until(
         DEADLINE,

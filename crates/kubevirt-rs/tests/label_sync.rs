@@ -121,16 +121,7 @@ fn template_labels_under_a_prefix_follow_to_the_vmi_and_the_running_pod() -> any
     server.import_test_guest(guest)?;
 
     // Configure the sync through the KubeVirt CR, exactly as the article does.
-    server.ok(&[
-        "-n",
-        "kubevirt",
-        "patch",
-        "kubevirt",
-        "kubevirt",
-        "--type=merge",
-        "-p",
-        r#"{"spec":{"customizeComponents":{"flags":{"controller":{"additional-launcher-labels-sync":"ops.example.com/*"}}}}}"#,
-    ])?;
+    server.patch_kubevirt(r#"{"spec":{"customizeComponents":{"flags":{"controller":{"additional-launcher-labels-sync":"ops.example.com/*"}}}}}"#)?;
     server.ok(&["create", "namespace", NS])?;
     server.apply(&vm(
         "vm-a",

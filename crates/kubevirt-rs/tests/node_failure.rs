@@ -66,16 +66,7 @@ fn shorten_heartbeats(server: &ServerProcess) -> anyhow::Result<()> {
     let flags = r#"{"spec":{"customizeComponents":{"flags":{
         "controller":{"node-heartbeat-timeout":"20s"},
         "handler":{"heartbeat-interval":"2s"}}}}}"#;
-    server.ok(&[
-        "-n",
-        "kubevirt",
-        "patch",
-        "kubevirt",
-        "kubevirt",
-        "--type=merge",
-        "-p",
-        flags,
-    ])?;
+    server.patch_kubevirt(flags)?;
     testkit::with_log(
         server,
         rolled_out_with(

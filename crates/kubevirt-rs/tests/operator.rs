@@ -173,17 +173,7 @@ fn patches_reach_their_resource_and_pruning_follows(
     server.apply(
         "apiVersion: v1\nkind: Service\nmetadata:\n  name: left-the-strategy\n  namespace: kubevirt\n  labels: {app.kubernetes.io/managed-by: virt-operator}\nspec:\n  ports: [{port: 80}]\n",
     )?;
-    server.ok(&[
-        "-n",
-        "kubevirt",
-        "patch",
-        "kubevirt",
-        "kubevirt",
-        "--type",
-        "merge",
-        "-p",
-        r#"{"spec":{"customizeComponents":{"patches":[{"resourceType":"Deployment","resourceName":"virt-controller","type":"strategic","patch":"{\"metadata\":{\"labels\":{\"patched-by\":\"customize-components\"}}}"}]}}}"#,
-    ])?;
+    server.patch_kubevirt(r#"{"spec":{"customizeComponents":{"patches":[{"resourceType":"Deployment","resourceName":"virt-controller","type":"strategic","patch":"{\"metadata\":{\"labels\":{\"patched-by\":\"customize-components\"}}}"}]}}}"#)?;
     wait_until(INSTALL_DEADLINE, "the patch on virt-controller", || {
         let label = jsonpath(
             server,
@@ -249,17 +239,7 @@ fn the_operators_webhooks_validate_the_cr(server: &ServerProcess) -> anyhow::Res
 /// a VM exists, with upstream's message, and the CR and its components stay.
 fn a_vm_blocks_the_uninstallation(server: &ServerProcess, fail: Fail<'_>) -> anyhow::Result<()> {
     server.apply(VM)?;
-    server.ok(&[
-        "-n",
-        "kubevirt",
-        "patch",
-        "kubevirt",
-        "kubevirt",
-        "--type",
-        "merge",
-        "-p",
-        r#"{"spec":{"uninstallStrategy":"BlockUninstallIfWorkloadsExist"}}"#,
-    ])?;
+    server.patch_kubevirt(r#"{"spec":{"uninstallStrategy":"BlockUninstallIfWorkloadsExist"}}"#)?;
     // The status is Deployed once the operator saw the patch; the webhook reads the CR.
     wait_until(INSTALL_DEADLINE, "the strategy to be observed", || {
         (jsonpath(server, &KV, "{.spec.uninstallStrategy} {.status.phase}")

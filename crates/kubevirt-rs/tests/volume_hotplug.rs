@@ -107,17 +107,7 @@ fn a_claim_is_hotplugged_into_a_running_guest_written_removed_and_kept_across_a_
 }
 
 fn scenario(server: &ServerProcess) -> anyhow::Result<()> {
-    server.ok(&[
-        "patch",
-        "kubevirt",
-        "kubevirt",
-        "-n",
-        "kubevirt",
-        "--type",
-        "merge",
-        "-p",
-        r#"{"spec":{"configuration":{"developerConfiguration":{"featureGates":["HotplugVolumes"]}}}}"#,
-    ])?;
+    server.patch_kubevirt(r#"{"spec":{"configuration":{"developerConfiguration":{"featureGates":["HotplugVolumes"]}}}}"#)?;
     server.apply(CLAIMS)?;
     server.apply(&testkit::test_guest_vm("hot", &["memory: {guest: 128Mi}"]))?;
     let (pod, uid) = wait_until(DEADLINE, "the launcher pod Running", || {

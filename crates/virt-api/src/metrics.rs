@@ -16,7 +16,6 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use kubevirt_api::rest_client_metrics::RestClientMetrics;
 use prometheus_client::encoding::EncodeLabelSet;
@@ -137,19 +136,7 @@ impl ApiMetrics {
 
     /// The text exposition of every family (the body of `/metrics`).
     pub fn scrape(&self) -> Response {
-        let mut text = String::new();
-        if let Err(e) = prometheus_client::encoding::text::encode(&mut text, &self.registry) {
-            return (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response();
-        }
-        (
-            StatusCode::OK,
-            [(
-                header::CONTENT_TYPE,
-                "application/openmetrics-text; version=1.0.0; charset=utf-8",
-            )],
-            text,
-        )
-            .into_response()
+        kubevirt_api::exposition::openmetrics_response(&self.registry).into_response()
     }
 }
 

@@ -130,17 +130,5 @@ async fn leader(State(s): State<Serving>) -> Response {
 }
 
 async fn scrape(State(s): State<Serving>) -> Response {
-    let mut text = String::new();
-    match prometheus_client::encoding::text::encode(&mut text, &s.registry) {
-        Ok(()) => (
-            StatusCode::OK,
-            [(
-                header::CONTENT_TYPE,
-                "application/openmetrics-text; version=1.0.0; charset=utf-8",
-            )],
-            text,
-        )
-            .into_response(),
-        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
-    }
+    kubevirt_api::exposition::openmetrics_response(&s.registry).into_response()
 }

@@ -35,7 +35,7 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::extract::State;
-use axum::http::{StatusCode, header};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use kube::runtime::reflector::Store;
@@ -130,19 +130,7 @@ async fn scrape(State(s): State<Serving>) -> Response {
     );
     RestClientMetrics::shared().register(&mut registry);
     registry.register_collector(Box::new(Snapshot(samples)));
-    let mut text = String::new();
-    if let Err(e) = prometheus_client::encoding::text::encode(&mut text, &registry) {
-        return (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response();
-    }
-    (
-        StatusCode::OK,
-        [(
-            header::CONTENT_TYPE,
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-        )],
-        text,
-    )
-        .into_response()
+    kubevirt_api::exposition::openmetrics_response(&registry).into_response()
 }
 
 /// One VMI's stats from its launcher, `None` when it is not here, does not answer in time or

@@ -13,14 +13,14 @@
 //!   upstream's message.
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Json;
 use axum::Router;
 use axum::extract::State;
-use axum::http::{StatusCode, Uri, header};
+use axum::http::{StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use kube::api::{Api, ListParams};
@@ -80,14 +80,7 @@ pub fn metrics_router(metrics: &OperatorMetrics) -> Router {
         "/metrics",
         get(move || {
             let registry = Arc::clone(&registry);
-            async move {
-                let mut text = String::new();
-                if let Err(e) = prometheus_client::encoding::text::encode(&mut text, &registry) {
-                    return (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response();
-                }
-                let content = "application/openmetrics-text; version=1.0.0; charset=utf-8";
-                (StatusCode::OK, [(header::CONTENT_TYPE, content)], text).into_response()
-            }
+            async move { kubevirt_api::exposition::openmetrics_response(&registry).into_response() }
         }),
     )
 }
@@ -324,11 +317,6 @@ pub async fn serve(
     for task in tasks {
         task.abort();
     }
-}
-
-/// Whether `dir` holds a certificate pair (for tests and logs).
-pub fn has_certificate(dir: &Path) -> bool {
-    dir.join("tls.crt").is_file() && dir.join("tls.key").is_file()
 }
 
 #[cfg(test)]

@@ -692,16 +692,7 @@ impl Domain {
             let InterfaceBinding::Masquerade(m) = &iface.binding else {
                 continue;
             };
-            let pod = self
-                .pod_interface
-                .as_ref()
-                .filter(|p| p.name == m.pod_interface)
-                .ok_or_else(|| {
-                    format!(
-                        "interface {:?}: the masquerade binding needs the pod interface {:?} in the launcher's own network namespace",
-                        iface.name, m.pod_interface
-                    )
-                })?;
+            let pod = self.pod_interface_for(iface, "masquerade", &m.pod_interface)?;
             let network = |e: crate::netsetup::NetSetupError| {
                 format!("interface {:?}: {}", iface.name, error_chain(&e))
             };
@@ -716,6 +707,25 @@ impl Domain {
         })
     }
 
+    /// The pod interface `name` that `binding` of `iface` needs, when the launcher runs in a
+    /// network namespace of its own that has it.
+    fn pod_interface_for(
+        &self,
+        iface: &crate::spec::Interface,
+        binding: &str,
+        name: &str,
+    ) -> Result<&PodInterface, String> {
+        self.pod_interface
+            .as_ref()
+            .filter(|p| p.name == name)
+            .ok_or_else(|| {
+                format!(
+                    "interface {:?}: the {binding} binding needs the pod interface {name:?} in the launcher's own network namespace",
+                    iface.name
+                )
+            })
+    }
+
     /// Starts passt for the passt interface `iface` ([`crate::netsetup::passt`]) and waits
     /// until it listens on its socket (QEMU connects at start and gives up when nothing
     /// listens).
@@ -725,19 +735,10 @@ impl Domain {
         p: &crate::spec::Passt,
     ) -> Result<Child, String> {
         let fail = |why: String| format!("interface {:?}: {why}", iface.name);
-        if self
-            .pod_interface
-            .as_ref()
-            .is_none_or(|pod| pod.name != p.pod_interface)
-        {
-            return Err(fail(format!(
-                "the passt binding needs the pod interface {:?} in the launcher's own network namespace",
-                p.pod_interface
-            )));
-        }
+        self.pod_interface_for(iface, "passt", &p.pod_interface)?;
         let socket = Path::new(&p.socket);
         // A stale socket of an earlier start would look like a listening passt.
-        let _ = std::fs::remove_file(socket);
+        remove_stale_socket(socket);
         let mut command = Process::new(crate::netsetup::program("passt"));
         command
             .args(crate::netsetup::passt::args(p))
@@ -784,16 +785,7 @@ impl Domain {
         iface: &crate::spec::Interface,
         b: &crate::spec::PodBridge,
     ) -> Result<Option<tokio::task::JoinHandle<()>>, String> {
-        let pod = self
-            .pod_interface
-            .as_ref()
-            .filter(|p| p.name == b.pod_interface)
-            .ok_or_else(|| {
-                format!(
-                    "interface {:?}: the bridge binding needs the pod interface {:?} in the launcher's own network namespace",
-                    iface.name, b.pod_interface
-                )
-            })?;
+        let pod = self.pod_interface_for(iface, "bridge", &b.pod_interface)?;
         let network = |e: crate::netsetup::NetSetupError| {
             format!("interface {:?}: {}", iface.name, error_chain(&e))
         };

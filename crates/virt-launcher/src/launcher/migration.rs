@@ -333,7 +333,7 @@ async fn monitor(shared: Arc<Shared>, qmp: Arc<QmpClient>, uri: String, options:
     let mut low_water = u64::MAX;
     let mut last_progress = Instant::now();
     let mut abort_reason: Option<String> = None;
-    let mut post_copy_since: Option<Instant> = None;
+    let mut switched_to_post_copy = false;
     let mut tick = tokio::time::interval(POLL);
     loop {
         tick.tick().await;
@@ -385,7 +385,7 @@ async fn monitor(shared: Arc<Shared>, qmp: Arc<QmpClient>, uri: String, options:
             }
             _ => {}
         }
-        if abort_reason.is_some() || post_copy_since.is_some() {
+        if abort_reason.is_some() || switched_to_post_copy {
             // Past the switch to post-copy there is nothing to abort: the guest runs on the
             // target.
             continue;
@@ -403,7 +403,7 @@ async fn monitor(shared: Arc<Shared>, qmp: Arc<QmpClient>, uri: String, options:
             && started.elapsed() > options.completion_timeout
             && switch_to_post_copy(&shared, &qmp).await
         {
-            post_copy_since = Some(Instant::now());
+            switched_to_post_copy = true;
             continue;
         }
         let reason = timed_out(&options, last_progress.elapsed(), started.elapsed());
