@@ -79,6 +79,11 @@ pub const CPU_FEATURE_LABEL_PREFIX: &str = "cpu-feature.node.kubevirt.io/";
 /// Node label prefix (`true`): a named CPU model the node can run (upstream's
 /// `CPUModelLabel`).
 pub const CPU_MODEL_LABEL_PREFIX: &str = "cpu-model.node.kubevirt.io/";
+/// The DNS name in virt-handler's serving certificate (Secret
+/// `kubevirt-virt-handler-server-certs`): virt-api and the source of a migration verify the
+/// handler by it, since they reach the handler by its pod address, which the certificate does
+/// not hold.
+pub const HANDLER_SERVER_NAME: &str = "virt-handler";
 /// VMI label: the launcher image is outdated.
 pub const OUTDATED_LAUNCHER_IMAGE_LABEL: &str = "kubevirt.io/outdatedLauncherImage";
 /// Label of install strategy objects.

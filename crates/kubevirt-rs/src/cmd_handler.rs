@@ -46,6 +46,10 @@ pub struct HandlerArgs {
     /// Where the Secret `kubevirt-virt-handler-server-certs` is mounted.
     #[arg(long, default_value = "/etc/virt-handler/servercertificates")]
     pub server_certificates_dir: PathBuf,
+    /// Where the Secret `kubevirt-virt-handler-certs` (the handler's client certificate,
+    /// presented to the target handler of a migration) is mounted.
+    #[arg(long, default_value = "/etc/virt-handler/clientcertificates")]
+    pub client_certificates_dir: PathBuf,
     /// The heartbeat period (upstream's fixed minute, plus up to 1.2 times it of jitter);
     /// `customizeComponents.flags.handler` sets it through the KubeVirt CR.
     #[arg(long, default_value = "1m", value_parser = crate::parse_duration)]
@@ -78,6 +82,8 @@ pub fn run(args: HandlerArgs) -> anyhow::Result<()> {
             })
         };
         let client = crate::kube_config::build(kube_config)?;
+        let migration_tls =
+            migration_tls(&args.server_certificates_dir, &args.client_certificates_dir)?;
         let config = virt_handler::HandlerConfig {
             node_name: args
                 .node_name
@@ -89,6 +95,7 @@ pub fn run(args: HandlerArgs) -> anyhow::Result<()> {
             metrics_listen: Some(args.metrics_listen),
             heartbeat_interval: args.heartbeat_interval,
             migration_ip: args.pod_ip_address,
+            migration_tls,
         };
         let cancel = CancellationToken::new();
         let token = cancel.clone();
@@ -100,4 +107,23 @@ pub fn run(args: HandlerArgs) -> anyhow::Result<()> {
             .await
             .context("virt-handler")
     })
+}
+
+/// The migration proxies' mutual TLS from the two mounted certificate Secrets; `None` (the
+/// handlers migrate in the clear) when they are not mounted, as for a handler started by hand.
+fn migration_tls(
+    server: &std::path::Path,
+    client: &std::path::Path,
+) -> anyhow::Result<Option<virt_handler::migration_proxy::MigrationTls>> {
+    if !(server.join("tls.crt").exists() && client.join("tls.crt").exists()) {
+        tracing::warn!(
+            server = %server.display(),
+            client = %client.display(),
+            "no certificates mounted: migrations between handlers will not use TLS"
+        );
+        return Ok(None);
+    }
+    virt_handler::migration_proxy::MigrationTls::from_mounted(server, client)
+        .map(Some)
+        .context("the migration proxies' certificates")
 }

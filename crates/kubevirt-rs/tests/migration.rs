@@ -182,6 +182,24 @@ fn migrate_away(
     }
     let target_node = vmi_field(server, "{.status.nodeName}");
     assert_ne!(target_node, source_node, "status.nodeName moved");
+    // The handlers carried it in mutual TLS with the certificates the operator issued.
+    let handler_logs = server.kubectl(&[
+        "-n",
+        "kubevirt",
+        "logs",
+        "-l",
+        "kubevirt.io=virt-handler",
+        "--tail=-1",
+    ]);
+    let handler_logs = String::from_utf8_lossy(&handler_logs.stdout).into_owned();
+    let listening: Vec<&str> = handler_logs
+        .lines()
+        .filter(|l| l.contains("migration target listening"))
+        .collect();
+    assert!(
+        !listening.is_empty() && listening.iter().all(|l| l.contains("tls=true")),
+        "the target proxies listen in TLS: {listening:?}"
+    );
     assert_eq!(
         vmi_field(server, "{.status.migrationMethod}"),
         "BlockMigration"

@@ -18,6 +18,7 @@
 pub mod images;
 pub mod launcher_spec;
 pub mod metrics;
+pub mod migration_proxy;
 pub mod node;
 pub mod rest;
 pub mod vmi_sync;
@@ -49,6 +50,8 @@ pub struct HandlerConfig {
     pub heartbeat_interval: std::time::Duration,
     /// The handler's pod IP (`--pod-ip-address`): where migration targets listen.
     pub migration_ip: Option<std::net::IpAddr>,
+    /// The TLS of the migration proxies; `None` without mounted certificates.
+    pub migration_tls: Option<migration_proxy::MigrationTls>,
 }
 
 impl HandlerConfig {
@@ -171,6 +174,7 @@ pub async fn run_handler(
             vmi_sync::ClusterSettings::from_kubevirt,
         ),
         migration_ip: config.migration_ip,
+        migration_tls: config.migration_tls.clone(),
     };
     let (vmi_store, vmi_writer) = kube::runtime::reflector::store();
     let _metrics = match (&config.rest, config.metrics_listen) {
@@ -239,6 +243,7 @@ mod tests {
             metrics_listen: None,
             heartbeat_interval: node::HEARTBEAT_INTERVAL,
             migration_ip: None,
+            migration_tls: None,
         };
         create_state_dirs(&config).expect("create");
         for dir in [

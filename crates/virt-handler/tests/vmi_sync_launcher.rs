@@ -82,6 +82,7 @@ impl Cluster {
             use_emulation: Some(true),
             cluster: ClusterConfigWatch::fixed(vmi_sync::ClusterSettings::default()),
             migration_ip: None,
+            migration_tls: None,
         }
     }
 

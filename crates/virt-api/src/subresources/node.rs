@@ -72,10 +72,9 @@ pub enum NodeCredentials {
     Mounted(std::path::PathBuf),
 }
 
-/// The DNS name in virt-handler's serving certificate (Secret
-/// `kubevirt-virt-handler-server-certs`) that virt-api verifies, as upstream verifies the
-/// handler's identity rather than its pod address.
-pub const HANDLER_SERVER_NAME: &str = "virt-handler";
+/// The DNS name in virt-handler's serving certificate that virt-api verifies, as upstream
+/// verifies the handler's identity rather than its pod address.
+pub use kubevirt_api::constants::HANDLER_SERVER_NAME;
 
 /// Where a VMI's launcher pod is served.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -38,7 +38,7 @@ pub mod target_pod;
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
@@ -97,12 +97,21 @@ pub enum MigrationError {
     /// The migration policies or the VMI's namespace could not be read.
     #[error("reading the migration policies")]
     ReadPolicies(#[source] kube::Error),
+    /// The source node could not be read (CPU placement of the target).
+    #[error("reading the source node")]
+    ReadNode(#[source] kube::Error),
+    /// A `host-model` guest's source node does not say its host model.
+    #[error("{0}")]
+    HostModel(String),
 }
 
 impl ControllerError for MigrationError {
     fn reason(&self) -> &str {
         match self {
-            MigrationError::RenderPod(_) | MigrationError::CreatePod(_) => "FailedCreate",
+            MigrationError::RenderPod(_)
+            | MigrationError::CreatePod(_)
+            | MigrationError::ReadNode(_)
+            | MigrationError::HostModel(_) => "FailedCreate",
             MigrationError::DeletePod(_) => "FailedDelete",
             MigrationError::PatchVmi(_) | MigrationError::ReadPolicies(_) => "FailedHandOver",
             MigrationError::PatchMigration(_) => "FailedUpdate",
@@ -410,8 +419,9 @@ impl MigrationReconciler {
     ) -> Result<(), MigrationError> {
         let source = node_of(vmi).unwrap_or_default();
         let launcher = crate::vmi::effective_launcher(&self.launcher, &self.cluster.borrow());
-        let pod = target_pod::render_target_pod(vmi, m, source, &launcher)
+        let mut pod = target_pod::render_target_pod(vmi, m, source, &launcher)
             .map_err(MigrationError::RenderPod)?;
+        self.place_by_cpu(&mut pod, vmi, source).await?;
         let ns = m.namespace().unwrap_or_default();
         let api: Api<Pod> = Api::namespaced(self.client.clone(), &ns);
         self.pod_expectations.expect_creations(key, 1);
@@ -433,6 +443,64 @@ impl MigrationReconciler {
                 Err(MigrationError::CreatePod(e))
             }
         }
+    }
+
+    /// The target pod's CPU placement ([`target_pod::add_cpu_placement`]) from the source
+    /// node (read once per target pod) and the source pod; warns with upstream's
+    /// `NoSuitableNodesForHostModelMigration` when no other node has what a `host-model`
+    /// guest needs (the pod is created anyway and stays Pending, as upstream).
+    async fn place_by_cpu(
+        &self,
+        pod: &mut Pod,
+        vmi: &VirtualMachineInstance,
+        source: &str,
+    ) -> Result<(), MigrationError> {
+        let nodes: Api<Node> = Api::all(self.client.clone());
+        let node_labels = nodes
+            .get(source)
+            .await
+            .map_err(MigrationError::ReadNode)?
+            .metadata
+            .labels
+            .unwrap_or_default();
+        let source_selector = self
+            .source_pod(vmi)
+            .and_then(|p| p.spec.as_ref().and_then(|s| s.node_selector.clone()))
+            .unwrap_or_default();
+        let Some(spec) = pod.spec.as_mut() else {
+            return Ok(());
+        };
+        let selector = spec.node_selector.get_or_insert_default();
+        target_pod::add_cpu_placement(selector, vmi, &node_labels, &source_selector)
+            .map_err(MigrationError::HostModel)?;
+        if !target_pod::is_host_model(vmi) {
+            return Ok(());
+        }
+        let required = target_pod::host_model_requirements(selector);
+        let others = nodes
+            .list(&ListParams::default())
+            .await
+            .map_err(MigrationError::ReadNode)?;
+        let fits = others.items.iter().any(|n| {
+            n.metadata.name.as_deref() != Some(source)
+                && required
+                    .iter()
+                    .all(|(k, v)| n.metadata.labels.as_ref().and_then(|l| l.get(k)) == Some(v))
+        });
+        if !fits {
+            let message = format!(
+                "Migration cannot proceed since no node is suitable to run the required CPU model / required features: {required:?}"
+            );
+            self.recorder
+                .record(
+                    vmi,
+                    EventType::Warning,
+                    "NoSuitableNodesForHostModelMigration",
+                    &message,
+                )
+                .await;
+        }
+        Ok(())
     }
 
     async fn patch_vmi(

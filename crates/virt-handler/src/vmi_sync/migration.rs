@@ -27,17 +27,16 @@
 //!   `cancelMigration`. After success the source launcher's QEMU quits and the launcher exits,
 //!   so the source pod completes.
 //!
-//! Why proxies: QEMU only ever sees a unix socket in its launcher directory, which every
-//! handler already reaches; the handlers talk TCP between their own addresses (the pod IPs of
-//! the handler pods, which the node network routes between nodes). This is upstream's design;
-//! upstream wraps the TCP leg in TLS with the handlers' certificates, which is not done here.
+//! Why proxies ([`crate::migration_proxy`]): QEMU only ever sees a unix socket in its
+//! launcher directory, which every handler already reaches; the handlers talk TCP between
+//! their own addresses (the pod IPs of the handler pods, which the node network routes between
+//! nodes), in mutual TLS with their certificates unless the migration's configuration sets
+//! `disableTLS`. This is upstream's design.
 //!
 //! # Caveats
-//! - The TCP leg is not encrypted or authenticated (upstream: mutual TLS).
 //! - Local disks (containerDisk overlays, emptyDisks, cloud-init) go with QEMU's block
 //!   migration (`blk`, `status.migrationMethod=BlockMigration`) onto the fresh files the target
 //!   handler prepares; unshared claims and host disks make the VMI not `LiveMigratable`.
-//! - No post-copy or auto-converge, and no MigrationPolicy.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::Path;
@@ -47,7 +46,6 @@ use kubevirt_api::constants as c;
 use kubevirt_api::events::EventType;
 use kubevirt_api::v1::{VirtualMachineInstance, VirtualMachineInstanceMigrationState};
 use serde_json::{Value, json};
-use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 use virt_launcher::pod_layout::PodLayout;
 use virt_launcher::protocol::{
@@ -56,6 +54,7 @@ use virt_launcher::protocol::{
 
 use super::link::LauncherLink;
 use super::worker::Follow;
+use crate::migration_proxy::{MigrationProxy, MigrationTls, source_proxy, target_proxy};
 
 /// Upstream's direct-migration port in the target pod (libvirt's), the value side of
 /// `targetDirectMigrationNodePorts`.
@@ -66,89 +65,6 @@ pub const BLOCK_MIGRATION_PORT: i32 = 49153;
 pub const PROGRESS_TIMEOUT_SECONDS: u64 = 150;
 /// Upstream's default `completionTimeoutPerGiB` (seconds).
 pub const COMPLETION_TIMEOUT_PER_GIB_SECONDS: u64 = 150;
-
-/// A running proxy; dropping it stops it (and every connection it forwards).
-#[derive(Debug)]
-pub struct MigrationProxy {
-    task: JoinHandle<()>,
-}
-
-impl Drop for MigrationProxy {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-async fn forward<A, B>(mut a: A, mut b: B)
-where
-    A: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
-    B: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
-{
-    match tokio::io::copy_bidirectional(&mut a, &mut b).await {
-        Ok((up, down)) => debug!(up, down, "migration proxy connection closed"),
-        Err(e) => debug!(error = %e, "migration proxy connection ended"),
-    }
-}
-
-/// The target proxy: a TCP listener on `ip` (port chosen by the kernel) forwarding to the
-/// target QEMU's incoming socket in `pod_dir`. Returns the port.
-///
-/// # Errors
-/// When the listener cannot be bound.
-pub async fn target_proxy(
-    ip: IpAddr,
-    socket: std::path::PathBuf,
-) -> std::io::Result<(u16, MigrationProxy)> {
-    let listener = tokio::net::TcpListener::bind(SocketAddr::new(ip, 0)).await?;
-    let port = listener.local_addr()?.port();
-    let task = tokio::spawn(async move {
-        loop {
-            let Ok((tcp, peer)) = listener.accept().await else {
-                return;
-            };
-            debug!(%peer, "migration proxy: incoming connection");
-            match virt_launcher::unix_socket::connect(&socket).await {
-                Ok(unix) => {
-                    tokio::spawn(forward(tcp, unix));
-                }
-                Err(e) => {
-                    warn!(socket = %socket.display(), error = %e, "migration proxy: the target QEMU does not listen")
-                }
-            }
-        }
-    });
-    Ok((port, MigrationProxy { task }))
-}
-
-/// The source proxy: a unix listener on `socket` (`<pod dir>/migration-source.sock`, or
-/// `migration-source-block.sock` for the disks) forwarding each connection of the source QEMU
-/// to the target handler at `target`.
-///
-/// # Errors
-/// When the socket cannot be bound.
-pub fn source_proxy(socket: &Path, target: SocketAddr) -> std::io::Result<MigrationProxy> {
-    let socket = socket.to_owned();
-    if std::fs::symlink_metadata(&socket).is_ok() {
-        std::fs::remove_file(&socket)?;
-    }
-    let listener = virt_launcher::unix_socket::bind(&socket)?;
-    let task = tokio::spawn(async move {
-        loop {
-            let Ok((unix, _)) = listener.accept().await else {
-                return;
-            };
-            match tokio::net::TcpStream::connect(target).await {
-                Ok(tcp) => {
-                    tokio::spawn(forward(unix, tcp));
-                }
-                Err(e) => {
-                    warn!(%target, error = %e, "migration proxy: cannot reach the target handler")
-                }
-            }
-        }
-    });
-    Ok(MigrationProxy { task })
-}
 
 /// The address the handler announces as `targetNodeAddress`: its pod IP, else loopback (a
 /// handler sharing the host's network on a one-machine cluster).
@@ -401,16 +317,19 @@ impl Follow {
         }
         let target = SocketAddr::new(address, port);
         let layout = PodLayout::new(dir);
-        let proxies = source_proxy(&layout.migration_source_socket(), target).and_then(|p| {
-            let block = match block_port.filter(|_| !disks.is_empty()) {
-                Some(bp) => Some(source_proxy(
-                    &layout.migration_source_block_socket(),
-                    SocketAddr::new(address, bp),
-                )?),
-                None => None,
-            };
-            Ok((p, block))
-        });
+        let tls = self.migration_tls(st);
+        let proxies = source_proxy(&layout.migration_source_socket(), target, tls.clone())
+            .and_then(|p| {
+                let block = match block_port.filter(|_| !disks.is_empty()) {
+                    Some(bp) => Some(source_proxy(
+                        &layout.migration_source_block_socket(),
+                        SocketAddr::new(address, bp),
+                        tls,
+                    )?),
+                    None => None,
+                };
+                Ok((p, block))
+            });
         match proxies {
             Ok((proxy, block)) => {
                 src.proxy = Some(proxy);
@@ -454,6 +373,20 @@ impl Follow {
             )
             .await;
         Ok(())
+    }
+
+    /// The TLS of this migration's proxies: the handler's, unless the configuration handed
+    /// over with the migration sets `disableTLS` (both handlers read the same one).
+    fn migration_tls(&self, st: &VirtualMachineInstanceMigrationState) -> Option<MigrationTls> {
+        let disabled = st
+            .migration_configuration
+            .as_ref()
+            .and_then(|c| c.disable_tls)
+            .unwrap_or(false);
+        if disabled {
+            return None;
+        }
+        self.config.migration_tls.clone()
     }
 
     /// The launcher refused command `id`: a refused `migrate` fails the migration.
@@ -639,10 +572,11 @@ impl Follow {
         if block {
             wanted.push((layout.migration_target_block_socket(), BLOCK_MIGRATION_PORT));
         }
+        let tls = state(&self.current).and_then(|st| self.migration_tls(st));
         let mut proxies = Vec::new();
         let mut ports = serde_json::Map::new();
         for (socket, to) in wanted {
-            match target_proxy(ip, socket).await {
+            match target_proxy(ip, socket, tls.clone()).await {
                 Ok((port, proxy)) => {
                     proxies.push(proxy);
                     ports.insert(port.to_string(), json!(to));
@@ -673,7 +607,8 @@ impl Follow {
                 ("targetNodeDomainDetected", json!(false)),
             ],
         );
-        info!(vmi = %self.name(), %ip, ports = %port, "migration target listening");
+        let tls = tls.is_some();
+        info!(vmi = %self.name(), %ip, ports = %port, tls, "migration target listening");
         self.patch_migration(ops).await;
         let message = format!("Migration Target is listening at {ip}, on ports: {port}");
         self.events
@@ -787,39 +722,5 @@ mod tests {
         );
         let done = json!({"migrationUid": "u", "targetNode": "node02", "completed": true});
         assert!(!target_wanted(&vmi("node01", done), "node02"));
-    }
-
-    #[tokio::test]
-    async fn the_proxies_carry_a_stream_from_the_source_socket_to_the_target_socket() {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let tmp = tempfile::tempdir().expect("tempdir");
-        let target_dir = tmp.path().join("target");
-        let source_dir = tmp.path().join("source");
-        std::fs::create_dir_all(&target_dir).expect("dir");
-        std::fs::create_dir_all(&source_dir).expect("dir");
-        let qemu_in = virt_launcher::unix_socket::bind(
-            &PodLayout::new(&target_dir).migration_target_socket(),
-        )
-        .expect("bind");
-        let (port, _t) = target_proxy(
-            IpAddr::V4(Ipv4Addr::LOCALHOST),
-            PodLayout::new(&target_dir).migration_target_socket(),
-        )
-        .await
-        .expect("target proxy");
-        let _s = source_proxy(
-            &PodLayout::new(&source_dir).migration_source_socket(),
-            SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), port),
-        )
-        .expect("source proxy");
-        let mut qemu_out =
-            tokio::net::UnixStream::connect(PodLayout::new(&source_dir).migration_source_socket())
-                .await
-                .expect("connect");
-        qemu_out.write_all(b"QEVM").await.expect("write");
-        let (mut incoming, _) = qemu_in.accept().await.expect("accept");
-        let mut buf = [0u8; 4];
-        incoming.read_exact(&mut buf).await.expect("read");
-        assert_eq!(&buf, b"QEVM");
     }
 }

@@ -73,6 +73,9 @@ pub struct VmiSyncConfig {
     /// The handler's own address (its pod IP), where migration targets listen; `None`:
     /// loopback ([`migration::announced_ip`]).
     pub migration_ip: Option<std::net::IpAddr>,
+    /// The TLS of the migration proxies (the handler's mounted certificates); `None`: the
+    /// handlers talk in the clear, as with `disableTLS`.
+    pub migration_tls: Option<crate::migration_proxy::MigrationTls>,
 }
 
 /// What the handler needs from the `KubeVirt` CR, kept current by
