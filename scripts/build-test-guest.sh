@@ -7,6 +7,8 @@
 # Outputs (the script does nothing when they already exist; FORCE=1 rebuilds):
 #   vmlinux            uncompressed kernel ELF, booted by QEMU through its PVH entry
 #                      (about 3 s faster than the bzImage under TCG)
+#   vmlinuz            the same kernel as Debian ships it (bzImage), for bootloaders:
+#                      scripts/build-test-guest-disk.sh puts it on the bootable disk image
 #   initramfs.cpio.gz  busybox userland with an /init that
 #                        - loads the virtio, ACPI button and filesystem modules,
 #                        - runs busybox acpid so an ACPI power-button press (QMP
@@ -84,7 +86,7 @@ out=$(cd "$out" && pwd)
 
 # The cache is valid for this version of the script only.
 recipe=$(sha256sum "$0" | cut -d' ' -f1)
-if [ -z "${FORCE:-}" ] && [ -s "$out/vmlinux" ] && [ -s "$out/initramfs.cpio.gz" ] &&
+if [ -z "${FORCE:-}" ] && [ -s "$out/vmlinux" ] && [ -s "$out/vmlinuz" ] && [ -s "$out/initramfs.cpio.gz" ] &&
     [ "$(cat "$out/recipe.sha256" 2>/dev/null)" = "$recipe" ]; then
     echo "test guest already built in $out"
     exit 0
@@ -528,6 +530,7 @@ log "packing initramfs (${#picked[@]} modules)"
 
 # Publish atomically so an interrupted build never looks finished.
 mv "$scratch/vmlinux" "$out/vmlinux.tmp" && mv "$out/vmlinux.tmp" "$out/vmlinux"
+cp "$scratch/pkg/boot/vmlinuz-$kver" "$out/vmlinuz.tmp" && mv "$out/vmlinuz.tmp" "$out/vmlinuz"
 mv "$scratch/initramfs.cpio.gz" "$out/initramfs.cpio.gz.tmp" &&
     mv "$out/initramfs.cpio.gz.tmp" "$out/initramfs.cpio.gz"
 echo "$kver" >"$out/kernel.version"

@@ -48,9 +48,10 @@ ensure_runtime_packages() {
   # containernetworking-plugins+iproute2: pod network namespaces through the CNI plugins;
   # nftables: the service proxy (cluster IPs to endpoints); docker-registry: a real OCI
   # registry on loopback for the containerDisk pull tests; openssh-client: `virtctl ssh`/`scp`
-  # run the system's ssh and scp; passt: the passt network binding.
+  # run the system's ssh and scp; passt: the passt network binding; syslinux (with
+  # dosfstools+mtools): the test guest's bootable disk image (scripts/build-test-guest-disk.sh).
   apt_install qemu-system-x86 busybox-static cpio xz-utils zstd curl ca-certificates dosfstools mtools genisoimage \
-    ovmf containernetworking-plugins iproute2 nftables docker-registry openssh-client passt
+    ovmf containernetworking-plugins iproute2 nftables docker-registry openssh-client passt syslinux
   command -v kubectl >/dev/null || install_kubectl
 }
 

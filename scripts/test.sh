@@ -11,6 +11,8 @@ ensure_runtime_packages
 
 step "building the test guest (cached)"
 scripts/build-test-guest.sh "$KUBEVIRT_RS_CACHE/guest"
+step "building the test guest's bootable disk image (cached)"
+scripts/build-test-guest-disk.sh "$KUBEVIRT_RS_CACHE/guest"
 # Tests that boot a guest read it from here.
 export KUBEVIRT_RS_TEST_GUEST="$KUBEVIRT_RS_CACHE/guest"
 # Everything a test needs (QEMU, the guest, virtctl, mkfs.vfat…) is installed above, so here a

@@ -231,6 +231,14 @@ fn migrate_away(
         server.get(&["pod", &target_pod], "{.spec.nodeName}"),
         target_node
     );
+    // A host-model guest (the default model) goes only where the source's host model runs,
+    // and only to a CPU of the source's vendor.
+    let selector = server.get(&["pod", &target_pod], "{.spec.nodeSelector}");
+    assert!(
+        selector.contains("cpu-model-migration.node.kubevirt.io/")
+            && selector.contains("cpu-vendor.node.kubevirt.io/"),
+        "the target pod's CPU placement: {selector}"
+    );
     // The source launcher exits after handing over: its pod completes (or is gone).
     testkit::with_log(
         server,

@@ -28,8 +28,14 @@ pub mod registry;
 /// Set (to anything but `0` or empty) by `scripts/test.sh`: a missing prerequisite is a failure.
 pub const REQUIRE_ENV: &str = "KUBEVIRT_RS_REQUIRE_PREREQUISITES";
 
-/// Where `scripts/build-test-guest.sh` put the test guest (`vmlinux`, `initramfs.cpio.gz`).
+/// Where `scripts/build-test-guest.sh` put the test guest (`vmlinux`, `initramfs.cpio.gz`)
+/// and `scripts/build-test-guest-disk.sh` its bootable disk image ([`DISK_IMAGE`]).
 pub const GUEST_ENV: &str = "KUBEVIRT_RS_TEST_GUEST";
+
+/// The test guest's bootable raw disk image in the guest directory: SYSLINUX on a FAT
+/// "superfloppy" that BIOS firmware boots into the same kernel and initramfs, with
+/// `console=ttyS0` (`scripts/build-test-guest-disk.sh`).
+pub const DISK_IMAGE: &str = "disk.img";
 
 /// Whether a missing prerequisite fails the test ([`REQUIRE_ENV`] is set).
 pub fn required() -> bool {
@@ -119,6 +125,28 @@ impl TestGuest {
     pub fn qemu(&self) -> &Path {
         &self.qemu
     }
+
+    /// The guest's bootable raw disk image ([`DISK_IMAGE`]), or why it is missing; for
+    /// [`available`], which skips or fails the test as for the guest itself.
+    ///
+    /// # Errors
+    /// When `scripts/build-test-guest-disk.sh` has not built it in [`Self::dir`].
+    pub fn disk_image(&self) -> Result<PathBuf, String> {
+        disk_image_in(&self.dir)
+    }
+}
+
+fn disk_image_in(dir: &Path) -> Result<PathBuf, String> {
+    let disk = dir.join(DISK_IMAGE);
+    if disk.metadata().is_ok_and(|m| m.is_file() && m.len() > 0) {
+        Ok(disk)
+    } else {
+        Err(format!(
+            "{} has no {DISK_IMAGE} (run scripts/build-test-guest-disk.sh {})",
+            dir.display(),
+            dir.display()
+        ))
+    }
 }
 
 /// One `GUEST-SEES` report of the test guest's console: what it sees after boot and after
@@ -207,6 +235,19 @@ mod tests {
     fn a_program_on_path_is_found() {
         let sh = command("sh", "dash").expect("sh is on PATH");
         assert!(sh.is_absolute(), "{}", sh.display());
+    }
+
+    #[test]
+    fn a_missing_disk_image_names_the_script_that_builds_it() {
+        let dir = std::env::temp_dir().join(format!("prereq-disk-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let why = disk_image_in(&dir).unwrap_err();
+        assert!(why.contains("scripts/build-test-guest-disk.sh"), "{why}");
+        std::fs::write(dir.join(DISK_IMAGE), b"").expect("empty disk");
+        assert!(disk_image_in(&dir).is_err(), "an empty file is no disk");
+        std::fs::write(dir.join(DISK_IMAGE), b"disk").expect("disk");
+        assert_eq!(disk_image_in(&dir), Ok(dir.join(DISK_IMAGE)));
+        std::fs::remove_dir_all(&dir).expect("clean up");
     }
 
     #[test]
