@@ -23,6 +23,10 @@ GUEST="$KUBEVIRT_RS_CACHE/guest"
 scripts/build-test-guest.sh "$GUEST"
 "$BIN/kubevirt-rs" images --data-dir "$DATA_DIR" import kubevirt-rs/test-guest:latest \
   "$GUEST/vmlinux" "$GUEST/initramfs.cpio.gz"
+# Its bootable disk, the containerDisk the examples name (examples/vm-containerdisk.yaml …).
+scripts/build-test-guest-disk.sh "$GUEST"
+"$BIN/kubevirt-rs" images --data-dir "$DATA_DIR" import kubevirt-rs/test-guest-disk:latest \
+  --to /disk/ "$GUEST/disk.img"
 
 step "starting kubevirt-rs server (data in $DATA_DIR, listening on $LISTEN)"
 "$BIN/kubevirt-rs" server --data-dir "$DATA_DIR" --listen "$LISTEN" &
