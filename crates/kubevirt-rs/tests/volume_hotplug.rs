@@ -2,7 +2,8 @@
 //! `HotplugVolumes` gate on, `virtctl addvolume --persist` adds a claim to the VM: the VM
 //! template gets it, an `hp-volume-…` attachment pod mounts it on the node, the volume walks to
 //! `Ready`, and the guest sees a new SCSI disk (virtctl's default bus) and writes to it — what it wrote lands in the claim's
-//! `disk.img` — while its QEMU keeps running. `virtctl removevolume --persist` takes it away:
+//! `disk.img` — while its QEMU keeps running; virt-handler's pod is deleted and its
+//! successor keeps the volume attached. `virtctl removevolume --persist` takes it away:
 //! the guest loses the disk, the attachment pod and the volume status go. Added again, the
 //! volume follows the VM across a restart, and the data is still on it. A volume added without
 //! `--persist` reaches the running VMI only. Skips (saying why)
@@ -185,8 +186,61 @@ fn scenario(server: &ServerProcess) -> anyhow::Result<()> {
     );
     assert_eq!(qemu_pid(), pid, "the domain was not restarted");
 
+    handler_restart_keeps_the_volume(server, &pod)?;
+    assert_eq!(qemu_pid(), pid, "the domain outlived its handler");
+    // The new handler drives the removal of what the old one attached.
     remove_volume(server, &pod, &qemu_pid, &pid)?;
     restart_and_add_unpersisted(server, &pod)
+}
+
+/// Deletes virt-handler's pod: the DaemonSet's new pod takes over the running VMI, whose
+/// hotplugged volume stays `Ready` and in the guest (upstream keeps the attachment in the VMI,
+/// so a restarted handler knows it).
+fn handler_restart_keeps_the_volume(server: &ServerProcess, pod: &str) -> anyhow::Result<()> {
+    let handler_pod = || {
+        server.get(
+            &["pods", "-n", "kubevirt", "-l", "kubevirt.io=virt-handler"],
+            "{range .items[*]}{.metadata.uid} {.status.phase} {.status.containerStatuses[0].ready}{\"\\n\"}{end}",
+        )
+    };
+    let before = handler_pod();
+    let old_uid = before
+        .split_whitespace()
+        .next()
+        .unwrap_or_default()
+        .to_owned();
+    anyhow::ensure!(!old_uid.is_empty(), "no virt-handler pod: {before:?}");
+    server.ok(&[
+        "-n",
+        "kubevirt",
+        "delete",
+        "pod",
+        "-l",
+        "kubevirt.io=virt-handler",
+        "--wait=false",
+    ])?;
+    wait_until(DEADLINE, "a new virt-handler pod to be ready", || {
+        let now = handler_pod();
+        let lines: Vec<&str> = now.lines().filter(|l| !l.trim().is_empty()).collect();
+        (lines.len() == 1 && !lines[0].starts_with(&old_uid) && lines[0].ends_with("Running true"))
+            .then_some(())
+    })?;
+    assert_eq!(
+        phase_of(server, "hot-data"),
+        "Ready",
+        "the volume stays attached"
+    );
+    assert_eq!(
+        guest_disks(server, pod).as_deref(),
+        Some("sda"),
+        "the guest keeps the disk"
+    );
+    let read = server.guest_run("hot", "head -c 15 /dev/sda; echo")?;
+    assert!(
+        read.contains("HOTPLUG-WRITTEN"),
+        "the disk still reads back: {read}"
+    );
+    Ok(())
 }
 
 /// Removes the volume with `--persist`: the guest loses it, the attachment pod and the status
