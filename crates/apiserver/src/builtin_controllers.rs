@@ -208,27 +208,84 @@ pub async fn reconcile(state: &ApiState, ns: &str) -> Result<(), ApiError> {
 }
 
 async fn publish_root_ca(state: &ApiState, ns: &str) -> Result<(), ApiError> {
+    let mut data = serde_json::Map::new();
+    data.insert(ROOT_CA_KEY.to_owned(), json!(state.outgoing.ca_pem));
+    publish_config_map(state, ns, ROOT_CA_CONFIGMAP, data, CA_PUBLISHER_USER).await
+}
+
+/// The ConfigMap kube-apiserver publishes for aggregated API servers.
+pub const AUTHENTICATION_CONFIGMAP: &str = "extension-apiserver-authentication";
+
+/// Publishes `kube-system/extension-apiserver-authentication` as kube-apiserver does: the
+/// cluster CA for client certificates, and the front-proxy CA with the name and headers an
+/// aggregated API server trusts a proxied request by.
+///
+/// # Errors
+/// When the ConfigMap cannot be written.
+pub async fn publish_authentication_config(
+    state: &ApiState,
+    front_proxy_ca_pem: &str,
+) -> Result<(), ApiError> {
+    let list = |items: &[&str]| json!(serde_json::to_string(items).unwrap_or_default());
+    let mut data = serde_json::Map::new();
+    data.insert("client-ca-file".into(), json!(state.outgoing.ca_pem));
+    data.insert(
+        "requestheader-client-ca-file".into(),
+        json!(front_proxy_ca_pem),
+    );
+    data.insert(
+        "requestheader-allowed-names".into(),
+        list(&["front-proxy-client"]),
+    );
+    data.insert(
+        "requestheader-username-headers".into(),
+        list(&["X-Remote-User"]),
+    );
+    data.insert(
+        "requestheader-group-headers".into(),
+        list(&["X-Remote-Group"]),
+    );
+    data.insert(
+        "requestheader-extra-headers-prefix".into(),
+        list(&["X-Remote-Extra-"]),
+    );
+    publish_config_map(
+        state,
+        "kube-system",
+        AUTHENTICATION_CONFIGMAP,
+        data,
+        "system:apiserver",
+    )
+    .await
+}
+
+/// Creates ConfigMap `ns/name` with exactly `data`, or replaces its data when it differs.
+async fn publish_config_map(
+    state: &ApiState,
+    ns: &str,
+    name: &str,
+    data: serde_json::Map<String, Value>,
+    user: &str,
+) -> Result<(), ApiError> {
     let info = core(state, "configmaps")?;
-    let opts = writer(CA_PUBLISHER_USER);
-    let ca = state.outgoing.ca_pem.as_str();
-    match state.store.get(&info.key(Some(ns), ROOT_CA_CONFIGMAP)) {
+    let opts = writer(user);
+    match state.store.get(&info.key(Some(ns), name)) {
         None => {
             let cm = json!({
                 "apiVersion": "v1",
                 "kind": "ConfigMap",
-                "metadata": {"name": ROOT_CA_CONFIGMAP, "namespace": ns},
-                "data": {ROOT_CA_KEY: ca},
+                "metadata": {"name": name, "namespace": ns},
+                "data": data,
             });
             ensure(state, "configmaps", ns, cm, &opts).await
         }
         Some(record) => {
             let mut cm = decode_record(&record)?;
-            if cm["data"][ROOT_CA_KEY] == ca && cm["data"].as_object().is_some_and(|d| d.len() == 1)
-            {
+            if cm["data"].as_object() == Some(&data) {
                 return Ok(());
             }
-            cm["data"] = json!({ROOT_CA_KEY: ca});
-            match update::update(state, &info, Some(ns), ROOT_CA_CONFIGMAP, None, cm, &opts).await {
+            cm["data"] = Value::Object(data);
+            match update::update(state, &info, Some(ns), name, None, cm, &opts).await {
                 Ok(_) => Ok(()),
                 // Gone or changed meanwhile: the watch brings the next reconcile.
                 Err(e) if matches!(e.code, 404 | 409) => Ok(()),
@@ -339,6 +396,52 @@ mod tests {
         reconcile(&s, "team").await.unwrap();
         let cm = get(&s, "/registry/core/configmaps/team/kube-root-ca.crt").unwrap();
         assert_eq!(cm["metadata"]["resourceVersion"], rv);
+    }
+
+    #[tokio::test]
+    async fn the_authentication_config_names_the_front_proxy_and_follows_its_ca() {
+        let s = state();
+        namespace(&s, "kube-system").await;
+        publish_authentication_config(&s, "PROXY CA 1")
+            .await
+            .unwrap();
+        let key = "/registry/core/configmaps/kube-system/extension-apiserver-authentication";
+        let cm = get(&s, key).unwrap();
+        assert_eq!(cm["data"]["client-ca-file"], "CA PEM");
+        assert_eq!(cm["data"]["requestheader-client-ca-file"], "PROXY CA 1");
+        assert_eq!(
+            cm["data"]["requestheader-allowed-names"],
+            r#"["front-proxy-client"]"#
+        );
+        assert_eq!(
+            cm["data"]["requestheader-username-headers"],
+            r#"["X-Remote-User"]"#
+        );
+        assert_eq!(
+            cm["data"]["requestheader-group-headers"],
+            r#"["X-Remote-Group"]"#
+        );
+        assert_eq!(
+            cm["data"]["requestheader-extra-headers-prefix"],
+            r#"["X-Remote-Extra-"]"#
+        );
+        let rv = cm["metadata"]["resourceVersion"].clone();
+        publish_authentication_config(&s, "PROXY CA 1")
+            .await
+            .unwrap();
+        assert_eq!(
+            get(&s, key).unwrap()["metadata"]["resourceVersion"],
+            rv,
+            "unchanged"
+        );
+        // A renewed front-proxy CA is published at the next start.
+        publish_authentication_config(&s, "PROXY CA 2")
+            .await
+            .unwrap();
+        assert_eq!(
+            get(&s, key).unwrap()["data"]["requestheader-client-ca-file"],
+            "PROXY CA 2"
+        );
     }
 
     #[tokio::test]

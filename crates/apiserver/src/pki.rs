@@ -3,8 +3,9 @@
 //!
 //! Layout under the data directory:
 //! `pki/ca.{crt,key}`, `pki/server.{crt,key}`, `pki/admin.{crt,key}`,
-//! `pki/front-proxy-client.{crt,key}` (CN `front-proxy-client`: the server's identity
-//! towards aggregated API backends, which trust the `X-Remote-User`/`X-Remote-Group`
+//! `pki/front-proxy-ca.{crt,key}` (a CA of its own, as kubeadm's) and
+//! `pki/front-proxy-client.{crt,key}` (CN `front-proxy-client`, signed by it: the server's
+//! identity towards aggregated API backends, which trust the `X-Remote-User`/`X-Remote-Group`
 //! headers of a client presenting it), `pki/apiserver-kubelet-client.{crt,key}` (CN
 //! `kube-apiserver-kubelet-client`, no O: the server's identity towards node log servers,
 //! see [`crate::logs`]), `tokens`
@@ -16,10 +17,11 @@
 //! A client certificate of this CA authenticates to the API server as its subject (CN user,
 //! O groups; see [`crate::auth`]): the admin certificate as `kubernetes-admin` in
 //! `system:masters` (all rights); the kubelet client certificate as
-//! `kube-apiserver-kubelet-client` and the front-proxy certificate as `front-proxy-client`,
-//! both with no groups and so no rights here: each has one use (client authentication
-//! towards node log servers, respectively aggregated API backends), and a copy of either
-//! grants nothing on the API server. Every leaf has one extended key usage (server or
+//! `kube-apiserver-kubelet-client` with no groups and so no rights here; its one use is client
+//! authentication towards node log servers. The front-proxy certificate is not of this CA and
+//! authenticates nobody to the API server; aggregated API backends trust it through the
+//! front-proxy CA the server publishes in `kube-system/extension-apiserver-authentication`
+//! ([`crate::server`]). Every leaf has one extended key usage (server or
 //! client authentication). The tokens-file users of [`COMPONENTS`] are bound to `cluster-admin` by the
 //! bootstrap policy ([`crate::rbac::bootstrap`]).
 //!
@@ -93,8 +95,11 @@ pub struct Pki {
     pub server_key_pem: String,
     pub admin_cert_pem: String,
     pub admin_key_pem: String,
-    /// Client certificate and key presented to aggregated API backends.
+    /// Client certificate and key presented to aggregated API backends, signed by the
+    /// front-proxy CA.
     pub proxy_client: (String, String),
+    /// The front-proxy CA (PEM), published as `requestheader-client-ca-file`.
+    pub front_proxy_ca_pem: String,
     /// Client certificate and key presented to node log servers.
     pub kubelet_client: (String, String),
     /// Bearer token → user name.
@@ -126,13 +131,22 @@ pub fn write_atomic(path: &Path, contents: &[u8], private: bool) -> Result<(), P
     std::fs::rename(&tmp, path).map_err(io_err(path))
 }
 
+/// The cluster CA's common name.
+const CLUSTER_CA_NAME: &str = "kubevirt-rs-ca";
+/// The front-proxy CA's common name (kubeadm's `front-proxy-ca`).
+const FRONT_PROXY_CA_NAME: &str = "front-proxy-ca";
+
 fn ca_params() -> Result<CertificateParams, PkiError> {
+    ca_params_named(CLUSTER_CA_NAME)
+}
+
+fn ca_params_named(name: &str) -> Result<CertificateParams, PkiError> {
     let mut p = CertificateParams::new(Vec::<String>::new()).map_err(|source| PkiError::Cert {
         what: "CA parameters",
         source,
     })?;
     let mut dn = DistinguishedName::new();
-    dn.push(DnType::CommonName, "kubevirt-rs-ca");
+    dn.push(DnType::CommonName, name);
     p.distinguished_name = dn;
     set_validity(&mut p, CA_LIFETIME);
     p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
@@ -298,11 +312,24 @@ pub fn issue_serving_cert(
 
 /// The stored CA when it has life left, else a new one (written to `dir`).
 fn load_or_create_ca(dir: &Path) -> Result<(String, KeyPair), PkiError> {
-    let (ca_crt, ca_key) = (dir.join("ca.crt"), dir.join("ca.key"));
+    load_or_create_ca_named(dir, "ca", CLUSTER_CA_NAME)
+}
+
+/// The CA stored as `<stem>.{crt,key}` in `dir`, created (common name `name`) when missing,
+/// unreadable or near its end.
+fn load_or_create_ca_named(
+    dir: &Path,
+    stem: &str,
+    name: &str,
+) -> Result<(String, KeyPair), PkiError> {
+    let (ca_crt, ca_key) = (
+        dir.join(format!("{stem}.crt")),
+        dir.join(format!("{stem}.key")),
+    );
     let stored_ca = match (read(&ca_crt), read(&ca_key)) {
         (Some(c), Some(k)) if !needs_renewal(&c, None) => Some((c, k)),
         (Some(_), Some(_)) => {
-            tracing::warn!("the cluster CA is near its end or unreadable: issuing a new one");
+            tracing::warn!(ca = %name, "a CA is near its end or unreadable: issuing a new one");
             None
         }
         _ => None,
@@ -320,12 +347,13 @@ fn load_or_create_ca(dir: &Path) -> Result<(String, KeyPair), PkiError> {
                 what: "CA key",
                 source,
             })?;
-            let cert = ca_params()?
-                .self_signed(&key)
-                .map_err(|source| PkiError::Cert {
-                    what: "CA certificate",
-                    source,
-                })?;
+            let cert =
+                ca_params_named(name)?
+                    .self_signed(&key)
+                    .map_err(|source| PkiError::Cert {
+                        what: "CA certificate",
+                        source,
+                    })?;
             write_atomic(&ca_key, key.serialize_pem().as_bytes(), true)?;
             write_atomic(&ca_crt, cert.pem().as_bytes(), false)?;
             (cert.pem(), key)
@@ -377,9 +405,15 @@ pub fn load_or_create(data_dir: &Path) -> Result<Pki, PkiError> {
             (c, k)
         }
     };
+    // The front proxy has a CA of its own, as kubeadm sets it up: aggregated API servers trust
+    // `X-Remote-User` from certificates of this CA only, so no cluster-CA client certificate
+    // (nodes, components, the admin) can speak for another user to them.
+    let (front_proxy_ca_pem, front_proxy_key) =
+        load_or_create_ca_named(&dir, "front-proxy-ca", FRONT_PROXY_CA_NAME)?;
+    let front_proxy_issuer = Issuer::new(ca_params_named(FRONT_PROXY_CA_NAME)?, front_proxy_key);
     let proxy_client = client_cert(
         &dir,
-        &issuer,
+        &front_proxy_issuer,
         "front-proxy-client",
         None,
         "front-proxy-client",
@@ -417,6 +451,7 @@ pub fn load_or_create(data_dir: &Path) -> Result<Pki, PkiError> {
         admin_cert_pem,
         admin_key_pem,
         proxy_client,
+        front_proxy_ca_pem,
         kubelet_client,
         tokens,
         component_tokens,
@@ -527,6 +562,7 @@ mod tests {
             ("serving", &pki.server_cert_pem, LEAF_LIFETIME),
             ("admin", &pki.admin_cert_pem, LEAF_LIFETIME),
             ("front proxy", &pki.proxy_client.0, LEAF_LIFETIME),
+            ("front-proxy CA", &pki.front_proxy_ca_pem, CA_LIFETIME),
             ("kubelet client", &pki.kubelet_client.0, LEAF_LIFETIME),
         ] {
             let (start, end) = validity_of(pem);
@@ -542,6 +578,27 @@ mod tests {
         }
         assert!(CA_LIFETIME.whole_days() <= 3650 && LEAF_LIFETIME.whole_days() <= 366);
         std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn the_front_proxy_certificate_is_signed_by_a_ca_of_its_own() {
+        let dir = temp_dir();
+        let pki = load_or_create(&dir).unwrap();
+        assert_ne!(pki.front_proxy_ca_pem, pki.ca_pem);
+        assert!(
+            !needs_renewal(&pki.proxy_client.0, Some(&pki.front_proxy_ca_pem)),
+            "signed by the front-proxy CA"
+        );
+        assert!(
+            needs_renewal(&pki.proxy_client.0, Some(&pki.ca_pem)),
+            "not by the cluster CA"
+        );
+        let again = load_or_create(&dir).unwrap();
+        assert_eq!(
+            again.front_proxy_ca_pem, pki.front_proxy_ca_pem,
+            "kept across starts"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -362,6 +362,14 @@ pub async fn start(config: Config) -> Result<RunningServer, ServerError> {
     crate::rbac::bootstrap::ensure(&state).await.map_err(|e| {
         ServerError::InitialObject("the bootstrap RBAC policy".into(), e.message.clone())
     })?;
+    crate::builtin_controllers::publish_authentication_config(&state, &pki.front_proxy_ca_pem)
+        .await
+        .map_err(|e| {
+            ServerError::InitialObject(
+                "kube-system/extension-apiserver-authentication".into(),
+                e.message.clone(),
+            )
+        })?;
     let tls = Arc::new(tls_config(&pki)?);
     let listener = TcpListener::bind(config.listen)
         .await

@@ -1006,16 +1006,15 @@ async fn kubectl_auth_can_i_about_a_subresource_agrees_with_the_request() {
     assert_eq!(code, 0, "{err}");
 }
 
-/// The certificates the server issues for its own outgoing connections (to node log
-/// servers, to aggregated API backends) are their subject and nothing more here: a copy
-/// of either is refused what only the admin certificate may do.
+/// The certificate the server issues for its connections to node log servers is its subject
+/// and nothing more here: a copy is refused what only the admin certificate may do (the
+/// front proxy's is no identity at all, see below).
 #[tokio::test]
 async fn the_servers_outgoing_certificates_are_no_administrators() {
     let s = TestServer::start().await;
     let pki = s.dir.path().join("pki");
     for (file, user) in [
         ("apiserver-kubelet-client", "kube-apiserver-kubelet-client"),
-        ("front-proxy-client", "front-proxy-client"),
         ("admin", "kubernetes-admin"),
     ] {
         let identity = (
@@ -1041,7 +1040,8 @@ async fn the_servers_outgoing_certificates_are_no_administrators() {
 }
 
 /// A serving certificate of the cluster CA (the API server's own, or a node's) has one use:
-/// presented as a client certificate it is refused at the handshake, so it is no identity.
+/// presented as a client certificate it is refused at the handshake, so it is no identity;
+/// so is the front proxy's, which another CA signed.
 #[tokio::test]
 async fn a_serving_certificate_is_no_client_identity() {
     let s = TestServer::start().await;
@@ -1050,7 +1050,16 @@ async fn a_serving_certificate_is_no_client_identity() {
         kubevirt_apiserver::pki::issue_serving_cert(s.dir.path(), vec!["127.0.0.1".into()])
             .unwrap();
     let api_serving = (read(&pki.join("server.crt")), read(&pki.join("server.key")));
-    for (what, identity) in [("node", node_serving), ("API server", api_serving)] {
+    // The front proxy's certificate is of its own CA, which the API server does not trust.
+    let front_proxy = (
+        read(&pki.join("front-proxy-client.crt")),
+        read(&pki.join("front-proxy-client.key")),
+    );
+    for (what, identity) in [
+        ("node", node_serving),
+        ("API server", api_serving),
+        ("front proxy", front_proxy),
+    ] {
         let req = http::Request::builder()
             .method("GET")
             .uri(s.url("/api/v1/secrets"))

@@ -26,14 +26,17 @@
 //!
 //! The subresource API trusts the aggregation proxy's client certificate through the
 //! `requestheader-client-ca-file` of the ConfigMap `kube-system/extension-apiserver-authentication`
-//! (as upstream), else the cluster CA of the ConfigMap `kube-root-ca.crt` in its namespace
-//! (the embedded API server signs its front-proxy certificate with its cluster CA).
+//! (as upstream; the embedded API server publishes it with a front-proxy CA of its own, as
+//! kubeadm sets one up), and only with a common name of its `requestheader-allowed-names`
+//! when that list is not empty (as Kubernetes' aggregated API servers; upstream checks no
+//! name). Without that ConfigMap virt-api does not start: no other CA is trusted to speak
+//! for users.
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::{Context, bail};
+use anyhow::Context;
 use clap::Args;
 use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
@@ -137,8 +140,9 @@ pub(crate) struct VirtApiSetup {
     pub serving: Serving,
     pub advertise: Advertise,
     pub node_endpoint: Option<NodeClientConfig>,
-    /// The aggregation proxy's client CA; `None` looks it up (see the module documentation).
-    pub client_ca_pem: Option<Vec<u8>>,
+    /// The aggregation proxy's client CA and allowed names; `None` looks them up (see the
+    /// module documentation).
+    pub proxy_trust: Option<ProxyTrust>,
     /// No webhooks (served or registered).
     pub subresources_only: bool,
     /// Who writes the webhook configurations and the APIService: upstream's operator does,
@@ -198,33 +202,36 @@ fn with_bound_port(url: &str, port: u16) -> String {
     }
 }
 
-/// The aggregation proxy's client CA (see the module documentation).
-async fn lookup_client_ca(client: &kube::Client, namespace: &str) -> anyhow::Result<Vec<u8>> {
-    let lookups = [
-        (
-            "kube-system",
-            "extension-apiserver-authentication",
-            "requestheader-client-ca-file",
-        ),
-        (namespace, "kube-root-ca.crt", "ca.crt"),
-    ];
-    for (ns, name, key) in lookups {
-        match Api::<ConfigMap>::namespaced(client.clone(), ns)
-            .get_opt(name)
-            .await
-        {
-            Ok(Some(cm)) => {
-                if let Some(ca) = cm.data.as_ref().and_then(|d| d.get(key)) {
-                    return Ok(ca.clone().into_bytes());
-                }
-            }
-            Ok(None) => {}
-            Err(e) => warn!(configmap = %format!("{ns}/{name}"), error = %e, "cannot read"),
-        }
-    }
-    bail!(
-        "no client CA for the aggregation proxy (ConfigMap kube-system/extension-apiserver-authentication or {namespace}/kube-root-ca.crt)"
-    )
+/// Whom virt-api trusts as the aggregation proxy.
+pub(crate) struct ProxyTrust {
+    /// `requestheader-client-ca-file`.
+    pub ca_pem: Vec<u8>,
+    /// `requestheader-allowed-names` (empty: any name).
+    pub allowed_names: Vec<String>,
+}
+
+/// The aggregation proxy's trust from `kube-system/extension-apiserver-authentication` (see
+/// the module documentation).
+async fn lookup_proxy_trust(client: &kube::Client) -> anyhow::Result<ProxyTrust> {
+    let name = "kube-system/extension-apiserver-authentication";
+    let cm = Api::<ConfigMap>::namespaced(client.clone(), "kube-system")
+        .get_opt("extension-apiserver-authentication")
+        .await
+        .with_context(|| format!("reading the ConfigMap {name}"))?
+        .ok_or_else(|| anyhow::anyhow!("the ConfigMap {name} does not exist"))?;
+    let data = cm.data.unwrap_or_default();
+    let ca = data
+        .get("requestheader-client-ca-file")
+        .ok_or_else(|| anyhow::anyhow!("requestheader-client-ca-file not found in {name}"))?;
+    let allowed_names = match data.get("requestheader-allowed-names") {
+        Some(list) if !list.trim().is_empty() => serde_json::from_str(list)
+            .with_context(|| format!("requestheader-allowed-names of {name}"))?,
+        _ => Vec::new(),
+    };
+    Ok(ProxyTrust {
+        ca_pem: ca.clone().into_bytes(),
+        allowed_names,
+    })
 }
 
 /// Creates or replaces the webhook configurations and the APIService, trusting `ca_bundle`.
@@ -336,9 +343,9 @@ pub(crate) async fn start(
         virt_api::ClusterConfig::from_kubevirt,
     )
     .receiver();
-    let client_ca_pem = match setup.client_ca_pem {
-        Some(ca) => ca,
-        None => lookup_client_ca(&client, &ns).await?,
+    let proxy = match setup.proxy_trust {
+        Some(trust) => trust,
+        None => lookup_proxy_trust(&client).await?,
     };
     // The serving names do not depend on the port, which is only known once bound.
     let unbound = match &setup.advertise {
@@ -390,7 +397,8 @@ pub(crate) async fn start(
             cert: cert.clone(),
             client: client.clone(),
             node_endpoint: setup.node_endpoint,
-            client_ca_pem: Some(client_ca_pem),
+            client_ca_pem: Some(proxy.ca_pem),
+            proxy_names: proxy.allowed_names,
             cluster_config,
             service_accounts: virt_api::webhook::kubevirt_service_accounts(&ns),
             subresources_only: setup.subresources_only,
@@ -472,7 +480,7 @@ pub fn run(args: ApiArgs) -> anyhow::Result<()> {
         serving,
         advertise,
         node_endpoint,
-        client_ca_pem: None,
+        proxy_trust: None,
         subresources_only: args.subresources_only,
         registrar: None,
     };

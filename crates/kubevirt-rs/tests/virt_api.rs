@@ -315,6 +315,54 @@ fn virtctl_drives_a_vm_and_subresource_errors_have_upstreams_codes() -> anyhow::
         missing.contains("NotFound") || missing.contains("not found"),
         "{missing}"
     );
+    only_the_front_proxy_reaches_virt_api(&server)
+}
+
+/// virt-api's subresources trust the API server's front-proxy certificate only: the admin's
+/// certificate of the cluster CA, straight to virt-api's pod, is refused at the handshake,
+/// while the front proxy's gets an answer from virt-api itself.
+fn only_the_front_proxy_reaches_virt_api(server: &ServerProcess) -> anyhow::Result<()> {
+    let pod_ip = server.get(
+        &["pods", "-n", "kubevirt", "-l", "kubevirt.io=virt-api"],
+        "{.items[0].status.podIP}",
+    );
+    anyhow::ensure!(!pod_ip.is_empty(), "virt-api has no pod IP");
+    let pki = server.data_dir().join("pki");
+    let direct = |identity: &str| {
+        let url = format!(
+            "https://{pod_ip}:8443/apis/subresources.kubevirt.io/v1/namespaces/default/virtualmachines/absent/start"
+        );
+        let out = std::process::Command::new("curl")
+            .args([
+                "-sk",
+                "-o",
+                "/dev/null",
+                "-w",
+                "%{http_code}",
+                "-X",
+                "PUT",
+                "-d",
+                "{}",
+            ])
+            .arg("--cert")
+            .arg(pki.join(format!("{identity}.crt")))
+            .arg("--key")
+            .arg(pki.join(format!("{identity}.key")))
+            .arg(&url)
+            .output()
+            .expect("curl runs");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    assert_eq!(
+        direct("front-proxy-client"),
+        "404",
+        "the front proxy's certificate reaches virt-api"
+    );
+    assert_eq!(
+        direct("admin"),
+        "000",
+        "a cluster-CA certificate gets no answer from virt-api"
+    );
     Ok(())
 }
 

@@ -6,7 +6,10 @@
 //! certificate) → one axum router: `POST /<webhook path>` → [`crate::webhook`];
 //! `/apis/subresources.kubevirt.io/…` and `/healthz` → [`crate::subresources`], which refuses
 //! every request but the health checks that came without a verified client certificate when
-//! a client CA is configured.
+//! a client CA is configured. A verified client certificate whose common name is not one of
+//! [`VirtApiServerConfig::proxy_names`] (when any are given) is refused with 401 before any
+//! route ([`proxy_name_allowed`]), as Kubernetes' aggregated API servers refuse a proxy not
+//! named in `requestheader-allowed-names`.
 
 use std::collections::BTreeSet;
 use std::future::Future;
@@ -37,6 +40,9 @@ pub struct VirtApiServerConfig {
     /// The CA of the aggregation proxy's client certificate; when set, subresource requests
     /// without a certificate it signed are refused (health checks excepted).
     pub client_ca_pem: Option<Vec<u8>>,
+    /// The common names the aggregation proxy's certificate may have
+    /// (`requestheader-allowed-names`); empty: any certificate of the CA.
+    pub proxy_names: Vec<String>,
     /// Current cluster configuration.
     pub cluster_config: watch::Receiver<ClusterConfig>,
     /// Users treated as KubeVirt service accounts (see [`webhook::kubevirt_service_accounts`]).
@@ -98,10 +104,40 @@ pub async fn run_virt_api_server(
             require_cert,
         )
     };
+    let app = if config.proxy_names.is_empty() {
+        app
+    } else {
+        let names: Arc<[String]> = config.proxy_names.into();
+        app.layer(axum::middleware::from_fn(move |req, next| {
+            proxy_name_allowed(names.clone(), req, next)
+        }))
+    };
     let task = tokio::spawn(async move {
         crate::serving::serve_until(listener, tls, app, shutdown).await;
         info!("virt-api stopped");
     });
     info!(%addr, "virt-api ready (webhooks and subresources)");
     Ok((addr, task))
+}
+
+/// Refuses (401) a request whose verified client certificate does not name one of `names`;
+/// requests without a certificate (the API server's webhook calls, health checks) go on.
+async fn proxy_name_allowed(
+    names: Arc<[String]>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let refused = req
+        .extensions()
+        .get::<kubevirt_tls::PeerCertificates>()
+        .is_some_and(|certs| {
+            certs
+                .common_name()
+                .is_none_or(|cn| !names.iter().any(|n| *n == cn))
+        });
+    if refused {
+        return (axum::http::StatusCode::UNAUTHORIZED, "Unauthorized").into_response();
+    }
+    next.run(req).await
 }
