@@ -286,6 +286,92 @@ async fn connections_beyond_the_cap_wait_until_a_slot_frees() {
     assert_eq!(second.await.unwrap().unwrap(), "anonymous");
 }
 
+/// Counts the serve loop's "accepting a connection failed" warnings.
+struct AcceptFailures(Arc<std::sync::atomic::AtomicUsize>);
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for AcceptFailures {
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        struct Message(bool);
+        impl tracing::field::Visit for Message {
+            fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+                if field.name() == "message" {
+                    self.0 |= format!("{value:?}").contains("accepting a connection failed");
+                }
+            }
+        }
+        let mut m = Message(false);
+        event.record(&mut m);
+        if m.0 {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+}
+
+/// Out of file descriptors (EMFILE), the accept loop backs off instead of spinning, and
+/// serves the waiting connection once descriptors are free again. nextest runs each test in a
+/// process of its own, so the lowered limit is this test's alone.
+#[tokio::test]
+async fn out_of_file_descriptors_the_accept_loop_backs_off_and_recovers() {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    use std::sync::atomic::Ordering;
+    use tracing_subscriber::layer::SubscriberExt;
+    let failures = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let subscriber = tracing_subscriber::registry().with(AcceptFailures(failures.clone()));
+    let _guard = tracing::subscriber::set_default(subscriber);
+
+    let ca = ca("ca");
+    let (cert, key) = leaf(&ca, "server");
+    let resolver = SwappableCert::from_pem(cert.as_bytes(), key.as_bytes()).unwrap();
+    let config = server_config(resolver, &ClientAuth::None).unwrap();
+    let server = start(config, tower::service_fn(hello), ServeOptions::default()).await;
+
+    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).unwrap();
+    let open = std::fs::read_dir("/proc/self/fd").unwrap().count() as u64;
+    setrlimit(Resource::RLIMIT_NOFILE, open + 16, hard).unwrap();
+    let mut filler = Vec::new();
+    loop {
+        match std::fs::File::open("/dev/null") {
+            Ok(f) => filler.push(f),
+            Err(e) if e.raw_os_error() == Some(nix::libc::EMFILE) => break,
+            Err(e) => panic!("{e}"),
+        }
+    }
+    // One descriptor for the client's socket; none is left for the server's accept.
+    drop(filler.pop());
+    let client = std::net::TcpStream::connect(server.addr).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while failures.load(Ordering::SeqCst) < 3 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no accept failure seen"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    drop(filler);
+    setrlimit(Resource::RLIMIT_NOFILE, soft, hard).unwrap();
+    client.set_nonblocking(true).unwrap();
+    let tcp = TcpStream::from_std(client).unwrap();
+    let connector = TlsConnector::from(Arc::new(
+        client_config(&ServerTrust::CaPem(ca.pem.as_bytes()), None).unwrap(),
+    ));
+    let stream = connector
+        .connect(ServerName::try_from("localhost").unwrap(), tcp)
+        .await
+        .unwrap();
+    assert_eq!(
+        get(stream).await.unwrap(),
+        "anonymous",
+        "the waiting connection is served"
+    );
+    // Doubling pauses from 5 ms: a handful of retries, where a spinning loop makes thousands.
+    let retries = failures.load(Ordering::SeqCst);
+    assert!(
+        retries < 100,
+        "{retries} accept attempts while out of descriptors"
+    );
+    server.shutdown.cancel();
+}
+
 #[tokio::test]
 async fn shutdown_lets_the_request_in_flight_finish_and_stops_accepting() {
     let ca = ca("ca");
