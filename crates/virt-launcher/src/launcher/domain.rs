@@ -926,11 +926,21 @@ impl Domain {
                 .transition(DomainState::Shutoff, StateReason::GuestShutdown);
             return Ok(self.current_value());
         };
-        let pressed = qmp.system_powerdown().await;
-        tokio::spawn(escalate(self.subscribe(), grace, qmp, pid));
-        pressed
-            .map(|()| self.current_value())
-            .map_err(|e| e.to_string())
+        // The escalation runs whatever the power button does: a hung QEMU answers no QMP
+        // command, and must still be gone after the grace period.
+        tokio::spawn(escalate(self.subscribe(), grace, qmp.clone(), pid));
+        match tokio::time::timeout(QMP_ANSWER_TIMEOUT, qmp.system_powerdown()).await {
+            Ok(pressed) => pressed
+                .map(|()| self.current_value())
+                .map_err(|e| e.to_string()),
+            Err(_) => {
+                tracing::warn!(
+                    pid,
+                    "QEMU does not answer the power button; it is stopped after the grace period"
+                );
+                Ok(self.current_value())
+            }
+        }
     }
 
     /// Reboots the guest from inside ([`super::soft_reboot`]).
@@ -987,6 +997,9 @@ impl Domain {
 }
 
 /// After `grace`, asks QEMU to quit; five seconds later, kills it.
+/// How long a QMP command that must not block a command of the handler may take.
+const QMP_ANSWER_TIMEOUT: Duration = Duration::from_secs(5);
+
 async fn escalate(
     mut status: watch::Receiver<DomainStatus>,
     grace: Duration,

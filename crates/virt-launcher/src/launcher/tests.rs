@@ -349,6 +349,102 @@ async fn a_qemu_that_cannot_start_is_reported_crashed_with_its_error() {
         .unwrap();
 }
 
+/// Starts the test guest (real QEMU under TCG) behind a launcher in `dir`; returns the
+/// launcher task, its client and QEMU's pid (guarded: its group is killed when dropped).
+async fn running_test_guest(
+    dir: &Path,
+) -> Option<(
+    tokio::task::JoinHandle<Result<(), LauncherError>>,
+    LauncherClient,
+    u32,
+    ProcessGroupGuard,
+)> {
+    let guest = available(test_guest())?;
+    let mut opts = options(dir);
+    opts.qemu_binary = guest.qemu().to_owned();
+    let socket = opts.socket_path.clone();
+    let launcher = tokio::spawn(run_launcher(opts));
+    let mut client = connect(&socket).await;
+    let spec = spec_in(dir, Some((guest.kernel(), guest.initrd())));
+    let running = status_of(client.request(Command::Sync(Box::new(spec))).await.unwrap());
+    assert_eq!(running.state, DomainState::Running);
+    let pid = running.qemu_pid.expect("a QEMU pid");
+    let guard = ProcessGroupGuard(i32::try_from(pid).unwrap());
+    Some((launcher, client, pid, guard))
+}
+
+/// The final state the launcher reports.
+async fn final_domain(client: &mut LauncherClient) -> DomainStatus {
+    loop {
+        let status = next_domain(client).await;
+        if status.is_final() {
+            return status;
+        }
+    }
+}
+
+/// Fault: QEMU dies under the launcher (its QMP socket closes with it). The launcher reports
+/// the domain crashed, as libvirt reports a QEMU that went away, and ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_qemu_killed_under_the_launcher_is_reported_crashed() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some((launcher, mut client, pid, _guard)) = running_test_guest(dir.path()).await else {
+        return;
+    };
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(i32::try_from(pid).unwrap()),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let ended = tokio::time::timeout(Duration::from_secs(30), final_domain(&mut client))
+        .await
+        .expect("the launcher reports the end");
+    assert_eq!(
+        (ended.state, ended.reason),
+        (DomainState::Crashed, StateReason::QemuExited)
+    );
+    tokio::time::timeout(Duration::from_secs(10), launcher)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+}
+
+/// Fault: QEMU hangs (stopped: it answers neither the power button nor QMP). A shutdown
+/// with a grace period of 1 s still ends it: the launcher answers, kills QEMU's group after
+/// the grace period and reports the domain destroyed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_qemu_is_killed_after_the_shutdown_grace_period() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some((launcher, mut client, pid, _guard)) = running_test_guest(dir.path()).await else {
+        return;
+    };
+    let qemu = nix::unistd::Pid::from_raw(i32::try_from(pid).unwrap());
+    nix::sys::signal::kill(qemu, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    let answered = tokio::time::timeout(
+        Duration::from_secs(30),
+        client.request(Command::Shutdown {
+            grace_period_seconds: 1,
+        }),
+    )
+    .await
+    .expect("the shutdown is answered although QEMU hangs");
+    drop(answered);
+    let ended = tokio::time::timeout(Duration::from_secs(30), final_domain(&mut client))
+        .await
+        .expect("the launcher ends the hung QEMU");
+    assert!(ended.is_final(), "{ended:?}");
+    assert!(
+        nix::sys::signal::kill(qemu, None).is_err(),
+        "QEMU ({pid}) is gone"
+    );
+    tokio::time::timeout(Duration::from_secs(10), launcher)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+}
+
 /// The real thing: boots the test guest under TCG, waits for its marker on the serial
 /// log, powers it off through ACPI and checks the launcher reports a guest shutdown.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
