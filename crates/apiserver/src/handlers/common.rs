@@ -156,28 +156,20 @@ pub fn validate_object(
     let mut causes: Vec<Cause> = Vec::new();
     if let Some(schema) = info.crd.as_ref().and_then(|c| c.schema.as_ref()) {
         let unknown = schema.prune(obj);
-        if !unknown.is_empty() {
-            match field_validation {
-                FieldValidation::Strict => {
-                    let list = unknown
-                        .iter()
-                        .map(|f| format!("unknown field \"{f}\""))
-                        .collect::<Vec<_>>()
-                        .join(", ");
-                    return Err(ApiError::bad_request(format!(
-                        "{kind} in version \"{v}\" cannot be handled as a {kind}: strict decoding error: {list}",
-                        kind = info.kind,
-                        v = info.version
-                    )));
-                }
-                FieldValidation::Warn => {
-                    warnings.extend(unknown.iter().map(|f| format!("unknown field \"{f}\"")));
-                }
-                FieldValidation::Ignore => {}
-            }
-        }
+        warnings.extend(unknown_field_verdict(info, &unknown, field_validation)?);
         schema.apply_defaults(obj);
         causes.extend(schema.validate(obj));
+    } else if field_validation != FieldValidation::Ignore && !info.is_custom() {
+        // Built-ins keep their fields (the stored JSON is what was sent, as before); only the
+        // verdict is kube's. Kinds the descriptor table does not describe are not checked.
+        let api_version = if info.group.is_empty() {
+            info.version.clone()
+        } else {
+            format!("{}/{}", info.group, info.version)
+        };
+        if let Some(unknown) = crate::protobuf::unknown_fields(&api_version, &info.kind, obj) {
+            warnings.extend(unknown_field_verdict(info, &unknown, field_validation)?);
+        }
     }
     causes.extend(validate_object_meta(obj, info.name_rule));
     if !info.is_custom() {
@@ -195,6 +187,29 @@ pub fn validate_object(
         return Err(ApiError::invalid(&info.group, &info.kind, &name, causes));
     }
     Ok(warnings)
+}
+
+/// kube's answer to `unknown` fields under `field_validation`: `Strict` refuses the object
+/// (400, "strict decoding error"), `Warn` returns one warning each, `Ignore` nothing.
+fn unknown_field_verdict(
+    info: &ResourceInfo,
+    unknown: &[String],
+    field_validation: FieldValidation,
+) -> Result<Vec<String>, ApiError> {
+    if unknown.is_empty() {
+        return Ok(Vec::new());
+    }
+    let each = unknown.iter().map(|f| format!("unknown field \"{f}\""));
+    match field_validation {
+        FieldValidation::Strict => Err(ApiError::bad_request(format!(
+            "{kind} in version \"{v}\" cannot be handled as a {kind}: strict decoding error: {list}",
+            kind = info.kind,
+            v = info.version,
+            list = each.collect::<Vec<_>>().join(", ")
+        ))),
+        FieldValidation::Warn => Ok(each.collect()),
+        FieldValidation::Ignore => Ok(Vec::new()),
+    }
 }
 
 /// Runs every admission hook in `phase`; returns their warnings.

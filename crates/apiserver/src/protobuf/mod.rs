@@ -13,6 +13,7 @@
 //! Every malformed input is an error, never a panic: this is a fuzz target.
 
 mod decode;
+mod fields;
 mod schema;
 mod wire;
 
@@ -158,6 +159,8 @@ pub fn decode_to_json(body: &[u8]) -> Result<serde_json::Value, ProtobufError> {
     object.extend(fields);
     Ok(Json::Object(object))
 }
+
+pub use fields::unknown_fields;
 
 #[cfg(test)]
 mod tests;
