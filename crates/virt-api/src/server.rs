@@ -131,11 +131,7 @@ async fn proxy_name_allowed(
     let refused = req
         .extensions()
         .get::<kubevirt_tls::PeerCertificates>()
-        .is_some_and(|certs| {
-            certs
-                .common_name()
-                .is_none_or(|cn| !names.iter().any(|n| *n == cn))
-        });
+        .is_some_and(|certs| certs.common_name().is_none_or(|cn| !names.contains(&cn)));
     if refused {
         return (axum::http::StatusCode::UNAUTHORIZED, "Unauthorized").into_response();
     }
