@@ -49,8 +49,9 @@ ensure_runtime_packages() {
   # nftables: the service proxy (cluster IPs to endpoints); docker-registry: a real OCI
   # registry on loopback for the containerDisk pull tests; openssh-client: `virtctl ssh`/`scp`
   # run the system's ssh and scp; passt: the passt network binding; syslinux (with
-  # dosfstools+mtools): the test guest's bootable disk image (scripts/build-test-guest-disk.sh).
-  apt_install qemu-system-x86 busybox-static cpio xz-utils zstd curl ca-certificates dosfstools mtools genisoimage \
+  # dosfstools+mtools): the test guest's bootable disk image (scripts/build-test-guest-disk.sh);
+  # qemu-utils: qemu-img, which the embedded CDI's importer converts qcow2 images with.
+  apt_install qemu-system-x86 qemu-utils busybox-static cpio xz-utils zstd curl ca-certificates dosfstools mtools genisoimage \
     ovmf containernetworking-plugins iproute2 nftables docker-registry openssh-client passt syslinux
   command -v kubectl >/dev/null || install_kubectl
 }
