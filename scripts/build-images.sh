@@ -51,7 +51,7 @@ sudo=()
 buildah() { "${sudo[@]}" "$(type -P buildah)" --storage-driver vfs "$@"; }
 
 # Build tools, and the packages whose files go into the images (see images/*/files).
-apt_install buildah qemu-system-x86 seabios ipxe-qemu ovmf dosfstools mtools genisoimage iproute2 nftables passt
+apt_install buildah qemu-system-x86 qemu-utils seabios ipxe-qemu ovmf dosfstools mtools genisoimage iproute2 nftables passt
 command -v cargo >/dev/null || { echo "cargo is missing: install Rust with rustup (https://rustup.rs)" >&2; exit 1; }
 
 step "cargo build --release -p kubevirt-rs"

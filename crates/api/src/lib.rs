@@ -3,6 +3,7 @@
 //! - [`v1`]: VirtualMachineInstance, VirtualMachine, VirtualMachineInstanceMigration,
 //!   VirtualMachineInstanceReplicaSet, KubeVirt, with upstream JSON names.
 //! - [`pool`] (`v1beta1`): VirtualMachinePool.
+//! - [`cdi`]: the `cdi.kubevirt.io/v1beta1` DataVolume fields KubeVirt reads (and its CRD).
 //! - [`constants`]: labels, annotations and finalizers KubeVirt writes.
 //! - [`crd`]: structural CustomResourceDefinitions generated from the types.
 //! - [`quantity`]: exact Kubernetes resource quantities, the one parser every crate uses.
@@ -18,6 +19,7 @@
 
 mod string_enum;
 
+pub mod cdi;
 pub mod cluster_config;
 pub mod constants;
 pub mod crd;

@@ -55,7 +55,8 @@ async fn a_full_disk_fails_writes_cleanly_and_the_service_resumes_when_it_has_ro
     setrlimit(Resource::RLIMIT_FSIZE, soft, hard).expect("setrlimit");
 
     assert_eq!(
-        refused.status, 500,
+        refused.status,
+        500,
         "a create on a full disk: {}",
         String::from_utf8_lossy(&refused.body)
     );
@@ -66,7 +67,8 @@ async fn a_full_disk_fails_writes_cleanly_and_the_service_resumes_when_it_has_ro
         String::from_utf8_lossy(&refused.body)
     );
     assert_eq!(
-        update.status, 500,
+        update.status,
+        500,
         "an update on a full disk: {}",
         String::from_utf8_lossy(&update.body)
     );

@@ -295,11 +295,20 @@ fn no_role_has_wildcards_except_where_upstream_has_them() {
             }
         }
     }
-    // virt-controller owns every kubevirt.io resource; the operator holds what it grants.
+    // virt-controller owns every kubevirt.io resource and CDI's (the DataVolumes of VM
+    // templates); the operator holds what it grants.
     let expected: BTreeSet<(String, String)> = [
         (
             "kubevirt-controller".to_owned(),
+            r#"["cdi.kubevirt.io"]"#.to_owned(),
+        ),
+        (
+            "kubevirt-controller".to_owned(),
             r#"["kubevirt.io"]"#.to_owned(),
+        ),
+        (
+            "kubevirt-operator".to_owned(),
+            r#"["cdi.kubevirt.io"]"#.to_owned(),
         ),
         (
             "kubevirt-operator".to_owned(),
@@ -332,7 +341,6 @@ fn rules_name_only_api_groups_that_exist_and_the_dropped_ones_are_known() {
         dropped,
         [
             "backup.kubevirt.io",
-            "cdi.kubevirt.io",
             "clone.kubevirt.io",
             "export.kubevirt.io",
             "instancetype.kubevirt.io",

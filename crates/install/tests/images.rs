@@ -157,6 +157,8 @@ fn every_containerfile_is_from_scratch_and_runs_the_binary() {
     assert_eq!(
         names,
         [
+            "cdi-controller",
+            "cdi-importer",
             "virt-api",
             "virt-controller",
             "virt-handler",

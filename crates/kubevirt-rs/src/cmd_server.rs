@@ -9,7 +9,9 @@
 //! virt-operator, a Deployment, installs the rest from its install strategy
 //! ([`virt_operator::installer`]): the CRDs, virt-api and virt-controller as Deployments and
 //! virt-handler as a DaemonSet, each pod a process of its own with its own service account, run
-//! by the node agents. The two halves meet only at the Kubernetes API. The server is ready once
+//! by the node agents. Before KubeVirt, a minimal CDI (`deploy/embedded/cdi.yaml`, crate
+//! `kubevirt-cdi`) as a user would install CDI: the DataVolume CRD and its controller. The two
+//! halves meet only at the Kubernetes API. The server is ready once
 //! the CR is Available and KubeVirt's components pass the readiness checks (`--no-kubevirt`:
 //! once the embedded Kubernetes is). Embedded components that stop with an error are restarted
 //! after a second; KubeVirt's pods are restarted by their node agent.
@@ -108,6 +110,18 @@ fn default_kubevirt_cr(
         spec["customizeComponents"]["flags"] = json!({"controller": controller_flags});
     }
     Ok(cr)
+}
+
+/// Installs the embedded CDI (`deploy/embedded/cdi.yaml`: the DataVolume CRD and its
+/// controller's Deployment) as a user installs CDI on a cluster, before KubeVirt, so that
+/// virt-controller finds the DataVolume API when it starts.
+async fn install_cdi(admin: &kube::Client) -> anyhow::Result<()> {
+    for object in kubevirt_cdi::manifests::objects().context("rendering the CDI manifests")? {
+        virt_operator::apply::create_or_replace_dynamic(admin.clone(), object)
+            .await
+            .context("applying deploy/embedded/cdi.yaml")?;
+    }
+    Ok(())
 }
 
 /// Installs KubeVirt as a user does (`kubectl apply -f deploy/kubevirt-operator.yaml`, then
@@ -547,6 +561,13 @@ fn project_images(
     for name in PROJECT_IMAGES {
         add(&install.image(name), image(env.clone()));
     }
+    // The embedded CDI's controller and importer (`kubevirt-rs cdi-controller`/`cdi-importer`).
+    for reference in [
+        kubevirt_cdi::controller_image(),
+        kubevirt_cdi::importer_image(),
+    ] {
+        add(&reference, image(env.clone()));
+    }
     let mut launcher_env = env;
     if fake_qemu {
         launcher_env.push(("KUBEVIRT_RS_FAKE_QEMU".to_owned(), "true".to_owned()));
@@ -619,6 +640,7 @@ async fn serve(args: ServerArgs) -> anyhow::Result<()> {
     if !args.no_kubevirt {
         let admin = client_from(&data_dir.join("kubeconfig"), "kubevirt-rs-server").await?;
         let cr = default_kubevirt_cr(&install, use_emulation, &args)?;
+        install_cdi(&admin).await?;
         install_kubevirt(&admin, &install, cr).await?;
         tokio::select! {
             () = wait_kubevirt_ready(&admin, &install.namespace, nodes) => {}

@@ -6,6 +6,7 @@ use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 
 mod cmd_api;
+mod cmd_cdi;
 mod cmd_console_log;
 mod cmd_controller;
 mod cmd_handler;
@@ -60,6 +61,10 @@ enum Command {
     Manifests(cmd_manifests::ManifestsArgs),
     /// Manage the local image store.
     Images(cmd_images::ImagesArgs),
+    /// Run the embedded server's DataVolume controller (a minimal CDI).
+    CdiController(cmd_cdi::ControllerArgs),
+    /// Import one DataVolume's data into its claim (the CDI importer pod).
+    CdiImporter(cmd_cdi::ImporterArgs),
 }
 
 #[derive(Args)]
@@ -159,6 +164,8 @@ fn main() -> anyhow::Result<()> {
         Command::VirtProbe(args) => cmd_virt_probe::run(&args)?,
         Command::Images(args) => cmd_images::run(args)?,
         Command::Manifests(args) => cmd_manifests::run(args)?,
+        Command::CdiController(args) => cmd_cdi::run_controller(args)?,
+        Command::CdiImporter(args) => cmd_cdi::run_importer(args)?,
     }
     Ok(())
 }

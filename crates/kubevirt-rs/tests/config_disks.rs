@@ -3,8 +3,9 @@
 //! real test guest (TCG) the guest mounts each disk and reads the map's key, the secret's key,
 //! its own VMI labels, and its namespace and token; the base64 user data prints on the
 //! console, and so does user data from a Secret (`secretRef`) in a second VM; a third reads
-//! its `cloudInitConfigDrive` (OpenStack layout, `config-2`). Skips (saying why) when the test
-//! guest, QEMU or virtctl is missing.
+//! its `cloudInitConfigDrive` (OpenStack layout, `config-2`). The first one's `sysprep` volume
+//! is a CD-ROM labelled `unattendCD` holding the map's `autounattend.xml`. Skips (saying why)
+//! when the test guest, QEMU or virtctl is missing.
 
 use std::path::Path;
 
@@ -34,6 +35,13 @@ stringData:
   userdata: |
     #!/bin/sh
     echo USER-DATA-FROM-SECRET
+---
+apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: sysprep-answers
+data:
+  autounattend.xml: <unattend>ANSWER-FILE-FROM-THE-MAP</unattend>
 ";
 
 /// `#!/bin/sh` + `echo USER-DATA-FROM-BASE64`.
@@ -67,6 +75,7 @@ spec:
           - {{name: podinfo, disk: {{bus: virtio}}}}
           - {{name: ci, disk: {{bus: virtio}}}}
           - {{name: sa, disk: {{bus: virtio}}}}
+          - {{name: unattend, cdrom: {{bus: scsi}}}}
       volumes:
       - name: settings
         configMap: {{name: app-config, volumeLabel: CFGDATA}}
@@ -80,6 +89,8 @@ spec:
         cloudInitNoCloud: {{userDataBase64: {USER_DATA_BASE64}}}
       - name: sa
         serviceAccount: {{serviceAccountName: default}}
+      - name: unattend
+        sysprep: {{configMap: {{name: sysprep-answers}}}}
 "#
     )
 }
@@ -145,6 +156,15 @@ fn scenario(server: &ServerProcess) -> anyhow::Result<()> {
         listing.contains("ca.crt") && listing.contains("TOKEN-PRESENT"),
         "{listing}"
     );
+    // The sysprep CD-ROM (SCSI: the test guest has no AHCI driver): upstream's label, the
+    // map's answer file.
+    let label = server.guest_run(
+        "cfg",
+        "echo LABEL:$(dd if=/dev/sr0 bs=1 skip=32808 count=10 2>/dev/null):END",
+    )?;
+    assert!(label.contains("LABEL:unattendCD:END"), "{label}");
+    let answer = read_on_disk(server, "/dev/sr0", "autounattend.xml")?;
+    assert!(answer.contains("ANSWER-FILE-FROM-THE-MAP"), "{answer}");
 
     // User data from a Secret, in a second VM (one guest at a time).
     server.ok(&["delete", "vm", "cfg", "--wait=true"])?;

@@ -3,7 +3,10 @@
 //! the local provisioner make `pvc-<uid>` below the node's data directory and bind it, and the
 //! node mount it. What a pod writes there outlives the pod and is seen by the next pod of the
 //! claim; a `readOnly` claim cannot be written; a claim in use waits for its pod to go
-//! (pvc-protection), and deleting the claim deletes the volume and its directory. A missing claim and a `Block` claim stay Pending with kube's messages. The pods
+//! (pvc-protection), and deleting the claim deletes the volume and its directory. A missing
+//! claim keeps its pod Pending with kube's message. A `Block` claim is provisioned as a sparse
+//! image attached to a loop device; its pod gets the device at its `devicePath`, what is
+//! written there lands in the image, and deleting the claim detaches the device. The pods
 //! run the project's own image (`kubevirt-rs apiserver` as a long-running process that writes
 //! its files into the volume, `kubevirt-rs manifests` as a short one).
 
@@ -221,8 +224,177 @@ spec:
     Ok(())
 }
 
+/// A pod running `args` of the project's image with the `Block` claim `claim` as the device
+/// `device`.
+fn block_pod(name: &str, claim: &str, device: &str, args: &[String]) -> String {
+    let args = serde_json::to_string(args).unwrap_or_default();
+    format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata:
+  name: {name}
+spec:
+  restartPolicy: Never
+  terminationGracePeriodSeconds: 5
+  containers:
+  - name: main
+    image: {image}
+    command: ["kubevirt-rs"]
+    args: {args}
+    volumeDevices:
+    - name: data
+      devicePath: {device}
+  volumes:
+  - name: data
+    persistentVolumeClaim:
+      claimName: {claim}
+"#,
+        image = image(),
+    )
+}
+
+/// Detaches, when dropped, every loop device still attached to a `Block` volume's image of the
+/// server's data directory `0` (a failed test leaves its volumes behind, and the server's
+/// temporary directory goes with the test while the kernel would keep the devices).
+struct DetachLoopsOnDrop(std::path::PathBuf);
+
+impl Drop for DetachLoopsOnDrop {
+    fn drop(&mut self) {
+        let images = std::fs::read_dir(self.0.join("node/storage"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.path().join("block.img"))
+            .filter(|p| p.exists());
+        for image in images {
+            let listed = std::process::Command::new("losetup")
+                .args(["--list", "--noheadings", "--output", "NAME", "--associated"])
+                .arg(&image)
+                .output();
+            let listed = listed
+                .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+                .unwrap_or_default();
+            for device in listed.split_whitespace() {
+                let _ = std::process::Command::new("losetup")
+                    .args(["--detach", device])
+                    .status();
+            }
+        }
+    }
+}
+
+/// The loop devices `file` is attached to, as `losetup` lists them.
+fn loop_devices_of(file: &Path) -> String {
+    let out = std::process::Command::new("losetup")
+        .args(["--list", "--noheadings", "--output", "NAME", "--associated"])
+        .arg(file)
+        .output();
+    out.map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_default()
+}
+
 #[test]
-fn a_missing_claim_and_a_block_claim_keep_their_pods_pending() -> anyhow::Result<()> {
+fn a_block_claim_is_a_loop_device_of_a_sparse_image_given_to_its_pod() -> anyhow::Result<()> {
+    use std::io::{Read, Seek, Write};
+    let root = nix::unistd::Uid::effective().is_root();
+    let loops = if root && Path::new("/dev/loop-control").exists() {
+        Ok(())
+    } else {
+        Err("Block claims need loop devices (root and /dev/loop-control)".to_owned())
+    };
+    if testkit::available(loops).is_none() {
+        return Ok(());
+    }
+    let server = ServerProcess::start(Path::new(BIN), "server", &["--no-kubevirt", "--fake-qemu"])?;
+    let _detach = DetachLoopsOnDrop(server.data_dir().to_owned());
+    let mount = server.data_dir().join("mnt/raw");
+    server.apply(
+        r"apiVersion: v1
+kind: PersistentVolumeClaim
+metadata:
+  name: raw
+spec:
+  accessModes: [ReadWriteOnce]
+  volumeMode: Block
+  resources:
+    requests:
+      storage: 64Mi
+",
+    )?;
+    let device = "/dev/kvrs-e2e-raw";
+    server.apply(&block_pod(
+        "raw-user",
+        "raw",
+        device,
+        &apiserver_args(&mount.join("api")),
+    ))?;
+    wait_phase(&server, "raw-user", "Running").map_err(fail(&server))?;
+    let volume = server.get(&["pvc", "raw"], "{.spec.volumeName}");
+    assert_eq!(
+        server.get(&["pvc", "raw"], "{.status.phase} {.spec.volumeMode}"),
+        "Bound Block"
+    );
+    assert_eq!(
+        server.get(
+            &["pv", &volume],
+            "{.spec.volumeMode} {.spec.local.path} {.spec.capacity.storage}"
+        ),
+        format!("Block /opt/local-path-provisioner/{volume}/block.img 64Mi")
+    );
+    let dir = server.data_dir().join("node/storage").join(&volume);
+    let image = dir.join("block.img");
+    let meta = std::fs::metadata(&image)?;
+    assert_eq!(meta.len(), 64 << 20);
+    assert!(
+        std::os::unix::fs::MetadataExt::blocks(&meta) < 1024,
+        "sparse: {meta:?}"
+    );
+    let attached = loop_devices_of(&image);
+    assert!(attached.starts_with("/dev/loop"), "attached: {attached:?}");
+
+    // The container sees the loop device at its devicePath (through its mount namespace),
+    // and what is written there is in the image.
+    let pid = server.container_pid("default", "raw-user", "main")?;
+    let in_container = PathBuf::from(format!("/proc/{pid}/root")).join(&device[1..]);
+    {
+        use std::os::unix::fs::FileTypeExt;
+        let kind = std::fs::metadata(&in_container)?.file_type();
+        assert!(
+            kind.is_block_device(),
+            "{}: {kind:?}",
+            in_container.display()
+        );
+        let mut dev = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&in_container)?;
+        dev.seek(std::io::SeekFrom::Start(1 << 20))?;
+        dev.write_all(b"WRITTEN-THROUGH-THE-DEVICE")?;
+        dev.sync_all()?;
+    }
+    let mut file = std::fs::File::open(&image)?;
+    file.seek(std::io::SeekFrom::Start(1 << 20))?;
+    let mut seen = [0u8; 26];
+    file.read_exact(&mut seen)?;
+    assert_eq!(&seen, b"WRITTEN-THROUGH-THE-DEVICE");
+
+    // Deleting the pod and then the claim detaches the device and removes the image.
+    server.ok(&["delete", "pod", "raw-user", "--wait=true"])?;
+    server.ok(&["delete", "pvc", "raw", "--wait=true"])?;
+    wait_until(DEADLINE, "the block volume to be released", || {
+        let gone = server.kubectl(&["get", "pv", &volume]);
+        (!gone.status.success() && !dir.exists()).then_some(())
+    })
+    .map_err(fail(&server))?;
+    assert_eq!(loop_devices_of(&image), "", "detached");
+    // The mount point the node made on the host's /dev (no private root) is an empty file.
+    if std::fs::metadata(device).is_ok_and(|m| m.is_file() && m.len() == 0) {
+        let _ = std::fs::remove_file(device);
+    }
+    Ok(())
+}
+
+#[test]
+fn a_missing_claim_keeps_its_pod_pending() -> anyhow::Result<()> {
     let server = ServerProcess::start(Path::new(BIN), "server", &["--no-kubevirt", "--fake-qemu"])?;
     let mount = server.data_dir().join("mnt/x");
     let args = apiserver_args(&mount.join("api"));
@@ -236,42 +408,6 @@ fn a_missing_claim_and_a_block_claim_keep_their_pods_pending() -> anyhow::Result
             .then_some(())
     })
     .map_err(fail(&server))?;
-
-    server.apply(
-        r"apiVersion: v1
-kind: PersistentVolumeClaim
-metadata:
-  name: raw
-spec:
-  accessModes: [ReadWriteOnce]
-  volumeMode: Block
-  resources:
-    requests:
-      storage: 1Gi
-",
-    )?;
-    server.apply(&pod("raw-user", "raw", false, &mount, &args))?;
-    let event = wait_until(DEADLINE, "the Block claim to be refused", || {
-        let events = server.get(&["events"],
-            r#"{range .items[?(@.involvedObject.name=="raw")]}{.type} {.reason}: {.message}{"\n"}{end}"#,
-        );
-        events
-            .lines()
-            .find(|e| e.contains("ProvisioningFailed"))
-            .map(str::to_owned)
-    })
-    .map_err(fail(&server))?;
-    assert!(event.starts_with("Warning ProvisioningFailed: "), "{event}");
-    assert!(
-        event.contains("volumeMode Block is not supported"),
-        "{event}"
-    );
-    assert_eq!(server.get(&["pvc", "raw"], "{.status.phase}"), "Pending");
-    assert_eq!(
-        server.get(&["pod", "raw-user"], "{.status.phase}"),
-        "Pending"
-    );
-    assert_eq!(server.get(&["pod", "raw-user"], "{.spec.nodeName}"), "");
 
     // A pod bound by name bypasses the scheduler: the node waits for its claim, retrying.
     let node = server.get(&["nodes"], "{.items[0].metadata.name}");

@@ -610,7 +610,10 @@ impl PodRunner {
                 container,
                 &prepared.mounts,
                 &volumes::read_only_volumes(pod),
-            ),
+            )
+            .into_iter()
+            .chain(volumes::device_mounts(container, &prepared.mounts))
+            .collect(),
             netns: prepared.netns.clone(),
             hostname: prepared.netns.as_ref().map(|_| pod_hostname(pod)),
         };

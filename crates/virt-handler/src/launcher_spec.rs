@@ -25,18 +25,29 @@
 //!   the launcher only opens paths below it.
 //! - `persistentVolumeClaim` / `dataVolume`: the claim's `disk.img` where the launcher pod
 //!   mounts it (the launcher creates a missing one); a hotpluggable one only once its file was
-//!   passed to the launcher ([`hotplug_file_passed`]).
+//!   passed to the launcher ([`hotplug_file_passed`]). A `Block`-mode claim (the VMI's
+//!   `volumeStatus` says so) is the block device the pod gets at `/dev/<volume>`, raw.
+//! - `ephemeral` (`ephemeral.persistentVolumeClaim`): an empty qcow2 overlay in the launcher
+//!   directory (`disks/<name>.qcow2`) over the claim's image — its `disk.img` where the pod
+//!   mounts the claim read-only, or its `/dev/<volume>` — which the launcher writes in its own
+//!   mount namespace, the only place the claim is seen (upstream's launcher does the same); the
+//!   image must exist, and the guest's writes go to the overlay only, lost with the pod.
 //! - `configMap`, `secret`, `downwardAPI`, `serviceAccount` (token, `ca.crt`, `namespace`): an
 //!   ISO 9660 image (`genisoimage`, Joliet and Rock
 //!   Ridge, labelled with the volume's `volumeLabel`, as upstream) of the files the kubelet put
 //!   in the launcher pod's volume, built once at start: later changes of the source do not
 //!   reach a running guest, as upstream.
+//! - `sysprep` (`configMap` or `secret`): the same ISO of the map's or secret's keys, labelled
+//!   `unattendCD` as upstream; one of them must be `autounattend.xml` or `unattend.xml`
+//!   (any case), else upstream's "Sysprep drive should contain …" error.
 //!
 //! Kernel and initrd of `kernelBoot.container` are hard-linked (copied across filesystems).
 //! Everything unsupported is a [`SpecError`], which the caller reports on the VMI.
 
-pub mod overlay;
 mod prepare;
+
+/// qcow2 overlays, shared with the launcher (which writes those of ephemeral volumes).
+pub use virt_launcher::overlay;
 
 pub use prepare::{prepare_files, supports_direct_io};
 
@@ -581,6 +592,11 @@ struct Source {
     format: DiskFormat,
     /// Create the image of this size first when it is missing (a claim's `disk.img`).
     create_size: Option<u64>,
+    /// The launcher creates the image as an empty overlay over this (an ephemeral volume's
+    /// claim image, as the launcher sees it).
+    overlay_backing: Option<String>,
+    /// The image is a block device (a `Block`-mode claim).
+    block_device: bool,
 }
 
 impl Source {
@@ -589,7 +605,39 @@ impl Source {
             path,
             format,
             create_size: None,
+            overlay_backing: None,
+            block_device: false,
         }
+    }
+}
+
+/// The ISO 9660 volume id of sysprep disks (upstream's `sysprepVolumeLabel`).
+pub const SYSPREP_VOLUME_LABEL: &str = "unattendCD";
+
+/// Whether the VMI's volume status says the claim of volume `name` is `Block`-mode (virt-
+/// controller writes each claim's `persistentVolumeClaimInfo` there before hand-off).
+pub fn claim_is_block(vmi: &VirtualMachineInstance, name: &str) -> bool {
+    vmi.status
+        .iter()
+        .flat_map(|s| s.volume_status.iter())
+        .filter(|v| v.name == name)
+        .filter_map(|v| v.persistent_volume_claim_info.as_ref())
+        .any(|i| i.volume_mode.as_deref() == Some("Block"))
+}
+
+/// Where the launcher sees the data of claim-backed volume `name`: the block device the pod
+/// gets at `/dev/<name>` for a `Block`-mode claim, else the claim's `disk.img` where the pod
+/// mounts it.
+fn claim_image(vmi: &VirtualMachineInstance, name: &str) -> (PathBuf, bool) {
+    if claim_is_block(vmi, name) {
+        (Path::new("/dev").join(name), true)
+    } else {
+        (
+            Path::new(virt_launcher::pod_layout::CLAIM_DISKS_DIR)
+                .join(name)
+                .join(virt_launcher::pod_layout::CLAIM_DISK_IMAGE),
+            false,
+        )
     }
 }
 
@@ -700,30 +748,114 @@ fn volume_source(
         });
         return Ok(Source::at(path, DiskFormat::Raw));
     }
-    if src.claim_name().is_some() {
-        // The launcher pod mounts the claim there (virt-controller's template); the launcher
-        // creates a missing image in it, as upstream's does, and QEMU opens it in place.
-        let dir = Path::new(virt_launcher::pod_layout::CLAIM_DISKS_DIR).join(name);
+    if let Some(sysprep) = &src.sysprep {
+        return sysprep_disk(name, sysprep, ctx, &disks_dir, files);
+    }
+    if let Some(ephemeral) = &src.ephemeral {
+        if ephemeral.persistent_volume_claim.is_none() {
+            return Err(SpecError::Invalid(format!(
+                "volume {name:?}: an ephemeral volume needs a persistentVolumeClaim"
+            )));
+        }
+        // The pod mounts the claim read-only (virt-controller's template); the launcher
+        // writes the overlay over its image, the one place that sees the claim.
+        let (backing, _) = claim_image(vmi, name);
         return Ok(Source {
-            path: dir.join(virt_launcher::pod_layout::CLAIM_DISK_IMAGE),
-            format: DiskFormat::Raw,
-            create_size: claim_disk_size(vmi, name)?,
+            overlay_backing: Some(backing.display().to_string()),
+            ..Source::at(disks_dir.join(format!("{name}.qcow2")), DiskFormat::Qcow2)
         });
     }
-    let kind = [
-        (src.ephemeral.is_some(), "ephemeral"),
-        (
-            src.cloud_init_config_drive.is_some(),
-            "cloudInitConfigDrive",
-        ),
-        (src.sysprep.is_some(), "sysprep"),
-    ]
-    .into_iter()
-    .find_map(|(set, kind)| set.then_some(kind))
-    .unwrap_or("this volume type");
+    if src.claim_name().is_some() {
+        // The launcher pod mounts the claim there (virt-controller's template), or gives it
+        // as a block device; the launcher creates a missing image in a filesystem claim, as
+        // upstream's does, and QEMU opens it in place.
+        let (path, block) = claim_image(vmi, name);
+        if block {
+            return Ok(Source {
+                block_device: true,
+                ..Source::at(path, DiskFormat::Raw)
+            });
+        }
+        return Ok(Source {
+            create_size: claim_disk_size(vmi, name)?,
+            ..Source::at(path, DiskFormat::Raw)
+        });
+    }
+    let kind = src
+        .set_sources()
+        .first()
+        .copied()
+        .unwrap_or("this volume type");
     Err(SpecError::Unsupported(format!(
         "volume {name:?}: {kind} volumes are not supported yet"
     )))
+}
+
+/// The sysprep disk of volume `name`: an ISO labelled [`SYSPREP_VOLUME_LABEL`] of the keys of
+/// its ConfigMap or Secret (in the launcher pod's volume of that name), which must include
+/// `autounattend.xml` or `unattend.xml` (any case), as upstream checks.
+fn sysprep_disk(
+    name: &str,
+    sysprep: &kubevirt_api::v1::SysprepSource,
+    ctx: &SpecContext<'_>,
+    disks_dir: &Path,
+    files: &mut Vec<FileAction>,
+) -> Result<Source, SpecError> {
+    let plugin = match (&sysprep.config_map, &sysprep.secret) {
+        (Some(_), _) => "kubernetes.io~configmap",
+        (None, Some(_)) => "kubernetes.io~secret",
+        (None, None) => {
+            return Err(SpecError::Invalid(format!(
+                "volume {name:?}: a sysprep volume needs a configMap or a secret"
+            )));
+        }
+    };
+    let source = ctx.pod_volumes_dir.join(plugin).join(name);
+    check_unattend_present(&source)?;
+    let path = disks_dir.join(format!("{name}.iso"));
+    files.push(FileAction::ConfigIso {
+        path: path.clone(),
+        label: Some(SYSPREP_VOLUME_LABEL.to_owned()),
+        source,
+    });
+    Ok(Source::at(path, DiskFormat::Raw))
+}
+
+/// Upstream's `validateUnattendPresence`: the sysprep volume holds `autounattend.xml` or
+/// `unattend.xml` (names compared in lower case), with upstream's messages.
+fn check_unattend_present(dir: &Path) -> Result<(), SpecError> {
+    const AUTOUNATTEND: &str = "autounattend.xml";
+    const UNATTEND: &str = "unattend.xml";
+    let files = std::fs::read_dir(dir)
+        .map_err(|e| e.to_string())
+        .and_then(|_| prepare::volume_files(dir).map_err(|e| error_chain(&e)))
+        .map_err(|e| {
+            SpecError::Invalid(format!(
+                "Error validating that {AUTOUNATTEND} or {UNATTEND} have been provided: {e}"
+            ))
+        })?;
+    let present = files.iter().any(|(file, _)| {
+        let file = file.to_lowercase();
+        file == AUTOUNATTEND || file == UNATTEND
+    });
+    if present {
+        Ok(())
+    } else {
+        Err(SpecError::Invalid(format!(
+            "Sysprep drive should contain {AUTOUNATTEND} or {UNATTEND} but neither were found."
+        )))
+    }
+}
+
+/// An error and its causes, `: `-separated.
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text = format!("{text}: {cause}");
+        source = cause.source();
+    }
+    text
 }
 
 /// The NoCloud `cidata` disk of a `cloudInitNoCloud` volume.
@@ -1036,6 +1168,8 @@ fn disks(
             readonly,
             create_size: source.create_size,
             passed_file: hotplug.then(|| volume.name.clone()),
+            overlay_backing: source.overlay_backing,
+            block_device: source.block_device,
         });
     }
     Ok(out)

@@ -8,6 +8,7 @@
 //! launcher and on to QEMU over those sockets. [`accel`] decides between KVM and TCG;
 //! [`safe_path`] opens host paths without following symlinks; [`private_fs`] creates
 //! owner-only files, directories and sockets; [`log_rotation`] caps the serial console log;
+//! [`overlay`] writes the empty qcow2 overlays a guest writes to over a pristine disk;
 //! [`netsetup`] builds the masquerade binding (bridge, tap, nftables, DHCP) in the launcher
 //! pod's network namespace. This crate never depends on Kubernetes crates.
 
@@ -16,6 +17,7 @@ pub mod argv;
 pub mod fd_passing;
 pub mod launcher;
 pub mod netsetup;
+pub mod overlay;
 pub mod pod_layout;
 pub use private_fs;
 pub use private_fs::log_rotation;

@@ -273,6 +273,18 @@ pub struct Disk {
     /// disk; the file must be open read-write, or read-only for a `readonly` disk or CD-ROM.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub passed_file: Option<String>,
+    /// When the image (a qcow2 at `source_path`, below the launcher directory) does not
+    /// exist, create it first as an empty overlay over this raw image or block device, which
+    /// must exist: the `disk.img` of an `ephemeral` volume's claim where the launcher pod
+    /// mounts it, or the claim's block device at `/dev/<volume>`. The guest's writes stay in
+    /// the overlay; the claim is never written (upstream's ephemeral disk). The backing must
+    /// lie below the claim disks directory or be a block device directly in `/dev`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub overlay_backing: Option<String>,
+    /// `source_path` is a block device (a `Block`-mode claim at `/dev/<volume>`): QEMU opens
+    /// it with its `host_device` driver, and it must be a block device directly in `/dev`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub block_device: bool,
 }
 
 /// Disk image format.

@@ -56,6 +56,25 @@ impl VolumeSource {
             .or_else(|| self.data_volume.as_ref().map(|d| d.name.as_str()))
     }
 
+    /// The claim an `ephemeral` source reads its disk from (the guest's writes go to an
+    /// overlay; the claim is only read).
+    #[must_use]
+    pub fn ephemeral_claim_name(&self) -> Option<&str> {
+        self.ephemeral
+            .as_ref()?
+            .persistent_volume_claim
+            .as_ref()
+            .map(|p| p.claim_name.as_str())
+    }
+
+    /// The claim the launcher pod mounts for this source: [`Self::claim_name`]'s, or an
+    /// `ephemeral` source's ([`Self::ephemeral_claim_name`]). Such a claim must exist before
+    /// the pod is created, as upstream's PVC checks treat both alike.
+    #[must_use]
+    pub fn pod_claim_name(&self) -> Option<&str> {
+        self.claim_name().or_else(|| self.ephemeral_claim_name())
+    }
+
     /// Whether the volume is hotpluggable (a PVC or DataVolume marked `hotpluggable`, or a
     /// memory dump).
     #[must_use]
@@ -362,4 +381,29 @@ pub struct ContainerPathVolumeSource {
     /// Read-only.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub read_only: Option<bool>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn source(json: serde_json::Value) -> VolumeSource {
+        serde_json::from_value(json).expect("volume source")
+    }
+
+    #[test]
+    fn the_pod_mounts_the_claims_of_claim_and_ephemeral_volumes() {
+        let pvc = source(serde_json::json!({"persistentVolumeClaim": {"claimName": "a"}}));
+        let dv = source(serde_json::json!({"dataVolume": {"name": "b"}}));
+        let eph =
+            source(serde_json::json!({"ephemeral": {"persistentVolumeClaim": {"claimName": "c"}}}));
+        let bare = source(serde_json::json!({"ephemeral": {}}));
+        assert_eq!(pvc.pod_claim_name(), Some("a"));
+        assert_eq!(dv.pod_claim_name(), Some("b"));
+        assert_eq!(eph.claim_name(), None, "not a claim the guest writes");
+        assert_eq!(eph.ephemeral_claim_name(), Some("c"));
+        assert_eq!(eph.pod_claim_name(), Some("c"));
+        assert_eq!(bare.pod_claim_name(), None);
+        assert_eq!(pvc.ephemeral_claim_name(), None);
+    }
 }

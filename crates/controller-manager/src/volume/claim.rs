@@ -302,8 +302,21 @@ async fn bind_named(
     Ok(Action::await_change())
 }
 
-/// Makes the claim's volume on `node`: its directory, then the volume pre-bound to the
-/// claim (the next pass binds them).
+/// A `Block` volume's sparse image of `bytes` in its directory `dir`, attached to a loop
+/// device (an existing attachment is kept).
+async fn block_image(ctx: &Context, dir: &std::path::Path, bytes: u64) -> Result<(), String> {
+    let image = ctx
+        .local_storage
+        .create_block_image(dir, bytes)
+        .map_err(|e| e.to_string())?;
+    let device = super::loop_device::attach(&image).await?;
+    info!(image = %image.display(), device = %device.display(), "attached the block volume's image");
+    Ok(())
+}
+
+/// Makes the claim's volume on `node`: its directory (for a `Block` claim with its image
+/// attached to a loop device), then the volume pre-bound to the claim (the next pass binds
+/// them).
 async fn provision(
     ctx: &Context,
     claim: &PersistentVolumeClaim,
@@ -328,31 +341,40 @@ async fn provision(
         .await
         .map_err(write_claim(&name))?;
     }
-    if binder::claim_mode(claim) == "Block" {
-        let message = failed(format!(
-            "volumeMode Block is not supported: {PROVISIONER} provisions directories and no loop devices are assumed on this machine"
-        ));
-        record(ctx, claim, true, "ProvisioningFailed", &message).await;
-        return Ok(Action::await_change());
-    }
-    if binder::requested_storage(claim).is_none() {
+    let Some(requested) = binder::requested_storage(claim) else {
         let message =
             failed("the claim requests no storage (spec.resources.requests.storage)".into());
         record(ctx, claim, true, "ProvisioningFailed", &message).await;
         return Ok(Action::await_change());
-    }
+    };
     let uid = claim.metadata.uid.clone().unwrap_or_default();
     let name = provisioner::volume_name(&uid);
-    if let Err(e) = ctx.local_storage.create_dir(node, &name) {
-        record(
-            ctx,
-            claim,
-            true,
-            "ProvisioningFailed",
-            &failed(e.to_string()),
-        )
-        .await;
-        return Err(Error::LocalVolume(e));
+    let dir = match ctx.local_storage.create_dir(node, &name) {
+        Ok(dir) => dir,
+        Err(e) => {
+            record(
+                ctx,
+                claim,
+                true,
+                "ProvisioningFailed",
+                &failed(e.to_string()),
+            )
+            .await;
+            return Err(Error::LocalVolume(e));
+        }
+    };
+    if binder::claim_mode(claim) == "Block" {
+        // Thousandths of a byte, rounded up to whole bytes.
+        let bytes = u64::try_from((requested + 999) / 1000).unwrap_or(u64::MAX);
+        if let Err(why) = block_image(ctx, &dir, bytes).await {
+            let message = failed(format!(
+                "volumeMode Block needs a loop device, and none could be set up on this machine: {why}"
+            ));
+            record(ctx, claim, true, "ProvisioningFailed", &message).await;
+            // Nothing is left behind; loop devices may become available.
+            let _ = std::fs::remove_dir_all(&dir);
+            return Ok(Action::requeue(RETRY));
+        }
     }
     let reclaim = class.reclaim_policy.as_deref().unwrap_or("Delete");
     let volume = ctx

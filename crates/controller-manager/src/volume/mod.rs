@@ -15,7 +15,7 @@
 //!             a new volume `pvc-<uid>` pre-bound to it → bind: volume claimRef, claim
 //!             volumeName and annotations, both `status.phase: Bound`
 //!  reclaim.rs volume whose claim is gone → Released; reclaim Delete of a local volume →
-//!             its directory and the volume deleted
+//!             its loop devices detached (Block), its directory and the volume deleted
 //! ```
 //!
 //! # Guarantees
@@ -27,8 +27,10 @@
 //! - A claim used by a pod that is not finished is not deleted (its finalizer stays until a
 //!   live list of the namespace's pods confirms no pod uses it), so a volume is never
 //!   deleted under a running pod.
-//! - `volumeMode: Block` is refused for the local class with a `ProvisioningFailed` event;
-//!   the claim stays `Pending`.
+//! - A `volumeMode: Block` claim of the local class gets a sparse image of its request
+//!   attached to a loop device ([`loop_device`]); where none can be set up it gets a
+//!   `ProvisioningFailed` event saying so, nothing is left behind, and it stays `Pending`
+//!   (tried again every 15 s).
 //!
 //! # Caveats
 //! - Claims with a label `selector` bind only to the volume they name or that names them.
@@ -40,6 +42,7 @@
 //! - Resizing, volume attributes classes and data sources are not implemented.
 
 mod claim;
+pub mod loop_device;
 mod protection;
 pub mod provisioner;
 mod reclaim;

@@ -8,15 +8,23 @@
 //! [`LocalStorage::nodes`]`[node]/pvc-<uid>`. The PersistentVolume carries the node path and a
 //! required node affinity to `kubernetes.io/hostname=<node>`.
 //!
+//! A `volumeMode: Block` claim's volume is the same directory holding [`BLOCK_IMAGE`], a sparse
+//! file of the requested size attached to a loop device ([`super::loop_device`]); the volume is
+//! a `Block` one whose `local` path is that file, and the node gives a pod the loop device
+//! attached to it (attaching one again after a reboot), as kubelet does for a file-backed block
+//! volume. Releasing the volume detaches its loop devices before the directory goes.
+//!
 //! # Guarantees
 //! - Only a directory this provisioner names is created or deleted: the volume's name is a
-//!   single path element starting `pvc-`, its `hostPath` is exactly the node path of that
-//!   name, its node is one this process knows, and the directory on this machine is a real
-//!   directory (not a symbolic link) directly inside the node's volume directory. Anything
-//!   else is refused with a [`PathError`] and nothing is touched.
+//!   single path element starting `pvc-`, its `hostPath` (a `Block` volume's `local` path) is
+//!   exactly the node path of that name (of its [`BLOCK_IMAGE`]), its node is one this process
+//!   knows, and the directory on this machine is a real directory (not a symbolic link)
+//!   directly inside the node's volume directory. Anything else is refused with a
+//!   [`PathError`] and nothing is touched.
 //!
 //! # Caveats
-//! Capacity is not enforced: a directory holds what its file system lets it.
+//! Capacity is not enforced for a `Filesystem` volume: a directory holds what its file system
+//! lets it. A `Block` volume's image is sparse: its blocks are taken as the guest writes.
 
 use std::collections::BTreeMap;
 use std::path::{Component, Path, PathBuf};
@@ -26,6 +34,8 @@ use serde_json::json;
 
 /// The provisioner name of the local class.
 pub const PROVISIONER: &str = "kubevirt-rs.io/local";
+/// The image file of a `Block`-mode volume in its directory.
+pub const BLOCK_IMAGE: &str = "block.img";
 
 /// Where the local volumes of the embedded nodes are.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -118,7 +128,12 @@ impl LocalStorage {
         let path = spec
             .and_then(|s| s.host_path.as_ref().map(|h| h.path.clone()))
             .or_else(|| spec.and_then(|s| s.local.as_ref().map(|l| l.path.clone())));
-        let expected = self.node_path.join(&name);
+        let block = spec.and_then(|s| s.volume_mode.as_deref()) == Some("Block");
+        let expected = if block {
+            self.node_path.join(&name).join(BLOCK_IMAGE)
+        } else {
+            self.node_path.join(&name)
+        };
         if self.node_path.as_os_str().is_empty()
             || path.as_deref().map(Path::new) != Some(&expected)
         {
@@ -183,8 +198,75 @@ impl LocalStorage {
         }
     }
 
+    /// Creates the sparse image of `size` bytes of a new `Block` volume in its directory
+    /// `dir` (from [`Self::create_dir`]), owner-only; an existing one (a retried
+    /// provisioning) is kept. Returns the image.
+    ///
+    /// # Errors
+    /// [`PathError::NotOurs`] for anything but a regular file in its place, or an I/O error.
+    pub fn create_block_image(&self, dir: &Path, size: u64) -> Result<PathBuf, PathError> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let image = dir.join(BLOCK_IMAGE);
+        let created = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            // `create_new` (O_EXCL) fails on anything in place, a symbolic link included.
+            .mode(0o600)
+            .open(&image);
+        match created {
+            Ok(file) => file.set_len(size).map_err(|source| PathError::Io {
+                path: image.clone(),
+                source,
+            })?,
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                let regular = std::fs::symlink_metadata(&image).is_ok_and(|m| m.is_file());
+                if !regular {
+                    return Err(PathError::NotOurs { path: image });
+                }
+            }
+            Err(source) => {
+                return Err(PathError::Io {
+                    path: image,
+                    source,
+                });
+            }
+        }
+        Ok(image)
+    }
+
+    /// The image of a `Block` volume of this provisioner's on this machine (after the checks
+    /// of [`Self::local_dir`]); `None` for a `Filesystem` one.
+    ///
+    /// # Errors
+    /// As [`Self::local_dir`].
+    pub fn block_image(&self, volume: &PersistentVolume) -> Result<Option<PathBuf>, PathError> {
+        let dir = self.local_dir(volume)?;
+        let block = volume.spec.as_ref().and_then(|s| s.volume_mode.as_deref()) == Some("Block");
+        Ok(block.then(|| dir.join(BLOCK_IMAGE)))
+    }
+
+    /// Deletes the volume's data on this machine: a `Block` volume's loop devices are
+    /// detached, then its directory removed ([`Self::delete_dir`]).
+    ///
+    /// # Errors
+    /// [`PathError`] as [`Self::delete_dir`]; a loop device that cannot be detached is an
+    /// [`PathError::Io`] naming the image.
+    pub async fn delete_volume(&self, volume: &PersistentVolume) -> Result<(), PathError> {
+        if let Some(image) = self.block_image(volume)? {
+            super::loop_device::detach_all(&image)
+                .await
+                .map_err(|why| PathError::Io {
+                    path: image.clone(),
+                    source: std::io::Error::other(format!("detaching its loop device: {why}")),
+                })?;
+        }
+        self.delete_dir(volume)
+    }
+
     /// The volume for `claim` on `node`: `pvc-<uid>`, the claim's request as capacity and
-    /// its access modes, the class's reclaim policy, pre-bound to the claim.
+    /// its access modes and volume mode, the class's reclaim policy, pre-bound to the claim;
+    /// a `Filesystem` one names its directory as a `hostPath`, a `Block` one its
+    /// [`BLOCK_IMAGE`] as a `local` path.
     pub fn volume_for(
         &self,
         claim: &PersistentVolumeClaim,
@@ -195,11 +277,21 @@ impl LocalStorage {
         let uid = claim.metadata.uid.clone().unwrap_or_default();
         let name = volume_name(&uid);
         let spec = claim.spec.clone().unwrap_or_default();
+        let block = spec.volume_mode.as_deref() == Some("Block");
         let storage = spec
             .resources
             .and_then(|r| r.requests)
             .and_then(|r| r.get("storage").cloned());
-        serde_json::from_value(json!({
+        let dir = self.node_path.join(&name);
+        let (mode, source) = if block {
+            ("Block", json!({"local": {"path": dir.join(BLOCK_IMAGE)}}))
+        } else {
+            (
+                "Filesystem",
+                json!({"hostPath": {"path": dir, "type": "Directory"}}),
+            )
+        };
+        let mut volume = json!({
             "apiVersion": "v1",
             "kind": "PersistentVolume",
             "metadata": {
@@ -212,8 +304,7 @@ impl LocalStorage {
                 "accessModes": spec.access_modes.unwrap_or_default(),
                 "persistentVolumeReclaimPolicy": reclaim_policy,
                 "storageClassName": class,
-                "volumeMode": "Filesystem",
-                "hostPath": {"path": self.node_path.join(&name), "type": "Directory"},
+                "volumeMode": mode,
                 "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
                     {"key": "kubernetes.io/hostname", "operator": "In", "values": [node]}]}]}},
                 "claimRef": {
@@ -225,7 +316,11 @@ impl LocalStorage {
                     "resourceVersion": claim.metadata.resource_version,
                 },
             },
-        }))
+        });
+        if let (Some(spec), Some(source)) = (volume["spec"].as_object_mut(), source.as_object()) {
+            spec.extend(source.clone());
+        }
+        serde_json::from_value(volume)
     }
 }
 
@@ -306,6 +401,92 @@ mod tests {
         assert!(!dir.exists());
         s.delete_dir(&pv).expect("already gone is fine");
         assert!(tmp.path().join("storage").is_dir(), "the base stays");
+    }
+
+    fn block_claim() -> PersistentVolumeClaim {
+        let mut claim = claim();
+        if let Some(spec) = claim.spec.as_mut() {
+            spec.volume_mode = Some("Block".into());
+        }
+        claim
+    }
+
+    #[test]
+    fn a_block_volume_is_a_sparse_image_in_its_directory_named_as_its_local_path() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let s = storage(&tmp.path().join("storage"));
+        let pv = s
+            .volume_for(&block_claim(), "local", "Delete", "n1")
+            .expect("pv");
+        let spec = pv.spec.as_ref().expect("spec");
+        assert_eq!(spec.volume_mode.as_deref(), Some("Block"));
+        assert!(spec.host_path.is_none());
+        assert_eq!(
+            spec.local.as_ref().map(|l| l.path.as_str()),
+            Some("/opt/local-path-provisioner/pvc-1234/block.img")
+        );
+        assert_eq!(volume_node(&pv), Some("n1"));
+        let dir = s.create_dir("n1", "pvc-1234").expect("created");
+        let image = s.create_block_image(&dir, 8 << 20).expect("image");
+        assert_eq!(image, dir.join(BLOCK_IMAGE));
+        let meta = std::fs::metadata(&image).expect("meta");
+        assert_eq!(meta.len(), 8 << 20);
+        assert!(
+            std::os::unix::fs::MetadataExt::blocks(&meta) < 64,
+            "sparse: {meta:?}"
+        );
+        // A retried provisioning keeps the image (and what was written).
+        std::fs::write(&image, b"data").expect("write");
+        s.create_block_image(&dir, 8 << 20).expect("kept");
+        assert_eq!(std::fs::read(&image).expect("read"), b"data");
+        assert_eq!(s.local_dir(&pv).expect("ours"), dir);
+        assert_eq!(s.block_image(&pv).expect("ours"), Some(image.clone()));
+        // A Filesystem volume has no image; a Block one naming its directory is not ours.
+        let fs = s.volume_for(&claim(), "local", "Delete", "n1").expect("pv");
+        assert_eq!(s.block_image(&fs).expect("ours"), None);
+        let mut odd = pv.clone();
+        if let Some(l) = odd.spec.as_mut().and_then(|s| s.local.as_mut()) {
+            l.path = "/opt/local-path-provisioner/pvc-1234".into();
+        }
+        assert!(matches!(s.local_dir(&odd), Err(PathError::Path { .. })));
+        // A link in place of the image is refused.
+        std::fs::remove_file(&image).expect("rm");
+        std::os::unix::fs::symlink(tmp.path().join("elsewhere"), &image).expect("link");
+        assert!(matches!(
+            s.create_block_image(&dir, 1 << 20),
+            Err(PathError::NotOurs { .. })
+        ));
+        assert!(!tmp.path().join("elsewhere").exists());
+    }
+
+    #[tokio::test]
+    async fn releasing_a_block_volume_detaches_its_loop_device_and_removes_its_directory() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let s = storage(&tmp.path().join("storage"));
+        let pv = s
+            .volume_for(&block_claim(), "local", "Delete", "n1")
+            .expect("pv");
+        let dir = s.create_dir("n1", "pvc-1234").expect("created");
+        let image = s.create_block_image(&dir, 4 << 20).expect("image");
+        // Where loop devices work (root), the image is attached as at provisioning.
+        let attached = super::super::loop_device::attach(&image).await.ok();
+        if attached.is_none() {
+            eprintln!("no loop device here: only the directory's removal is checked");
+        }
+        s.delete_volume(&pv).await.expect("released");
+        assert!(!dir.exists());
+        if let Some(device) = attached {
+            let listed = std::process::Command::new("losetup")
+                .arg("--list")
+                .output()
+                .expect("losetup");
+            let listed = String::from_utf8_lossy(&listed.stdout);
+            assert!(
+                !listed.contains(&image.display().to_string()),
+                "{} still attached: {listed}",
+                device.display()
+            );
+        }
     }
 
     #[test]

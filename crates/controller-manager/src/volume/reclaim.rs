@@ -1,6 +1,7 @@
 //! One pass over a volume (kube's `syncVolume`): `Available` while unclaimed, `Bound` while
 //! its claim names it, `Released` once its claim is gone, and then, with reclaim policy
-//! `Delete`, deleted — with its directory when the local provisioner made it.
+//! `Delete`, deleted — with its directory when the local provisioner made it (a `Block` one's
+//! loop devices detached first).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -98,7 +99,7 @@ pub(super) async fn reconcile(
         set_volume_phase(&ctx, &volume, "Failed", Some(&message)).await?;
         return Ok(Action::await_change());
     }
-    if let Err(e) = ctx.local_storage.delete_dir(&volume) {
+    if let Err(e) = ctx.local_storage.delete_volume(&volume).await {
         let message = format!("Delete of volume \"{name}\" failed: {e}");
         warn!(volume = %name, error = %e, "volume directory not deleted");
         set_volume_phase(&ctx, &volume, "Failed", Some(&message)).await?;

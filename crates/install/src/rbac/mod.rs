@@ -76,7 +76,9 @@ pub(crate) fn named_rule(
     }
 }
 
-/// The API groups that exist: Kubernetes' and KubeVirt's served ones.
+/// The API groups that exist: Kubernetes' and KubeVirt's served ones, and CDI's
+/// (`cdi.kubevirt.io`, whose DataVolumes virt-controller creates from VM templates wherever
+/// CDI is installed — the embedded server installs its own).
 ///
 /// # Errors
 ///
@@ -87,6 +89,7 @@ pub fn served_groups() -> Result<BTreeSet<String>, InstallError> {
         groups.insert(crd.spec.group);
     }
     groups.insert(SUBRESOURCES_GROUP.to_owned());
+    groups.insert(kubevirt_api::cdi::GROUP.to_owned());
     Ok(groups)
 }
 

@@ -17,9 +17,14 @@
 //!   `local` path) resolves through the node's [`HostPathMap`] as a `hostPath` volume does
 //!   (the embedded local provisioner's volumes are below the node's data directory); the
 //!   claim's `readOnly` mounts it read-only. Resolved once per pod: a binding does not change.
+//!   A `volumeMode: Block` volume is a block device: its path itself, or, for a regular file
+//!   (the local provisioner's image), the loop device attached to it ([`loop_device`]).
 //!
 //! Each container gets its `volumeMounts` bind-mounted at their `mountPath` (with `subPath` and
-//! `readOnly`) in its own mount namespace ([`super::process`]). Its environment ([`env`]) has
+//! `readOnly`) in its own mount namespace ([`super::process`]), and the block device of each of
+//! its `volumeDevices` bind-mounted at its `devicePath` ([`device_mounts`]); as kubelet, a
+//! `Block` volume named in `volumeMounts`, or another named in `volumeDevices`, keeps the pod
+//! from starting. Its environment ([`env`]) has
 //! the `KUBERNETES_SERVICE_*` variables, `envFrom` and `env` (values, downward-API fields and
 //! resources, configMap and secret keys).
 //!
@@ -40,12 +45,17 @@
 //!   (`error processing PVC default/data: PVC is not bound`), retried every pass.
 //!
 //! # Caveats
-//! Other kinds (and persistent volumes other than `hostPath`/`local`, or of `volumeMode:
-//! Block`) are not prepared: a pod that uses one waits in `ContainerCreating` with the reason
-//! in its container status.
+//! - Other kinds (and persistent volumes other than `hostPath`/`local`) are not prepared: a pod
+//!   that uses one waits in `ContainerCreating` with the reason in its container status.
+//! - Without a private root the device's mount point is a file on the host's `/dev`: an empty
+//!   one is created at the `devicePath` when nothing is there (a directory there, such as
+//!   `/dev/disk`, cannot take the device and the container does not start). A `readOnly` claim
+//!   does not make its device read-only (a read-only bind mount does not stop writes to a
+//!   device node).
 
 pub mod atomic;
 pub mod env;
+pub mod loop_device;
 pub mod projection;
 pub mod token;
 
@@ -116,6 +126,17 @@ pub enum SetUpError {
     /// missing or does not name the claim (kubelet's wording).
     #[error("error processing PVC {claim}: {problem}")]
     Claim { claim: String, problem: String },
+    /// A claim's volume mode does not fit how a container uses it (kubelet's wording).
+    #[error("volume {volume} has volumeMode {mode}, but is specified in {field}")]
+    VolumeMode {
+        volume: String,
+        mode: &'static str,
+        field: &'static str,
+    },
+    /// A `Block` volume's path is neither a block device nor a file, or no loop device could
+    /// be attached to its file.
+    #[error("block volume {path}: {problem}")]
+    BlockDevice { path: String, problem: String },
     /// A configMap or secret the volume needs does not exist (and is not optional).
     #[error("{kind} \"{name}\" not found")]
     NotFound { kind: &'static str, name: String },
@@ -256,8 +277,9 @@ pub struct VolumeManager {
     tokens: token::TokenCache,
     /// When each pod's sources were last read: pod uid → instant.
     synced: BTreeMap<String, Instant>,
-    /// The resolved directories of `persistentVolumeClaim` volumes: (pod uid, volume) → path.
-    claims: BTreeMap<(String, String), PathBuf>,
+    /// The resolved paths of `persistentVolumeClaim` volumes: (pod uid, volume) → path and
+    /// whether it is a `Block` volume's device.
+    claims: BTreeMap<(String, String), (PathBuf, bool)>,
 }
 
 /// The plugin directories of the API-backed kinds: configMap, secret, downwardAPI, projected.
@@ -354,6 +376,7 @@ impl VolumeManager {
             .get(&uid)
             .is_none_or(|at| at.elapsed() >= RESYNC_PERIOD);
         let mut paths = BTreeMap::new();
+        let mut block = BTreeSet::new();
         for volume in pod.spec.iter().flat_map(|s| s.volumes.iter().flatten()) {
             let name = volume.name.clone();
             let failed = |cause| VolumeError {
@@ -387,20 +410,27 @@ impl VolumeManager {
                 local.map_err(failed)?
             } else if let Some(source) = &volume.persistent_volume_claim {
                 let key = (uid.clone(), name.clone());
-                match self.claims.get(&key) {
-                    Some(path) => path.clone(),
+                let (path, is_block) = match self.claims.get(&key) {
+                    Some(claim) => claim.clone(),
                     None => {
-                        let path = self.claim_volume(pod, source).await.map_err(failed)?;
-                        self.claims.insert(key, path.clone());
-                        path
+                        let claim = self.claim_volume(pod, source).await.map_err(failed)?;
+                        self.claims.insert(key, claim.clone());
+                        claim
                     }
+                };
+                if is_block {
+                    block.insert(name.clone());
                 }
+                path
             } else {
                 return Err(failed(SetUpError::Unsupported {
                     kind: "this kind of",
                 }));
             };
             paths.insert(name, path);
+        }
+        if let Some(e) = volume_mode_error(pod, &block) {
+            return Err(e);
         }
         if resync {
             self.synced.insert(uid, Instant::now());
@@ -409,12 +439,12 @@ impl VolumeManager {
     }
 
     /// The directory of a `persistentVolumeClaim` volume: claim → bound volume → its path on
-    /// this node.
+    /// this node; for a `Block` volume its block device (and `true`).
     async fn claim_volume(
         &self,
         pod: &Pod,
         source: &PersistentVolumeClaimVolumeSource,
-    ) -> Result<PathBuf, SetUpError> {
+    ) -> Result<(PathBuf, bool), SetUpError> {
         let namespace = pod.metadata.namespace.as_deref().unwrap_or_default();
         let name = &source.claim_name;
         let problem = |problem: String| SetUpError::Claim {
@@ -456,9 +486,20 @@ impl VolumeManager {
             )));
         }
         if spec.volume_mode.as_deref() == Some("Block") {
-            return Err(SetUpError::Unsupported {
-                kind: "volumeMode Block persistent",
-            });
+            let path = match (spec.host_path, spec.local) {
+                (Some(host), _) => host.path,
+                (None, Some(local)) => local.path,
+                (None, None) => {
+                    return Err(SetUpError::Unsupported {
+                        kind: "this kind of persistent",
+                    });
+                }
+            };
+            let unchecked = HostPathVolumeSource { path, type_: None };
+            return Ok((
+                block_device(&host_path(&unchecked, &self.host_paths)?).await?,
+                true,
+            ));
         }
         let host = match (spec.host_path, spec.local) {
             (Some(host), _) => host,
@@ -472,7 +513,7 @@ impl VolumeManager {
                 });
             }
         };
-        host_path(&host, &self.host_paths)
+        Ok((host_path(&host, &self.host_paths)?, false))
     }
 
     /// The environment of `container` ([`env`]); `kubernetes_service` is where pods reach the
@@ -691,6 +732,82 @@ fn safe_sub_path(sub: &str) -> Option<&Path> {
     path.components()
         .all(|c| matches!(c, Component::Normal(_)))
         .then_some(path)
+}
+
+/// The block device of a `Block` volume at `path`: the device itself, or the loop device of a
+/// regular file.
+async fn block_device(path: &Path) -> Result<PathBuf, SetUpError> {
+    use std::os::unix::fs::FileTypeExt;
+    let problem = |problem: String| SetUpError::BlockDevice {
+        path: path.display().to_string(),
+        problem,
+    };
+    let meta = std::fs::metadata(path).map_err(|e| problem(e.to_string()))?;
+    if meta.file_type().is_block_device() {
+        Ok(path.to_owned())
+    } else if meta.is_file() {
+        loop_device::device_for(path)
+            .await
+            .map_err(|e| problem(format!("no loop device could be attached: {e}")))
+    } else {
+        Err(problem("is neither a block device nor a file".into()))
+    }
+}
+
+/// kubelet's check of how the containers of `pod` use its volumes: a `Block` volume (one of
+/// `block`) only in `volumeDevices`, any other only in `volumeMounts`; the first misuse.
+fn volume_mode_error(pod: &Pod, block: &BTreeSet<String>) -> Option<VolumeError> {
+    let spec = pod.spec.as_ref();
+    let containers = spec.into_iter().flat_map(|s| {
+        s.init_containers
+            .iter()
+            .flatten()
+            .chain(s.containers.iter())
+    });
+    for container in containers {
+        let mounted = container.volume_mounts.iter().flatten().map(|m| &m.name);
+        if let Some(name) = mounted.into_iter().find(|n| block.contains(*n)) {
+            return Some(VolumeError {
+                volume: name.clone(),
+                cause: SetUpError::VolumeMode {
+                    volume: name.clone(),
+                    mode: "Block",
+                    field: "volumeMounts",
+                },
+            });
+        }
+        let devices = container.volume_devices.iter().flatten().map(|d| &d.name);
+        if let Some(name) = devices.into_iter().find(|n| !block.contains(*n)) {
+            return Some(VolumeError {
+                volume: name.clone(),
+                cause: SetUpError::VolumeMode {
+                    volume: name.clone(),
+                    mode: "Filesystem",
+                    field: "volumeDevices",
+                },
+            });
+        }
+    }
+    None
+}
+
+/// The bind mounts that give `container` the block device of each of its `volumeDevices` at
+/// its `devicePath` (devices of unknown volumes or at a relative path are skipped: the API
+/// server refuses both).
+pub fn device_mounts(container: &Container, volumes: &BTreeMap<String, PathBuf>) -> Vec<BindMount> {
+    container
+        .volume_devices
+        .iter()
+        .flatten()
+        .filter(|d| Path::new(&d.device_path).is_absolute())
+        .filter_map(|d| {
+            Some(BindMount {
+                source: volumes.get(&d.name)?.clone(),
+                target: PathBuf::from(&d.device_path),
+                read_only: false,
+            })
+        })
+        .collect()
 }
 
 /// The volumes of `pod` that every container mounts read-only: `persistentVolumeClaim`
@@ -931,6 +1048,88 @@ mod tests {
         let mounts = bind_mounts(container, &volumes, &read_only);
         assert!(mounts[0].read_only);
         assert!(!mounts[1].read_only);
+    }
+
+    #[test]
+    fn block_volumes_are_devices_at_their_device_path_and_only_there() {
+        let pod: Pod = serde_json::from_value(json!({"spec": {
+        "containers": [{"name": "c",
+            "volumeMounts": [{"name": "fs", "mountPath": "/data"}],
+            "volumeDevices": [{"name": "raw", "devicePath": "/dev/raw"},
+                              {"name": "unknown", "devicePath": "/dev/x"},
+                              {"name": "raw", "devicePath": "relative"}]}],
+        "volumes": [
+            {"name": "fs", "persistentVolumeClaim": {"claimName": "a"}},
+            {"name": "raw", "persistentVolumeClaim": {"claimName": "b"}},
+        ]}}))
+        .expect("pod");
+        let volumes = BTreeMap::from([
+            ("fs".to_owned(), PathBuf::from("/s/pvc-a")),
+            ("raw".to_owned(), PathBuf::from("/dev/loop3")),
+        ]);
+        let container = &pod.spec.as_ref().expect("spec").containers[0];
+        assert_eq!(
+            device_mounts(container, &volumes),
+            vec![BindMount {
+                source: PathBuf::from("/dev/loop3"),
+                target: PathBuf::from("/dev/raw"),
+                read_only: false,
+            }]
+        );
+        let only_mounts = bind_mounts(container, &volumes, &BTreeSet::new());
+        assert_eq!(only_mounts.len(), 1);
+        assert_eq!(only_mounts[0].target, PathBuf::from("/data"));
+
+        // kubelet's checks of the volume modes.
+        let block = BTreeSet::from(["raw".to_owned(), "unknown".to_owned()]);
+        assert!(volume_mode_error(&pod, &block).is_none(), "as used");
+        let e = volume_mode_error(&pod, &BTreeSet::from(["unknown".to_owned()])).expect("misused");
+        assert_eq!(
+            e.message(),
+            "MountVolume.SetUp failed for volume \"raw\" : volume raw has volumeMode Filesystem, but is specified in volumeDevices"
+        );
+        let e = volume_mode_error(&pod, &BTreeSet::from(["fs".to_owned()])).expect("misused");
+        assert!(
+            e.message()
+                .ends_with("volume fs has volumeMode Block, but is specified in volumeMounts"),
+            "{}",
+            e.message()
+        );
+    }
+
+    #[tokio::test]
+    async fn a_block_volumes_file_is_given_through_its_loop_device() {
+        use std::os::unix::fs::FileTypeExt;
+        let tmp = tempfile::tempdir().expect("tempdir");
+        assert!(matches!(
+            block_device(tmp.path()).await,
+            Err(SetUpError::BlockDevice { .. })
+        ));
+        assert!(block_device(&tmp.path().join("missing")).await.is_err());
+        let root = nix::unistd::Uid::effective().is_root();
+        if !root || !Path::new("/dev/loop-control").exists() {
+            eprintln!("skipped the loop device part: needs root and /dev/loop-control");
+            return;
+        }
+        let image = tmp.path().join("block.img");
+        std::fs::File::create(&image)
+            .and_then(|f| f.set_len(4 << 20))
+            .expect("image");
+        let device = block_device(&image).await.expect("attached");
+        assert!(
+            std::fs::metadata(&device)
+                .expect("device")
+                .file_type()
+                .is_block_device()
+        );
+        assert_eq!(block_device(&image).await.expect("again"), device, "reused");
+        assert_eq!(block_device(&device).await.expect("itself"), device);
+        let detached = std::process::Command::new("losetup")
+            .arg("--detach")
+            .arg(&device)
+            .status()
+            .expect("losetup");
+        assert!(detached.success());
     }
 
     #[test]

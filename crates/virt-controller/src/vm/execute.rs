@@ -1,14 +1,18 @@
 //! The thin executor: performs the [`VmAction`]s of a [`super::sync::SyncPlan`] in order
 //! through the API, raising and lowering expectations around creates and deletes, and maps a
 //! failure to upstream's sync error reason and message. VMI creates and deletes are recorded
-//! as events on the VM, with upstream's reasons and messages.
+//! as events on the VM, with upstream's reasons and messages, and so are DataVolume creates.
 
 use k8s_openapi::api::apps::v1::ControllerRevision;
-use kube::api::{DeleteParams, PatchParams, PostParams};
+use kube::api::{ApiResource, DeleteParams, DynamicObject, PatchParams, PostParams};
 use kube::{Api, Client};
+use kubevirt_api::cdi::DataVolume;
 use kubevirt_api::v1::{VirtualMachine, VirtualMachineInstance};
 use serde_json::Value;
 
+use super::data_volumes::{
+    FAILED_DATA_VOLUME_CREATE, FAILED_DATA_VOLUME_IMPORT, SUCCESSFUL_DATA_VOLUME_CREATE,
+};
 use super::sync::{
     ANNOTATIONS_LABELS_CHANGE_ERROR, FAILED_CREATE, FAILED_DELETE, FAILED_UPDATE,
     FIRMWARE_UUID_ERROR, HOTPLUG_VOLUME_ERROR, SUCCESSFUL_CREATE, SUCCESSFUL_DELETE, VmAction,
@@ -49,6 +53,9 @@ pub(super) struct Executor<'a> {
     /// The VM, which events are about.
     pub vm: &'a VirtualMachine,
     pub recorder: &'a EventRecorder,
+    /// Creations of DataVolumes from the VM's templates (upstream's
+    /// `dataVolumeExpectations`).
+    pub dv_expectations: &'a Expectations,
 }
 
 impl Executor<'_> {
@@ -177,6 +184,13 @@ impl Executor<'_> {
                     }
                 }
             }
+            VmAction::CreateDataVolume(dv) => self.create_data_volume(*dv).await,
+            VmAction::DataVolumeFailed(name) => {
+                let message = format!("DataVolume {name} failed to import disk image");
+                self.event(EventType::Warning, FAILED_DATA_VOLUME_IMPORT, &message)
+                    .await;
+                Ok(())
+            }
             VmAction::CreateVmi {
                 vmi,
                 revision,
@@ -187,6 +201,44 @@ impl Executor<'_> {
                 .map_err(|e| {
                     SyncFailure::new(FAILED_CREATE, format!("Failure while starting VMI: {e}"))
                 }),
+        }
+    }
+
+    /// Creates a DataVolume of the VM's templates under a creation expectation, with
+    /// upstream's events; a failure is upstream's sync error (reason `FailedCreate`).
+    async fn create_data_volume(&self, dv: Value) -> Result<(), SyncFailure> {
+        let name = dv["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        let failure = |e: &dyn std::fmt::Display| {
+            SyncFailure::new(
+                FAILED_CREATE,
+                format!(
+                    "Error encountered while creating DataVolumes: failed to create DataVolume: {e}"
+                ),
+            )
+        };
+        let object: DynamicObject = serde_json::from_value(dv).map_err(|e| failure(&e))?;
+        let resource = ApiResource::erase::<DataVolume>(&());
+        let api: Api<DynamicObject> =
+            Api::namespaced_with(self.client.clone(), self.namespace, &resource);
+        self.dv_expectations.expect_creations(self.key, 1);
+        match api.create(&PostParams::default(), &object).await {
+            Ok(_) => {
+                tracing::info!(dv = %name, "created DataVolume");
+                let message = format!("Created DataVolume {name}");
+                self.event(EventType::Normal, SUCCESSFUL_DATA_VOLUME_CREATE, &message)
+                    .await;
+                Ok(())
+            }
+            Err(e) => {
+                self.dv_expectations.creation_observed(self.key);
+                let message = format!("Error creating DataVolume {name}: {e}");
+                self.event(EventType::Warning, FAILED_DATA_VOLUME_CREATE, &message)
+                    .await;
+                Err(failure(&e))
+            }
         }
     }
 

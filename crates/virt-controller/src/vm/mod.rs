@@ -1,10 +1,11 @@
 //! The VM controller: keeps one VirtualMachineInstance per VirtualMachine according to its run
 //! strategy, and mirrors the VMI into the VM status (reference §2).
 //!
-//! Data flow: informers on VMs, VMIs and ControllerRevisions fill caches and enqueue the VM
-//! key (`namespace/name`; a VMI wakes its controlling VM, an orphan VMI the VM of the same
-//! name) → `reconcile`: fetch the VM from the cache, record the observed API version,
-//! claim (or adopt) the VMI → [`sync::plan`] computes the intended writes purely from the
+//! Data flow: informers on VMs, VMIs, ControllerRevisions, claims and DataVolumes fill caches
+//! and enqueue the VM key (`namespace/name`; a VMI wakes its controlling VM, an orphan VMI the
+//! VM of the same name, a DataVolume its controlling VM and the VMs referring to its name) →
+//! `reconcile`: fetch the VM from the cache, record the observed API version, claim (or
+//! adopt) the VMI and the DataVolumes of its templates → [`sync::plan`] computes the intended writes purely from the
 //! observed state → `execute` performs them → [`status::compute_status`] derives the new
 //! status from the same observation and the sync outcome → [`status::status_patch`] writes
 //! only what changed → a final VMI's controller finalizer is removed.
@@ -14,6 +15,12 @@
 //! Whoever owns the flags (or watches the KubeVirt CR) keeps the sender and calls
 //! `send_replace` to reconfigure a running controller.
 //!
+//! DataVolumes are CDI's (`cdi.kubevirt.io/v1beta1`). When CDI is not installed the
+//! DataVolume informer keeps retrying its list in the background and the controller does not
+//! wait for it: templates then fail to be created with the API server's answer, as upstream's
+//! dummy informer makes them fail; once CDI is installed, the informer fills (upstream
+//! restarts virt-controller instead).
+//!
 //! Deviations from upstream: writes are JSON (or merge) patches of just what changed — the
 //! api-version annotations, finalizers, the VM spec, the VMI metadata and the VM status —
 //! never full updates; an unchanged status is never written.
@@ -22,6 +29,7 @@ mod execute;
 pub mod live_update;
 
 pub mod backoff;
+pub mod data_volumes;
 pub mod label_sync;
 pub mod start;
 pub mod status;
@@ -36,6 +44,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::watcher;
 use kube::{Api, Client};
+use kubevirt_api::cdi::DataVolume;
 use kubevirt_api::constants::{
     LATEST_OBSERVED_API_VERSION_ANNOTATION, STORAGE_OBSERVED_API_VERSION_ANNOTATION, VERSION,
     VM_CONTROLLER_FINALIZER,
@@ -179,7 +188,9 @@ pub struct Context {
     vmis: InformerHandle<VirtualMachineInstance>,
     revisions: InformerHandle<ControllerRevision>,
     claims: InformerHandle<PersistentVolumeClaim>,
+    data_volumes: InformerHandle<DataVolume>,
     expectations: Arc<Expectations>,
+    dv_expectations: Arc<Expectations>,
     sync: watch::Receiver<MetadataSyncPatterns>,
     cluster: watch::Receiver<ClusterSettings>,
     recorder: Arc<EventRecorder>,
@@ -278,13 +289,30 @@ pub async fn run_vm_controller(
             }
         }
     });
+    let dv_expectations = Arc::new(Expectations::new());
+    let mut dvs = Informer::<DataVolume>::new();
+    dvs.on_change(observe_data_volume(
+        Arc::clone(&dv_expectations),
+        vms.handle(),
+        queue.clone(),
+    ));
+    // Without CDI the list fails until it is installed; the controller does not wait for it.
+    let cdi_served = client
+        .list_api_group_resources(kubevirt_api::cdi::API_VERSION)
+        .await
+        .is_ok();
+    if !cdi_served {
+        tracing::info!("CDI is not installed: DataVolume templates cannot be created until it is");
+    }
     let ctx = Arc::new(Context {
         client: client.clone(),
         vms: vms.handle(),
         vmis: vmis.handle(),
         revisions: revisions.handle(),
         claims: claims.handle(),
+        data_volumes: dvs.handle(),
         expectations,
+        dv_expectations,
         sync: config.sync.clone(),
         cluster: config.cluster.clone(),
         recorder: Arc::new(EventRecorder::new(client.clone(), EVENT_COMPONENT)),
@@ -293,6 +321,7 @@ pub async fn run_vm_controller(
     tasks.spawn(vms.run(Api::all(client.clone()), watcher::Config::default()));
     tasks.spawn(vmis.run(Api::all(client.clone()), watcher::Config::default()));
     tasks.spawn(claims.run(Api::all(client.clone()), watcher::Config::default()));
+    tasks.spawn(dvs.run(Api::all(client.clone()), watcher::Config::default()));
     tasks.spawn(revisions.run(Api::all(client), watcher::Config::default()));
     tasks.spawn(requeue_on_config_change(
         config.sync,
@@ -303,6 +332,9 @@ pub async fn run_vm_controller(
         ctx.vms.wait_for_sync().await?;
         ctx.vmis.wait_for_sync().await?;
         ctx.claims.wait_for_sync().await?;
+        if cdi_served {
+            ctx.data_volumes.wait_for_sync().await?;
+        }
         ctx.revisions.wait_for_sync().await
     };
     tokio::select! {
@@ -348,6 +380,69 @@ fn observe_vmi(
     }
 }
 
+/// Lowers the DataVolume expectations of the controlling VM when a DataVolume appears, and
+/// wakes the VMs a DataVolume change concerns: its controlling VM and the VMs of its
+/// namespace that refer to its name.
+fn observe_data_volume(
+    expectations: Arc<Expectations>,
+    vms: InformerHandle<VirtualMachine>,
+    queue: WorkQueue<String>,
+) -> impl Fn(&crate::runtime::informer::Change<'_, DataVolume>) + Send + Sync + 'static {
+    use crate::runtime::informer::Change;
+    move |change| {
+        let dv = change.object();
+        let namespace = dv.metadata.namespace.as_deref().unwrap_or_default();
+        let name = dv.metadata.name.as_deref().unwrap_or_default();
+        let owner = dv
+            .metadata
+            .owner_references
+            .as_ref()
+            .and_then(|refs| refs.iter().find(|r| r.controller == Some(true)))
+            .filter(|o| o.kind == "VirtualMachine");
+        if let Some(owner) = owner {
+            let key = format!("{namespace}/{}", owner.name);
+            if matches!(change, Change::Added(_)) {
+                expectations.creation_observed(&key);
+            }
+            queue.add(key);
+        }
+        for vm in vms.store().state() {
+            if vm.metadata.namespace.as_deref() == Some(namespace)
+                && data_volumes::referenced(&vm).iter().any(|n| n == name)
+            {
+                queue.add(key_of(vm.as_ref()));
+            }
+        }
+    }
+}
+
+/// The cached DataVolumes `vm` refers to, adopting orphans of its templates' names (merge
+/// patch guarded by the DataVolume's UID, as upstream's ref manager).
+async fn claim_data_volumes(
+    ctx: &Context,
+    vm: &VirtualMachine,
+) -> Result<Vec<Arc<DataVolume>>, VmError> {
+    let namespace = vm.metadata.namespace.as_deref().unwrap_or_default();
+    let mut found = Vec::new();
+    for name in data_volumes::referenced(vm) {
+        let Some(dv) = ctx.data_volumes.get(Some(namespace), &name) else {
+            continue;
+        };
+        if let Some(patch) = data_volumes::adoption(vm, &dv) {
+            let api: Api<DataVolume> = Api::namespaced(ctx.client.clone(), namespace);
+            let adopted = api
+                .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+                .map_err(VmError::Adopt)?;
+            tracing::info!(dv = %name, "adopted orphan DataVolume");
+            found.push(Arc::new(adopted));
+        } else {
+            found.push(dv);
+        }
+    }
+    Ok(found)
+}
+
 /// Re-enqueues every cached VM whenever the sync patterns change.
 async fn requeue_on_config_change(
     mut sync: watch::Receiver<MetadataSyncPatterns>,
@@ -390,6 +485,7 @@ fn status_moot_after(
 async fn reconcile(ctx: &Context, key: &str) -> Result<Action, VmError> {
     let Some(vm) = ctx.vms.get_by_key(key) else {
         ctx.expectations.delete_expectations(key);
+        ctx.dv_expectations.delete_expectations(key);
         return Ok(Action::Done);
     };
     let (namespace, name) = split_key(key);
@@ -406,10 +502,12 @@ async fn reconcile(ctx: &Context, key: &str) -> Result<Action, VmError> {
         return Ok(Action::Done);
     }
     let vmi = claim_vmi(ctx, &vm, key).await?;
+    let data_volumes = claim_data_volumes(ctx, &vm).await?;
     let revisions = start_revisions(ctx, &vm);
     let config = ctx.sync.borrow().clone();
     let now = Timestamp::now();
-    let expectations = ExpectView::of(&ctx.expectations, key);
+    let mut expectations = ExpectView::of(&ctx.expectations, key);
+    expectations.satisfied &= ctx.dv_expectations.satisfied(key);
     let plan: SyncPlan = sync::plan(&SyncInput {
         vm: &vm,
         vmi: vmi.as_deref(),
@@ -418,6 +516,7 @@ async fn reconcile(ctx: &Context, key: &str) -> Result<Action, VmError> {
         config: &config,
         live_update: ctx.cluster.borrow().live_update(),
         now,
+        data_volumes: &data_volumes,
     });
     let executor = Executor {
         client: &ctx.client,
@@ -427,6 +526,7 @@ async fn reconcile(ctx: &Context, key: &str) -> Result<Action, VmError> {
         vm_name: name,
         vm: &vm,
         recorder: &ctx.recorder,
+        dv_expectations: &ctx.dv_expectations,
     };
     let status_moot = status_moot_after(&vm, vmi.as_deref(), &plan.actions);
     let outcome = match plan.error.clone() {
@@ -454,6 +554,7 @@ async fn reconcile(ctx: &Context, key: &str) -> Result<Action, VmError> {
             restart_required: plan.restart_required,
             now,
             claim_unbound: claim_unbound(&vm, &ctx.claims),
+            data_volumes: &data_volumes,
         },
         &mut rand::rng(),
     );

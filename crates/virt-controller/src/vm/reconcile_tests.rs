@@ -48,6 +48,17 @@ fn client(requests: &Requests, fresh_vm: VirtualMachine) -> Client {
                     StatusCode::UNPROCESSABLE_ENTITY,
                     &status(422, "the test operation failed"),
                 ),
+                (&Method::PATCH, p) if p.strip_suffix("/status") == Some(vm_path) => reply(
+                    StatusCode::OK,
+                    &serde_json::to_value(&fresh_vm).unwrap_or_default(),
+                ),
+                // CDI is not installed.
+                (&Method::POST, "/apis/cdi.kubevirt.io/v1beta1/namespaces/default/datavolumes") => {
+                    reply(
+                        StatusCode::NOT_FOUND,
+                        &status(404, "the server could not find the requested resource"),
+                    )
+                }
                 _ => reply(StatusCode::OK, &json!({})),
             };
             Ok::<_, Box<dyn std::error::Error + Send + Sync>>(resp)
@@ -93,7 +104,9 @@ async fn context(
         vmis: synced(vmis).await,
         revisions: synced(Vec::new()).await,
         claims: synced(Vec::new()).await,
+        data_volumes: synced(Vec::new()).await,
         expectations: Arc::new(Expectations::new()),
+        dv_expectations: Arc::new(Expectations::new()),
         sync,
         cluster: watch::channel(crate::kubevirt_config::ClusterSettings::default()).1,
         recorder: Arc::new(EventRecorder::new(
@@ -176,5 +189,46 @@ async fn an_orphan_whose_vm_is_deleting_on_the_fresh_read_is_retried_not_started
             "/apis/kubevirt.io/v1/namespaces/default/virtualmachines/testvm".to_owned()
         )],
         "no VMI create, no status write"
+    );
+}
+
+#[tokio::test]
+async fn without_cdi_a_data_volume_template_fails_the_sync_and_no_vmi_is_created() {
+    let mut vm = observed(vm(RunStrategy::Always));
+    vm.spec.data_volume_templates = vec![kubevirt_api::v1::DataVolumeTemplateSpec {
+        metadata: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+            name: Some("root".into()),
+            ..Default::default()
+        }),
+        spec: serde_json::from_value(json!({"source": {"blank": {}}})).unwrap_or_default(),
+        ..Default::default()
+    }];
+    let (ctx, requests) = context(vm.clone(), Vec::new(), vm).await;
+    let result = reconcile(&ctx, "default/testvm").await;
+    let Err(VmError::Sync(failure)) = result else {
+        panic!("{result:?}");
+    };
+    assert_eq!(failure.reason, "FailedCreate");
+    assert!(
+        failure.message.starts_with(
+            "Error encountered while creating DataVolumes: failed to create DataVolume: "
+        ),
+        "{}",
+        failure.message
+    );
+    let paths: Vec<String> = recorded(&requests).into_iter().map(|(_, p)| p).collect();
+    assert!(
+        !paths.iter().any(|p| p.contains("virtualmachineinstances")),
+        "no VMI: {paths:?}"
+    );
+    assert!(
+        paths
+            .iter()
+            .any(|p| p.ends_with("/virtualmachines/testvm/status")),
+        "the Failure condition is written: {paths:?}"
+    );
+    assert!(
+        ctx.dv_expectations.satisfied("default/testvm"),
+        "the failed create is no expectation"
     );
 }

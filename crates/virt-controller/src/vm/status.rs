@@ -11,8 +11,7 @@
 //!   touching only the changed top-level status fields, and nothing when nothing changed. A
 //!   changed `stateChangeRequests` or `volumeRequests` list is guarded by a `test` of the list we
 //!   read, so a request appended concurrently by the subresource API is never lost.
-//! - DataVolume/PVC states (`Provisioning`, `DataVolumeError`, `WaitingForVolumeBinding`),
-//!   memory dumps and changed block tracking are not derived yet.
+//! - memory dumps and changed block tracking are not derived yet.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
@@ -61,6 +60,19 @@ pub struct StatusInput<'a> {
     /// `WaitingForVolumeBinding` applies only while the VM is set to start, see
     /// [`set_to_start`]).
     pub claim_unbound: bool,
+    /// The cached DataVolumes the VM refers to (for `DataVolumeError` and `Provisioning`).
+    pub data_volumes: &'a [std::sync::Arc<kubevirt_api::cdi::DataVolume>],
+}
+
+/// The volume-related printable states that hold, decided from the caches.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct VolumeStates {
+    /// Upstream's `DataVolumeError` predicate.
+    pub data_volume_error: bool,
+    /// Upstream's `Provisioning` predicate.
+    pub provisioning: bool,
+    /// A claim is unbound while the VM is set to start (`WaitingForVolumeBinding`).
+    pub waiting_for_binding: bool,
 }
 
 /// Upstream's `isSetToStart`: whether the VM, with its run strategy and VMI, is meant to run.
@@ -147,7 +159,11 @@ pub fn compute_status(input: &StatusInput<'_>, rng: &mut impl Rng) -> VirtualMac
         rng,
     );
     sync_conditions(&mut status.conditions, input);
-    let waiting_for_binding = input.claim_unbound && set_to_start(vm, vmi);
+    let volumes = VolumeStates {
+        data_volume_error: super::data_volumes::data_volume_error(vm, input.data_volumes),
+        provisioning: super::data_volumes::provisioning(vm, input.data_volumes),
+        waiting_for_binding: input.claim_unbound && set_to_start(vm, vmi),
+    };
     status.printable_status = Some(printable_status(
         vm,
         &status,
@@ -155,7 +171,7 @@ pub fn compute_status(input: &StatusInput<'_>, rng: &mut impl Rng) -> VirtualMac
         input.expectations,
         &effective,
         input.now,
-        waiting_for_binding,
+        volumes,
     ));
     status
 }
@@ -333,7 +349,7 @@ pub fn printable_status(
     expectations: ExpectView,
     strategy: &RunStrategy,
     now: Timestamp,
-    waiting_for_binding: bool,
+    volumes: VolumeStates,
 ) -> PrintableStatus {
     use PrintableStatus as P;
     let phase = vmi.map(vmi_phase);
@@ -366,7 +382,7 @@ pub fn printable_status(
     if phase == Some(Phase::Running) {
         return if paused { P::Paused } else { P::Running };
     }
-    let rules: [(bool, P); 5] = [
+    let rules: [(bool, P); 7] = [
         (
             has(
                 &VmiCond::Synchronized,
@@ -375,6 +391,7 @@ pub fn printable_status(
             ),
             P::ErrorPvcNotFound,
         ),
+        (volumes.data_volume_error, P::DataVolumeError),
         (
             has(
                 &VmiCond::PodScheduled,
@@ -383,7 +400,8 @@ pub fn printable_status(
             ),
             P::ErrorUnschedulable,
         ),
-        (waiting_for_binding, P::WaitingForVolumeBinding),
+        (volumes.provisioning, P::Provisioning),
+        (volumes.waiting_for_binding, P::WaitingForVolumeBinding),
         (
             has(
                 &VmiCond::Synchronized,

@@ -21,6 +21,7 @@ fn input<'a>(vm: &'a VirtualMachine, vmi: Option<&'a VirtualMachineInstance>) ->
         restart_required: RestartRequired::Keep,
         now: now(),
         claim_unbound: false,
+        data_volumes: &[],
     }
 }
 
@@ -635,4 +636,42 @@ fn an_unbound_claim_shows_waiting_for_volume_binding_only_while_the_vm_is_set_to
     assert!(!set_to_start(&rerun, Some(&done)));
     assert!(set_to_start(&rerun, None));
     assert!(!set_to_start(&vm(RunStrategy::Manual), None));
+}
+
+#[test]
+fn data_volume_states_come_in_upstreams_order() {
+    let mut v = vm(RunStrategy::Always);
+    let spec = v.spec.template.spec.get_or_insert_with(Default::default);
+    spec.volumes.push(kubevirt_api::v1::Volume {
+        name: "root".into(),
+        volume_source: serde_json::from_value(serde_json::json!({"dataVolume": {"name": "root"}}))
+            .unwrap(),
+    });
+    let dv = |status: serde_json::Value| {
+        std::sync::Arc::new(
+            serde_json::from_value::<kubevirt_api::cdi::DataVolume>(serde_json::json!({
+                "apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataVolume",
+                "metadata": {"name": "root", "namespace": "default"},
+                "spec": {}, "status": status
+            }))
+            .unwrap(),
+        )
+    };
+    let printable = |dvs: &[std::sync::Arc<kubevirt_api::cdi::DataVolume>], unbound: bool| {
+        let mut i = input(&v, None);
+        i.data_volumes = dvs;
+        i.claim_unbound = unbound;
+        status_of(&i).printable_status.unwrap()
+    };
+    let importing = [dv(serde_json::json!({"phase": "ImportInProgress"}))];
+    assert_eq!(printable(&importing, true), PrintableStatus::Provisioning);
+    let failed = [dv(serde_json::json!({"phase": "Failed"}))];
+    assert_eq!(printable(&failed, true), PrintableStatus::DataVolumeError);
+    let wffc = [dv(serde_json::json!({"phase": "WaitForFirstConsumer"}))];
+    assert_eq!(
+        printable(&wffc, true),
+        PrintableStatus::WaitingForVolumeBinding
+    );
+    let done = [dv(serde_json::json!({"phase": "Succeeded"}))];
+    assert_eq!(printable(&done, false), PrintableStatus::Stopped);
 }

@@ -13,7 +13,12 @@
 //! and the running VMI ([`super::volume_requests`]), before the label/annotation sync onto
 //! the VMI.
 //!
-//! Not planned (yet) compared to upstream: DataVolumes, instancetypes, NIC hotplug, and the
+//! DataVolumes ([`super::data_volumes`]): after the run strategy is resolved, the missing
+//! DataVolumes of `dataVolumeTemplates` are created (unless the VM defers that with
+//! `kubevirt.io/immediate-data-volume-creation: "false"`, then at start), and while they are
+//! not ready nothing else is planned unless the strategy is `Halted`; a start waits for them.
+//!
+//! Not planned (yet) compared to upstream: instancetypes, NIC hotplug, and the
 //! decentralized-migration special case of `Always`.
 
 use std::sync::Arc;
@@ -21,6 +26,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::ControllerRevision;
 use k8s_openapi::jiff::Timestamp;
+use kubevirt_api::cdi::DataVolume;
 use kubevirt_api::constants::{
     CREATE_MIGRATION_TARGET_ANNOTATION, RESTORE_RUN_STRATEGY_ANNOTATION, VM_CONTROLLER_FINALIZER,
     VM_GENERATION_ANNOTATION,
@@ -101,6 +107,11 @@ pub enum VmAction {
     PatchVmVolumes(Vec<Value>),
     /// JSON Patch of the running VMI's volumes and disks with the VM's volume requests.
     PatchVmiVolumes(Vec<Value>),
+    /// Create this DataVolume (from a `dataVolumeTemplates` entry) under a creation
+    /// expectation.
+    CreateDataVolume(Box<Value>),
+    /// Record upstream's `FailedDataVolumeImport` event for this failed DataVolume.
+    DataVolumeFailed(String),
 }
 
 /// What one reconcile intends to do.
@@ -139,6 +150,8 @@ pub struct SyncInput<'a> {
     pub live_update: bool,
     /// The current time.
     pub now: Timestamp,
+    /// The cached DataVolumes the VM refers to ([`super::data_volumes::referenced`]).
+    pub data_volumes: &'a [Arc<DataVolume>],
 }
 
 impl SyncInput<'_> {
@@ -248,6 +261,14 @@ pub fn plan(input: &SyncInput<'_>) -> SyncPlan {
             return plan;
         }
     };
+    if super::data_volumes::immediate_creation(vm) {
+        let dvs = super::data_volumes::plan(vm, input.data_volumes);
+        push_data_volume_actions(&mut plan, &dvs);
+        // Upstream lets a Halted VM go on (its VMI is deleted) while DataVolumes are pending.
+        if !dvs.ready && strategy != RunStrategy::Halted {
+            return plan;
+        }
+    }
     sync_run_strategy(&mut plan, input, &strategy);
     let acted = plan
         .actions
@@ -379,6 +400,15 @@ fn start(plan: &mut SyncPlan, input: &SyncInput<'_>) {
     if blocked {
         return;
     }
+    // Upstream's `startVMI` handles the DataVolumes again: a deferred creation happens now,
+    // and the VMI waits until they are ready.
+    let dvs = super::data_volumes::plan(vm, input.data_volumes);
+    if !dvs.ready {
+        if !super::data_volumes::immediate_creation(vm) {
+            push_data_volume_actions(plan, &dvs);
+        }
+        return;
+    }
     let revision = build_revision(vm);
     let name = revision.metadata.name.clone().unwrap_or_default();
     let prefix = input.revision_prefix();
@@ -401,6 +431,17 @@ fn start(plan: &mut SyncPlan, input: &SyncInput<'_>) {
             .filter_map(|r| r.metadata.name.clone())
             .collect(),
     });
+}
+
+fn push_data_volume_actions(plan: &mut SyncPlan, dvs: &super::data_volumes::DataVolumePlan) {
+    for failed in &dvs.failed {
+        plan.actions
+            .push(VmAction::DataVolumeFailed(failed.clone()));
+    }
+    for dv in &dvs.create {
+        plan.actions
+            .push(VmAction::CreateDataVolume(Box::new(dv.clone())));
+    }
 }
 
 /// Starts unless the start-failure backoff defers it.

@@ -22,6 +22,7 @@ fn input<'a>(
         config,
         live_update: true,
         now: now(),
+        data_volumes: &[],
     }
 }
 
@@ -50,6 +51,8 @@ fn kinds(plan: &SyncPlan) -> Vec<&'static str> {
             VmAction::LiveUpdateVmi(_) => "live-update-vmi",
             VmAction::PatchVmVolumes(_) => "patch-vm-volumes",
             VmAction::PatchVmiVolumes(_) => "patch-vmi-volumes",
+            VmAction::CreateDataVolume(_) => "create-dv",
+            VmAction::DataVolumeFailed(_) => "dv-failed-event",
         })
         .collect()
 }
@@ -607,4 +610,78 @@ fn a_new_vm_gets_its_finalizer_and_firmware_uuid_in_one_patch() {
             json!({"op": "add", "path": path, "value": {"uuid": legacy_firmware_uuid("testvm")}}),
         ])
     );
+}
+
+fn with_data_volume(mut vm: VirtualMachine, annotations: &[(&str, &str)]) -> VirtualMachine {
+    vm.spec.data_volume_templates = vec![kubevirt_api::v1::DataVolumeTemplateSpec {
+        metadata: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+            name: Some("root".into()),
+            ..Default::default()
+        }),
+        spec: serde_json::from_value(json!({"source": {"blank": {}}})).unwrap(),
+        ..Default::default()
+    }];
+    if !annotations.is_empty() {
+        vm.metadata.annotations = Some(
+            annotations
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+        );
+    }
+    vm
+}
+
+fn data_volume(phase: &str) -> Arc<kubevirt_api::cdi::DataVolume> {
+    Arc::new(
+        serde_json::from_value(json!({
+            "apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataVolume",
+            "metadata": {"name": "root", "namespace": "default"},
+            "spec": {}, "status": {"phase": phase}
+        }))
+        .unwrap(),
+    )
+}
+
+fn run_with_dvs(vm: &VirtualMachine, dvs: &[Arc<kubevirt_api::cdi::DataVolume>]) -> SyncPlan {
+    let config = MetadataSyncPatterns::default();
+    let mut i = input(vm, None, NO_REVISIONS, &config);
+    i.data_volumes = dvs;
+    plan(&i)
+}
+
+#[test]
+fn a_missing_data_volume_is_created_and_the_vmi_waits_for_it() {
+    let v = with_data_volume(vm(RunStrategy::Always), &[]);
+    assert_eq!(kinds(&run_with_dvs(&v, &[])), ["create-dv"]);
+    assert!(kinds(&run_with_dvs(&v, &[data_volume("ImportInProgress")])).is_empty());
+    assert_eq!(
+        kinds(&run_with_dvs(&v, &[data_volume("Failed")])),
+        ["dv-failed-event"]
+    );
+    assert_eq!(
+        kinds(&run_with_dvs(&v, &[data_volume("Succeeded")])),
+        ["create"]
+    );
+    // Waiting for the first consumer: the VMI is its consumer.
+    assert_eq!(
+        kinds(&run_with_dvs(&v, &[data_volume("WaitForFirstConsumer")])),
+        ["create"]
+    );
+}
+
+#[test]
+fn a_halted_vm_creates_its_data_volumes_and_a_deferred_one_only_at_start() {
+    let halted = with_data_volume(vm(RunStrategy::Halted), &[]);
+    assert_eq!(kinds(&run_with_dvs(&halted, &[])), ["create-dv"]);
+    let deferred = with_data_volume(
+        vm(RunStrategy::Halted),
+        &[("kubevirt.io/immediate-data-volume-creation", "false")],
+    );
+    assert!(kinds(&run_with_dvs(&deferred, &[])).is_empty());
+    let deferred_running = with_data_volume(
+        vm(RunStrategy::Always),
+        &[("kubevirt.io/immediate-data-volume-creation", "false")],
+    );
+    assert_eq!(kinds(&run_with_dvs(&deferred_running, &[])), ["create-dv"]);
 }

@@ -156,6 +156,7 @@ pub struct VmiReconciler {
     pods: InformerHandle<Pod>,
     vms: InformerHandle<VirtualMachine>,
     claims: InformerHandle<PersistentVolumeClaim>,
+    data_volumes: InformerHandle<kubevirt_api::cdi::DataVolume>,
     pod_expectations: Arc<Expectations>,
     vmi_expectations: Arc<Expectations>,
     launcher: LauncherPodConfig,
@@ -274,14 +275,26 @@ impl VmiReconciler {
         let ns = vmi.metadata.namespace.as_deref().unwrap_or_default();
         let pods_api: Api<Pod> = Api::namespaced(self.client.clone(), ns);
 
-        let claim_exists = |claim: &str| self.claims.get_by_key(claim).is_some();
-        let plan = sync::plan(&vmi, &pods, current_pod(&vmi, &pods), claim_exists);
+        let claim_state = |claim: &str| {
+            let pvc = self.claims.get_by_key(claim)?;
+            let dv = sync::controlling_data_volume(&pvc).and_then(|name| {
+                self.data_volumes
+                    .get(pvc.metadata.namespace.as_deref(), name)
+            });
+            Some(sync::claim_readiness(&pvc, dv.as_deref()))
+        };
+        let plan = sync::plan(&vmi, &pods, current_pod(&vmi, &pods), claim_state);
         let launcher = effective_launcher(&self.launcher, &self.cluster.borrow());
+        let claim_volumes = claim_volume_status(&vmi, |key| self.claims.get_by_key(key));
+        // A new pod renders each claim as its volume mode says (a Block claim is a device),
+        // from the claim details this pass writes into the volume status.
+        let to_render = matches!(plan, sync::SyncPlan::CreatePod)
+            .then(|| template::with_claim_info(&vmi, &claim_volumes));
         let synced = sync::execute(
             &pods_api,
             &self.pod_expectations,
             key,
-            &vmi,
+            to_render.as_ref().unwrap_or(&vmi),
             plan,
             &launcher,
             &self.recorder,
@@ -296,7 +309,6 @@ impl VmiReconciler {
         }
         let pod = current_pod(&vmi, &pods);
         let now = now_seconds();
-        let claim_volumes = claim_volume_status(&vmi, |key| self.claims.get_by_key(key));
         let attachments: Vec<&Pod> = attachments.iter().map(AsRef::as_ref).collect();
         let hotplug_failure = self
             .sync_hotplug(key, &vmi, &pods_api, &pods, pod, &attachments, &launcher)
@@ -320,7 +332,8 @@ impl VmiReconciler {
             claim_volumes: &claim_volumes,
             hotplug_volume_status: hotplug_status.as_deref(),
         };
-        let (desired, status_failure) = status::desired_vmi(&vmi, &observed)?;
+        let (mut desired, status_failure) = status::desired_vmi(&vmi, &observed)?;
+        self.set_data_volumes_ready(&mut desired, &now);
         // As upstream: whenever a launcher pod exists, whatever its state.
         if let Some(pod) = pod.filter(|p| p.metadata.uid.is_some()) {
             let skip_hooks = launcher.cluster_skip_backup_hooks.as_deref();
@@ -333,6 +346,39 @@ impl VmiReconciler {
             Some(f) if f.reason == sync::FAILED_PVC_NOT_FOUND => Ok(Action::Done),
             Some(f) => Err(VmiError::Sync(f)),
             None => Ok(Action::Done),
+        }
+    }
+
+    /// Upstream's `DataVolumesReady` condition from the cached DataVolumes of the VMI's
+    /// `dataVolume` volumes (replaced only when its status or reason change; untouched when
+    /// the VMI has none).
+    fn set_data_volumes_ready(&self, vmi: &mut VirtualMachineInstance, now: &Time) {
+        let ns = vmi.metadata.namespace.clone();
+        let dvs: Vec<kubevirt_api::cdi::DataVolume> = vmi
+            .spec
+            .volumes
+            .iter()
+            .filter_map(|v| v.volume_source.data_volume.as_ref())
+            .filter_map(|d| self.data_volumes.get(ns.as_deref(), &d.name))
+            .map(|dv| (*dv).clone())
+            .collect();
+        let Some((status, reason, message)) = sync::data_volumes_ready(&dvs) else {
+            return;
+        };
+        let conditions = &mut vmi.status.get_or_insert_with(Default::default).conditions;
+        let type_ = kubevirt_api::v1::VirtualMachineInstanceConditionType::DataVolumesReady;
+        let new = kubevirt_api::v1::VirtualMachineInstanceCondition {
+            type_: type_.clone(),
+            status: status.into(),
+            last_probe_time: None,
+            last_transition_time: Some(now.clone()),
+            reason: Some(reason.to_owned()),
+            message: Some(message.to_owned()),
+        };
+        match conditions.iter_mut().find(|c| c.type_ == type_) {
+            Some(old) if old.status == new.status && old.reason == new.reason => {}
+            Some(old) => *old = new,
+            None => conditions.push(new),
         }
     }
 
@@ -747,10 +793,17 @@ pub async fn run_vmi_controller(
     );
     requeue_on_claim_change(&mut claim_informer, vmis.clone(), &queue);
     let claims = claim_informer.handle();
+    let dv_informer = data_volume_informer(vmis.clone(), queue.clone());
+    let data_volumes = dv_informer.handle();
+    let cdi_served = client
+        .list_api_group_resources(kubevirt_api::cdi::API_VERSION)
+        .await
+        .is_ok();
     let mut tasks = tokio::task::JoinSet::new();
     tasks.spawn(vmi_informer.run(Api::all(client.clone()), watcher::Config::default()));
     tasks.spawn(vm_informer.run(Api::all(client.clone()), watcher::Config::default()));
     tasks.spawn(claim_informer.run(Api::all(client.clone()), watcher::Config::default()));
+    tasks.spawn(dv_informer.run(Api::all(client.clone()), watcher::Config::default()));
     let selector = format!(
         "{} in ({},{})",
         c::APP_LABEL,
@@ -777,6 +830,9 @@ pub async fn run_vmi_controller(
         vmis.wait_for_sync().await?;
         pods.wait_for_sync().await?;
         claims.wait_for_sync().await?;
+        if cdi_served {
+            data_volumes.wait_for_sync().await?;
+        }
         vms.wait_for_sync().await
     };
     tokio::select! {
@@ -790,6 +846,7 @@ pub async fn run_vmi_controller(
         pods,
         vms,
         claims,
+        data_volumes,
         pod_expectations,
         vmi_expectations,
         launcher: config.launcher,
@@ -806,7 +863,27 @@ pub async fn run_vmi_controller(
     tasks.abort_all();
 }
 
-/// The volume status of each claim-backed volume of `vmi` whose claim is cached: the claim's
+/// The DataVolume informer: a DataVolume's claim has its name, so its changes wake the VMIs
+/// needing that claim. Without CDI its list keeps failing and nobody waits for it (see the
+/// VM controller).
+fn data_volume_informer(
+    vmis: InformerHandle<VirtualMachineInstance>,
+    queue: WorkQueue<String>,
+) -> Informer<kubevirt_api::cdi::DataVolume> {
+    let mut informer = Informer::<kubevirt_api::cdi::DataVolume>::new();
+    informer.on_change(move |change| {
+        let key = key_of(change.object());
+        for vmi in vmis.store().state() {
+            if sync::required_claims(&vmi).contains(&key) {
+                queue.add(key_of(vmi.as_ref()));
+            }
+        }
+    });
+    informer
+}
+
+/// The volume status of each claim-backed volume of `vmi` (an `ephemeral` volume's claim
+/// included) whose claim is cached: the claim's
 /// name, access modes, volume mode, capacity and requests, and CDI's default filesystem
 /// overhead (there is no CDI to ask).
 fn claim_volume_status(
@@ -818,7 +895,7 @@ fn claim_volume_status(
         .volumes
         .iter()
         .filter_map(|v| {
-            let claim = v.volume_source.claim_name()?.to_owned();
+            let claim = v.volume_source.pod_claim_name()?.to_owned();
             let pvc = cached(&format!("{ns}/{claim}"))?;
             let spec = pvc.spec.clone().unwrap_or_default();
             let info = kubevirt_api::v1::PersistentVolumeClaimInfo {

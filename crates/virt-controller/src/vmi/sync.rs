@@ -12,13 +12,18 @@
 //!    the claim cache → [`FAILED_PVC_NOT_FOUND`] ("PVC ns/claim does not exist, waiting for it
 //!    to appear"), whether or not a pod exists; no pod is created, and the claim's appearance
 //!    re-queues the VMI (upstream's informal error: no rate-limited retry);
+//!    A claim that exists but whose DataVolume (the claim's controlling owner) is not yet
+//!    `Succeeded` or `PendingPopulation` keeps the pod from being created; one waiting for its
+//!    first consumer (`WaitForFirstConsumer`) does not: the launcher pod is that consumer
+//!    (upstream starts a "doppelganger" pod first; see below). A claim no DataVolume controls
+//!    is ready as it is;
 //! 4. receiver VMI (`kubevirt.io/create-migration-target=true`) without
 //!    `kubevirt.io/migrationTargetNodeName` → wait;
 //! 5. no pod and phase `""`/`Pending` → create the launcher pod;
 //! 6. otherwise nothing.
 //!
-//! Not implemented (yet): DataVolume phases and WFFC doppelganger pods (there is no CDI),
-//! backend storage, hotplug attachment pods, the eviction-in-progress pod annotation.
+//! Not implemented (yet): WFFC doppelganger pods (the launcher pod itself binds a claim
+//! waiting for its first consumer), backend storage, hotplug attachment pods, the eviction-in-progress pod annotation.
 //!
 //! Events on the VMI, as upstream: `SuccessfulCreate` / `FailedCreate` for the launcher pod,
 //! `SuccessfulDelete` / `FailedDelete` for each pod deleted.
@@ -45,8 +50,9 @@ const FAILED_DELETE: &str = "FailedDelete";
 pub const FAILED_PVC_NOT_FOUND: &str = "FailedPvcNotFound";
 
 /// The claims (`namespace/name`) the VMI's volumes need before its pod can be created: those
-/// of `persistentVolumeClaim` and `dataVolume` volumes (a DataVolume's claim has its name),
-/// except hotpluggable ones, in volume order.
+/// of `persistentVolumeClaim` and `dataVolume` volumes (a DataVolume's claim has its name) and
+/// of `ephemeral` ones (the pod mounts the claim the overlay reads), except hotpluggable
+/// ones, in volume order.
 pub fn required_claims(vmi: &VirtualMachineInstance) -> Vec<String> {
     let ns = vmi.metadata.namespace.as_deref().unwrap_or_default();
     vmi.spec
@@ -54,9 +60,83 @@ pub fn required_claims(vmi: &VirtualMachineInstance) -> Vec<String> {
         .iter()
         .map(|v| &v.volume_source)
         .filter(|s| !s.is_hotpluggable())
-        .filter_map(kubevirt_api::v1::VolumeSource::claim_name)
+        .filter_map(kubevirt_api::v1::VolumeSource::pod_claim_name)
         .map(|claim| format!("{ns}/{claim}"))
         .collect()
+}
+
+/// Whether a volume's claim lets the launcher pod be created (upstream's
+/// `VolumeReadyToAttachToNode`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum VolumeReadiness {
+    /// Populated (or a plain claim).
+    Ready,
+    /// Its DataVolume waits for the first consumer before being populated.
+    WaitForFirstConsumer,
+    /// Its DataVolume is still being populated.
+    NotReady,
+}
+
+/// The readiness of `pvc`, given the DataVolume that controls it (`None` when no DataVolume
+/// does, or when the controlling one is not cached).
+pub fn claim_readiness(
+    pvc: &k8s_openapi::api::core::v1::PersistentVolumeClaim,
+    dv: Option<&kubevirt_api::cdi::DataVolume>,
+) -> VolumeReadiness {
+    use kubevirt_api::cdi::DataVolumePhase as P;
+    if controlling_data_volume(pvc).is_none() {
+        return VolumeReadiness::Ready;
+    }
+    match dv.map(kubevirt_api::cdi::DataVolume::phase) {
+        Some(P::Succeeded | P::PendingPopulation) => VolumeReadiness::Ready,
+        Some(P::WaitForFirstConsumer) => VolumeReadiness::WaitForFirstConsumer,
+        _ => VolumeReadiness::NotReady,
+    }
+}
+
+/// The name of the DataVolume controlling `pvc`, if one does.
+pub fn controlling_data_volume(
+    pvc: &k8s_openapi::api::core::v1::PersistentVolumeClaim,
+) -> Option<&str> {
+    pvc.metadata
+        .owner_references
+        .as_ref()?
+        .iter()
+        .find(|r| r.controller == Some(true) && r.kind == "DataVolume")
+        .map(|r| r.name.as_str())
+}
+
+/// Upstream's `DataVolumesReady` condition over the VMI's DataVolumes as (status, reason,
+/// message), `None` when it has none: True only when every DataVolume's `Ready` is True,
+/// False when one is False, Unknown otherwise.
+pub fn data_volumes_ready(
+    dvs: &[kubevirt_api::cdi::DataVolume],
+) -> Option<(&'static str, &'static str, &'static str)> {
+    if dvs.is_empty() {
+        return None;
+    }
+    let mut status = "True";
+    for dv in dvs {
+        match dv.condition("Ready").map(|c| c.status.as_str()) {
+            Some("True") => {}
+            Some("False") => status = "False",
+            _ if status == "True" => status = "Unknown",
+            _ => {}
+        }
+    }
+    Some(if status == "True" {
+        (
+            "True",
+            "AllDVsReady",
+            "All of the VMI's DVs are bound and ready",
+        )
+    } else {
+        (
+            status,
+            "NotAllDVsReady",
+            "Not all of the VMI's DVs are ready",
+        )
+    })
 }
 
 /// What sync should do for a VMI.
@@ -87,12 +167,13 @@ fn pod_finished(pod: &Pod) -> bool {
 }
 
 /// Decides what sync does; `pods` are the pods the VMI controls, `current` its launcher pod,
-/// `claim_exists` tells whether a claim (`namespace/name`) is in the cache.
+/// `claim_state` tells whether a claim (`namespace/name`) is in the cache (`None` if not) and
+/// how ready it is.
 pub fn plan(
     vmi: &VirtualMachineInstance,
     pods: &[&Pod],
     current: Option<&Pod>,
-    claim_exists: impl Fn(&str) -> bool,
+    claim_state: impl Fn(&str) -> Option<VolumeReadiness>,
 ) -> SyncPlan {
     if vmi.metadata.deletion_timestamp.is_some() {
         let doomed: Vec<String> = pods
@@ -110,8 +191,13 @@ pub fn plan(
     if phase.is_final() {
         return SyncPlan::Nothing;
     }
-    if let Some(missing) = required_claims(vmi).into_iter().find(|c| !claim_exists(c)) {
-        return SyncPlan::ClaimMissing(missing);
+    let mut volumes_ready = true;
+    for claim in required_claims(vmi) {
+        match claim_state(&claim) {
+            None => return SyncPlan::ClaimMissing(claim),
+            Some(VolumeReadiness::NotReady) => volumes_ready = false,
+            Some(_) => {}
+        }
     }
     let annotations = vmi.metadata.annotations.as_ref();
     let receiver = annotations
@@ -125,7 +211,7 @@ pub fn plan(
     if receiver && !target_known {
         return SyncPlan::Nothing;
     }
-    if current.is_none() && phase.is_unprocessed() {
+    if current.is_none() && phase.is_unprocessed() && volumes_ready {
         return SyncPlan::CreatePod;
     }
     SyncPlan::Nothing
@@ -238,6 +324,83 @@ mod tests {
     use super::*;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
+    const READY: Option<VolumeReadiness> = Some(VolumeReadiness::Ready);
+
+    #[test]
+    fn a_claim_of_a_data_volume_is_ready_once_succeeded_and_waits_otherwise() {
+        let pvc: k8s_openapi::api::core::v1::PersistentVolumeClaim =
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "root", "namespace": "ns", "ownerReferences": [
+                    {"apiVersion": "cdi.kubevirt.io/v1beta1", "kind": "DataVolume",
+                     "name": "root", "uid": "u", "controller": true}]}
+            }))
+            .unwrap();
+        let dv = |phase: &str| -> kubevirt_api::cdi::DataVolume {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "root"}, "spec": {}, "status": {"phase": phase}
+            }))
+            .unwrap()
+        };
+        let r = |phase: &str| claim_readiness(&pvc, Some(&dv(phase)));
+        assert_eq!(r("Succeeded"), VolumeReadiness::Ready);
+        assert_eq!(r("PendingPopulation"), VolumeReadiness::Ready);
+        assert_eq!(
+            r("WaitForFirstConsumer"),
+            VolumeReadiness::WaitForFirstConsumer
+        );
+        assert_eq!(r("ImportInProgress"), VolumeReadiness::NotReady);
+        assert_eq!(claim_readiness(&pvc, None), VolumeReadiness::NotReady);
+        let plain = k8s_openapi::api::core::v1::PersistentVolumeClaim::default();
+        assert_eq!(claim_readiness(&plain, None), VolumeReadiness::Ready);
+
+        let mut v = vmi(Phase::Pending, false);
+        v.spec.volumes = serde_json::from_value(serde_json::json!([
+            {"name": "root", "dataVolume": {"name": "root"}}
+        ]))
+        .unwrap();
+        let not_ready = plan(&v, &[], None, |_| Some(VolumeReadiness::NotReady));
+        assert_eq!(not_ready, SyncPlan::Nothing);
+        let wffc = plan(&v, &[], None, |_| {
+            Some(VolumeReadiness::WaitForFirstConsumer)
+        });
+        assert_eq!(wffc, SyncPlan::CreatePod);
+    }
+
+    #[test]
+    fn data_volumes_ready_aggregates_the_ready_conditions() {
+        let dv = |ready: Option<&str>| -> kubevirt_api::cdi::DataVolume {
+            let conditions: Vec<serde_json::Value> = ready
+                .map(|s| serde_json::json!({"type": "Ready", "status": s}))
+                .into_iter()
+                .collect();
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "root"}, "spec": {}, "status": {"conditions": conditions}
+            }))
+            .unwrap()
+        };
+        assert_eq!(data_volumes_ready(&[]), None);
+        let all = data_volumes_ready(&[dv(Some("True")), dv(Some("True"))]).unwrap();
+        assert_eq!(
+            (all.0, all.1, all.2),
+            (
+                "True",
+                "AllDVsReady",
+                "All of the VMI's DVs are bound and ready"
+            )
+        );
+        let unknown = data_volumes_ready(&[dv(Some("True")), dv(None)]).unwrap();
+        assert_eq!((unknown.0, unknown.1), ("Unknown", "NotAllDVsReady"));
+        let not = data_volumes_ready(&[dv(None), dv(Some("False"))]).unwrap();
+        assert_eq!(
+            (not.0, not.1, not.2),
+            (
+                "False",
+                "NotAllDVsReady",
+                "Not all of the VMI's DVs are ready"
+            )
+        );
+    }
+
     fn vmi(phase: Phase, deleting: bool) -> VirtualMachineInstance {
         let mut vmi = VirtualMachineInstance::new("vmi", Default::default());
         vmi.metadata.namespace = Some("ns".into());
@@ -332,7 +495,7 @@ mod tests {
             ),
         ];
         for (case, vmi, pods, current, expected) in cases {
-            assert_eq!(plan(&vmi, &pods, current, |_| true), expected, "{case}");
+            assert_eq!(plan(&vmi, &pods, current, |_| READY), expected, "{case}");
         }
     }
 
@@ -351,19 +514,20 @@ mod tests {
             vec!["ns/data-claim".to_owned(), "ns/imported".to_owned()]
         );
         assert_eq!(
-            plan(&v, &[], None, |c| c != "ns/imported"),
+            plan(&v, &[], None, |c| (c != "ns/imported")
+                .then_some(VolumeReadiness::Ready)),
             SyncPlan::ClaimMissing("ns/imported".into())
         );
-        assert_eq!(plan(&v, &[], None, |_| true), SyncPlan::CreatePod);
+        assert_eq!(plan(&v, &[], None, |_| READY), SyncPlan::CreatePod);
         // Evaluated whether or not a pod exists; a final VMI waits for nothing.
         let running = pod("p1", false, "Running");
         assert_eq!(
-            plan(&v, &[&running], Some(&running), |_| false),
+            plan(&v, &[&running], Some(&running), |_| None),
             SyncPlan::ClaimMissing("ns/data-claim".into())
         );
         let mut done = v.clone();
         done.status.get_or_insert_default().phase = Some(Phase::Failed);
-        assert_eq!(plan(&done, &[], None, |_| false), SyncPlan::Nothing);
+        assert_eq!(plan(&done, &[], None, |_| None), SyncPlan::Nothing);
     }
 
     #[test]
@@ -376,7 +540,7 @@ mod tests {
             )]
             .into(),
         );
-        assert_eq!(plan(&receiver, &[], None, |_| true), SyncPlan::Nothing);
+        assert_eq!(plan(&receiver, &[], None, |_| READY), SyncPlan::Nothing);
         receiver.metadata.labels = Some(
             [(
                 c::MIGRATION_TARGET_NODE_NAME_LABEL.to_owned(),
@@ -384,6 +548,6 @@ mod tests {
             )]
             .into(),
         );
-        assert_eq!(plan(&receiver, &[], None, |_| true), SyncPlan::CreatePod);
+        assert_eq!(plan(&receiver, &[], None, |_| READY), SyncPlan::CreatePod);
     }
 }

@@ -61,8 +61,8 @@ use k8s_openapi::api::core::v1::{
     ConfigMapProjection, ConfigMapVolumeSource, Container, DownwardAPIProjection,
     DownwardAPIVolumeFile, DownwardAPIVolumeSource, EmptyDirVolumeSource, KeyToPath,
     ObjectFieldSelector, Pod, PodReadinessGate, PodSpec, ProjectedVolumeSource,
-    ResourceRequirements, SecretVolumeSource, ServiceAccountTokenProjection, Volume, VolumeMount,
-    VolumeProjection,
+    ResourceRequirements, SecretVolumeSource, ServiceAccountTokenProjection, Volume, VolumeDevice,
+    VolumeMount, VolumeProjection,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
@@ -160,7 +160,43 @@ impl TemplateError {
     }
 }
 
-/// Renders the launcher pod of `vmi`.
+/// Where upstream mounts a `sysprep` volume's ConfigMap or Secret in the launcher pod
+/// (`SysprepSourceDir`): virt-handler builds the guest's `unattendCD` ISO from those files.
+pub const SYSPREP_SOURCE_DIR: &str = "/var/run/kubevirt-private/sysprep";
+
+/// `vmi` with the `persistentVolumeClaimInfo` of `claim_volumes` (read from the claim cache)
+/// in its volume status, as the VMI controller writes it before hand-off: the template
+/// renders a `Block`-mode claim from it, so a pod created before that status write is
+/// rendered as one created after it.
+pub fn with_claim_info(
+    vmi: &VirtualMachineInstance,
+    claim_volumes: &[kubevirt_api::v1::VolumeStatus],
+) -> VirtualMachineInstance {
+    let mut vmi = vmi.clone();
+    let statuses = &mut vmi.status.get_or_insert_default().volume_status;
+    for wanted in claim_volumes {
+        match statuses.iter_mut().find(|v| v.name == wanted.name) {
+            Some(existing) => existing
+                .persistent_volume_claim_info
+                .clone_from(&wanted.persistent_volume_claim_info),
+            None => statuses.push(wanted.clone()),
+        }
+    }
+    vmi
+}
+
+/// Whether the VMI's volume status records the claim of volume `name` as `Block`-mode.
+fn claim_is_block(vmi: &VirtualMachineInstance, name: &str) -> bool {
+    vmi.status
+        .iter()
+        .flat_map(|s| s.volume_status.iter())
+        .filter(|v| v.name == name)
+        .filter_map(|v| v.persistent_volume_claim_info.as_ref())
+        .any(|i| i.volume_mode.as_deref() == Some("Block"))
+}
+
+/// Renders the launcher pod of `vmi`; a claim's volume mode comes from the VMI's volume
+/// status ([`with_claim_info`]).
 pub fn render_launcher_pod(
     vmi: &VirtualMachineInstance,
     config: &LauncherPodConfig,
@@ -421,11 +457,21 @@ fn pod_dir_args() -> [String; 2] {
     ["--pod-dir".to_owned(), c::LAUNCHER_DIR.to_owned()]
 }
 
-/// The pod volumes of the VMI's claim-backed volumes (`persistentVolumeClaim`, and
-/// `dataVolume` through the claim of the same name), each with the compute container's mount
-/// at `VMI_DISKS_DIR/<name>`, as upstream renders filesystem-mode claims. Hotpluggable ones
-/// are attached later and are not part of the launcher pod.
-fn claim_volumes(vmi: &VirtualMachineInstance) -> Vec<(Volume, VolumeMount)> {
+/// How the compute container gets a claim-backed volume.
+enum ClaimAccess {
+    /// A filesystem claim, mounted at `VMI_DISKS_DIR/<name>`.
+    Mount(VolumeMount),
+    /// A `Block`-mode claim, the device at `/dev/<name>`.
+    Device(VolumeDevice),
+}
+
+/// The pod volumes of the VMI's claim-backed volumes (`persistentVolumeClaim`, `dataVolume`
+/// through the claim of the same name, and the claim of an `ephemeral` volume, always
+/// read-only: the guest writes to an overlay), each with how the compute container gets it,
+/// as upstream renders claims: a `Block`-mode claim (per the VMI's volume status) as a
+/// `volumeDevice` at `/dev/<name>`, any other as a mount at `VMI_DISKS_DIR/<name>`.
+/// Hotpluggable ones are attached later and are not part of the launcher pod.
+fn claim_volumes(vmi: &VirtualMachineInstance) -> Vec<(Volume, ClaimAccess)> {
     use k8s_openapi::api::core::v1::PersistentVolumeClaimVolumeSource as ClaimSource;
     vmi.spec
         .volumes
@@ -435,12 +481,12 @@ fn claim_volumes(vmi: &VirtualMachineInstance) -> Vec<(Volume, VolumeMount)> {
             if s.is_hotpluggable() {
                 return None;
             }
-            let claim = s.claim_name()?.to_owned();
-            let read_only = s
-                .persistent_volume_claim
-                .as_ref()
-                .and_then(|p| p.read_only)
-                .unwrap_or(false);
+            let claim = s.pod_claim_name()?.to_owned();
+            let read_only = s.ephemeral.is_some()
+                || s.persistent_volume_claim
+                    .as_ref()
+                    .and_then(|p| p.read_only)
+                    .unwrap_or(false);
             let volume = Volume {
                 name: v.name.clone(),
                 persistent_volume_claim: Some(ClaimSource {
@@ -449,13 +495,20 @@ fn claim_volumes(vmi: &VirtualMachineInstance) -> Vec<(Volume, VolumeMount)> {
                 }),
                 ..Volume::default()
             };
-            let mount = VolumeMount {
-                name: v.name.clone(),
-                mount_path: format!("{}/{}", c::VMI_DISKS_DIR, v.name),
-                read_only: read_only.then_some(true),
-                ..VolumeMount::default()
+            let access = if claim_is_block(vmi, &v.name) {
+                ClaimAccess::Device(VolumeDevice {
+                    name: v.name.clone(),
+                    device_path: format!("/dev/{}", v.name),
+                })
+            } else {
+                ClaimAccess::Mount(VolumeMount {
+                    name: v.name.clone(),
+                    mount_path: format!("{}/{}", c::VMI_DISKS_DIR, v.name),
+                    read_only: read_only.then_some(true),
+                    ..VolumeMount::default()
+                })
             };
-            Some((volume, mount))
+            Some((volume, access))
         })
         .collect()
 }
@@ -498,6 +551,20 @@ fn config_volumes(vmi: &VirtualMachineInstance) -> Vec<(Volume, VolumeMount)> {
             } else if s.service_account.is_some() {
                 volume.projected = Some(service_account_projection());
                 c::SERVICE_ACCOUNT_DISK_SOURCE_DIR
+            } else if let Some(sysprep) = &s.sysprep {
+                // As upstream: the ConfigMap, else the Secret, the user named.
+                if let Some(cm) = &sysprep.config_map {
+                    volume.config_map = Some(ConfigMapVolumeSource {
+                        name: cm.name.clone(),
+                        ..ConfigMapVolumeSource::default()
+                    });
+                } else {
+                    volume.secret = Some(SecretVolumeSource {
+                        secret_name: Some(sysprep.secret.as_ref()?.name.clone()),
+                        ..SecretVolumeSource::default()
+                    });
+                }
+                SYSPREP_SOURCE_DIR
             } else {
                 return None;
             };
@@ -629,7 +696,14 @@ fn compute_container(
         volume_mounts: Some(
             launcher_volume_mount()
                 .into_iter()
-                .chain(claim_volumes(vmi).into_iter().map(|(_, mount)| mount))
+                .chain(
+                    claim_volumes(vmi)
+                        .into_iter()
+                        .filter_map(|(_, access)| match access {
+                            ClaimAccess::Mount(mount) => Some(mount),
+                            ClaimAccess::Device(_) => None,
+                        }),
+                )
                 .chain(config_volumes(vmi).into_iter().map(|(_, mount)| mount))
                 .chain(
                     cloud_init_secret_volumes(vmi)
@@ -638,6 +712,16 @@ fn compute_container(
                 )
                 .collect(),
         ),
+        volume_devices: {
+            let devices: Vec<VolumeDevice> = claim_volumes(vmi)
+                .into_iter()
+                .filter_map(|(_, access)| match access {
+                    ClaimAccess::Device(device) => Some(device),
+                    ClaimAccess::Mount(_) => None,
+                })
+                .collect();
+            (!devices.is_empty()).then_some(devices)
+        },
         ..Container::default()
     })
 }
@@ -1182,6 +1266,97 @@ mod tests {
         assert_eq!(
             pod["spec"]["containers"][1]["volumeMounts"],
             json!([{"name": "public", "mountPath": "/var/run/kubevirt"}])
+        );
+        assert!(pod["spec"]["containers"][0].get("volumeDevices").is_none());
+    }
+
+    #[test]
+    fn block_claims_are_devices_at_dev_and_ephemeral_claims_are_mounted_read_only() {
+        let spec = vmi(json!({"spec": {"volumes": [
+            {"name": "fs", "persistentVolumeClaim": {"claimName": "c1"}},
+            {"name": "raw", "persistentVolumeClaim": {"claimName": "c2"}},
+            {"name": "scratch", "ephemeral": {"persistentVolumeClaim": {"claimName": "golden"}}},
+            {"name": "rawscratch", "ephemeral": {"persistentVolumeClaim": {"claimName": "golden-raw"}}}
+        ]}}));
+        // The claims' modes as the controller reads them from the claim cache.
+        let info = |name: &str, claim: &str, mode: &str| -> kubevirt_api::v1::VolumeStatus {
+            serde_json::from_value(json!({"name": name, "target": "",
+                "persistentVolumeClaimInfo": {"claimName": claim, "volumeMode": mode}}))
+            .expect("status")
+        };
+        let claims = [
+            info("fs", "c1", "Filesystem"),
+            info("raw", "c2", "Block"),
+            info("scratch", "golden", "Filesystem"),
+            info("rawscratch", "golden-raw", "Block"),
+        ];
+        let pod = render(
+            &with_claim_info(&spec, &claims),
+            &LauncherPodConfig::default(),
+        );
+        assert_eq!(
+            pod["spec"]["volumes"],
+            json!([
+                {"name": "public", "emptyDir": {}},
+                {"name": "fs", "persistentVolumeClaim": {"claimName": "c1"}},
+                {"name": "raw", "persistentVolumeClaim": {"claimName": "c2"}},
+                {"name": "scratch", "persistentVolumeClaim": {"claimName": "golden", "readOnly": true}},
+                {"name": "rawscratch", "persistentVolumeClaim": {"claimName": "golden-raw", "readOnly": true}}
+            ])
+        );
+        let compute = &pod["spec"]["containers"][0];
+        assert_eq!(
+            compute["volumeMounts"],
+            json!([
+                {"name": "public", "mountPath": "/var/run/kubevirt"},
+                {"name": "fs", "mountPath": "/var/run/kubevirt-private/vmi-disks/fs"},
+                {"name": "scratch", "mountPath": "/var/run/kubevirt-private/vmi-disks/scratch", "readOnly": true}
+            ])
+        );
+        assert_eq!(
+            compute["volumeDevices"],
+            json!([
+                {"name": "raw", "devicePath": "/dev/raw"},
+                {"name": "rawscratch", "devicePath": "/dev/rawscratch"}
+            ])
+        );
+        // Without the claims' details (a VMI whose status has none yet) a claim is mounted.
+        let bare = render(&spec, &LauncherPodConfig::default());
+        assert!(bare["spec"]["containers"][0].get("volumeDevices").is_none());
+        // A migration target is rendered from the running VMI, whose status has them.
+        let again = render(
+            &with_claim_info(&with_claim_info(&spec, &claims), &claims),
+            &LauncherPodConfig::default(),
+        );
+        assert_eq!(again, pod, "merging the details again changes nothing");
+    }
+
+    #[test]
+    fn a_sysprep_volume_mounts_its_config_map_or_secret_read_only_under_sysprep() {
+        let pod = render(
+            &vmi(json!({"spec": {"volumes": [
+                {"name": "answers", "sysprep": {"configMap": {"name": "unattend-map"}}},
+                {"name": "secret-answers", "sysprep": {"secret": {"name": "unattend-secret"}}}
+            ]}})),
+            &LauncherPodConfig::default(),
+        );
+        let volumes = &pod["spec"]["volumes"];
+        assert_eq!(
+            volumes[1],
+            json!({"name": "answers", "configMap": {"name": "unattend-map"}})
+        );
+        assert_eq!(
+            volumes[2],
+            json!({"name": "secret-answers", "secret": {"secretName": "unattend-secret"}})
+        );
+        let mounts = &pod["spec"]["containers"][0]["volumeMounts"];
+        assert_eq!(
+            mounts[1],
+            json!({"name": "answers", "mountPath": "/var/run/kubevirt-private/sysprep/answers", "readOnly": true})
+        );
+        assert_eq!(
+            mounts[2],
+            json!({"name": "secret-answers", "mountPath": "/var/run/kubevirt-private/sysprep/secret-answers", "readOnly": true})
         );
     }
 

@@ -163,6 +163,7 @@ async fn reconciler_with_pods(
         pods: pod_handle,
         vms: vm_handle,
         claims: claim_handle,
+        data_volumes: Informer::<kubevirt_api::cdi::DataVolume>::new().handle(),
         pod_expectations,
         vmi_expectations,
         launcher: LauncherPodConfig::default(),
@@ -608,6 +609,41 @@ fn claim_backed_volumes_report_their_cached_claim() {
     assert_eq!(info.capacity["storage"].0, "2Gi");
     assert_eq!(info.requests["storage"].0, "1Gi");
     assert_eq!(info.access_modes, vec!["ReadWriteOnce".to_owned()]);
+}
+
+#[test]
+fn an_ephemeral_volumes_claim_is_required_and_reported_like_a_claim_volume() {
+    let v: VirtualMachineInstance = serde_json::from_value(json!({
+        "metadata": {"name": "v", "namespace": "ns"},
+        "spec": {"domain": {"devices": {}}, "volumes": [
+            {"name": "scratch", "ephemeral": {"persistentVolumeClaim": {"claimName": "golden"}}},
+            {"name": "data", "persistentVolumeClaim": {"claimName": "c1"}}
+        ]}
+    }))
+    .unwrap_or_default();
+    assert_eq!(
+        sync::required_claims(&v),
+        vec!["ns/golden".to_owned(), "ns/c1".to_owned()]
+    );
+    // A missing ephemeral claim keeps the pod from being created, as a claim volume's does.
+    let plan = sync::plan(&v, &[], None, |claim| {
+        (claim == "ns/c1").then_some(sync::VolumeReadiness::Ready)
+    });
+    assert_eq!(plan, sync::SyncPlan::ClaimMissing("ns/golden".into()));
+    let claim: k8s_openapi::api::core::v1::PersistentVolumeClaim = serde_json::from_value(json!({
+        "metadata": {"name": "golden", "namespace": "ns"},
+        "spec": {"volumeMode": "Block", "resources": {"requests": {"storage": "1Gi"}}}
+    }))
+    .unwrap();
+    let claim = Arc::new(claim);
+    let got = claim_volume_status(&v, |key| (key == "ns/golden").then(|| Arc::clone(&claim)));
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!(got[0].name, "scratch");
+    let info = got[0]
+        .persistent_volume_claim_info
+        .clone()
+        .unwrap_or_default();
+    assert_eq!(info.volume_mode.as_deref(), Some("Block"));
 }
 
 #[test]

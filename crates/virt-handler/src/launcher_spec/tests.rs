@@ -364,11 +364,21 @@ fn unsupported_volumes_and_bindings_are_clear_errors() {
     let f = fixture();
     let ephemeral = vmi(&serde_json::json!({
         "domain": {"memory": {"guest": "128Mi"}, "devices": {"disks": [{"name": "d", "disk": {}}]}},
-        "volumes": [{"name": "d", "ephemeral": {"persistentVolumeClaim": {"claimName": "c"}}}]
+        "volumes": [{"name": "d", "ephemeral": {}}]
     }));
     let err = build_spec(&ephemeral, &f.ctx()).unwrap_err();
+    assert!(matches!(err, SpecError::Invalid(_)));
+    assert!(err.to_string().contains("persistentVolumeClaim"), "{err}");
+    let metrics = vmi(&serde_json::json!({
+        "domain": {"memory": {"guest": "128Mi"}, "devices": {"disks": [{"name": "d", "disk": {}}]}},
+        "volumes": [{"name": "d", "downwardMetrics": {}}]
+    }));
+    let err = build_spec(&metrics, &f.ctx()).unwrap_err();
     assert!(matches!(err, SpecError::Unsupported(_)));
-    assert!(err.to_string().contains("ephemeral"), "{err}");
+    assert_eq!(
+        err.to_string(),
+        "volume \"d\": downwardMetrics volumes are not supported yet"
+    );
 
     // A claim too small for any image is refused with its size.
     let tiny = vmi(&serde_json::json!({
@@ -575,4 +585,156 @@ fn a_passt_interface_gets_passts_socket_and_log_in_the_pod_dir_and_its_ports() {
     // Without the pod's own network namespace, user-mode networking, as the other bindings.
     let spec = build_spec(&vmi, &f.ctx()).unwrap().spec;
     assert_eq!(spec.interfaces[0].binding, InterfaceBinding::UserMode);
+}
+
+/// A VMI with one disk `d` (`disk` given as JSON) of volume `volume`.
+fn one_disk(disk: serde_json::Value, volume: serde_json::Value) -> VirtualMachineInstance {
+    let mut volume = volume;
+    volume["name"] = "d".into();
+    let mut disk = disk;
+    disk["name"] = "d".into();
+    vmi(&serde_json::json!({
+        "domain": {"memory": {"guest": "128Mi"}, "devices": {"disks": [disk]}},
+        "volumes": [volume]
+    }))
+}
+
+#[test]
+fn an_ephemeral_volume_is_an_overlay_the_launcher_makes_over_the_claims_image() {
+    let f = fixture();
+    let mut eph = one_disk(
+        serde_json::json!({"disk": {"bus": "virtio"}}),
+        serde_json::json!({"ephemeral": {"persistentVolumeClaim": {"claimName": "golden"}}}),
+    );
+    let prepared = build_spec(&eph, &f.ctx()).unwrap();
+    let disk = &prepared.spec.disks[0];
+    assert_eq!(disk.format, DiskFormat::Qcow2);
+    assert_eq!(
+        Path::new(&disk.source_path),
+        f.pod.join("disks/d.qcow2"),
+        "the overlay is in the launcher's own directory"
+    );
+    assert_eq!(
+        disk.overlay_backing.as_deref(),
+        Some("/var/run/kubevirt-private/vmi-disks/d/disk.img")
+    );
+    assert_eq!(disk.create_size, None, "the claim's image is never created");
+    assert!(!disk.block_device);
+    assert!(
+        prepared.files.is_empty(),
+        "the handler does not see the claim: {:?}",
+        prepared.files
+    );
+    // A Block-mode claim is overlaid at its device.
+    eph.status.get_or_insert_default().volume_status = serde_json::from_value(serde_json::json!([
+        {"name": "d", "target": "", "persistentVolumeClaimInfo": {"volumeMode": "Block"}}
+    ]))
+    .unwrap();
+    let prepared = build_spec(&eph, &f.ctx()).unwrap();
+    assert_eq!(
+        prepared.spec.disks[0].overlay_backing.as_deref(),
+        Some("/dev/d")
+    );
+}
+
+#[test]
+fn a_block_claim_is_its_device_at_dev_raw_and_never_created() {
+    let f = fixture();
+    let mut claim = one_disk(
+        serde_json::json!({"disk": {"bus": "virtio"}}),
+        serde_json::json!({"persistentVolumeClaim": {"claimName": "raw"}}),
+    );
+    claim.status.get_or_insert_default().volume_status = serde_json::from_value(serde_json::json!([
+        {"name": "d", "target": "", "persistentVolumeClaimInfo": {"volumeMode": "Block", "capacity": {"storage": "1Gi"}}}
+    ]))
+    .unwrap();
+    let disk = build_spec(&claim, &f.ctx()).unwrap().spec.disks.remove(0);
+    assert_eq!(disk.source_path, "/dev/d");
+    assert_eq!(disk.format, DiskFormat::Raw);
+    assert!(disk.block_device);
+    assert_eq!(disk.create_size, None);
+    // A filesystem claim stays the image in its directory.
+    claim.status.get_or_insert_default().volume_status = serde_json::from_value(serde_json::json!([
+        {"name": "d", "target": "", "persistentVolumeClaimInfo": {"volumeMode": "Filesystem", "capacity": {"storage": "1Gi"}}}
+    ]))
+    .unwrap();
+    let disk = build_spec(&claim, &f.ctx()).unwrap().spec.disks.remove(0);
+    assert_eq!(
+        disk.source_path,
+        "/var/run/kubevirt-private/vmi-disks/d/disk.img"
+    );
+    assert!(!disk.block_device);
+    assert!(disk.create_size.is_some());
+}
+
+/// A kubelet configMap or secret volume directory: the atomic writer's layout.
+fn kubelet_volume(dir: &Path, files: &[&str]) {
+    let stamp = dir.join("..2026_12_06_10_00_00.000000001");
+    std::fs::create_dir_all(&stamp).unwrap();
+    std::os::unix::fs::symlink("..2026_12_06_10_00_00.000000001", dir.join("..data")).unwrap();
+    for name in files {
+        std::fs::write(stamp.join(name), format!("<{name}/>")).unwrap();
+        std::os::unix::fs::symlink(format!("..data/{name}"), dir.join(name)).unwrap();
+    }
+}
+
+#[test]
+fn a_sysprep_volume_is_an_unattend_cd_iso_of_its_map_or_secret_with_an_answer_file() {
+    let f = fixture();
+    let cdrom = serde_json::json!({"cdrom": {"bus": "sata"}});
+    let from_map = one_disk(
+        cdrom.clone(),
+        serde_json::json!({"sysprep": {"configMap": {"name": "answers"}}}),
+    );
+    // Without the pod volume: upstream's message with the cause.
+    let err = build_spec(&from_map, &f.ctx()).unwrap_err();
+    assert!(
+        err.to_string().starts_with(
+            "Error validating that autounattend.xml or unattend.xml have been provided: "
+        ),
+        "{err}"
+    );
+    // Neither answer file: upstream's message.
+    let map_dir = f.pod.join("kubernetes.io~configmap/d");
+    kubelet_volume(&map_dir, &["other.xml"]);
+    let err = build_spec(&from_map, &f.ctx()).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "Sysprep drive should contain autounattend.xml or unattend.xml but neither were found."
+    );
+    assert_eq!(err.reason(), "InvalidSpec");
+    std::fs::remove_dir_all(&map_dir).unwrap();
+    // Names are compared in lower case, as upstream.
+    kubelet_volume(&map_dir, &["Autounattend.XML", "other.xml"]);
+    let prepared = build_spec(&from_map, &f.ctx()).unwrap();
+    let disk = &prepared.spec.disks[0];
+    assert!(disk.cdrom && disk.readonly);
+    assert_eq!(disk.format, DiskFormat::Raw);
+    assert_eq!(
+        prepared.files,
+        vec![FileAction::ConfigIso {
+            path: f.pod.join("disks/d.iso"),
+            label: Some("unattendCD".into()),
+            source: map_dir.clone(),
+        }]
+    );
+    // From a secret: its kubelet directory.
+    let secret_dir = f.pod.join("kubernetes.io~secret/d");
+    kubelet_volume(&secret_dir, &["unattend.xml"]);
+    let from_secret = one_disk(
+        cdrom,
+        serde_json::json!({"sysprep": {"secret": {"name": "answers"}}}),
+    );
+    let prepared = build_spec(&from_secret, &f.ctx()).unwrap();
+    assert!(matches!(&prepared.files[0],
+        FileAction::ConfigIso { source, label, .. } if *source == secret_dir && label.as_deref() == Some("unattendCD")));
+    // Neither source: refused.
+    let empty = one_disk(
+        serde_json::json!({"cdrom": {}}),
+        serde_json::json!({"sysprep": {}}),
+    );
+    assert_eq!(
+        build_spec(&empty, &f.ctx()).unwrap_err().reason(),
+        "InvalidSpec"
+    );
 }

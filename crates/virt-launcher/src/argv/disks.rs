@@ -11,6 +11,9 @@
 //! `writeback` uses the page cache with the guest's write cache on. The format node
 //! carries `read-only` for read-only disks and CD-ROMs.
 //!
+//! A `blockDevice` disk (a `Block`-mode claim at `/dev/<volume>`) gets a `host_device` node
+//! instead of a `file` one: QEMU's `file` driver refuses block devices.
+//!
 //! A disk with a `passedFile` is opened from the file the handler passed the launcher
 //! (protocol `passFile`), never by path: its `file` node opens `/dev/fdset/N`, one of QEMU's
 //! fd sets, which holds a copy of that descriptor. A boot disk's set is numbered like its
@@ -58,6 +61,18 @@ pub(super) fn push(spec: &LauncherSpec, args: &mut Args) -> Result<(), ArgvError
                 return Err(fail("a passed file cannot be created (createSize)"));
             }
             Some(_) => {}
+        }
+        if disk.block_device && (disk.create_size.is_some() || disk.overlay_backing.is_some()) {
+            return Err(fail("a block device is neither created nor overlaid"));
+        }
+        if let Some(backing) = &disk.overlay_backing {
+            absolute("overlay backing", backing)?;
+            if disk.format != DiskFormat::Qcow2 || disk.create_size.is_some() {
+                return Err(fail("an overlay is a qcow2 image that is not created raw"));
+            }
+            if disk.passed_file.is_some() {
+                return Err(fail("a passed file cannot be an overlay"));
+            }
         }
         push_nodes(index, disk, args);
         let mut device = match (disk.bus, disk.cdrom) {
@@ -133,8 +148,14 @@ pub(crate) fn block_nodes(
     };
     let read_only = disk.readonly || disk.cdrom;
     let cache = json!({"direct": disk.cache == CacheMode::None, "no-flush": false});
+    // QEMU's `file` driver refuses a block device: `host_device` opens one.
+    let protocol = if disk.block_device && fdset.is_none() {
+        "host_device"
+    } else {
+        "file"
+    };
     let file = json!({
-        "driver": "file",
+        "driver": protocol,
         "filename": filename,
         "node-name": format!("file-{index}"),
         "cache": cache,
@@ -207,6 +228,8 @@ mod tests {
             readonly: false,
             create_size: None,
             passed_file: None,
+            overlay_backing: None,
+            block_device: false,
         }
     }
 
@@ -271,6 +294,58 @@ mod tests {
             passed_file_args(&[(1, 7)]),
             ["-add-fd".to_owned(), "fd=7,set=1".to_owned()]
         );
+    }
+
+    #[test]
+    fn a_block_device_gets_a_host_device_node_and_is_never_created_or_overlaid() {
+        let mut spec = minimal_spec();
+        let mut block = disk("blk", DiskBus::Virtio, false);
+        block.source_path = "/dev/blk".into();
+        block.block_device = true;
+        spec.disks = vec![block.clone(), disk("plain", DiskBus::Virtio, false)];
+        let argv = qemu_argv(&spec).unwrap();
+        assert!(
+            argv.iter().any(|a| a
+                .contains(r#""driver":"host_device","filename":"/dev/blk","node-name":"file-0""#)),
+            "{argv:?}"
+        );
+        assert!(
+            argv.iter().any(|a| a.contains(
+                r#""driver":"file","filename":"/var/run/kubevirt-private/vmi-disks/plain/disk.img""#
+            )),
+            "{argv:?}"
+        );
+        block.create_size = Some(1 << 20);
+        spec.disks = vec![block.clone()];
+        assert!(qemu_argv(&spec).is_err());
+        block.create_size = None;
+        block.overlay_backing = Some("/dev/other".into());
+        spec.disks = vec![block];
+        assert!(qemu_argv(&spec).is_err());
+    }
+
+    #[test]
+    fn an_overlay_is_a_qcow2_over_an_absolute_backing() {
+        let mut spec = minimal_spec();
+        let mut eph = disk("eph", DiskBus::Virtio, false);
+        eph.source_path = "/var/run/kubevirt/disks/eph.qcow2".into();
+        eph.overlay_backing = Some("/var/run/kubevirt-private/vmi-disks/eph/disk.img".into());
+        spec.disks = vec![eph.clone()];
+        assert!(
+            matches!(qemu_argv(&spec), Err(ArgvError::Disk { reason, .. }) if reason.contains("qcow2")),
+            "a raw overlay is refused"
+        );
+        eph.format = DiskFormat::Qcow2;
+        spec.disks = vec![eph.clone()];
+        let argv = qemu_argv(&spec).unwrap();
+        assert!(
+            argv.iter()
+                .any(|a| a.contains(r#""driver":"qcow2","node-name":"disk-0""#)),
+            "{argv:?}"
+        );
+        eph.overlay_backing = Some("relative/disk.img".into());
+        spec.disks = vec![eph];
+        assert!(qemu_argv(&spec).is_err());
     }
 
     #[test]

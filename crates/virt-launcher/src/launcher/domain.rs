@@ -430,9 +430,9 @@ impl Domain {
             remove_stale_socket(Path::new(socket));
             argv.extend(["-incoming".to_owned(), format!("unix:{socket}")]);
         }
+        super::host_paths::create_overlay_dirs(spec)?;
         if let Some(base) = &self.opts.base_dir {
-            super::host_paths::check(base, self.opts.claim_disks_dir.as_deref(), spec)
-                .map_err(|e| e.to_string())?;
+            super::host_paths::check(base, self.opts.claim_disks_dir.as_deref(), spec)?;
         }
         // The boot disks' passed files, inherited by QEMU into the fd sets their nodes open.
         let passed = self.passed.for_disks(&spec.disks)?;
@@ -447,6 +447,7 @@ impl Domain {
             &self.agent.socket().to_string_lossy(),
         ));
         super::host_paths::create_claim_disks(self.opts.claim_disks_dir.as_deref(), spec)?;
+        super::host_paths::create_overlays(self.opts.claim_disks_dir.as_deref(), spec)?;
         *started = Some(if self.opts.fake_qemu {
             let (state, reason) = match incoming {
                 Some(socket) => {
@@ -493,8 +494,7 @@ impl Domain {
                 .iter()
                 .any(|s| matches!(s, super::live::Step::AttachDisk(_)))
         {
-            super::host_paths::check(base, self.opts.claim_disks_dir.as_deref(), spec)
-                .map_err(|e| e.to_string())?;
+            super::host_paths::check(base, self.opts.claim_disks_dir.as_deref(), spec)?;
         }
         use super::live::{self, Step};
         // Every passed file the new disks name is there, or nothing is changed.

@@ -466,6 +466,8 @@ mod tests {
             readonly: false,
             create_size: None,
             passed_file: None,
+            overlay_backing: None,
+            block_device: false,
         }
     }
 

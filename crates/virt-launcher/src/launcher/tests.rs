@@ -635,6 +635,8 @@ async fn attach_and_detach_a_disk(
         readonly: false,
         create_size: None,
         passed_file: None,
+        overlay_backing: None,
+        block_device: false,
     });
     client
         .request(Command::Sync(Box::new(with_disk.clone())))
@@ -681,6 +683,8 @@ fn virtio_disk(name: &str, source: &Path, passed: Option<&str>) -> Disk {
         readonly: false,
         create_size: None,
         passed_file: passed.map(str::to_owned),
+        overlay_backing: None,
+        block_device: false,
     }
 }
 

@@ -1,10 +1,13 @@
-//! qcow2 overlays: the writable layer a containerDisk guest writes to, over the pristine disk
-//! of the image (upstream's containerDisk does the same with a backing file in the pod).
+//! qcow2 overlays: the writable layer a guest writes to over a pristine disk — a containerDisk's
+//! image (virt-handler writes those in the pod directory) or the `disk.img` (or block device)
+//! of an `ephemeral` volume's claim (the launcher writes those, in its own mount namespace
+//! where the claim is mounted). Upstream does the same with `qemu-img create -b`.
 //!
 //! [`write_overlay`] writes an empty qcow2 (version 3, 64 KiB clusters, 16-bit refcounts)
-//! whose backing file is named relative to the overlay's directory, with its format in the
-//! backing-format header extension so QEMU never probes it. No `qemu-img` is needed.
-//! QEMU opens the backing file read-only; every guest write lands in the overlay.
+//! whose backing file is named relative to the overlay's directory (a containerDisk's, beside
+//! it) or by its absolute path (a claim's), with its format in the backing-format header
+//! extension so QEMU never probes it. No `qemu-img` is needed. QEMU opens the backing file
+//! read-only; every guest write lands in the overlay.
 //!
 //! Layout: cluster 0 header + extensions + backing name, cluster 1 the refcount table,
 //! cluster 2 its one refcount block, clusters 3… the (empty) L1 table.
@@ -17,13 +20,15 @@ const CLUSTER: u64 = 1 << CLUSTER_BITS;
 const HEADER_LENGTH: u32 = 104;
 const BACKING_FORMAT_EXTENSION: u32 = 0xE279_2ACA;
 
-/// The virtual size of a disk: a raw file's length, a qcow2's header `size`.
+/// The virtual size of a disk: a raw file's (or block device's) length, a qcow2's header
+/// `size`.
 ///
 /// # Errors
 /// Reading the file failed, or a `.qcow2` file has no qcow2 header.
 pub fn virtual_size(path: &Path, qcow2: bool) -> std::io::Result<u64> {
     if !qcow2 {
-        return Ok(std::fs::metadata(path)?.len());
+        // Seeking to the end measures a block device too (its metadata length is 0).
+        return std::io::Seek::seek(&mut std::fs::File::open(path)?, std::io::SeekFrom::End(0));
     }
     let mut header = [0u8; 32];
     std::io::Read::read_exact(&mut std::fs::File::open(path)?, &mut header)?;
@@ -39,7 +44,7 @@ pub fn virtual_size(path: &Path, qcow2: bool) -> std::io::Result<u64> {
 }
 
 /// The bytes of an empty qcow2 of `size` bytes over `backing` (a name relative to the
-/// overlay's directory) in `backing_format` (`raw` or `qcow2`).
+/// overlay's directory, or an absolute path) in `backing_format` (`raw` or `qcow2`).
 ///
 /// # Errors
 /// A backing name or format too long to fit the header cluster.
@@ -108,7 +113,7 @@ pub fn overlay_bytes(backing: &str, backing_format: &str, size: u64) -> std::io:
     Ok(out)
 }
 
-/// Writes the overlay `path` over `backing` (relative name) of `backing_format` and `size`.
+/// Writes the overlay `path` over `backing` (relative name or absolute path) of `backing_format` and `size`.
 ///
 /// # Errors
 /// As [`overlay_bytes`], and writing the file.
@@ -230,5 +235,33 @@ mod tests {
             "the backing disk is pristine"
         );
         assert!(std::fs::metadata(&overlay).unwrap().len() > 4 * CLUSTER);
+    }
+
+    #[test]
+    fn a_backing_named_by_its_absolute_path_is_read_and_never_written() {
+        let Some(qemu) = test_prerequisites::available(test_prerequisites::qemu_binary()) else {
+            return;
+        };
+        let tmp = tempfile::tempdir().unwrap();
+        let claim = tmp.path().join("claim");
+        std::fs::create_dir_all(&claim).unwrap();
+        let base = claim.join("disk.img");
+        std::fs::write(&base, vec![0x5a_u8; 1 << 20]).unwrap();
+        let pod = tmp.path().join("pod");
+        std::fs::create_dir_all(&pod).unwrap();
+        let overlay = pod.join("eph.qcow2");
+        write_overlay(&overlay, &base.display().to_string(), "raw", 1 << 20).unwrap();
+        let out = qemu_io(
+            &qemu,
+            &overlay,
+            &[
+                "read -P 0x5a 0 1M",
+                "write -P 0x22 0 4096",
+                "read -P 0x22 0 4096",
+            ],
+        );
+        assert_eq!(out.matches(" bytes at offset ").count(), 3, "{out}");
+        assert!(!out.contains("failed"), "{out}");
+        assert!(std::fs::read(&base).unwrap().iter().all(|b| *b == 0x5a));
     }
 }
