@@ -30,5 +30,6 @@ pub mod live_update;
 pub mod migrations;
 pub mod pool;
 pub mod rest_client_metrics;
+pub mod tsc;
 pub use k8s_quantity as quantity;
 pub mod v1;

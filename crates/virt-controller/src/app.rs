@@ -131,8 +131,10 @@ pub async fn run_controller(
                 let evacuation = run_evacuation_controller(client.clone(), cluster_rx.clone(), metrics, controllers.clone());
                 let migration = run_migration_controller(client.clone(), config.launcher.clone(), cluster_rx.clone(), metrics, controllers.clone());
                 let workload_updater = run_workload_updater(client.clone(), &config.namespace, config.launcher.launcher_image.clone(), cluster_rx.clone(), metrics, controllers.clone());
+                let tsc_settings = cluster_rx.clone();
+                let topology = crate::topology::run_node_topology_updater(client.clone(), move || tsc_settings.borrow().minimum_cluster_tsc_frequency, controllers.clone());
                 tokio::select! {
-                    _ = async { tokio::join!(vm, vmi, node, evacuation, migration, workload_updater) } => Ok(()),
+                    _ = async { tokio::join!(vm, vmi, node, evacuation, migration, workload_updater, topology) } => Ok(()),
                     _ = status.lost() => {
                         warn!("lost the virt-controller lease; stopping controllers");
                         controllers.cancel();

@@ -39,6 +39,9 @@ pub struct ClusterSettings {
     pub migrations: Option<kubevirt_api::v1::MigrationConfiguration>,
     /// `spec.configuration.vmRolloutStrategy` (`LiveUpdate` when unset).
     pub vm_rollout_strategy: Option<String>,
+    /// `spec.configuration.developerConfiguration.minimumClusterTSCFrequency`: the TSC
+    /// frequency hinted to guests that need one ([`crate::topology`]).
+    pub minimum_cluster_tsc_frequency: Option<i64>,
 }
 
 impl ClusterSettings {
@@ -82,6 +85,7 @@ impl ClusterSettings {
                 .map(|d| d.feature_gates.clone())
                 .unwrap_or_default(),
             cpu_allocation_ratio: developer.and_then(|d| d.cpu_allocation_ratio),
+            minimum_cluster_tsc_frequency: developer.and_then(|d| d.minimum_cluster_tsc_frequency),
             skip_backup_hooks: kv
                 .metadata
                 .annotations

@@ -19,5 +19,6 @@ pub mod kubevirt_config;
 pub mod migration;
 pub mod node;
 pub mod serving;
+pub mod topology;
 pub mod vmi;
 pub mod workload_updater;

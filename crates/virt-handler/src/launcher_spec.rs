@@ -357,7 +357,13 @@ pub fn build_spec(
         machine_type,
         accel: ctx.accel,
         tcg_translation_cache_mib: (ctx.accel == Accel::Tcg).then_some(TCG_TRANSLATION_CACHE_MIB),
-        cpu: cpu(spec)?,
+        cpu: Cpu {
+            // Upstream's `IsManualTSCFrequencyRequired`: the frequency virt-controller placed
+            // the guest for.
+            tsc_frequency: kubevirt_api::tsc::manual_tsc_frequency(vmi)
+                .and_then(|hz| u64::try_from(hz).ok()),
+            ..cpu(spec)?
+        },
         memory: memory(vmi)?,
         firmware: firmware(spec, ctx, &mut files)?,
         disks: disks(vmi, ctx, &mut files)?,
@@ -440,6 +446,7 @@ fn cpu(spec: &VirtualMachineInstanceSpec) -> Result<Cpu, SpecError> {
                 policy: f.policy.clone().unwrap_or_else(|| "require".to_owned()),
             })
             .collect(),
+        tsc_frequency: None,
     })
 }
 

@@ -91,6 +91,10 @@ pub struct Cpu {
     /// Features switched on or off on top of the model.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub features: Vec<CpuFeature>,
+    /// The guest's fixed TSC frequency in Hz (a guest with `invtsc` or Hyper-V
+    /// reenlightenment, at the frequency of its topology hints).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tsc_frequency: Option<u64>,
 }
 
 /// `domain.cpu.model`: `host-passthrough`, `host-model` or a named QEMU model.

@@ -334,6 +334,8 @@ impl VmiReconciler {
         };
         let (mut desired, status_failure) = status::desired_vmi(&vmi, &observed)?;
         self.set_data_volumes_ready(&mut desired, &now);
+        let hints_failure = self.add_topology_hints(&vmi, &mut desired).await;
+        let status_failure = status_failure.or(hints_failure);
         // As upstream: whenever a launcher pod exists, whatever its state.
         if let Some(pod) = pod.filter(|p| p.metadata.uid.is_some()) {
             let skip_hooks = launcher.cluster_skip_backup_hooks.as_deref();
@@ -347,6 +349,95 @@ impl VmiReconciler {
             Some(f) => Err(VmiError::Sync(f)),
             None => Ok(Action::Done),
         }
+    }
+
+    /// Upstream's `addTopologyHints`: a new VMI (`Pending` or `WaitingForSync`) that needs a
+    /// TSC frequency gets `status.topologyHints` before its pod ([`crate::topology`]), from
+    /// the nodes that report a frequency (listed only for such a VMI); a guest that needs it
+    /// to boot and cannot have it gets upstream's Warning event and a sync failure.
+    async fn add_topology_hints(
+        &self,
+        vmi: &VirtualMachineInstance,
+        desired: &mut VirtualMachineInstance,
+    ) -> Option<SyncFailure> {
+        use kubevirt_api::v1::VirtualMachineInstancePhase as P;
+        let unprocessed = desired
+            .status
+            .as_ref()
+            .is_some_and(|s| matches!(s.phase, Some(P::Pending | P::WaitingForSync)));
+        if !unprocessed || !crate::topology::awaits_hints(vmi) {
+            return None;
+        }
+        let configured = self.cluster.borrow().minimum_cluster_tsc_frequency;
+        let hints = match self.tsc_cluster().await {
+            Ok((nodes, vmis)) => {
+                let empty = std::collections::BTreeMap::new();
+                let cluster = crate::topology::ClusterTsc {
+                    nodes: nodes
+                        .iter()
+                        .map(|n| {
+                            (
+                                n.metadata.name.as_deref().unwrap_or_default(),
+                                n.metadata.labels.as_ref().unwrap_or(&empty),
+                            )
+                        })
+                        .collect(),
+                    vmis: &vmis,
+                };
+                crate::topology::hints_for(vmi, configured, &cluster)
+            }
+            Err(e) => Err(format!("failed to list the nodes: {e}")),
+        };
+        match hints {
+            Ok(hints) => {
+                desired.status.get_or_insert_default().topology_hints = hints;
+                None
+            }
+            Err(message)
+                if crate::topology::tsc_requirement(vmi)
+                    == crate::topology::TscRequirement::RequiredForBoot =>
+            {
+                self.recorder
+                    .record(
+                        vmi,
+                        EventType::Warning,
+                        crate::topology::FAILED_GATHERING_HINTS,
+                        &message,
+                    )
+                    .await;
+                Some(SyncFailure::new(
+                    crate::topology::FAILED_GATHERING_HINTS,
+                    message,
+                ))
+            }
+            Err(_) => None,
+        }
+    }
+
+    /// The nodes that report a TSC frequency and every VMI, for the topology hints.
+    async fn tsc_cluster(
+        &self,
+    ) -> Result<
+        (
+            Vec<k8s_openapi::api::core::v1::Node>,
+            Vec<VirtualMachineInstance>,
+        ),
+        kube::Error,
+    > {
+        use k8s_openapi::api::core::v1::Node;
+        let params = kube::api::ListParams::default().labels(crate::topology::TSC_FREQUENCY_LABEL);
+        let nodes = Api::<Node>::all(self.client.clone())
+            .list(&params)
+            .await?
+            .items;
+        let vmis: Vec<VirtualMachineInstance> = self
+            .vmis
+            .store()
+            .state()
+            .iter()
+            .map(|v| (**v).clone())
+            .collect();
+        Ok((nodes, vmis))
     }
 
     /// Upstream's `DataVolumesReady` condition from the cached DataVolumes of the VMI's

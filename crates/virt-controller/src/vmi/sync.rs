@@ -211,7 +211,12 @@ pub fn plan(
     if receiver && !target_known {
         return SyncPlan::Nothing;
     }
-    if current.is_none() && phase.is_unprocessed() && volumes_ready {
+    // A guest that needs a TSC frequency waits for its hints (written by the status pass).
+    if current.is_none()
+        && phase.is_unprocessed()
+        && volumes_ready
+        && !crate::topology::awaits_hints(vmi)
+    {
         return SyncPlan::CreatePod;
     }
     SyncPlan::Nothing

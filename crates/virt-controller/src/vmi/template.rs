@@ -976,7 +976,8 @@ fn io_thread_cpus(vmi: &VirtualMachineInstance) -> u64 {
 /// Upstream's CPU node selectors (`NodeSelectorRenderer`): a named CPU model (not
 /// `host-model` or `host-passthrough`) needs a node labelled able to run it, and every
 /// feature with policy `require` (the default) a node whose CPU has it; the handlers label
-/// their nodes so.
+/// their nodes so. A guest at a fixed TSC frequency (its topology hints) needs a node the
+/// topology updater labelled able to give it ([`crate::topology`]).
 fn cpu_node_selector(vmi: &VirtualMachineInstance) -> BTreeMap<String, String> {
     use kubevirt_api::v1::domain::{CPU_MODEL_HOST_MODEL, CPU_MODEL_HOST_PASSTHROUGH};
     let Some(cpu) = vmi.spec.domain.cpu.as_ref() else {
@@ -996,9 +997,12 @@ fn cpu_node_selector(vmi: &VirtualMachineInstance) -> BTreeMap<String, String> {
                 .is_none_or(|p| p.is_empty() || p == "require")
         })
         .map(|f| format!("{}{}", c::CPU_FEATURE_LABEL_PREFIX, f.name));
+    // A guest running at a fixed TSC frequency needs a node that gives it that frequency.
+    let tsc = crate::topology::manual_tsc_frequency(vmi).map(crate::topology::scheduling_label);
     model
         .into_iter()
         .chain(features)
+        .chain(tsc)
         .map(|label| (label, "true".to_owned()))
         .collect()
 }
@@ -1119,6 +1123,21 @@ mod tests {
         assert_eq!(
             host["spec"]["nodeSelector"],
             json!({"kubevirt.io/schedulable": "true"})
+        );
+    }
+
+    #[test]
+    fn a_guest_at_a_hinted_tsc_frequency_selects_nodes_that_give_it() {
+        let pod = render(
+            &vmi(json!({
+                "spec": {"domain": {"cpu": {"model": "host-model", "features": [{"name": "invtsc", "policy": "require"}]}}},
+                "status": {"topologyHints": {"tscFrequency": 2_500_000_000_i64}},
+            })),
+            &LauncherPodConfig::default(),
+        );
+        assert_eq!(
+            pod["spec"]["nodeSelector"]["scheduling.node.kubevirt.io/tsc-frequency-2500000000"],
+            "true"
         );
     }
 

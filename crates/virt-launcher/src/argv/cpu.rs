@@ -12,6 +12,8 @@
 //! emulates, the closest thing to "the host CPU". Without libvirt there is no expansion of
 //! `host-model` into a named model, so under KVM it is passed through as well.
 //!
+//! A fixed TSC frequency (`tscFrequency`) is the model's `tsc-frequency` property.
+//!
 //! Topology: QEMU requires `sockets × cores × threads = maxcpus`, so `sockets` on the
 //! command line is the spec's `maxSockets` and `cpus` (the vCPUs online at boot) is
 //! `sockets × cores × threads` of the spec; the difference is room for CPU hotplug.
@@ -60,6 +62,10 @@ fn model_option(spec: &LauncherSpec) -> Result<String, ArgvError> {
         value.push(',');
         value.push(sign);
         value.push_str(&feature.name);
+    }
+    if let Some(hz) = cpu.tsc_frequency {
+        // libvirt's `<timer name='tsc' frequency=…>`; QEMU takes it under TCG too.
+        value.push_str(&format!(",tsc-frequency={hz}"));
     }
     Ok(value)
 }
@@ -133,6 +139,21 @@ mod tests {
             },
         ];
         assert_eq!(model_option(&spec).unwrap(), "Skylake-Server,+pcid,-hle");
+    }
+
+    #[test]
+    fn a_fixed_tsc_frequency_is_the_models_property() {
+        let mut spec = minimal_spec();
+        spec.accel = Accel::Tcg;
+        spec.cpu.features = vec![CpuFeature {
+            name: "invtsc".into(),
+            policy: "require".into(),
+        }];
+        spec.cpu.tsc_frequency = Some(2_500_000_000);
+        assert_eq!(
+            model_option(&spec).unwrap(),
+            "max,+invtsc,tsc-frequency=2500000000"
+        );
     }
 
     #[test]

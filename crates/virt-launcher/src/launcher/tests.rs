@@ -29,6 +29,7 @@ fn spec_in(dir: &Path, kernel: Option<(PathBuf, PathBuf)>) -> LauncherSpec {
             max_sockets: None,
             model: CpuModel::HostPassthrough,
             features: vec![],
+            tsc_frequency: None,
         },
         memory: Memory {
             guest_bytes: 128 << 20,

@@ -80,6 +80,12 @@ fn blockers(vmi: &VirtualMachineInstance) -> Vec<(&'static str, String)> {
     } else if security.is_some_and(|s| s.tdx.is_some()) {
         out.push(("TDXNotLiveMigratable", "VMI uses TDX".to_owned()));
     }
+    let tsc = kubevirt_api::tsc::tsc_requirement(vmi);
+    if tsc == kubevirt_api::tsc::TscRequirement::RequiredForMigration
+        && kubevirt_api::tsc::hinted_frequency(vmi).is_none()
+    {
+        out.push(("NoTSCFrequencyNotLiveMigratable", tsc.reason().to_owned()));
+    }
     let passthrough = vmi
         .spec
         .domain
@@ -334,6 +340,23 @@ mod tests {
                    "message": "cannot migrate VMI with non-shared HostDisk"})
         );
         assert_eq!(storage_live_migratable(&disk_only)["status"], "True");
+    }
+
+    #[test]
+    fn reenlightenment_without_a_hinted_tsc_frequency_cannot_migrate() {
+        let spec = json!({"domain": {"devices": {}, "features": {"hyperv": {"reenlightenment": {"enabled": true}}}}});
+        let cond = live_migratable(&vmi(&spec));
+        assert_eq!(cond["reason"], "NoTSCFrequencyNotLiveMigratable");
+        assert_eq!(
+            cond["message"],
+            "HyperV Reenlightenment VMIs cannot migrate when TSC Frequency is not exposed on the cluster: guest timers might be inconsistent"
+        );
+        let mut hinted = vmi(&spec);
+        hinted.status.get_or_insert_default().topology_hints =
+            Some(kubevirt_api::v1::TopologyHints {
+                tsc_frequency: Some(2_000_000_000),
+            });
+        assert_eq!(live_migratable(&hinted)["status"], "True");
     }
 
     #[test]

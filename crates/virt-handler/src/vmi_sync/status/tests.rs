@@ -46,6 +46,7 @@ fn spec(accel: Accel) -> LauncherSpec {
             max_sockets: None,
             model: CpuModel::HostModel,
             features: vec![],
+            tsc_frequency: None,
         },
         memory: Memory {
             guest_bytes: 128 << 20,
