@@ -60,8 +60,8 @@ use kubevirt_api::v1::{
 };
 use virt_launcher::spec::{
     Accel, Bootloader, CacheMode, Cpu, CpuFeature, CpuModel, Disk, DiskBus, DiskFormat, Efi,
-    Firmware, ForwardedPort, Graphics, Interface, InterfaceBinding, KernelBoot, LauncherSpec,
-    Masquerade, Memory, Passt, PodBridge, RuntimePaths, VideoModel, VmiIdentity,
+    Firmware, ForwardedPort, Graphics, Interface, InterfaceBinding, IoMode, KernelBoot,
+    LauncherSpec, Masquerade, Memory, Passt, PodBridge, RuntimePaths, VideoModel, VmiIdentity,
 };
 
 use virt_launcher::protocol::PodInterface;
@@ -1175,11 +1175,40 @@ fn disks(
             readonly,
             create_size: source.create_size,
             passed_file: hotplug.then(|| volume.name.clone()),
+            io: io_mode(disk, cache, source.block_device)?,
             overlay_backing: source.overlay_backing,
             block_device: source.block_device,
         });
     }
     Ok(out)
+}
+
+/// The disk's asynchronous I/O: the VMI's `io`, else upstream's choice (`SetOptimalIOMode`):
+/// `native` for a block device opened with O_DIRECT, QEMU's default otherwise. A `native`
+/// asked for where the host has no O_DIRECT (tmpfs, where the cache fell back to
+/// writethrough) becomes threads, as the cache did; with a cache mode the VMI itself set, it
+/// is refused.
+fn io_mode(
+    disk: &kubevirt_api::v1::Disk,
+    cache: CacheMode,
+    block_device: bool,
+) -> Result<Option<IoMode>, SpecError> {
+    use kubevirt_api::v1::DriverIo;
+    match (disk.io.as_ref(), cache) {
+        (Some(DriverIo::Native), CacheMode::None) => Ok(Some(IoMode::Native)),
+        (Some(DriverIo::Native), _)
+            if disk.cache.as_ref().is_none_or(|c| *c == DriverCache::None) =>
+        {
+            Ok(Some(IoMode::Threads))
+        }
+        (Some(DriverIo::Native), _) => Err(SpecError::Invalid(format!(
+            "disk {:?}: io native needs cache none",
+            disk.name
+        ))),
+        (Some(DriverIo::Threads), _) => Ok(Some(IoMode::Threads)),
+        (None, CacheMode::None) if block_device => Ok(Some(IoMode::Native)),
+        _ => Ok(None),
+    }
 }
 
 /// Where upstream's launcher sees hotplugged disks; here only the name a passed file goes

@@ -289,6 +289,20 @@ pub struct Disk {
     /// it with its `host_device` driver, and it must be a block device directly in `/dev`.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub block_device: bool,
+    /// QEMU's asynchronous I/O for the image (`aio`); `None`: QEMU's default (a thread pool).
+    /// `native` needs [`CacheMode::None`] (O_DIRECT).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub io: Option<IoMode>,
+}
+
+/// A disk's asynchronous I/O (the VMI's `io`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum IoMode {
+    /// A user-space thread pool.
+    Threads,
+    /// Linux native AIO (O_DIRECT only).
+    Native,
 }
 
 /// Disk image format.

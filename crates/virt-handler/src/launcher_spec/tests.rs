@@ -738,3 +738,45 @@ fn a_sysprep_volume_is_an_unattend_cd_iso_of_its_map_or_secret_with_an_answer_fi
         "InvalidSpec"
     );
 }
+
+#[test]
+fn a_disks_io_is_the_vmis_or_native_for_a_block_device_with_o_direct() {
+    let disk = |extra: serde_json::Value| -> kubevirt_api::v1::Disk {
+        let mut d = serde_json::json!({"name": "d", "disk": {}});
+        d.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        serde_json::from_value(d).unwrap()
+    };
+    let none = serde_json::json!({});
+    assert_eq!(
+        io_mode(&disk(none.clone()), CacheMode::None, true).unwrap(),
+        Some(IoMode::Native)
+    );
+    assert_eq!(
+        io_mode(&disk(none.clone()), CacheMode::None, false).unwrap(),
+        None
+    );
+    assert_eq!(
+        io_mode(&disk(none), CacheMode::Writethrough, true).unwrap(),
+        None
+    );
+    let threads = disk(serde_json::json!({"io": "threads"}));
+    assert_eq!(
+        io_mode(&threads, CacheMode::None, true).unwrap(),
+        Some(IoMode::Threads)
+    );
+    let native = disk(serde_json::json!({"io": "native", "cache": "none"}));
+    assert_eq!(
+        io_mode(&native, CacheMode::None, false).unwrap(),
+        Some(IoMode::Native)
+    );
+    // No O_DIRECT here (the cache fell back to writethrough): native falls back to threads.
+    assert_eq!(
+        io_mode(&native, CacheMode::Writethrough, false).unwrap(),
+        Some(IoMode::Threads)
+    );
+    let conflicting = disk(serde_json::json!({"io": "native", "cache": "writethrough"}));
+    let err = io_mode(&conflicting, CacheMode::Writethrough, false).unwrap_err();
+    assert_eq!(err.to_string(), r#"disk "d": io native needs cache none"#);
+}

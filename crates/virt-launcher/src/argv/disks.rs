@@ -24,7 +24,7 @@
 use serde_json::json;
 
 use super::{Args, ArgvError, absolute, escape, valid_device_name};
-use crate::spec::{CacheMode, Disk, DiskBus, DiskFormat, LauncherSpec};
+use crate::spec::{CacheMode, Disk, DiskBus, DiskFormat, IoMode, LauncherSpec};
 
 /// q35's AHCI controller has six ports.
 const SATA_PORTS: usize = 6;
@@ -61,6 +61,9 @@ pub(super) fn push(spec: &LauncherSpec, args: &mut Args) -> Result<(), ArgvError
                 return Err(fail("a passed file cannot be created (createSize)"));
             }
             Some(_) => {}
+        }
+        if disk.io == Some(IoMode::Native) && disk.cache != CacheMode::None {
+            return Err(fail("io native needs cache none (O_DIRECT)"));
         }
         if disk.block_device && (disk.create_size.is_some() || disk.overlay_backing.is_some()) {
             return Err(fail("a block device is neither created nor overlaid"));
@@ -154,7 +157,7 @@ pub(crate) fn block_nodes(
     } else {
         "file"
     };
-    let file = json!({
+    let mut file = json!({
         "driver": protocol,
         "filename": filename,
         "node-name": format!("file-{index}"),
@@ -162,6 +165,12 @@ pub(crate) fn block_nodes(
         "read-only": read_only,
         "discard": "unmap",
     });
+    if let Some(io) = disk.io {
+        file["aio"] = json!(match io {
+            IoMode::Threads => "threads",
+            IoMode::Native => "native",
+        });
+    }
     let format = json!({
         "driver": match disk.format { DiskFormat::Raw => "raw", DiskFormat::Qcow2 => "qcow2" },
         "node-name": format!("disk-{index}"),
@@ -230,6 +239,7 @@ mod tests {
             passed_file: None,
             overlay_backing: None,
             block_device: false,
+            io: None,
         }
     }
 
@@ -294,6 +304,26 @@ mod tests {
             passed_file_args(&[(1, 7)]),
             ["-add-fd".to_owned(), "fd=7,set=1".to_owned()]
         );
+    }
+
+    #[test]
+    fn io_is_the_file_nodes_aio_and_native_needs_o_direct() {
+        let mut spec = minimal_spec();
+        let mut d = disk("d", DiskBus::Virtio, false);
+        d.io = Some(IoMode::Native);
+        spec.disks.push(d);
+        assert!(
+            qemu_argv(&spec)
+                .unwrap()
+                .iter()
+                .any(|a| a.contains(r#""aio":"native""#)),
+            "native AIO on the file node"
+        );
+        spec.disks[0].cache = CacheMode::Writethrough;
+        assert!(matches!(
+            qemu_argv(&spec),
+            Err(ArgvError::Disk { reason, .. }) if reason.contains("O_DIRECT")
+        ));
     }
 
     #[test]

@@ -468,6 +468,7 @@ mod tests {
             passed_file: None,
             overlay_backing: None,
             block_device: false,
+            io: None,
         }
     }
 

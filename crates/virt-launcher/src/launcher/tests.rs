@@ -638,6 +638,7 @@ async fn attach_and_detach_a_disk(
         passed_file: None,
         overlay_backing: None,
         block_device: false,
+        io: None,
     });
     client
         .request(Command::Sync(Box::new(with_disk.clone())))
@@ -686,6 +687,7 @@ fn virtio_disk(name: &str, source: &Path, passed: Option<&str>) -> Disk {
         passed_file: passed.map(str::to_owned),
         overlay_backing: None,
         block_device: false,
+        io: None,
     }
 }
 
