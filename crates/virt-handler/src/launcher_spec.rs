@@ -621,22 +621,11 @@ impl Source {
 /// The ISO 9660 volume id of sysprep disks (upstream's `sysprepVolumeLabel`).
 pub const SYSPREP_VOLUME_LABEL: &str = "unattendCD";
 
-/// Whether the VMI's volume status says the claim of volume `name` is `Block`-mode (virt-
-/// controller writes each claim's `persistentVolumeClaimInfo` there before hand-off).
-pub fn claim_is_block(vmi: &VirtualMachineInstance, name: &str) -> bool {
-    vmi.status
-        .iter()
-        .flat_map(|s| s.volume_status.iter())
-        .filter(|v| v.name == name)
-        .filter_map(|v| v.persistent_volume_claim_info.as_ref())
-        .any(|i| i.volume_mode.as_deref() == Some("Block"))
-}
-
 /// Where the launcher sees the data of claim-backed volume `name`: the block device the pod
 /// gets at `/dev/<name>` for a `Block`-mode claim, else the claim's `disk.img` where the pod
 /// mounts it.
 fn claim_image(vmi: &VirtualMachineInstance, name: &str) -> (PathBuf, bool) {
-    if claim_is_block(vmi, name) {
+    if vmi.status.as_ref().is_some_and(|s| s.claim_is_block(name)) {
         (Path::new("/dev").join(name), true)
     } else {
         (

@@ -201,6 +201,18 @@ impl VirtualMachineInstanceStatus {
     ) -> Option<&VirtualMachineInstanceCondition> {
         super::conditions::find_condition(&self.conditions, type_)
     }
+
+    /// Whether the volume status records the claim of volume `name` as `Block`-mode
+    /// (virt-controller writes each claim's `persistentVolumeClaimInfo` before hand-off, so
+    /// the launcher pod's template and virt-handler's launcher spec read the same answer).
+    #[must_use]
+    pub fn claim_is_block(&self, name: &str) -> bool {
+        self.volume_status
+            .iter()
+            .filter(|v| v.name == name)
+            .filter_map(|v| v.persistent_volume_claim_info.as_ref())
+            .any(|i| i.volume_mode.as_deref() == Some("Block"))
+    }
 }
 
 /// Observed state of a VirtualMachineInstance.

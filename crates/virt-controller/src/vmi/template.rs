@@ -185,16 +185,6 @@ pub fn with_claim_info(
     vmi
 }
 
-/// Whether the VMI's volume status records the claim of volume `name` as `Block`-mode.
-fn claim_is_block(vmi: &VirtualMachineInstance, name: &str) -> bool {
-    vmi.status
-        .iter()
-        .flat_map(|s| s.volume_status.iter())
-        .filter(|v| v.name == name)
-        .filter_map(|v| v.persistent_volume_claim_info.as_ref())
-        .any(|i| i.volume_mode.as_deref() == Some("Block"))
-}
-
 /// Renders the launcher pod of `vmi`; a claim's volume mode comes from the VMI's volume
 /// status ([`with_claim_info`]).
 pub fn render_launcher_pod(
@@ -495,7 +485,11 @@ fn claim_volumes(vmi: &VirtualMachineInstance) -> Vec<(Volume, ClaimAccess)> {
                 }),
                 ..Volume::default()
             };
-            let access = if claim_is_block(vmi, &v.name) {
+            let access = if vmi
+                .status
+                .as_ref()
+                .is_some_and(|s| s.claim_is_block(&v.name))
+            {
                 ClaimAccess::Device(VolumeDevice {
                     name: v.name.clone(),
                     device_path: format!("/dev/{}", v.name),
