@@ -211,7 +211,8 @@ fn template_claims(vm: &VirtualMachine) -> Vec<String> {
         .iter()
         .filter_map(|v| {
             let s = &v.volume_source;
-            s.claim_name()
+            // An `ephemeral` volume's claim counts too, as upstream's `PVCNameFromVirtVolume`.
+            s.pod_claim_name()
                 .or_else(|| s.memory_dump.as_ref().map(|m| m.claim_name.as_str()))
         })
         .map(|claim| format!("{ns}/{claim}"))

@@ -282,3 +282,20 @@ async fn changed_sync_patterns_reenqueue_every_cached_vm() {
     drop(tx);
     task.await.unwrap();
 }
+
+#[test]
+fn the_claims_a_vm_waits_for_include_its_ephemeral_volumes_claims() {
+    let mut vm = fixtures::vm(RunStrategy::Always);
+    let template = vm.spec.template.spec.get_or_insert_default();
+    template.volumes = serde_json::from_value(serde_json::json!([
+        {"name": "a", "persistentVolumeClaim": {"claimName": "pvc-a"}},
+        {"name": "b", "ephemeral": {"persistentVolumeClaim": {"claimName": "pvc-b"}}},
+        {"name": "c", "dataVolume": {"name": "dv-c"}},
+        {"name": "d", "containerDisk": {"image": "x"}},
+    ]))
+    .unwrap();
+    assert_eq!(
+        template_claims(&vm),
+        ["default/pvc-a", "default/pvc-b", "default/dv-c"]
+    );
+}
