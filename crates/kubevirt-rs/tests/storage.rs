@@ -253,36 +253,6 @@ spec:
     )
 }
 
-/// Detaches, when dropped, every loop device still attached to a `Block` volume's image of the
-/// server's data directory `0` (a failed test leaves its volumes behind, and the server's
-/// temporary directory goes with the test while the kernel would keep the devices).
-struct DetachLoopsOnDrop(std::path::PathBuf);
-
-impl Drop for DetachLoopsOnDrop {
-    fn drop(&mut self) {
-        let images = std::fs::read_dir(self.0.join("node/storage"))
-            .into_iter()
-            .flatten()
-            .flatten()
-            .map(|e| e.path().join("block.img"))
-            .filter(|p| p.exists());
-        for image in images {
-            let listed = std::process::Command::new("losetup")
-                .args(["--list", "--noheadings", "--output", "NAME", "--associated"])
-                .arg(&image)
-                .output();
-            let listed = listed
-                .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-                .unwrap_or_default();
-            for device in listed.split_whitespace() {
-                let _ = std::process::Command::new("losetup")
-                    .args(["--detach", device])
-                    .status();
-            }
-        }
-    }
-}
-
 /// The loop devices `file` is attached to, as `losetup` lists them.
 fn loop_devices_of(file: &Path) -> String {
     let out = std::process::Command::new("losetup")
@@ -306,7 +276,7 @@ fn a_block_claim_is_a_loop_device_of_a_sparse_image_given_to_its_pod() -> anyhow
         return Ok(());
     }
     let server = ServerProcess::start(Path::new(BIN), "server", &["--no-kubevirt", "--fake-qemu"])?;
-    let _detach = DetachLoopsOnDrop(server.data_dir().to_owned());
+    let _detach = testkit::DetachLoopsOnDrop(server.data_dir().to_owned());
     let mount = server.data_dir().join("mnt/raw");
     server.apply(
         r"apiVersion: v1

@@ -146,36 +146,6 @@ spec:
     requests: {storage: 32Mi}
 ";
 
-/// Detaches, when dropped, every loop device still attached to a `Block` volume's image of the
-/// server's data directory `0` (a failed test leaves its volumes behind, and the server's
-/// temporary directory goes with the test while the kernel would keep the devices).
-struct DetachLoopsOnDrop(std::path::PathBuf);
-
-impl Drop for DetachLoopsOnDrop {
-    fn drop(&mut self) {
-        let images = std::fs::read_dir(self.0.join("node/storage"))
-            .into_iter()
-            .flatten()
-            .flatten()
-            .map(|e| e.path().join("block.img"))
-            .filter(|p| p.exists());
-        for image in images {
-            let listed = std::process::Command::new("losetup")
-                .args(["--list", "--noheadings", "--output", "NAME", "--associated"])
-                .arg(&image)
-                .output();
-            let listed = listed
-                .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-                .unwrap_or_default();
-            for device in listed.split_whitespace() {
-                let _ = std::process::Command::new("losetup")
-                    .args(["--detach", device])
-                    .status();
-            }
-        }
-    }
-}
-
 /// The claim's image: 8 MiB starting `GOLDEN-IMAGE`.
 fn golden_image() -> Vec<u8> {
     let mut image = vec![0u8; 8 << 20];
@@ -214,7 +184,7 @@ fn an_ephemeral_disk_forgets_the_guests_writes_and_a_block_claim_keeps_them() ->
     let Some(server) = ServerProcess::start_with_test_guest(Path::new(BIN))? else {
         return Ok(());
     };
-    let detach = DetachLoopsOnDrop(server.data_dir().to_owned());
+    let detach = testkit::DetachLoopsOnDrop(server.data_dir().to_owned());
     let result = guest_storage(&server);
     drop(detach);
     // The mount point the node made for the block device on the host's /dev (no private

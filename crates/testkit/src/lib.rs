@@ -848,3 +848,33 @@ pub fn tail(text: &str, lines: usize) -> String {
 pub fn with_log<T>(server: &ServerProcess, result: anyhow::Result<T>) -> anyhow::Result<T> {
     result.map_err(|e| anyhow::anyhow!("{e}\nserver log (tail):\n{}", tail(&server.log(), 200)))
 }
+
+/// Detaches, when dropped, every loop device still attached to a `Block` volume's image of the
+/// server's data directory `0` (a failed test leaves its volumes behind, and the server's
+/// temporary directory goes with the test while the kernel would keep the devices).
+pub struct DetachLoopsOnDrop(pub std::path::PathBuf);
+
+impl Drop for DetachLoopsOnDrop {
+    fn drop(&mut self) {
+        let images = std::fs::read_dir(self.0.join("node/storage"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.path().join("block.img"))
+            .filter(|p| p.exists());
+        for image in images {
+            let listed = std::process::Command::new("losetup")
+                .args(["--list", "--noheadings", "--output", "NAME", "--associated"])
+                .arg(&image)
+                .output();
+            let listed = listed
+                .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+                .unwrap_or_default();
+            for device in listed.split_whitespace() {
+                let _ = std::process::Command::new("losetup")
+                    .args(["--detach", device])
+                    .status();
+            }
+        }
+    }
+}
