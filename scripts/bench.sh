@@ -4,7 +4,9 @@
 #
 #   BENCH_OBJECTS   API server creates per measurement (default 4000)
 #   BENCH_VMS       fake-QEMU batch, paced and all at once; label sync (default 100)
-#   BENCH_SCALE_VMS fake-QEMU control-plane scale batch (default 1000)
+#   BENCH_SCALE_VMS fake-QEMU control-plane scale batches, comma-separated, each on a server of
+#                   its own with a node per 200 VMs (default 1000)
+#   BENCH_KWOK=1    also upstream's KWOK scale: 8000 fake-QEMU VMs (40 nodes; long)
 #   BENCH_REAL_VMS  real QEMU guests per batch (default 2: at most two QEMUs at once)
 #   BENCH_OUT       report path;  BENCH_PLOT  creation→Running CDF (PNG)
 set -euo pipefail
@@ -33,7 +35,7 @@ BENCH="$CARGO_TARGET_DIR/release/kubevirt-rs-bench"
   echo
   "$BENCH" vms \
     --vms "${BENCH_VMS:-100}" \
-    --scale-vms "${BENCH_SCALE_VMS:-1000}" \
+    --scale-vms "${BENCH_SCALE_VMS:-1000}${BENCH_KWOK:+,8000}" \
     --real-vms "${BENCH_REAL_VMS:-2}" \
     --guest-dir "$KUBEVIRT_RS_CACHE/guest" \
     --plot "$PLOT"

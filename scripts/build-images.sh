@@ -135,6 +135,14 @@ EOF
   # Without the line tables of the release profile (a quarter of the size).
   strip --strip-debug -o "$root/usr/bin/kubevirt-rs" "$binary"
   add_libs "$binary" "$root"
+  if [ "$name" = virt-launcher ]; then
+    # The launcher's programs are the small virt-launcher binary built beside kubevirt-rs,
+    # under each of its names.
+    strip --strip-debug -o "$root/usr/bin/virt-launcher" "$(dirname "$binary")/virt-launcher"
+    ln -s virt-launcher "$root/usr/bin/virt-tail"
+    ln -s virt-launcher "$root/usr/bin/virt-probe"
+    add_libs "$(dirname "$binary")/virt-launcher" "$root"
+  fi
   [ -f "images/$name/files" ] || return 0
   while read -r kind rest; do
     case "$kind" in '' | '#'*) continue ;; esac

@@ -84,6 +84,16 @@ pub const CPU_MODEL_LABEL_PREFIX: &str = "cpu-model.node.kubevirt.io/";
 /// handler by it, since they reach the handler by its pod address, which the certificate does
 /// not hold.
 pub const HANDLER_SERVER_NAME: &str = "virt-handler";
+/// The launcher image's programs, as a launcher pod's containers and probes name them: one
+/// small binary under three names (`virt-launcher`, as upstream's image holds one per program).
+/// The `compute` container's program.
+pub const LAUNCHER_PROGRAM: &str = "virt-launcher";
+/// The `guest-console-log` container's program, which streams the serial log.
+pub const CONSOLE_TAIL_PROGRAM: &str = "virt-tail";
+/// The program of a VMI's `exec` and `guestAgentPing` probes, run in `compute`.
+pub const PROBE_PROGRAM: &str = "virt-probe";
+/// The launcher image's programs.
+pub const LAUNCHER_PROGRAMS: [&str; 3] = [LAUNCHER_PROGRAM, CONSOLE_TAIL_PROGRAM, PROBE_PROGRAM];
 /// VMI label: the launcher image is outdated.
 pub const OUTDATED_LAUNCHER_IMAGE_LABEL: &str = "kubevirt.io/outdatedLauncherImage";
 /// Label of install strategy objects.

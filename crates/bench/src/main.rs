@@ -35,9 +35,10 @@ enum Command {
         /// VMs per batch with fake QEMU (paced and all at once; also label sync).
         #[arg(long, default_value_t = 100)]
         vms: usize,
-        /// The control-plane scale batch with fake QEMU (all at once).
-        #[arg(long, default_value_t = 1000)]
-        scale_vms: usize,
+        /// Control-plane scale batches with fake QEMU (all at once), comma-separated; each on
+        /// a server of its own with a node per 200 VMs (a node's pod CIDR is a /24). 0 for none.
+        #[arg(long, value_delimiter = ',', default_value = "1000")]
+        scale_vms: Vec<usize>,
         /// VMs per batch with real QEMU guests (TCG; every one is a QEMU process).
         #[arg(long, default_value_t = 2)]
         real_vms: usize,

@@ -29,7 +29,8 @@ pub enum ImagesCommand {
     },
     /// Register a build of kubevirt-rs as release TAG: every project image
     /// (`kubevirt-rs/virt-operator:TAG` … `kubevirt-rs/virt-launcher:TAG`) then runs that binary
-    /// on the embedded nodes, so patching the KubeVirt CR's `imageTag` to TAG upgrades to it.
+    /// (and the `virt-launcher` built beside it) on the embedded nodes, so patching the
+    /// KubeVirt CR's `imageTag` to TAG upgrades to it.
     ImportRelease {
         /// The release's image tag.
         tag: String,
@@ -57,11 +58,17 @@ pub fn run(args: ImagesArgs) -> anyhow::Result<()> {
             );
         }
         ImagesCommand::ImportRelease { tag, binary } => {
+            // A release is a build: the launcher image's binary comes from beside the given
+            // one (a build that has none gives launcher pods only what its binary holds).
+            let launcher = binary.with_file_name(kubevirt_api::constants::LAUNCHER_PROGRAM);
+            let mut binaries = vec![binary.as_path()];
+            if launcher.is_file() {
+                binaries.push(launcher.as_path());
+            }
             let path = kubevirt_node::images::import_release(
                 &crate::cmd_server::releases_dir(&args.data_dir),
                 &tag,
-                kubevirt_install::BINARY,
-                &binary,
+                &binaries,
             )?;
             println!("imported release {tag} ({})", path.display());
         }

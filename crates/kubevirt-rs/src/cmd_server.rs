@@ -572,15 +572,29 @@ fn project_images(
     if fake_qemu {
         launcher_env.push(("KUBEVIRT_RS_FAKE_QEMU".to_owned(), "true".to_owned()));
     }
+    // The launcher image: the small `virt-launcher` built beside this binary under each of its
+    // program names, and this binary (attachment pods run `kubevirt-rs hotplug-disk` from it).
+    let launcher_binary = binary.with_file_name(kubevirt_api::constants::LAUNCHER_PROGRAM);
+    anyhow::ensure!(
+        launcher_binary.is_file(),
+        "{} is missing: it is built with kubevirt-rs (cargo build -p kubevirt-rs --bins)",
+        launcher_binary.display()
+    );
+    let mut launcher_image = image(launcher_env);
+    launcher_image.entrypoint = vec![kubevirt_api::constants::LAUNCHER_PROGRAM.to_owned()];
+    for program in kubevirt_api::constants::LAUNCHER_PROGRAMS {
+        launcher_image
+            .programs
+            .insert(program.to_owned(), launcher_binary.clone());
+    }
     for launcher in [
         install.launcher_image(),
         virt_controller::vmi::template::LauncherPodConfig::default().launcher_image,
     ] {
-        add(&launcher, image(launcher_env.clone()));
+        add(&launcher, launcher_image.clone());
     }
     images.set_releases(kubevirt_node::images::ReleaseFamily {
         dir: releases_dir(data_dir),
-        program: kubevirt_install::BINARY.to_owned(),
         repositories: releases,
     });
     Ok(images)

@@ -7,17 +7,17 @@ use clap::{Args, Parser, Subcommand};
 
 mod cmd_api;
 mod cmd_cdi;
-mod cmd_console_log;
 mod cmd_controller;
 mod cmd_handler;
 mod cmd_hotplug_disk;
 mod cmd_images;
-mod cmd_launcher;
 mod cmd_manifests;
 mod cmd_operator;
 mod cmd_server;
-mod cmd_virt_probe;
 mod kube_config;
+mod signals;
+
+pub(crate) use signals::shutdown_signal;
 
 #[derive(Parser)]
 #[command(name = "kubevirt-rs", about = "KubeVirt, in Rust", version)]
@@ -47,16 +47,9 @@ enum Command {
     Operator(cmd_operator::OperatorArgs),
     /// Run virt-handler for this node.
     Handler(cmd_handler::HandlerArgs),
-    /// Run one VMI's launcher (the launcher pod's `compute` container).
-    Launcher(cmd_launcher::LauncherArgs),
-    /// Stream a VMI's serial console log (the launcher pod's `guest-console-log` container).
-    GuestConsoleLog(cmd_console_log::ConsoleLogArgs),
     /// Keep a hotplug attachment pod running (its `hotplug-disk` container) and let
     /// virt-handler find its mounts.
     HotplugDisk(cmd_hotplug_disk::HotplugDiskArgs),
-    /// Ping the guest agent or run a command in the guest, for a VMI's `guestAgentPing` or
-    /// `exec` probe (upstream's `virt-probe`, run in the `compute` container).
-    VirtProbe(cmd_virt_probe::VirtProbeArgs),
     /// Print KubeVirt's install manifests (the files of `deploy/`) as multi-document YAML.
     Manifests(cmd_manifests::ManifestsArgs),
     /// Manage the local image store.
@@ -109,24 +102,6 @@ pub(crate) fn parse_duration(text: &str) -> Result<std::time::Duration, String> 
     Ok(total)
 }
 
-pub(crate) async fn shutdown_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    match (
-        signal(SignalKind::interrupt()),
-        signal(SignalKind::terminate()),
-    ) {
-        (Ok(mut int), Ok(mut term)) => {
-            tokio::select! {
-                _ = int.recv() => {}
-                _ = term.recv() => {}
-            }
-        }
-        _ => {
-            let _ = tokio::signal::ctrl_c().await;
-        }
-    }
-}
-
 fn serve(args: ServerArgs, initial_objects: Vec<serde_json::Value>) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Runtime::new().context("starting the tokio runtime")?;
     runtime.block_on(async {
@@ -158,10 +133,7 @@ fn main() -> anyhow::Result<()> {
         Command::Controller(args) => cmd_controller::run(args)?,
         Command::Handler(args) => cmd_handler::run(args)?,
         Command::Operator(args) => cmd_operator::run(args)?,
-        Command::Launcher(args) => cmd_launcher::run(args)?,
-        Command::GuestConsoleLog(args) => cmd_console_log::run(&args)?,
         Command::HotplugDisk(args) => cmd_hotplug_disk::run(&args)?,
-        Command::VirtProbe(args) => cmd_virt_probe::run(&args)?,
         Command::Images(args) => cmd_images::run(args)?,
         Command::Manifests(args) => cmd_manifests::run(args)?,
         Command::CdiController(args) => cmd_cdi::run_controller(args)?,

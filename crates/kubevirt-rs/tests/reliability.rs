@@ -5,7 +5,8 @@
 //! acknowledged write is lost, no VMI has two launcher pods, and no launcher process outlives
 //! its VMI or is started twice.
 //!
-//! Sizes: `KUBEVIRT_RS_CHURN_VMS` VMs (default 30) and two actions per VM; the seed
+//! Sizes: `KUBEVIRT_RS_CHURN_VMS` VMs (default 30) and two actions per VM, a kill after every
+//! tenth action at the most (the actions stop at a time budget); the seed
 //! (`KUBEVIRT_RS_CHURN_SEED`, default from the clock) is printed, so a failing run can be
 //! repeated. docs/reliability.md records the figures of a larger run.
 
@@ -239,7 +240,7 @@ fn kill(server: &mut ServerProcess, victim: Victim) -> anyhow::Result<()> {
     }
 }
 
-/// `kubevirt-rs launcher … --uid U` processes by VMI uid, for the uids in `uids`.
+/// `virt-launcher … --uid U` processes by VMI uid, for the uids in `uids`.
 fn launcher_processes(uids: &BTreeSet<String>) -> BTreeMap<String, Vec<i32>> {
     let mut found: BTreeMap<String, Vec<i32>> = BTreeMap::new();
     for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
@@ -257,7 +258,11 @@ fn launcher_processes(uids: &BTreeSet<String>) -> BTreeMap<String, Vec<i32>> {
             .split(|b| *b == 0)
             .map(|a| String::from_utf8_lossy(a).into_owned())
             .collect();
-        if argv.get(1).map(String::as_str) != Some("launcher") {
+        let program = argv
+            .first()
+            .and_then(|a| std::path::Path::new(a).file_name())
+            .and_then(|n| n.to_str());
+        if program != Some("virt-launcher") {
             continue;
         }
         let uid = argv
@@ -420,7 +425,9 @@ fn churn_with_sigkilled_components_converges_and_loses_nothing() -> anyhow::Resu
 
     // Actions, with a kill of a random victim after every few.
     let actions = vms * 2;
-    let kill_every = (actions / 6).max(1);
+    // At most ten actions between kills: a large run reaches the time budget after a
+    // hundred actions or so, and must still kill each kind.
+    let kill_every = (actions / 6).clamp(1, 10);
     let mut uids = BTreeSet::new();
     let mut kills = Vec::new();
     let first_victim = rng.below(3);

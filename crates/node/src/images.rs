@@ -37,22 +37,21 @@ pub struct ImageStore {
     releases: Option<ReleaseFamily>,
 }
 
-/// Repositories whose every tag is a release of one program (see the module docs).
+/// Repositories whose every tag is a release of the project's programs (see the module docs).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ReleaseFamily {
-    /// Directory holding one directory per tag, each with the program.
+    /// Directory holding one directory per tag, each with that release's programs.
     pub dir: PathBuf,
-    /// The program's file name in a tag's directory, which the images' `programs` and
-    /// `entrypoint` name.
-    pub program: String,
-    /// Canonical repositories (without tag) → the image each tag provides, with its
-    /// `programs` replaced by the tag's binary.
+    /// Canonical repositories (without tag) → the image each tag provides: its `programs`
+    /// are looked up by file name in the tag's directory.
     pub repositories: BTreeMap<String, Image>,
 }
 
 impl ReleaseFamily {
     /// The family's image for `reference` when its repository belongs to the family and its
-    /// tag has been imported.
+    /// tag has been imported: each program of the repository's image whose file the tag's
+    /// directory holds (a program the release lacks is not in its image, so a container
+    /// naming it fails as on a real node).
     fn lookup(&self, reference: &str) -> Option<Image> {
         let canonical = canonical(reference);
         let (repository, tag) = canonical.rsplit_once(':')?;
@@ -62,12 +61,20 @@ impl ReleaseFamily {
             return None;
         }
         let template = self.repositories.get(repository)?;
-        let binary = self.dir.join(tag).join(&self.program);
-        if !binary.is_file() {
+        let tag_dir = self.dir.join(tag);
+        let programs: BTreeMap<String, PathBuf> = template
+            .programs
+            .iter()
+            .filter_map(|(name, path)| {
+                let file = tag_dir.join(path.file_name()?);
+                file.is_file().then(|| (name.clone(), file))
+            })
+            .collect();
+        if programs.is_empty() {
             return None;
         }
         let mut image = template.clone();
-        image.programs = BTreeMap::from([(self.program.clone(), binary)]);
+        image.programs = programs;
         Some(image)
     }
 
@@ -96,39 +103,44 @@ pub enum ImportReleaseError {
     },
 }
 
-/// Imports `binary` as release `tag` of a family whose directory is `dir` and whose program
-/// is named `program`: a private copy at `dir/<tag>/<program>` (mode `0700`), written to a
-/// temporary file and renamed into place, so a container starting meanwhile sees the old
-/// release or the new one, never half a binary. Importing a tag again replaces its binary;
-/// running processes keep the one they started with.
+/// Imports `binaries` as release `tag` of a family whose directory is `dir`: a private copy
+/// of each at `dir/<tag>/<its file name>` (mode `0700`), written to a temporary file and
+/// renamed into place, so a container starting meanwhile sees the old release or the new one,
+/// never half a binary. Importing a tag again replaces its binaries; running processes keep
+/// the ones they started with. Returns the tag's directory.
 ///
 /// # Errors
 /// [`ImportReleaseError`] for a tag that is not one, or when copying fails.
 pub fn import_release(
     dir: &Path,
     tag: &str,
-    program: &str,
-    binary: &Path,
+    binaries: &[&Path],
 ) -> Result<PathBuf, ImportReleaseError> {
     if !is_tag(tag) {
         return Err(ImportReleaseError::InvalidTag(tag.to_owned()));
     }
-    let io = |source| ImportReleaseError::Io {
-        tag: tag.to_owned(),
-        binary: binary.to_path_buf(),
-        source,
-    };
     let tag_dir = dir.join(tag);
-    private_fs::create_dir_all(&tag_dir).map_err(io)?;
-    let target = tag_dir.join(program);
-    let tmp = tag_dir.join(format!(".{program}.tmp"));
-    std::fs::copy(binary, &tmp).map_err(io)?;
-    private_fs::set_mode(&tmp, 0o700).map_err(io)?;
-    std::fs::File::open(&tmp)
-        .and_then(|f| f.sync_all())
-        .map_err(io)?;
-    std::fs::rename(&tmp, &target).map_err(io)?;
-    Ok(target)
+    for binary in binaries {
+        let io = |source| ImportReleaseError::Io {
+            tag: tag.to_owned(),
+            binary: binary.to_path_buf(),
+            source,
+        };
+        private_fs::create_dir_all(&tag_dir).map_err(io)?;
+        let program = binary
+            .file_name()
+            .ok_or_else(|| io(std::io::Error::other("not a file name")))?
+            .to_string_lossy();
+        let target = tag_dir.join(&*program);
+        let tmp = tag_dir.join(format!(".{program}.tmp"));
+        std::fs::copy(binary, &tmp).map_err(io)?;
+        private_fs::set_mode(&tmp, 0o700).map_err(io)?;
+        std::fs::File::open(&tmp)
+            .and_then(|f| f.sync_all())
+            .map_err(io)?;
+        std::fs::rename(&tmp, &target).map_err(io)?;
+    }
+    Ok(tag_dir)
 }
 
 /// The OCI distribution spec's tag grammar: `[A-Za-z0-9_][A-Za-z0-9._-]{0,127}`.
@@ -342,11 +354,19 @@ mod tests {
         let mut s = store();
         s.set_releases(ReleaseFamily {
             dir: dir.path().to_path_buf(),
-            program: "kubevirt-rs".into(),
             repositories: BTreeMap::from([(
                 ReleaseFamily::repository_of("quay.io/kubevirt-rs/virt-launcher:v1"),
                 Image {
-                    programs: BTreeMap::new(),
+                    programs: BTreeMap::from([
+                        (
+                            "kubevirt-rs".to_owned(),
+                            PathBuf::from("/usr/bin/kubevirt-rs"),
+                        ),
+                        (
+                            "virt-tail".to_owned(),
+                            PathBuf::from("/usr/bin/virt-launcher"),
+                        ),
+                    ]),
                     entrypoint: vec!["kubevirt-rs".into()],
                     env: vec![("A".into(), "2".into())],
                 },
@@ -354,15 +374,21 @@ mod tests {
         });
         let v2 = "quay.io/kubevirt-rs/virt-launcher:v2";
         assert!(!s.contains(v2), "v2 is not imported yet");
-        let binary = dir.path().join("built");
+        let built = tempfile::tempdir().unwrap();
+        let binary = built.path().join("kubevirt-rs");
         std::fs::write(&binary, b"#!/bin/true").unwrap();
         assert!(matches!(
-            import_release(dir.path(), "../v2", "kubevirt-rs", &binary),
+            import_release(dir.path(), "../v2", &[&binary]),
             Err(ImportReleaseError::InvalidTag(_))
         ));
-        import_release(dir.path(), "v2", "kubevirt-rs", &binary).unwrap();
+        import_release(dir.path(), "v2", &[&binary]).unwrap();
         let r = s.resolve(v2, &[], &[]).unwrap();
         assert_eq!(r.program, dir.path().join("v2/kubevirt-rs"));
+        // The release holds no virt-launcher: its image has no virt-tail.
+        assert!(matches!(
+            s.resolve(v2, &strings(&["virt-tail"]), &[]),
+            Err(ImageError::NoSuchCommand { .. })
+        ));
         assert_eq!(r.env, vec![("A".to_owned(), "2".to_owned())]);
         // An inserted image wins over a release of the same name.
         let v1 = s

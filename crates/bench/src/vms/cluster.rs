@@ -101,13 +101,33 @@ const COMPONENTS: [&str; 3] = ["virt-api", "virt-controller", "virt-handler"];
 pub const LAUNCHER_DIR_IN_POD_DIR: &str = "volumes/kubernetes.io~empty-dir/public";
 
 /// The embedded node's pod directories.
+/// Every pod directory of every node (the first node's are in `DATA/node/pods`, the others'
+/// in `DATA/nodes/<name>/pods`).
 pub fn pod_dirs(data_dir: &Path) -> Vec<PathBuf> {
-    std::fs::read_dir(data_dir.join("node").join("pods"))
-        .into_iter()
-        .flatten()
-        .flatten()
-        .map(|e| e.path())
+    let entries = |dir: PathBuf| {
+        std::fs::read_dir(dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.path())
+    };
+    std::iter::once(data_dir.join("node"))
+        .chain(entries(data_dir.join("nodes")))
+        .flat_map(|node| entries(node.join("pods")))
         .collect()
+}
+
+/// Memory of one launcher pod (KiB).
+#[derive(Clone, Copy, Debug)]
+pub struct LauncherMemory {
+    /// The `compute` container's process (the launcher): VmRSS.
+    pub rss_kib: u64,
+    /// Its `RssAnon` (what is not file pages of its binary and libraries).
+    pub anon_kib: u64,
+    /// Its `Pss` (shared pages divided among the processes sharing them).
+    pub pss_kib: u64,
+    /// VmRSS of every container process of the pod, summed.
+    pub pod_kib: u64,
 }
 
 pub fn vm_resource() -> ApiResource {
@@ -191,12 +211,24 @@ impl Cluster {
         self.server.pid().and_then(procfs::rss_kib).unwrap_or(0)
     }
 
-    /// `(RSS, RssAnon)` of every live launcher process (KiB).
-    pub fn launcher_rss_kib(&self) -> Vec<(u64, u64)> {
+    /// Of every live launcher pod (KiB): its `compute` process's RSS and `RssAnon`, and the
+    /// RSS of all its containers' processes together (`compute` and `guest-console-log`).
+    pub fn launcher_rss_kib(&self) -> Vec<LauncherMemory> {
         pod_dirs(self.data_dir())
             .iter()
-            .filter_map(|d| procfs::pid_from_file(&d.join("compute.json")))
-            .filter_map(|pid| Some((procfs::rss_kib(pid)?, procfs::rss_anon_kib(pid)?)))
+            .filter_map(|d| {
+                let pid = procfs::pid_from_file(&d.join("compute.json"))?;
+                let console = procfs::pid_from_file(&d.join("guest-console-log.json"))
+                    .and_then(procfs::rss_kib)
+                    .unwrap_or(0);
+                let rss = procfs::rss_kib(pid)?;
+                Some(LauncherMemory {
+                    rss_kib: rss,
+                    anon_kib: procfs::rss_anon_kib(pid)?,
+                    pss_kib: procfs::pss_kib(pid)?,
+                    pod_kib: rss + console,
+                })
+            })
             .collect()
     }
 

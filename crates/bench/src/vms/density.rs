@@ -53,7 +53,7 @@ pub struct BatchResult {
     /// RSS per replica of each KubeVirt component pod.
     pub components_rss_kib: std::collections::BTreeMap<String, Vec<u64>>,
     /// `(RSS, RssAnon)` per launcher.
-    pub launcher_rss_kib: Vec<(u64, u64)>,
+    pub launcher_rss_kib: Vec<super::cluster::LauncherMemory>,
     pub qemu: Vec<super::procfs::QemuMemory>,
 }
 

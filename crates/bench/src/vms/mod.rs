@@ -36,8 +36,9 @@ pub struct VmsOptions {
     pub server_binary: Option<PathBuf>,
     /// Batch size with fake QEMU, paced and all at once (also the label-sync count).
     pub vms: usize,
-    /// The control-plane scale batch with fake QEMU (all at once).
-    pub scale_vms: usize,
+    /// Control-plane scale batches with fake QEMU (all at once), each on a fresh server with
+    /// [`VMS_PER_NODE`] VMs per node.
+    pub scale_vms: Vec<usize>,
     /// Batch size with real QEMU guests.
     pub real_vms: usize,
     /// Pause between paced creates.
@@ -65,6 +66,10 @@ fn keep_logs(cluster: &Cluster, options: &VmsOptions, name: &str, results: &mut 
     }
 }
 
+/// VMs per node in the scale batches: a node's pod CIDR is a /24 (253 pod addresses, as
+/// kube-controller-manager's default `--node-cidr-mask-size`), and a VM is one pod.
+const VMS_PER_NODE: usize = 200;
+
 /// Guest memory of the idle real-QEMU VMs.
 const GUEST_MIB: u64 = 128;
 
@@ -91,7 +96,7 @@ struct MemoryRow {
     server_rss_kib: u64,
     /// RSS per replica of each KubeVirt component.
     components_kib: std::collections::BTreeMap<String, Vec<u64>>,
-    launcher_kib: Vec<(u64, u64)>,
+    launcher_kib: Vec<cluster::LauncherMemory>,
     qemu: Vec<procfs::QemuMemory>,
 }
 
@@ -169,19 +174,9 @@ async fn fake_qemu(
     results: &mut Results,
 ) -> anyhow::Result<()> {
     eprintln!("== fake QEMU: starting kubevirt-rs server --fake-qemu");
-    let cluster = Cluster::start(
-        binary,
-        &[
-            "--fake-qemu",
-            "--additional-launcher-labels-sync",
-            "ops.example.com/*",
-            // Fake launchers use nothing: a simulated large node, as KWOK's, so the batch
-            // measures the control plane and not this machine's two cores.
-            "--node-capacity",
-            "cpu=1k,memory=4Ti,pods=10k",
-        ],
-    )
-    .await?;
+    let args = fake_server_args(1);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let cluster = Cluster::start(binary, &args).await?;
     idle_memory(&cluster, "fake QEMU", results).await;
     let paced_label = format!("fake, {} ms apart", options.interval.as_millis());
     let plan = [
@@ -195,10 +190,6 @@ async fn fake_qemu(
             ..batch(&paced_label, "fp", options.vms, options.interval)
         },
         batch("fake, all at once", "fb", options.vms, Duration::ZERO),
-        Batch {
-            sample_memory: true,
-            ..batch("fake, all at once", "fs", options.scale_vms, Duration::ZERO)
-        },
     ];
     for b in plan.iter().filter(|b| b.count > 0) {
         let result = density::run(&cluster, b).await;
@@ -208,6 +199,47 @@ async fn fake_qemu(
         results.add("fake QEMU", result?);
     }
     keep_logs(&cluster, options, "fake-qemu", results);
+    Ok(())
+}
+
+/// The server arguments of a fake-QEMU cluster: KWOK-sized nodes (fake launchers use
+/// nothing, so the batch measures the control plane and not this machine's two cores).
+fn fake_server_args(nodes: usize) -> Vec<String> {
+    [
+        "--fake-qemu",
+        "--additional-launcher-labels-sync",
+        "ops.example.com/*",
+        "--node-capacity",
+        "cpu=1k,memory=4Ti,pods=10k",
+        "--nodes",
+    ]
+    .iter()
+    .map(|s| (*s).to_owned())
+    .chain([nodes.to_string()])
+    .collect()
+}
+
+/// One control-plane scale batch of `count` fake-QEMU VMs on a server of its own, with as
+/// many nodes as the batch needs pod addresses.
+async fn fake_qemu_scale(
+    binary: &std::path::Path,
+    options: &VmsOptions,
+    count: usize,
+    results: &mut Results,
+) -> anyhow::Result<()> {
+    let nodes = count.div_ceil(VMS_PER_NODE).max(1);
+    eprintln!("== fake QEMU, {count} VMs: starting kubevirt-rs server --fake-qemu --nodes {nodes}");
+    let args = fake_server_args(nodes);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let cluster = Cluster::start(binary, &args).await?;
+    let label = format!("fake, all at once, {nodes} nodes");
+    let b = Batch {
+        sample_memory: true,
+        ..batch(&label, "fs", count, Duration::ZERO)
+    };
+    let result = density::run(&cluster, &b).await;
+    keep_logs(&cluster, options, &format!("fake-qemu-{count}"), results);
+    results.add("fake QEMU", result?);
     Ok(())
 }
 
@@ -251,13 +283,21 @@ async fn real_qemu(
 pub async fn run(options: VmsOptions) -> anyhow::Result<String> {
     let binary = server_binary(&options)?;
     let mut results = Results::default();
-    if (options.vms > 0 || options.scale_vms > 0)
+    if options.vms > 0
         && let Err(e) = fake_qemu(&binary, &options, &mut results).await
     {
         eprintln!("fake QEMU run failed: {e:#}");
         results
             .notes
             .push(format!("The fake-QEMU run failed: {e:#}"));
+    }
+    for &count in options.scale_vms.iter().filter(|n| **n > 0) {
+        if let Err(e) = fake_qemu_scale(&binary, &options, count, &mut results).await {
+            eprintln!("fake QEMU scale run ({count}) failed: {e:#}");
+            results
+                .notes
+                .push(format!("The fake-QEMU scale run of {count} failed: {e:#}"));
+        }
     }
     if options.fake_only {
         results
@@ -413,8 +453,9 @@ fn memory_section(out: &mut String, results: &Results) {
         "Server = the embedded Kubernetes in one process (API server, scheduler, \
          controller-manager, node agent, service proxy); virt-api, virt-controller and \
          virt-handler are pods of their own, each column the average RSS of one replica \
-         (2, 2 and 1 of them). Per VM: averages; launcher private = \
-         `RssAnon` (its file pages are the shared `kubevirt-rs` binary). QEMU \
+         (2, 2 and one per node); the sum is the server and every replica. Per VM: \
+         averages; launcher = the `compute` container's `virt-launcher`, private = its \
+         `RssAnon`, PSS = its proportional set size, pod = with the `guest-console-log` container's `virt-tail`. QEMU \
          overhead = QEMU RSS − guest RAM actually touched; the TCG part is its translation \
          cache, which KVM does not have. KubeVirt anchors: virt-controller ≈ 60 MB + virt-api \
          ≈ 140 MB + virt-handler ≈ 20 MB; 240 MiB fixed per-VM budget.\n"
@@ -426,8 +467,11 @@ fn memory_section(out: &mut String, results: &Results) {
         "virt-api MiB",
         "virt-controller MiB",
         "virt-handler MiB",
+        "control plane MiB (sum)",
         "launcher MiB/VM",
         "launcher private MiB/VM",
+        "launcher PSS MiB/VM",
+        "launcher pod MiB/VM",
         "QEMU MiB/VM",
         "guest RAM touched",
         "TCG cache",
@@ -441,7 +485,7 @@ fn memory_section(out: &mut String, results: &Results) {
                 mib(avg(&m.qemu.iter().map(f).collect::<Vec<_>>()))
             }
         };
-        let launcher = |f: fn(&(u64, u64)) -> u64| {
+        let launcher = |f: fn(&cluster::LauncherMemory) -> u64| {
             if m.launcher_kib.is_empty() {
                 "–".to_owned()
             } else {
@@ -459,8 +503,11 @@ fn memory_section(out: &mut String, results: &Results) {
             component("virt-api"),
             component("virt-controller"),
             component("virt-handler"),
-            launcher(|(rss, _)| *rss),
-            launcher(|(_, anon)| *anon),
+            mib(m.server_rss_kib + m.components_kib.values().flatten().sum::<u64>()),
+            launcher(|l| l.rss_kib),
+            launcher(|l| l.anon_kib),
+            launcher(|l| l.pss_kib),
+            launcher(|l| l.pod_kib),
             q(|x| x.rss_kib),
             q(|x| x.guest_kib),
             q(|x| x.tcg_kib),
@@ -482,6 +529,8 @@ fn boot_section(out: &mut String, results: &Results) {
         let mut t = Table::new(&["path", "runs", "min s", "median s", "max s"]);
         for (name, p) in [
             ("kubevirt-rs (kubectl apply)", &b.stack),
+            ("… of which kubectl apply itself", &b.kubectl),
+            ("… of which until QEMU started", &b.to_qemu),
             ("plain QEMU", &b.plain),
         ] {
             t.row(vec![
@@ -493,10 +542,16 @@ fn boot_section(out: &mut String, results: &Results) {
             ]);
         }
         out.push_str(&t.markdown());
-        let ratio = b.stack.at(50.0).as_secs_f64() / b.plain.at(50.0).as_secs_f64().max(1e-9);
+        let plain = b.plain.at(50.0).as_secs_f64().max(1e-9);
+        let ratio = b.stack.at(50.0).as_secs_f64() / plain;
+        // Without kubectl's own start and request: from the VM's creation to the marker.
+        let control = (b.stack.at(50.0).as_secs_f64() - b.kubectl.at(50.0).as_secs_f64()) / plain;
         let _ = writeln!(
             out,
-            "\nRatio of medians: **{ratio:.2}** (QEMU `-accel {}`)",
+            "\nRatio of medians: **{ratio:.2}**; from the VM's creation (kubectl's part \
+             left out): **{control:.2}**; VM created → QEMU started: {:.0} ms (medians; QEMU \
+             `-accel {}`)",
+            (b.to_qemu.at(50.0).as_secs_f64() - b.kubectl.at(50.0).as_secs_f64()) * 1000.0,
             b.accel
         );
     }

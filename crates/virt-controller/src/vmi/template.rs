@@ -7,8 +7,8 @@
 //!
 //! | container | command | role |
 //! |---|---|---|
-//! | `compute` (always first) | `kubevirt-rs launcher --namespace NS --name NAME --uid UID --grace-period-seconds G --pod-dir /var/run/kubevirt` | the launcher; `G` = VMI grace period + 15 s, the time it gives the guest to shut down |
-//! | `guest-console-log` | `kubevirt-rs guest-console-log --namespace NS --name NAME --uid UID --pod-dir /var/run/kubevirt` | present unless `spec.domain.devices.logSerialConsole` is false: streams the guest's serial log to its output, so `kubectl logs POD -c guest-console-log` shows it (upstream's `virt-tail`) |
+//! | `compute` (always first) | `virt-launcher --namespace NS --name NAME --uid UID --grace-period-seconds G --pod-dir /var/run/kubevirt` | the launcher; `G` = VMI grace period + 15 s, the time it gives the guest to shut down |
+//! | `guest-console-log` | `virt-tail --namespace NS --name NAME --uid UID --pod-dir /var/run/kubevirt` | present unless `spec.domain.devices.logSerialConsole` is false: streams the guest's serial log to its output, so `kubectl logs POD -c guest-console-log` shows it (upstream's program of that name) |
 //!
 //! Both use [`LauncherPodConfig::launcher_image`] and mount the pod's `public` emptyDir at
 //! `/var/run/kubevirt` (upstream's path): the launcher's sockets, disks and logs live there,
@@ -681,7 +681,7 @@ fn compute_container(
     Ok(Container {
         name: c::COMPUTE_CONTAINER_NAME.to_owned(),
         image: Some(config.launcher_image.clone()),
-        command: Some(vec!["kubevirt-rs".to_owned(), "launcher".to_owned()]),
+        command: Some(vec![c::LAUNCHER_PROGRAM.to_owned()]),
         args: Some(args),
         resources: Some(compute_resources(vmi, config)?),
         ports: probes::container_ports(vmi),
@@ -749,10 +749,7 @@ fn console_log_container(
     Container {
         name: GUEST_CONSOLE_LOG_CONTAINER_NAME.to_owned(),
         image: Some(config.launcher_image.clone()),
-        command: Some(vec![
-            "kubevirt-rs".to_owned(),
-            "guest-console-log".to_owned(),
-        ]),
+        command: Some(vec![c::CONSOLE_TAIL_PROGRAM.to_owned()]),
         args: Some(
             identity_args(namespace, name, uid)
                 .into_iter()
@@ -1408,7 +1405,7 @@ mod tests {
         let compute = &spec["containers"][0];
         assert_eq!(compute["name"], "compute");
         assert_eq!(compute["image"], default_launcher_image());
-        assert_eq!(compute["command"], json!(["kubevirt-rs", "launcher"]));
+        assert_eq!(compute["command"], json!(["virt-launcher"]));
         assert_eq!(
             compute["args"],
             json!([
@@ -1433,10 +1430,7 @@ mod tests {
             );
         }
         assert_eq!(spec["containers"][1]["name"], "guest-console-log");
-        assert_eq!(
-            spec["containers"][1]["command"],
-            json!(["kubevirt-rs", "guest-console-log"])
-        );
+        assert_eq!(spec["containers"][1]["command"], json!(["virt-tail"]));
         assert_eq!(pod["metadata"]["labels"]["vm.kubevirt.io/name"], "guest");
     }
 

@@ -8,7 +8,7 @@
 //!
 //! `exec` and `guestAgentPing` become `exec` probes of upstream's `virt-probe` command
 //! (`--domainName <ns>_<name> --timeoutSeconds T`, then `--command C -- ARGS` or
-//! `--guestAgentPing`), here `kubevirt-rs virt-probe` of the launcher image; it runs the
+//! `--guestAgentPing`), here the launcher image's `virt-probe`; it runs the
 //! command in the guest, or pings, through the guest agent. As upstream the pod probe's
 //! timeout is one second longer than the VMI's, for the extra steps.
 //!
@@ -26,8 +26,7 @@ pub fn compute_probe(probe: Option<&VmiProbe>, namespace: &str, name: &str) -> O
     let probe = probe?;
     let timeout = probe.timeout_seconds.filter(|t| *t > 0).unwrap_or(1);
     let mut virt_probe = vec![
-        "kubevirt-rs".to_owned(),
-        "virt-probe".to_owned(),
+        kubevirt_api::constants::PROBE_PROGRAM.to_owned(),
         "--domainName".to_owned(),
         format!("{namespace}_{name}"),
         "--timeoutSeconds".to_owned(),
@@ -127,7 +126,7 @@ mod tests {
         let live = compute_probe(vmi.spec.liveness_probe.as_ref(), "ns", "v").expect("liveness");
         assert_eq!(
             serde_json::to_value(live).expect("json"),
-            json!({"exec": {"command": ["kubevirt-rs", "virt-probe", "--domainName", "ns_v",
+            json!({"exec": {"command": ["virt-probe", "--domainName", "ns_v",
                     "--timeoutSeconds", "1", "--guestAgentPing"]},
                 "initialDelaySeconds": 10, "timeoutSeconds": 2, "periodSeconds": 10,
                 "successThreshold": 1, "failureThreshold": 3})
@@ -137,7 +136,6 @@ mod tests {
             ready.exec.and_then(|e| e.command),
             Some(
                 [
-                    "kubevirt-rs",
                     "virt-probe",
                     "--domainName",
                     "ns_v",

@@ -1,4 +1,4 @@
-//! `kubevirt-rs virt-probe`: upstream's `virt-probe`, run by kubelet inside the `compute`
+//! `virt-probe`: upstream's program of that name, run by kubelet inside the `compute`
 //! container for a VMI's `exec` and `guestAgentPing` probes. It asks the launcher of the pod
 //! (its command socket in the pod directory) to ping the guest agent or to run the command
 //! in the guest through it, and exits 0 when that succeeded — the probe's verdict. Flags are

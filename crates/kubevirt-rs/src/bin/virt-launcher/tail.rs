@@ -1,4 +1,4 @@
-//! `kubevirt-rs guest-console-log`: the launcher pod's `guest-console-log` container
+//! `virt-tail`: the launcher pod's `guest-console-log` container
 //! (upstream's `virt-tail`): streams the guest's serial log to standard output, so the
 //! container's log — `kubectl logs POD -c guest-console-log` — is the guest console.
 //!
@@ -37,7 +37,10 @@ pub struct ConsoleLogArgs {
 pub fn run(args: &ConsoleLogArgs) -> anyhow::Result<()> {
     let layout = virt_launcher::pod_layout::PodLayout::new(&args.pod_dir);
     let (path, socket) = (layout.serial_log(), layout.launcher_socket());
-    let runtime = tokio::runtime::Runtime::new().context("starting the tokio runtime")?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the tokio runtime")?;
     runtime.block_on(async move {
         let follow = tokio::task::spawn_blocking(move || follow(&path, &socket));
         tokio::select! {

@@ -1,4 +1,4 @@
-//! `kubevirt-rs launcher`: the process of a launcher pod's `compute` container.
+//! `virt-launcher`: the process of a launcher pod's `compute` container.
 //!
 //! Runs `virt_launcher::run_launcher` with its command socket at
 //! `<pod dir>/launcher.sock` (`--pod-dir`: the pod's `public` emptyDir as the container sees
@@ -52,7 +52,12 @@ pub struct LauncherArgs {
 }
 
 pub fn run(args: LauncherArgs) -> anyhow::Result<()> {
-    let runtime = tokio::runtime::Runtime::new().context("starting the tokio runtime")?;
+    // One thread: the launcher waits on QEMU, QMP and its socket, and a thread per core
+    // would cost every VM's pod memory for nothing.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the tokio runtime")?;
     let keep = args.keep_after_failure;
     runtime.block_on(async move {
         let outcome = serve(args).await;
