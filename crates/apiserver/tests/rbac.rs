@@ -1069,3 +1069,144 @@ async fn a_serving_certificate_is_no_client_identity() {
         assert!(answer.is_err(), "{what}: {:?}", answer.map(|r| r.status()));
     }
 }
+
+/// An extension API server's account `ext/server`, bound in kube-system to the
+/// authentication reader as extension servers bind it, and a ConfigMap of the reader's name
+/// in `default`; returns the account's token.
+async fn bind_extension_server(s: &TestServer) -> String {
+    // An extension API server's account, bound in kube-system as extension servers bind it.
+    create_namespace(s, "ext").await;
+    create(
+        s,
+        "/api/v1/namespaces/ext/serviceaccounts",
+        json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "server"}}),
+    )
+    .await;
+    create(
+        s,
+        &format!("{RBAC}/namespaces/kube-system/rolebindings"),
+        binding(
+            "RoleBinding",
+            "ext-server-authentication-reader",
+            "Role",
+            "extension-apiserver-authentication-reader",
+            json!([{"kind": "ServiceAccount", "name": "server", "namespace": "ext"}]),
+        ),
+    )
+    .await;
+    // A ConfigMap of the same name elsewhere is not covered.
+    create(
+        s,
+        "/api/v1/namespaces/default/configmaps",
+        json!({"apiVersion": "v1", "kind": "ConfigMap",
+               "metadata": {"name": "extension-apiserver-authentication"}}),
+    )
+    .await;
+    token_for(s, "ext", "server").await
+}
+
+#[tokio::test]
+async fn the_authentication_reader_role_grants_that_config_map_and_nothing_else() {
+    let s = TestServer::start().await;
+    let role = s
+        .request(
+            "GET",
+            &format!(
+                "{RBAC}/namespaces/kube-system/roles/extension-apiserver-authentication-reader"
+            ),
+            None,
+        )
+        .await;
+    assert_eq!(role.status, 200, "{}", String::from_utf8_lossy(&role.body));
+    assert_eq!(
+        role.json()["metadata"]["labels"]["kubernetes.io/bootstrapping"],
+        "rbac-defaults"
+    );
+
+    let token = bind_extension_server(&s).await;
+    let auth = format!("Bearer {token}");
+    let anon = tls(&s, None);
+    let h = [("authorization", auth.as_str())];
+    let cms = "/api/v1/namespaces/kube-system/configmaps";
+
+    let r = send(
+        &s,
+        &anon,
+        "GET",
+        &format!("{cms}/extension-apiserver-authentication"),
+        &h,
+        None,
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    assert!(
+        r.json()["data"]["requestheader-client-ca-file"].is_string(),
+        "{}",
+        String::from_utf8_lossy(&r.body)
+    );
+    let by_name = format!("{cms}?fieldSelector=metadata.name%3Dextension-apiserver-authentication");
+    let r = send(&s, &anon, "GET", &by_name, &h, None).await;
+    assert_eq!(
+        r.status,
+        200,
+        "a list of that name: {}",
+        String::from_utf8_lossy(&r.body)
+    );
+    assert_eq!(r.json()["items"].as_array().map(Vec::len), Some(1));
+
+    for (path, what) in [
+        (
+            format!("{cms}/kube-root-ca.crt"),
+            "another ConfigMap of kube-system",
+        ),
+        (cms.to_owned(), "every ConfigMap of kube-system"),
+        (
+            "/api/v1/namespaces/kube-system/secrets".to_owned(),
+            "the Secrets of kube-system",
+        ),
+        (
+            "/api/v1/namespaces/default/configmaps/extension-apiserver-authentication".to_owned(),
+            "the same name in another namespace",
+        ),
+    ] {
+        let r = send(&s, &anon, "GET", &path, &h, None).await;
+        assert_eq!(
+            r.status,
+            403,
+            "{what}: {}",
+            String::from_utf8_lossy(&r.body)
+        );
+    }
+    let r = send(
+        &s,
+        &anon,
+        "PUT",
+        &format!("{cms}/extension-apiserver-authentication"),
+        &h,
+        Some(&json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "extension-apiserver-authentication", "namespace": "kube-system"}})),
+    )
+    .await;
+    assert_eq!(
+        r.status,
+        403,
+        "reads only: {}",
+        String::from_utf8_lossy(&r.body)
+    );
+
+    // kube binds the role to the scheduler and the controller-manager.
+    let scheduler = tls(
+        &s,
+        Some(issue_client_cert(&s, "system:kube-scheduler", None)),
+    );
+    let r = send(
+        &s,
+        &scheduler,
+        "GET",
+        &format!("{cms}/extension-apiserver-authentication"),
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+}

@@ -9,7 +9,8 @@
 //! virt-operator, a Deployment, installs the rest from its install strategy
 //! ([`virt_operator::installer`]): the CRDs, virt-api and virt-controller as Deployments and
 //! virt-handler as a DaemonSet, each pod a process of its own with its own service account, run
-//! by the node agents. Before KubeVirt, a minimal CDI (`deploy/embedded/cdi.yaml`, crate
+//! by the node agents. The NetworkAttachmentDefinition API comes with the embedded Kubernetes
+//! (its node agents play Multus). Before KubeVirt, a minimal CDI (`deploy/embedded/cdi.yaml`, crate
 //! `kubevirt-cdi`) as a user would install CDI: the DataVolume CRD and its controller. The two
 //! halves meet only at the Kubernetes API. The server is ready once
 //! the CR is Available and KubeVirt's components pass the readiness checks (`--no-kubevirt`:
@@ -120,6 +121,18 @@ async fn install_cdi(admin: &kube::Client) -> anyhow::Result<()> {
         virt_operator::apply::create_or_replace_dynamic(admin.clone(), object)
             .await
             .context("applying deploy/embedded/cdi.yaml")?;
+    }
+    Ok(())
+}
+
+/// Installs what the node agents' secondary networks need (the NetworkAttachmentDefinition
+/// CRD and the nodes' rights on it, [`kubevirt_node::network_attachments`]), as a user installs
+/// Multus on a cluster.
+async fn install_network_attachments(admin: &kube::Client) -> anyhow::Result<()> {
+    for object in kubevirt_node::network_attachments::objects() {
+        virt_operator::apply::create_or_replace_dynamic(admin.clone(), object)
+            .await
+            .context("installing the NetworkAttachmentDefinition API")?;
     }
     Ok(())
 }
@@ -651,8 +664,9 @@ async fn serve(args: ServerArgs) -> anyhow::Result<()> {
         );
     }
 
+    let admin = client_from(&data_dir.join("kubeconfig"), "kubevirt-rs-server").await?;
+    install_network_attachments(&admin).await?;
     if !args.no_kubevirt {
-        let admin = client_from(&data_dir.join("kubeconfig"), "kubevirt-rs-server").await?;
         let cr = default_kubevirt_cr(&install, use_emulation, &args)?;
         install_cdi(&admin).await?;
         install_kubevirt(&admin, &install, cr).await?;

@@ -12,6 +12,11 @@
 //! `spec.podCIDR` says which addresses its pods get; without one (unit tests, non-root) pods
 //! share the host's network and their `podIP` is the node's address.
 //!
+//! Secondary networks: the node agent plays Multus ([`pods::multus`]): a pod's
+//! `k8s.v1.cni.cncf.io/networks` annotation gets it extra interfaces from the
+//! NetworkAttachmentDefinitions it names (the CRD and rights in [`network_attachments`]),
+//! also while it runs, and its `network-status` annotation says what it has.
+//!
 //! Containers: `command` and `args` (and plain `env` values) have their `$(VAR)` references
 //! expanded as kubelet does ([`pods::expansion`]) against the container's environment (values,
 //! downward-API fields and resources, configMap and secret keys, the `kubernetes` Service
@@ -42,6 +47,7 @@
 
 pub mod host_paths;
 pub mod images;
+pub mod network_attachments;
 pub mod pods;
 pub mod registration;
 

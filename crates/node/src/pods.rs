@@ -42,6 +42,7 @@
 pub mod exec;
 pub mod expansion;
 pub mod logs;
+pub mod multus;
 pub mod network;
 pub mod orphans;
 pub mod probes;
@@ -201,6 +202,9 @@ pub struct PodRunner {
     /// Containers stopped for a failed liveness or startup probe: (pod uid, container) →
     /// (pid, when its group is killed).
     probe_kills: BTreeMap<(String, String), (i32, Instant)>,
+    /// The `network-status` annotation last written per pod uid, with the resourceVersion the
+    /// cache showed then (not written again until the cache moved on).
+    network_status: BTreeMap<String, (Option<String>, String)>,
     /// Pids of containers this runner started and whose waiter has not recorded the exit yet:
     /// such a process that is gone has an exit code on its way, not an unknown one.
     waited: Arc<std::sync::Mutex<BTreeSet<i32>>>,
@@ -367,20 +371,81 @@ impl PodRunner {
         let netns = match self.network_of(pod) {
             None => None,
             Some(networks) => {
-                let (networks, uid, pod_dir) =
+                let networks = networks.clone();
+                let (set_up, owned_uid, pod_dir) =
                     (networks.clone(), uid.to_owned(), self.pod_dir(uid));
                 let ports = network::port_mappings(pod);
-                let record =
-                    tokio::task::spawn_blocking(move || networks.set_up(&uid, &pod_dir, &ports))
-                        .await
-                        .map_err(|e| format!("setting up the pod network: {e}"))?
-                        .map_err(|e| {
-                            format!("Failed to create pod sandbox: {}", error_chain(&e))
-                        })?;
+                let record = tokio::task::spawn_blocking(move || {
+                    set_up.set_up(&owned_uid, &pod_dir, &ports)
+                })
+                .await
+                .map_err(|e| format!("setting up the pod network: {e}"))?
+                .map_err(|e| format!("Failed to create pod sandbox: {}", error_chain(&e)))?;
+                self.sync_secondary_networks(pod, uid, &networks, &record)
+                    .await?;
                 Some(record.netns)
             }
         };
         Ok(Prepared { mounts, netns })
+    }
+
+    /// The pod's secondary networks as its annotation asks ([`multus`]), and their
+    /// `network-status`. A failure keeps a pod whose containers never started in
+    /// `ContainerCreating` (as Multus fails the sandbox); a running pod keeps running and the
+    /// change is retried on the next pass.
+    async fn sync_secondary_networks(
+        &mut self,
+        pod: &Pod,
+        uid: &str,
+        networks: &network::PodNetworks,
+        record: &network::NetworkRecord,
+    ) -> Result<(), String> {
+        let annotations = pod.metadata.annotations.as_ref();
+        let asks = annotations.is_some_and(|a| {
+            a.contains_key(multus::NETWORKS_ANNOTATION)
+                || a.contains_key(multus::NETWORK_STATUS_ANNOTATION)
+        });
+        let pod_dir = self.pod_dir(uid);
+        if !asks && !pod_dir.join(multus::SECONDARY_RECORD_FILE).exists() {
+            return Ok(());
+        }
+        let (status, synced) = multus::sync(&self.client, networks, pod, &pod_dir, record).await;
+        let current = annotations.and_then(|a| a.get(multus::NETWORK_STATUS_ANNOTATION));
+        let version = pod.metadata.resource_version.clone();
+        let sent = self
+            .network_status
+            .get(uid)
+            .is_some_and(|(rv, value)| *rv == version && *value == status);
+        if current != Some(&status) && !sent {
+            let patch =
+                json!({"metadata": {"annotations": {multus::NETWORK_STATUS_ANNOTATION: status}}});
+            let api: Api<Pod> = Api::namespaced(
+                self.client.clone(),
+                pod.metadata.namespace.as_deref().unwrap_or_default(),
+            );
+            let name = pod.metadata.name.as_deref().unwrap_or_default();
+            match api
+                .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+            {
+                Ok(_) => {
+                    self.network_status
+                        .insert(uid.to_owned(), (version, status));
+                }
+                Err(e) => {
+                    warn!(pod = %pod_key(pod), error = %e, "writing the network status failed")
+                }
+            }
+        }
+        let started = pod
+            .spec
+            .iter()
+            .flat_map(|s| s.containers.iter())
+            .any(|c| ContainerPaths::new(&pod_dir, &c.name).record.exists());
+        match synced {
+            Err(message) if !started => Err(message),
+            _ => Ok(()),
+        }
     }
 
     /// The pod network this pod joins: `None` for `hostNetwork` pods and on a node without one.
@@ -969,6 +1034,37 @@ where
         })
 }
 
+/// Polls the pod watch for what is ready (which updates the reflector's store) and notes it
+/// in `wake`; returns the pods that became terminating.
+fn take_in_events(
+    events: &mut (impl futures::Stream<Item = watcher::Result<watcher::Event<Pod>>> + Unpin),
+    wake: &mut Wake,
+) -> Vec<Pod> {
+    let mut terminating = Vec::new();
+    while let Some(Some(event)) = futures::FutureExt::now_or_never(events.next()) {
+        if let Ok(event) = event {
+            wake.note(&event);
+            if let watcher::Event::Apply(pod) = event
+                && pod.metadata.deletion_timestamp.is_some()
+            {
+                terminating.push(pod);
+            }
+        }
+    }
+    terminating
+}
+
+impl PodRunner {
+    /// Reconciles `pod`; a failure is logged and retried with the next pass over every pod
+    /// (at the latest the tick's).
+    async fn reconcile_or_retry(&mut self, pod: &Pod, wake: &mut Wake) {
+        if let Err(e) = self.reconcile(pod).await {
+            warn!(error = %error_chain(&e), "pod runner pass failed; retrying");
+            *wake = Wake::All;
+        }
+    }
+}
+
 /// Runs the pod runner until the future is dropped.
 pub async fn run(client: kube::Client, config: PodRunnerConfig) {
     let (exits_tx, mut exits_rx) = mpsc::unbounded_channel();
@@ -988,6 +1084,7 @@ pub async fn run(client: kube::Client, config: PodRunnerConfig) {
         volumes,
         probes: probes::Prober::new(exits_tx.clone()),
         probe_kills: BTreeMap::new(),
+        network_status: BTreeMap::new(),
         exits: exits_tx,
         waited: Arc::default(),
     };
@@ -1049,11 +1146,18 @@ pub async fn run(client: kube::Client, config: PodRunnerConfig) {
         let pods: Vec<Arc<Pod>> = store.state();
         let known: BTreeSet<String> = pods.iter().filter_map(|p| p.metadata.uid.clone()).collect();
         let woken = std::mem::replace(&mut wake, Wake::Some(BTreeSet::new()));
-        for pod in pods.iter().filter(|p| woken.includes(p)) {
-            if let Err(e) = runner.reconcile(pod).await {
-                warn!(error = %error_chain(&e), "pod runner pass failed; retrying");
-                // Retried with the next pass over every pod (at the latest the tick).
-                wake = Wake::All;
+        let mut queue: Vec<Arc<Pod>> = pods.into_iter().filter(|p| woken.includes(p)).collect();
+        // Terminating pods first: stopping one is quick and must not wait behind starts.
+        queue.sort_by_key(|p| p.metadata.deletion_timestamp.is_none());
+        for pod in queue {
+            // A pass over many pods takes a while: take in what the watch delivered
+            // meanwhile, stop the pods deleted since at once, and reconcile each pod as it is
+            // now, never a copy from before its deletion.
+            for deleted in take_in_events(&mut events, &mut wake) {
+                runner.reconcile_or_retry(&deleted, &mut wake).await;
+            }
+            if let Some(pod) = store.get(&reflector::ObjectRef::from_obj(pod.as_ref())) {
+                runner.reconcile_or_retry(&pod, &mut wake).await;
             }
         }
         runner.removed.retain(|uid, _| known.contains(uid));

@@ -176,15 +176,35 @@ struct PluginError {
 }
 
 /// What every plugin of one operation gets.
-struct Invocation<'a> {
-    command: &'static str,
-    container_id: &'a str,
-    netns: &'a str,
-    ifname: &'a str,
-    port_mappings: &'a [PortMapping],
+pub(crate) struct Invocation<'a> {
+    pub(crate) command: &'static str,
+    pub(crate) container_id: &'a str,
+    pub(crate) netns: &'a str,
+    pub(crate) ifname: &'a str,
+    pub(crate) port_mappings: &'a [PortMapping],
+    /// `CNI_ARGS` (`K=V;…`), empty for none.
+    pub(crate) cni_args: &'a str,
+}
+
+/// One configuration list with where its plugins and cached results are: what running the
+/// plugins needs, for the node's pod network and for secondary networks alike.
+pub(crate) struct Runner<'a> {
+    pub(crate) name: &'a str,
+    pub(crate) list: &'a Value,
+    pub(crate) plugin_dir: &'a Path,
+    pub(crate) result_cache_dir: &'a Path,
 }
 
 impl CniNetwork {
+    fn runner<'a>(&'a self, list: &'a Value) -> Runner<'a> {
+        Runner {
+            name: &self.name,
+            list,
+            plugin_dir: &self.plugin_dir,
+            result_cache_dir: &self.result_cache_dir,
+        }
+    }
+
     /// Attaches the pod's network namespace `netns` to the network: runs ADD through the
     /// configuration list and returns the pod's addresses. `port_mappings` are its hostPorts
     /// (ignored without `port_map`).
@@ -198,6 +218,8 @@ impl CniNetwork {
         ifname: &str,
         port_mappings: &[PortMapping],
     ) -> Result<PodAddresses, CniError> {
+        let list = self.config_list();
+        let runner = self.runner(&list);
         let netns_text = netns.to_string_lossy();
         let call = Invocation {
             command: "ADD",
@@ -205,8 +227,9 @@ impl CniNetwork {
             netns: &netns_text,
             ifname,
             port_mappings,
+            cni_args: "",
         };
-        let added = self
+        let added = runner
             .run_chain(&call)
             .and_then(|result| self.addresses(ifname, result));
         let addresses = match added {
@@ -217,12 +240,9 @@ impl CniNetwork {
                 return Err(error);
             }
         };
-        let path = self.cache_path(container_id, ifname);
-        let cached = std::fs::create_dir_all(&self.result_cache_dir)
-            .and_then(|()| std::fs::write(&path, addresses.result.to_string()));
-        if let Err(source) = cached {
+        if let Err(error) = runner.cache(container_id, ifname, &addresses.result) {
             let _ = self.del(container_id, netns, ifname, port_mappings);
-            return Err(CniError::ResultCache { path, source });
+            return Err(error);
         }
         tracing::debug!(network = %self.name, container_id, ipv4 = ?addresses.ipv4, "CNI ADD");
         Ok(addresses)
@@ -245,37 +265,9 @@ impl CniNetwork {
         ifname: &str,
         port_mappings: &[PortMapping],
     ) -> Result<(), CniError> {
-        let netns_text = if crate::NetworkNamespace::open_path(netns).is_ok() {
-            netns.to_string_lossy()
-        } else {
-            "".into()
-        };
-        let call = Invocation {
-            command: "DEL",
-            container_id,
-            netns: &netns_text,
-            ifname,
-            port_mappings,
-        };
-        let path = self.cache_path(container_id, ifname);
-        let prev = read_cached(&path)?;
-        let mut first_error = None;
         let list = self.config_list();
-        for plugin in plugins(&list).iter().rev() {
-            if let Err(error) = self.invoke(plugin, &call, prev.as_ref()) {
-                tracing::warn!(network = %self.name, container_id, %error, "CNI DEL failed");
-                first_error.get_or_insert(error);
-            }
-        }
-        if let Some(error) = first_error {
-            return Err(error);
-        }
-        match std::fs::remove_file(&path) {
-            Err(source) if source.kind() != io::ErrorKind::NotFound => {
-                Err(CniError::ResultCache { path, source })
-            }
-            _ => Ok(()),
-        }
+        self.runner(&list)
+            .del(container_id, netns, ifname, port_mappings, "")
     }
 
     /// Checks that the pod's network is still as ADD left it: runs CHECK through the list with
@@ -290,7 +282,9 @@ impl CniNetwork {
         ifname: &str,
         port_mappings: &[PortMapping],
     ) -> Result<(), CniError> {
-        let path = self.cache_path(container_id, ifname);
+        let list = self.config_list();
+        let runner = self.runner(&list);
+        let path = runner.cache_path(container_id, ifname);
         let prev = read_cached(&path)?.ok_or_else(|| CniError::NoCachedResult {
             container_id: container_id.to_owned(),
             ifname: ifname.to_owned(),
@@ -302,80 +296,12 @@ impl CniNetwork {
             netns: &netns_text,
             ifname,
             port_mappings,
+            cni_args: "",
         };
-        let list = self.config_list();
         for plugin in plugins(&list) {
-            self.invoke(plugin, &call, Some(&prev))?;
+            runner.invoke(plugin, &call, Some(&prev))?;
         }
         Ok(())
-    }
-
-    /// Runs ADD through every plugin, each getting the previous one's result.
-    fn run_chain(&self, call: &Invocation<'_>) -> Result<Value, CniError> {
-        let list = self.config_list();
-        let mut prev = None;
-        for plugin in plugins(&list) {
-            let result = self.invoke(plugin, call, prev.as_ref())?;
-            prev = Some(result);
-        }
-        prev.ok_or_else(|| CniError::NoAddress {
-            network: self.name.clone(),
-        })
-    }
-
-    /// Runs one plugin; returns its parsed stdout (`null` when it printed nothing).
-    fn invoke(
-        &self,
-        plugin: &Value,
-        call: &Invocation<'_>,
-        prev: Option<&Value>,
-    ) -> Result<Value, CniError> {
-        let kind = plugin["type"]
-            .as_str()
-            .ok_or_else(|| CniError::PluginType {
-                network: self.name.clone(),
-            })?
-            .to_owned();
-        let stdin = plugin_config(plugin, &self.name, prev, call.port_mappings);
-        let start_error = |source| CniError::PluginStart {
-            plugin: kind.clone(),
-            dir: self.plugin_dir.clone(),
-            source,
-        };
-        let mut child = Command::new(self.plugin_dir.join(&kind))
-            .env("CNI_COMMAND", call.command)
-            .env("CNI_CONTAINERID", call.container_id)
-            .env("CNI_NETNS", call.netns)
-            .env("CNI_IFNAME", call.ifname)
-            .env("CNI_ARGS", "")
-            .env("CNI_PATH", &self.plugin_dir)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(start_error)?;
-        if let Some(mut input) = child.stdin.take() {
-            // The configuration is far smaller than a pipe's buffer; a plugin that exits without
-            // reading it (broken pipe) is judged by its exit status below.
-            let _ = input.write_all(stdin.to_string().as_bytes());
-        }
-        let output = child.wait_with_output().map_err(start_error)?;
-        tracing::trace!(plugin = %kind, command = call.command, status = %output.status, "CNI plugin ran");
-        if !output.status.success() {
-            return Err(plugin_failure(
-                &kind,
-                output.status,
-                &output.stdout,
-                &output.stderr,
-            ));
-        }
-        if output.stdout.iter().all(u8::is_ascii_whitespace) {
-            return Ok(Value::Null);
-        }
-        serde_json::from_slice(&output.stdout).map_err(|source| CniError::PluginOutput {
-            plugin: kind,
-            source,
-        })
     }
 
     fn addresses(&self, ifname: &str, result: Value) -> Result<PodAddresses, CniError> {
@@ -413,9 +339,149 @@ impl CniNetwork {
         })
     }
 
+    /// The cache file of one attachment ([`Runner::cache_path`]).
+    #[cfg(test)]
+    fn cache_path(&self, container_id: &str, ifname: &str) -> PathBuf {
+        let list = Value::Null;
+        self.runner(&list).cache_path(container_id, ifname)
+    }
+}
+
+impl Runner<'_> {
+    /// The list's `cniVersion`, the project's when it names none.
+    fn version(&self) -> &str {
+        self.list["cniVersion"]
+            .as_str()
+            .unwrap_or(crate::CNI_VERSION)
+    }
+
+    /// Runs DEL through the list in reverse order, then drops the cached result (see
+    /// [`CniNetwork::del`]).
+    pub(crate) fn del(
+        &self,
+        container_id: &str,
+        netns: &Path,
+        ifname: &str,
+        port_mappings: &[PortMapping],
+        cni_args: &str,
+    ) -> Result<(), CniError> {
+        let netns_text = if crate::NetworkNamespace::open_path(netns).is_ok() {
+            netns.to_string_lossy()
+        } else {
+            "".into()
+        };
+        let call = Invocation {
+            command: "DEL",
+            container_id,
+            netns: &netns_text,
+            ifname,
+            port_mappings,
+            cni_args,
+        };
+        let path = self.cache_path(container_id, ifname);
+        let prev = read_cached(&path)?;
+        let mut first_error = None;
+        for plugin in plugins(self.list).iter().rev() {
+            if let Err(error) = self.invoke(plugin, &call, prev.as_ref()) {
+                tracing::warn!(network = %self.name, container_id, %error, "CNI DEL failed");
+                first_error.get_or_insert(error);
+            }
+        }
+        if let Some(error) = first_error {
+            return Err(error);
+        }
+        match std::fs::remove_file(&path) {
+            Err(source) if source.kind() != io::ErrorKind::NotFound => {
+                Err(CniError::ResultCache { path, source })
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Writes ADD's final result to the cache, for DEL and CHECK.
+    pub(crate) fn cache(
+        &self,
+        container_id: &str,
+        ifname: &str,
+        result: &Value,
+    ) -> Result<(), CniError> {
+        let path = self.cache_path(container_id, ifname);
+        std::fs::create_dir_all(self.result_cache_dir)
+            .and_then(|()| std::fs::write(&path, result.to_string()))
+            .map_err(|source| CniError::ResultCache { path, source })
+    }
+
+    /// Runs ADD through every plugin, each getting the previous one's result.
+    pub(crate) fn run_chain(&self, call: &Invocation<'_>) -> Result<Value, CniError> {
+        let mut prev = None;
+        for plugin in plugins(self.list) {
+            let result = self.invoke(plugin, call, prev.as_ref())?;
+            prev = Some(result);
+        }
+        prev.ok_or_else(|| CniError::NoAddress {
+            network: self.name.to_owned(),
+        })
+    }
+
+    /// Runs one plugin; returns its parsed stdout (`null` when it printed nothing).
+    fn invoke(
+        &self,
+        plugin: &Value,
+        call: &Invocation<'_>,
+        prev: Option<&Value>,
+    ) -> Result<Value, CniError> {
+        let kind = plugin["type"]
+            .as_str()
+            .filter(|k| !k.is_empty() && !k.contains(['/', '\0']) && *k != "." && *k != "..")
+            .ok_or_else(|| CniError::PluginType {
+                network: self.name.to_owned(),
+            })?
+            .to_owned();
+        let stdin = plugin_config(plugin, self.name, self.version(), prev, call.port_mappings);
+        let start_error = |source| CniError::PluginStart {
+            plugin: kind.clone(),
+            dir: self.plugin_dir.to_path_buf(),
+            source,
+        };
+        let mut child = Command::new(self.plugin_dir.join(&kind))
+            .env("CNI_COMMAND", call.command)
+            .env("CNI_CONTAINERID", call.container_id)
+            .env("CNI_NETNS", call.netns)
+            .env("CNI_IFNAME", call.ifname)
+            .env("CNI_ARGS", call.cni_args)
+            .env("CNI_PATH", self.plugin_dir)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(start_error)?;
+        if let Some(mut input) = child.stdin.take() {
+            // The configuration is far smaller than a pipe's buffer; a plugin that exits without
+            // reading it (broken pipe) is judged by its exit status below.
+            let _ = input.write_all(stdin.to_string().as_bytes());
+        }
+        let output = child.wait_with_output().map_err(start_error)?;
+        tracing::trace!(plugin = %kind, command = call.command, status = %output.status, "CNI plugin ran");
+        if !output.status.success() {
+            return Err(plugin_failure(
+                &kind,
+                output.status,
+                &output.stdout,
+                &output.stderr,
+            ));
+        }
+        if output.stdout.iter().all(u8::is_ascii_whitespace) {
+            return Ok(Value::Null);
+        }
+        serde_json::from_slice(&output.stdout).map_err(|source| CniError::PluginOutput {
+            plugin: kind,
+            source,
+        })
+    }
+
     /// The cache file of one attachment; the container ID and interface name are made safe for
     /// a file name.
-    fn cache_path(&self, container_id: &str, ifname: &str) -> PathBuf {
+    pub(crate) fn cache_path(&self, container_id: &str, ifname: &str) -> PathBuf {
         let safe = |s: &str| -> String {
             s.chars()
                 .map(|c| {
@@ -429,7 +495,7 @@ impl CniNetwork {
         };
         self.result_cache_dir.join(format!(
             "{}-{}-{}",
-            safe(&self.name),
+            safe(self.name),
             safe(container_id),
             safe(ifname)
         ))
@@ -445,12 +511,13 @@ fn plugins(list: &Value) -> &[Value] {
 fn plugin_config(
     plugin: &Value,
     network: &str,
+    version: &str,
     prev: Option<&Value>,
     port_mappings: &[PortMapping],
 ) -> Value {
     let mut config = plugin.clone();
     config["name"] = json!(network);
-    config["cniVersion"] = json!(crate::CNI_VERSION);
+    config["cniVersion"] = json!(version);
     if let Some(prev) = prev.filter(|p| !p.is_null()) {
         config["prevResult"] = prev.clone();
     }
@@ -509,7 +576,7 @@ mod tests {
         let list = network().config_list();
         let prev = json!({ "cniVersion": "1.0.0", "ips": [] });
         let mappings = [PortMapping::tcp(8080, 80)];
-        let config = plugin_config(&plugins(&list)[1], "pods", Some(&prev), &mappings);
+        let config = plugin_config(&plugins(&list)[1], "pods", "1.0.0", Some(&prev), &mappings);
         assert_eq!(config["name"], "pods");
         assert_eq!(config["cniVersion"], "1.0.0");
         assert_eq!(config["prevResult"], prev);
@@ -517,7 +584,7 @@ mod tests {
             config["runtimeConfig"]["portMappings"][0]["hostPort"],
             json!(8080)
         );
-        let bridge = plugin_config(&plugins(&list)[0], "pods", None, &mappings);
+        let bridge = plugin_config(&plugins(&list)[0], "pods", "1.0.0", None, &mappings);
         assert!(bridge.get("prevResult").is_none() && bridge.get("runtimeConfig").is_none());
     }
 

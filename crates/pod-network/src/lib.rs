@@ -18,10 +18,14 @@
 //! of their own for as long as they live. When a node's network goes for good, [`delete_bridge`]
 //! removes its bridge (the `bridge` plugin never does).
 //!
-//! Modules: [`netns`] the namespaces, [`config`] the network and its configuration list,
+//! Secondary networks (a NetworkAttachmentDefinition's configuration, as Multus runs them) are
+//! [`Attachment`]s: any CNI configuration, added as one more interface of the namespace.
+//!
+//! Modules: [`attachment`] secondary networks, [`netns`] the namespaces, [`config`] the network and its configuration list,
 //! [`exec`] running the plugins, [`host`] the node's one global setting and its bridge,
 //! [`slot`] the allocator of bridges and CIDRs; `sys` the few `unsafe` system calls.
 
+pub mod attachment;
 pub mod config;
 pub mod exec;
 pub mod host;
@@ -29,6 +33,7 @@ pub mod netns;
 pub mod slot;
 mod sys;
 
+pub use attachment::{Attachment, AttachmentConfigError, AttachmentStatus};
 pub use config::{
     CNI_VERSION, CniNetwork, DEFAULT_IPAM_DATA_DIR, DEFAULT_PLUGIN_DIR, DEFAULT_RESULT_CACHE_DIR,
     InvalidCidr, Ipv4Cidr, PortMapping, Protocol,

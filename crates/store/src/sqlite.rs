@@ -3,7 +3,8 @@
 //! Every write appends one row to `kv` (a tombstone with `deleted = 1` for a delete).
 //! `prev_revision` names the row the write superseded (0 for a create), which lets
 //! compaction find superseded rows from the rows it compacts, without scanning the table.
-//! `meta.compact_revision` records how far rows were compacted.
+//! `meta.compact_revision` records how far rows were compacted; `meta.refused_commits`
+//! counts the commits that failed.
 //!
 //! Data flow: [`Db::open`] reads the whole table once (the snapshot at the compaction point
 //! plus the events after it); afterwards the writer thread only appends ([`Db::append`])
@@ -35,6 +36,8 @@ CREATE TABLE IF NOT EXISTS meta (
 ";
 
 const COMPACT_REVISION: &str = "compact_revision";
+/// How many commits failed (see [`Db::overwrite_refused_commit`]).
+const REFUSED_COMMITS: &str = "refused_commits";
 
 /// One row to append: the event and the revision of the row it supersedes.
 #[derive(Debug)]
@@ -162,6 +165,26 @@ impl Db {
             }
         }
         tx.commit()
+    }
+
+    /// After a failed commit: makes the frames the refused transaction may have left in the
+    /// WAL unrecoverable, so that a write answered with an error cannot come back when the
+    /// database is opened again.
+    ///
+    /// SQLite writes a transaction's frames to the WAL and then syncs the file. When the sync
+    /// fails (`SQLITE_IOERR_FSYNC`) the transaction is refused and rolled back in memory,
+    /// but its frames stay in the file, complete and checksummed, and a reopen after a crash
+    /// would recover them. Every transaction writes its frames from the end of the last
+    /// committed one, so this small one overwrites the first of them and breaks the chain
+    /// of checksums after it. It counts refused commits in `meta` (`refused_commits`), which
+    /// is harmless whether it commits, is recovered itself or fails too.
+    pub(crate) fn overwrite_refused_commit(&mut self) -> rusqlite::Result<()> {
+        self.conn.execute(
+            "INSERT INTO meta (name, value) VALUES (?1, 1)
+             ON CONFLICT (name) DO UPDATE SET value = value + 1",
+            [REFUSED_COMMITS],
+        )?;
+        Ok(())
     }
 
     /// Deletes rows superseded at or below `revision` and tombstones at or below it;

@@ -6,7 +6,9 @@
 //! order against the current state plus the earlier writes of the batch, assigns
 //! consecutive revisions, calls each `Encode`, appends the batch in one SQLite
 //! transaction, then applies it to the in-memory state (which publishes it to watchers)
-//! and only then answers the callers.
+//! and only then answers the callers. A batch whose commit fails is answered with the
+//! error, leaves the state as it was, and its WAL frames are overwritten
+//! ([`crate::sqlite::Db::overwrite_refused_commit`]).
 
 use std::collections::HashMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -129,6 +131,11 @@ fn commit_batch(
             .collect();
         if let Err(error) = db.append(&rows) {
             tracing::error!(%error, writes = planned.len(), "store commit failed");
+            // Before anyone hears of the failure, so that a crash right after it cannot
+            // bring the refused writes back.
+            if let Err(error) = db.overwrite_refused_commit() {
+                tracing::warn!(%error, "overwriting the refused commit's WAL frames failed");
+            }
             for p in planned {
                 let _ = p
                     .reply

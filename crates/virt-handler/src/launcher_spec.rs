@@ -1249,9 +1249,17 @@ fn interfaces(
     for (index, iface) in vmi.spec.domain.devices.interfaces.iter().enumerate() {
         let name = &iface.name;
         let network = vmi.spec.networks.iter().find(|n| &n.name == name);
+        if let Some(multus) = network.and_then(|n| n.network_source.multus.as_ref())
+            && multus.default != Some(true)
+        {
+            if let Some(secondary) = secondary_interface(vmi, iface, index)? {
+                out.push(secondary);
+            }
+            continue;
+        }
         let Some(pod_network) = network.and_then(|n| n.network_source.pod.as_ref()) else {
             return Err(SpecError::Unsupported(format!(
-                "interface {name:?}: only the pod network is supported in the embedded mode"
+                "interface {name:?}: only the pod network and secondary Multus networks are supported in the embedded mode"
             )));
         };
         let b = &iface.binding_method;
@@ -1305,9 +1313,68 @@ fn interfaces(
             binding,
             mac_address: Some(mac),
             boot_order: iface.boot_order,
+            link_down: iface.state == Some(kubevirt_api::v1::InterfaceState::Down),
         });
     }
     Ok(out)
+}
+
+/// The interface of a secondary Multus network: the bridge binding on its hashed pod
+/// interface, layer 2 only. `None` while it is not to be in the domain: `absent`, or, on a
+/// running VMI, before the pod's network status lists its pod interface (`multus-status`,
+/// written by virt-controller; a domain starts only once the pod has every interface).
+fn secondary_interface(
+    vmi: &VirtualMachineInstance,
+    iface: &kubevirt_api::v1::Interface,
+    index: usize,
+) -> Result<Option<Interface>, SpecError> {
+    use kubevirt_api::v1::{InterfaceState, VirtualMachineInstancePhase as Phase};
+    let name = &iface.name;
+    if iface.binding_method.bridge.is_none() {
+        return Err(SpecError::Unsupported(format!(
+            "interface {name:?}: a secondary network is supported with the bridge binding only"
+        )));
+    }
+    if iface.state == Some(InterfaceState::Absent) {
+        return Ok(None);
+    }
+    let status = vmi.status.as_ref();
+    let running = status.and_then(|s| s.phase.as_ref()) == Some(&Phase::Running);
+    let on_pod = status.is_some_and(|s| {
+        s.interfaces.iter().any(|i| {
+            i.name.as_deref() == Some(name.as_str())
+                && i.info_source
+                    .as_deref()
+                    .is_some_and(|src| src.contains("multus-status"))
+        })
+    });
+    if running && !on_pod {
+        return Ok(None);
+    }
+    let pod_interface = kubevirt_api::v1::hashed_pod_interface_name(name);
+    let (bridge, tap, renamed) = kubevirt_api::v1::secondary_bridge_names(&pod_interface);
+    let last = u8::try_from(10 + index.min(9)).unwrap_or(10);
+    let uid = vmi.metadata.uid.clone().unwrap_or_default();
+    Ok(Some(Interface {
+        name: name.clone(),
+        model: iface.model.clone().unwrap_or_else(|| "virtio".to_owned()),
+        binding: InterfaceBinding::Bridge(PodBridge {
+            pod_interface,
+            renamed,
+            bridge,
+            tap,
+            server: std::net::Ipv4Addr::new(169, 254, 75, last),
+        }),
+        mac_address: Some(
+            iface
+                .mac_address
+                .clone()
+                .filter(|m| !m.is_empty())
+                .unwrap_or_else(|| derived_mac(&uid, name)),
+        ),
+        boot_order: iface.boot_order,
+        link_down: iface.state == Some(InterfaceState::Down),
+    }))
 }
 
 /// The bridge binding on the pod interface `pod` of the interface at `index` of the VMI's

@@ -362,6 +362,9 @@ pub struct Interface {
     /// Boot priority for network boot.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub boot_order: Option<u32>,
+    /// The link is down (the VMI interface's `state: down`); QEMU's `set_link`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub link_down: bool,
 }
 
 fn default_nic_model() -> String {

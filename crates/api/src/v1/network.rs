@@ -6,6 +6,31 @@ use serde::{Deserialize, Serialize};
 
 use crate::string_enum::string_enum;
 
+/// The pod interface upstream gives a secondary Multus network (since KubeVirt 1.1): `pod` +
+/// the first 11 hex digits of the SHA-256 of the network name (15 bytes with `-nic` taken
+/// off `pod`).
+pub fn hashed_pod_interface_name(network: &str) -> String {
+    use sha2::{Digest as _, Sha256};
+    let hex: String = Sha256::digest(network.as_bytes())
+        .iter()
+        .take(6)
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    format!("pod{}", &hex[..11])
+}
+
+/// The in-pod names of the bridge binding on secondary pod interface `pod_interface`
+/// (upstream's: `pod` stripped, then `k6t-…` the bridge, `tap…` the tap, `…-nic` the
+/// renamed pod interface).
+pub fn secondary_bridge_names(pod_interface: &str) -> (String, String, String) {
+    let trimmed = pod_interface.strip_prefix("pod").unwrap_or(pod_interface);
+    (
+        format!("k6t-{trimmed}"),
+        format!("tap{trimmed}"),
+        format!("{trimmed}-nic"),
+    )
+}
+
 string_enum! {
     /// Desired link state of an interface.
     pub enum InterfaceState {

@@ -1,6 +1,8 @@
 //! The bootstrap policy: kube's default ClusterRoles and ClusterRoleBindings (same names,
 //! labels and `rbac.authorization.kubernetes.io/autoupdate: "true"`), reduced to the
-//! resources this server serves, plus one binding for the components of the tokens file.
+//! resources this server serves, plus one binding for the components of the tokens file,
+//! and kube's Role and RoleBinding in `kube-system` for reading the
+//! `extension-apiserver-authentication` ConfigMap.
 //!
 //! At start every object that is missing is created; one that exists with autoupdate
 //! `"true"` gets this policy's rules (roles) or gains this policy's subjects (bindings),
@@ -368,6 +370,44 @@ pub fn policy() -> Vec<Value> {
     out
 }
 
+/// The namespace of the control plane's own objects.
+const SYSTEM_NAMESPACE: &str = "kube-system";
+
+/// The bootstrap Roles and RoleBindings of `kube-system`: the reader of the ConfigMap
+/// `extension-apiserver-authentication` (which tells aggregated API servers whom to trust
+/// for client certificates and front-proxy requests), bound to the scheduler and the
+/// controller-manager as kube binds it. Extension API servers bind their own service
+/// accounts to it with a RoleBinding in `kube-system`.
+pub fn namespaced_policy() -> Vec<Value> {
+    let mut reader = meta("extension-apiserver-authentication-reader", json!({}));
+    reader["namespace"] = json!(SYSTEM_NAMESPACE);
+    let mut reader_binding = meta(
+        "system::extension-apiserver-authentication-reader",
+        json!({}),
+    );
+    reader_binding["namespace"] = json!(SYSTEM_NAMESPACE);
+    vec![
+        json!({
+            "apiVersion": RBAC, "kind": "Role", "metadata": reader,
+            "rules": [{
+                "apiGroups": [""],
+                "resources": ["configmaps"],
+                "resourceNames": [crate::builtin_controllers::AUTHENTICATION_CONFIGMAP],
+                "verbs": READ,
+            }],
+        }),
+        json!({
+            "apiVersion": RBAC, "kind": "RoleBinding", "metadata": reader_binding,
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "Role",
+                "name": "extension-apiserver-authentication-reader",
+            },
+            "subjects": [user("system:kube-controller-manager"), user("system:kube-scheduler")],
+        }),
+    ]
+}
+
 fn user(name: &str) -> Value {
     json!({"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": name})
 }
@@ -542,68 +582,81 @@ fn embedded_component_bindings() -> Vec<Value> {
     ]
 }
 
-/// Creates what is missing of [`policy`] and reconciles what autoupdate allows.
+/// Creates what is missing of [`policy`] and [`namespaced_policy`] and reconciles what
+/// autoupdate allows.
 pub async fn ensure(state: &ApiState) -> Result<(), ApiError> {
     let opts = WriteOptions {
         user: "system:apiserver".into(),
         ..WriteOptions::default()
     };
-    for obj in policy() {
-        let kind = obj["kind"].as_str().unwrap_or("");
-        let plural = if kind == "ClusterRole" {
-            "clusterroles"
-        } else {
-            "clusterrolebindings"
-        };
-        let Some(info) = state
-            .registry
-            .find("rbac.authorization.k8s.io", "v1", plural)
-        else {
-            continue;
-        };
-        let name = obj["metadata"]["name"].as_str().unwrap_or("").to_owned();
-        let Some(record) = state.store.get(&info.key(None, &name)) else {
-            match create::create(state, &info, None, obj, &opts).await {
-                Ok(_) => {}
-                Err(e) if e.code == 409 => {}
-                Err(e) => return Err(e),
-            }
-            continue;
-        };
-        let mut existing = decode_record(&record)?;
-        if existing["metadata"]["annotations"][AUTOUPDATE] != "true" {
-            continue;
-        }
-        let changed = if kind == "ClusterRole" {
-            let mut changed = false;
-            // An aggregated role's rules are the aggregation's business.
-            let fields: &[&str] = if obj["aggregationRule"].is_object() {
-                &["aggregationRule"]
-            } else {
-                &["rules"]
-            };
-            for field in fields {
-                let field = *field;
-                if existing[field] != obj[field] {
-                    existing[field] = obj[field].clone();
-                    changed = true;
-                }
-            }
-            changed
-        } else {
-            let mut subjects = existing["subjects"].as_array().cloned().unwrap_or_default();
-            let before = subjects.len();
-            for s in obj["subjects"].as_array().into_iter().flatten() {
-                if !subjects.contains(s) {
-                    subjects.push(s.clone());
-                }
-            }
-            existing["subjects"] = json!(subjects);
-            subjects.len() != before
-        };
-        if changed {
-            update::update(state, &info, None, &name, None, existing, &opts).await?;
-        }
+    for obj in policy().into_iter().chain(namespaced_policy()) {
+        ensure_one(state, obj, &opts).await?;
     }
     Ok(())
+}
+
+async fn ensure_one(state: &ApiState, obj: Value, opts: &WriteOptions) -> Result<(), ApiError> {
+    let kind = obj["kind"].as_str().unwrap_or("").to_owned();
+    let plural = match kind.as_str() {
+        "ClusterRole" => "clusterroles",
+        "ClusterRoleBinding" => "clusterrolebindings",
+        "Role" => "roles",
+        _ => "rolebindings",
+    };
+    let Some(info) = state
+        .registry
+        .find("rbac.authorization.k8s.io", "v1", plural)
+    else {
+        return Ok(());
+    };
+    let name = obj["metadata"]["name"].as_str().unwrap_or("").to_owned();
+    let namespace = obj["metadata"]["namespace"].as_str().map(str::to_owned);
+    let namespace = namespace.as_deref();
+    let Some(record) = state.store.get(&info.key(namespace, &name)) else {
+        return match create::create(state, &info, namespace, obj, opts).await {
+            Err(e) if e.code != 409 => Err(e),
+            _ => Ok(()),
+        };
+    };
+    let mut existing = decode_record(&record)?;
+    if existing["metadata"]["annotations"][AUTOUPDATE] != "true" {
+        return Ok(());
+    }
+    let changed = if kind.ends_with("Binding") {
+        gain_subjects(&mut existing, &obj)
+    } else {
+        take_rules(&mut existing, &obj)
+    };
+    if changed {
+        update::update(state, &info, namespace, &name, None, existing, opts).await?;
+    }
+    Ok(())
+}
+
+/// A role gets the policy's rules (an aggregated role its aggregation rule: its rules are
+/// the aggregation's business); whether it changed.
+fn take_rules(existing: &mut Value, policy: &Value) -> bool {
+    let field = if policy["aggregationRule"].is_object() {
+        "aggregationRule"
+    } else {
+        "rules"
+    };
+    if existing[field] == policy[field] {
+        return false;
+    }
+    existing[field] = policy[field].clone();
+    true
+}
+
+/// A binding gains the policy's subjects it lacks and keeps its others; whether it changed.
+fn gain_subjects(existing: &mut Value, policy: &Value) -> bool {
+    let mut subjects = existing["subjects"].as_array().cloned().unwrap_or_default();
+    let before = subjects.len();
+    for s in policy["subjects"].as_array().into_iter().flatten() {
+        if !subjects.contains(s) {
+            subjects.push(s.clone());
+        }
+    }
+    existing["subjects"] = json!(subjects);
+    subjects.len() != before
 }

@@ -28,6 +28,7 @@ use axum::Router;
 use axum::routing::get;
 
 mod container;
+pub mod cri;
 
 /// The identity the API server presents to node log servers (kube's kubelet-client
 /// certificate subject).

@@ -96,6 +96,9 @@ pub struct NetworkRecord {
     /// DEL ran and the namespace is gone; the addresses are kept for the status.
     #[serde(default)]
     pub released: bool,
+    /// The MAC of the pod's interface, as the result of ADD names it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mac: Option<String>,
 }
 
 impl NetworkRecord {
@@ -222,6 +225,11 @@ impl PodNetworks {
                 .collect(),
             port_mappings: port_mappings.to_vec(),
             released: false,
+            mac: addresses
+                .interfaces
+                .iter()
+                .find(|i| i.name == POD_INTERFACE && i.sandbox.is_some())
+                .and_then(|i| i.mac.clone()),
         };
         let path = pod_dir.join(NETWORK_RECORD_FILE);
         if let Err(source) = process::write_json(&path, &record) {
@@ -252,6 +260,7 @@ impl PodNetworks {
         if record.as_ref().is_some_and(|r| r.released) || (record.is_none() && !netns.exists()) {
             return Ok(());
         }
+        self.detach_all(uid, pod_dir)?;
         let ports = record
             .as_ref()
             .map(|r| r.port_mappings.clone())
@@ -277,6 +286,105 @@ impl PodNetworks {
             })?;
         }
         tracing::debug!(uid, "pod network torn down (CNI DEL + netns)");
+        Ok(())
+    }
+}
+
+impl PodNetworks {
+    /// The secondary network `text` (a definition's `spec.config`) as this node runs it:
+    /// plugins, IPAM reservations and results in the pod network's directories.
+    pub fn attachment(
+        &self,
+        text: &str,
+        default_name: &str,
+    ) -> Result<pod_network::Attachment, pod_network::AttachmentConfigError> {
+        pod_network::Attachment::parse(
+            text,
+            default_name,
+            &self.cni.ipam_data_dir,
+            &self.cni.plugin_dir,
+            &self.cni.result_cache_dir,
+        )
+    }
+
+    /// Attaches `attachment` to the pod's namespace as `interface`, recording it first in
+    /// the pod's secondary-network record (blocking). On a failure nothing stays recorded.
+    pub fn attach(
+        &self,
+        uid: &str,
+        pod_dir: &Path,
+        attachment: &pod_network::Attachment,
+        mut attached: super::multus::Attached,
+    ) -> Result<super::multus::Attached, NetworkError> {
+        let record_error = |source| NetworkError::Record {
+            uid: uid.to_owned(),
+            path: pod_dir.join(super::multus::SECONDARY_RECORD_FILE),
+            source,
+        };
+        let mut record = super::multus::read_record(pod_dir);
+        record.attachments.push(attached.clone());
+        super::multus::write_record(pod_dir, &record).map_err(record_error)?;
+        let netns = self.netns_path(uid);
+        let added = attachment.add(uid, &netns, &attached.interface, &attached.cni_args);
+        record.attachments.pop();
+        match added {
+            Ok(status) => {
+                attached.status = status;
+                record.attachments.push(attached.clone());
+                super::multus::write_record(pod_dir, &record).map_err(record_error)?;
+                Ok(attached)
+            }
+            Err(source) => {
+                let _ = super::multus::write_record(pod_dir, &record);
+                Err(NetworkError::Cni {
+                    operation: "ADD",
+                    uid: uid.to_owned(),
+                    source,
+                })
+            }
+        }
+    }
+
+    /// Detaches the recorded attachment of `interface` from the pod (blocking, idempotent);
+    /// it leaves the record once DEL succeeded.
+    pub fn detach(&self, uid: &str, pod_dir: &Path, interface: &str) -> Result<(), NetworkError> {
+        let mut record = super::multus::read_record(pod_dir);
+        let Some(position) = record
+            .attachments
+            .iter()
+            .position(|a| a.interface == interface)
+        else {
+            return Ok(());
+        };
+        let attached = &record.attachments[position];
+        let attachment = pod_network::Attachment {
+            name: attached.cni_name.clone(),
+            config_list: attached.config_list.clone(),
+            plugin_dir: self.cni.plugin_dir.clone(),
+            result_cache_dir: self.cni.result_cache_dir.clone(),
+        };
+        attachment
+            .del(uid, &self.netns_path(uid), interface, &attached.cni_args)
+            .map_err(|source| NetworkError::Cni {
+                operation: "DEL",
+                uid: uid.to_owned(),
+                source,
+            })?;
+        record.attachments.remove(position);
+        let path = pod_dir.join(super::multus::SECONDARY_RECORD_FILE);
+        super::multus::write_record(pod_dir, &record).map_err(|source| NetworkError::Record {
+            uid: uid.to_owned(),
+            path,
+            source,
+        })
+    }
+
+    /// Detaches every secondary network of the pod, last attached first.
+    fn detach_all(&self, uid: &str, pod_dir: &Path) -> Result<(), NetworkError> {
+        let record = super::multus::read_record(pod_dir);
+        for attached in record.attachments.iter().rev() {
+            self.detach(uid, pod_dir, &attached.interface)?;
+        }
         Ok(())
     }
 }
@@ -330,6 +438,7 @@ mod tests {
             ips: vec!["10.245.0.2".parse().expect("ip")],
             port_mappings: vec![],
             released: false,
+            mac: None,
         };
         assert_eq!(record.pod_ip().as_deref(), Some("10.245.0.2"));
         let text = serde_json::to_value(&record).expect("json");

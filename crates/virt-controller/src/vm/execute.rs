@@ -103,6 +103,30 @@ impl Executor<'_> {
             .map_err(PatchError::from)
     }
 
+    /// The hotplug writes: volumes ([`super::volume_requests`]) and NICs ([`super::network`]),
+    /// of the VM template or the VMI. A write that lost a race is no failure.
+    async fn patch_hotplug(&self, action: VmAction) -> Result<(), SyncFailure> {
+        match action {
+            VmAction::PatchVmVolumes(ops) => {
+                unless_lost_race(self.patch_vm(ops, false).await).map_err(volume_failure)
+            }
+            VmAction::PatchVmiVolumes(ops) => {
+                unless_lost_race(self.patch_vmi(ops).await).map_err(volume_failure)
+            }
+            VmAction::PatchVmiInterfaces(ops) => unless_lost_race(self.patch_vmi(ops).await)
+                .map_err(|e| {
+                    nic_failure(format!("error encountered when trying to patch vmi: {e}"))
+                }),
+            VmAction::PatchVmInterfaces(ops) => unless_lost_race(self.patch_vm(ops, false).await)
+                .map_err(|e| {
+                    nic_failure(format!(
+                        "error encountered when trying to update the VM template: {e}"
+                    ))
+                }),
+            _ => Ok(()),
+        }
+    }
+
     async fn perform(&self, action: VmAction) -> Result<(), SyncFailure> {
         let vmis: Api<VirtualMachineInstance> =
             Api::namespaced(self.client.clone(), self.namespace);
@@ -147,12 +171,10 @@ impl Executor<'_> {
                     format!("Error encountered while updating the running VMI: {e}"),
                 )
             }),
-            VmAction::PatchVmVolumes(ops) => {
-                unless_lost_race(self.patch_vm(ops, false).await).map_err(volume_failure)
-            }
-            VmAction::PatchVmiVolumes(ops) => {
-                unless_lost_race(self.patch_vmi(ops).await).map_err(volume_failure)
-            }
+            hotplug @ (VmAction::PatchVmVolumes(_)
+            | VmAction::PatchVmiVolumes(_)
+            | VmAction::PatchVmiInterfaces(_)
+            | VmAction::PatchVmInterfaces(_)) => self.patch_hotplug(hotplug).await,
             VmAction::DeleteVmi(name) => {
                 let object_key = format!("{}/{name}", self.namespace);
                 self.expectations
@@ -290,6 +312,11 @@ impl Executor<'_> {
 }
 
 /// Upstream's sync error for a volume request that could not be applied.
+/// Upstream's reason of a failed NIC hotplug write.
+fn nic_failure(message: String) -> SyncFailure {
+    SyncFailure::new("HotPlugNetworkInterfaceError", message)
+}
+
 fn volume_failure(e: impl std::fmt::Display) -> SyncFailure {
     SyncFailure::new(
         HOTPLUG_VOLUME_ERROR,

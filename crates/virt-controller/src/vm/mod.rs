@@ -31,6 +31,7 @@ pub mod live_update;
 pub mod backoff;
 pub mod data_volumes;
 pub mod label_sync;
+pub mod network;
 pub mod start;
 pub mod status;
 pub mod sync;

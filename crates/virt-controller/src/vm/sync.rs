@@ -107,6 +107,11 @@ pub enum VmAction {
     PatchVmVolumes(Vec<Value>),
     /// JSON Patch of the running VMI's volumes and disks with the VM's volume requests.
     PatchVmiVolumes(Vec<Value>),
+    /// JSON Patch of the running VMI's networks and interfaces (NIC hotplug,
+    /// [`super::network`]).
+    PatchVmiInterfaces(Vec<Value>),
+    /// JSON Patch of the VM template's networks and interfaces (unplugged ones cleared).
+    PatchVmInterfaces(Vec<Value>),
     /// Create this DataVolume (from a `dataVolumeTemplates` entry) under a creation
     /// expectation.
     CreateDataVolume(Box<Value>),
@@ -297,15 +302,7 @@ pub fn plan(input: &SyncInput<'_>) -> SyncPlan {
     if has_finalizer && let Some(ops) = firmware_uuid_ops(vm) {
         plan.actions.push(VmAction::PatchVmFirmware(ops));
     }
-    let volumes = super::volume_requests::plan(vm, input.vmi);
-    if !volumes.template_ops.is_empty() {
-        plan.actions
-            .push(VmAction::PatchVmVolumes(volumes.template_ops));
-    }
-    if !volumes.vmi_ops.is_empty() {
-        plan.actions
-            .push(VmAction::PatchVmiVolumes(volumes.vmi_ops));
-    }
+    push_hotplug_actions(&mut plan, vm, input.vmi);
     if let Some(vmi) = input.vmi {
         let bump = vmi_generation(input, vmi).1;
         let ops = vmi_metadata_ops(vm, vmi, input.config, bump.as_deref());
@@ -564,6 +561,29 @@ fn wait_as_receiver(plan: &mut SyncPlan, vm: &VirtualMachine, vmi: &VirtualMachi
     ));
 }
 
+/// The writes of volume hotplug ([`super::volume_requests`]) and NIC hotplug
+/// ([`super::network`]).
+fn push_hotplug_actions(
+    plan: &mut SyncPlan,
+    vm: &VirtualMachine,
+    vmi: Option<&kubevirt_api::v1::VirtualMachineInstance>,
+) {
+    let volumes = super::volume_requests::plan(vm, vmi);
+    let networks = super::network::plan(vm, vmi);
+    type Write = fn(Vec<Value>) -> VmAction;
+    let writes: [(Vec<Value>, Write); 4] = [
+        (volumes.template_ops, VmAction::PatchVmVolumes),
+        (volumes.vmi_ops, VmAction::PatchVmiVolumes),
+        (networks.vmi_ops, VmAction::PatchVmiInterfaces),
+        (networks.template_ops, VmAction::PatchVmInterfaces),
+    ];
+    for (ops, action) in writes {
+        if !ops.is_empty() {
+            plan.actions.push(action(ops));
+        }
+    }
+}
+
 /// Removes hotpluggable volumes and their disks, which never require a restart.
 fn without_hotplug(spec: &mut kubevirt_api::v1::VirtualMachineInstanceSpec) {
     let hotplugged: Vec<String> = spec
@@ -604,6 +624,15 @@ fn restart_required(
     }
     without_hotplug(&mut current);
     without_hotplug(&mut seen);
+    // NIC hotplug (upstream): what the network rule lets through live is not compared; what
+    // it does not is compared with the start template as any other field.
+    if !super::network::restart_required(vm, vmi) {
+        seen.networks.clone_from(&current.networks);
+        seen.domain
+            .devices
+            .interfaces
+            .clone_from(&current.domain.devices.interfaces);
+    }
     // Volumes are a set (their order changes nothing in the domain; disks keep theirs).
     current.volumes.sort_by(|a, b| a.name.cmp(&b.name));
     seen.volumes.sort_by(|a, b| a.name.cmp(&b.name));

@@ -51,6 +51,8 @@ fn kinds(plan: &SyncPlan) -> Vec<&'static str> {
             VmAction::LiveUpdateVmi(_) => "live-update-vmi",
             VmAction::PatchVmVolumes(_) => "patch-vm-volumes",
             VmAction::PatchVmiVolumes(_) => "patch-vmi-volumes",
+            VmAction::PatchVmiInterfaces(_) => "patch-vmi-interfaces",
+            VmAction::PatchVmInterfaces(_) => "patch-vm-interfaces",
             VmAction::CreateDataVolume(_) => "create-dv",
             VmAction::DataVolumeFailed(_) => "dv-failed-event",
         })
@@ -684,4 +686,57 @@ fn a_halted_vm_creates_its_data_volumes_and_a_deferred_one_only_at_start() {
         &[("kubevirt.io/immediate-data-volume-creation", "false")],
     );
     assert_eq!(kinds(&run_with_dvs(&deferred_running, &[])), ["create-dv"]);
+}
+
+#[test]
+fn a_vmi_with_the_default_pod_interface_of_a_template_without_one_needs_no_restart() {
+    let started = vm(RunStrategy::Always);
+    let revisions = [started_revision(&started)];
+    let mut running = with_revision(vmi(Phase::Running), "revision-start-vm-vm-uid-1");
+    // virt-api's defaults give the VMI the pod network the template does not name.
+    running.spec.networks =
+        serde_json::from_value(serde_json::json!([{"name": "default", "pod": {}}])).unwrap();
+    running.spec.domain.devices.interfaces =
+        serde_json::from_value(serde_json::json!([{"name": "default", "masquerade": {}}])).unwrap();
+    let same = plan(&input(
+        &started,
+        Some(&running),
+        &revisions,
+        &MetadataSyncPatterns::default(),
+    ));
+    assert_eq!(same.restart_required, RestartRequired::Remove);
+    // A NIC added to the template is hotplugged, not a restart.
+    let mut with_nic = started.clone();
+    let template = with_nic.spec.template.spec.as_mut().unwrap();
+    template.networks = serde_json::from_value(serde_json::json!([
+        {"name": "default", "pod": {}}, {"name": "blue", "multus": {"networkName": "blue"}}
+    ]))
+    .unwrap();
+    template.domain.devices.interfaces = serde_json::from_value(serde_json::json!([
+        {"name": "default", "masquerade": {}}, {"name": "blue", "bridge": {}}
+    ]))
+    .unwrap();
+    let hotplug = plan(&input(
+        &with_nic,
+        Some(&running),
+        &revisions,
+        &MetadataSyncPatterns::default(),
+    ));
+    assert_eq!(hotplug.restart_required, RestartRequired::Remove);
+    assert!(
+        kinds(&hotplug).contains(&"patch-vmi-interfaces"),
+        "{:?}",
+        kinds(&hotplug)
+    );
+    // Changing the running interface's binding cannot be done live.
+    let template = with_nic.spec.template.spec.as_mut().unwrap();
+    template.domain.devices.interfaces[0] =
+        serde_json::from_value(serde_json::json!({"name": "default", "bridge": {}})).unwrap();
+    let changed = plan(&input(
+        &with_nic,
+        Some(&running),
+        &revisions,
+        &MetadataSyncPatterns::default(),
+    ));
+    assert!(matches!(changed.restart_required, RestartRequired::Set(_)));
 }

@@ -50,6 +50,7 @@
 pub mod hotplug;
 pub mod label_sync;
 pub mod metrics;
+pub mod network;
 pub mod status;
 pub mod sync;
 pub mod template;
@@ -341,6 +342,20 @@ impl VmiReconciler {
             let skip_hooks = launcher.cluster_skip_backup_hooks.as_deref();
             self.sync_pod(&pods_api, &desired, pod, &patterns, skip_hooks, &now)
                 .await?;
+            if status::phase_is_running(&vmi)
+                && let Some(patch) = network::pod_networks_patch(&vmi, pod)
+            {
+                let name = pod.metadata.name.as_deref().unwrap_or_default();
+                pods_api
+                    .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await
+                    .map_err(|e| {
+                        VmiError::Sync(SyncFailure::new(
+                            "HotPlugNetworkInterfaceError",
+                            format!("failed to update the pod's network annotation: {e}"),
+                        ))
+                    })?;
+            }
         }
         self.write_vmi(key, &vmi, &desired).await?;
         match status_failure.or(sync_failure) {

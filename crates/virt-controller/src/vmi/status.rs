@@ -321,6 +321,9 @@ pub fn desired_vmi(
     if phase_of(vmi) == Phase::Running {
         add_hotplug_conditions(vmi, &mut status.conditions);
     }
+    if let Some(pod) = obs.pod.filter(|_| handler_owned(vmi)) {
+        status.interfaces = super::network::interfaces_status(vmi, pod);
+    }
     if !handler_owned(vmi) {
         set_synchronized(
             &mut status.conditions,
@@ -640,6 +643,9 @@ const HANDLER_PATH_FIELDS: &[&str] = &[
     "launcherContainerImageVersion",
     // The hotplug phases: virt-handler writes MountedToPod and Ready, each write `test`s.
     "volumeStatus",
+    // NIC hotplug: this controller marks what the pod's network status lists
+    // (`multus-status`), virt-handler what the domain has; each write `test`s.
+    "interfaces",
 ];
 const TIMESTAMPS: &str = "phaseTransitionTimestamps";
 

@@ -36,7 +36,7 @@
 //!
 //! # Probes and ports
 //! `readinessProbe` and `livenessProbe` become the `compute` container's probes (`exec` and
-//! `guestAgentPing` through `kubevirt-rs virt-probe`) and the interfaces' `ports` its ports,
+//! `guestAgentPing` through `virt-probe`) and the interfaces' `ports` its ports,
 //! as upstream ([`probes`]).
 //!
 //! # Memory request
@@ -81,10 +81,6 @@ pub const TUN_RESOURCE: &str = "devices.kubevirt.io/tun";
 pub const VHOST_NET_RESOURCE: &str = "devices.kubevirt.io/vhost-net";
 /// Upstream's ephemeral-storage overhead of the `compute` container, in bytes (`50M`).
 pub const EPHEMERAL_STORAGE_OVERHEAD: u64 = 50_000_000;
-/// Prefix of the pod interface upstream names a secondary Multus network by.
-const HASHED_POD_INTERFACE_PREFIX: &str = "pod";
-/// Hex digits of the network name's SHA-256 in that interface name (15 - len("-nic")).
-const HASHED_POD_INTERFACE_DIGITS: usize = 11;
 /// Seconds added to the VMI grace period for the pod's `terminationGracePeriodSeconds`.
 pub const POD_GRACE_EXTRA_SECONDS: i64 = 30;
 /// Seconds added to the VMI grace period for the launcher's `--grace-period-seconds`.
@@ -876,15 +872,7 @@ struct NetworkSelection<'a> {
 /// The pod interface upstream gives a secondary Multus network: `pod` + the first 11 hex
 /// digits of the SHA-256 of the network name.
 pub fn hashed_pod_interface_name(network: &str) -> String {
-    use sha2::{Digest as _, Sha256};
-    let hex: String = Sha256::digest(network.as_bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
-    format!(
-        "{HASHED_POD_INTERFACE_PREFIX}{}",
-        &hex[..HASHED_POD_INTERFACE_DIGITS]
-    )
+    kubevirt_api::v1::hashed_pod_interface_name(network)
 }
 
 /// Upstream's Multus annotations of a new launcher pod: `k8s.v1.cni.cncf.io/networks` lists the
@@ -893,7 +881,10 @@ pub fn hashed_pod_interface_name(network: &str) -> String {
 /// `v1.multus-cni.io/default-network` names the NAD of the first default Multus network. A VMI
 /// on the pod network alone gets neither. (Upstream also lists the NADs of network binding
 /// plugins from the KubeVirt CR, which this controller does not read yet.)
-fn multus_annotations(vmi: &VirtualMachineInstance, namespace: &str) -> Vec<(String, String)> {
+pub(crate) fn multus_annotations(
+    vmi: &VirtualMachineInstance,
+    namespace: &str,
+) -> Vec<(String, String)> {
     use kubevirt_api::v1::InterfaceState;
     let interfaces = &vmi.spec.domain.devices.interfaces;
     let present = |name: &str| {

@@ -253,19 +253,38 @@ pub fn desired_status(
 /// guest holds them), for a bridge interface the pod's IPv4
 /// address, which the guest holds. A user-mode interface has no address
 /// anyone could reach, so it reports none.
-fn interface_status(spec: &LauncherSpec, pod: Option<&PodInterface>) -> Value {
-    spec.interfaces
+///
+/// A secondary (Multus) interface reports its own pod interface and no address; the
+/// `multus-status` source virt-controller adds is kept, and so is an entry of an interface
+/// the pod has that the domain has not (yet, or any more).
+fn interface_status(spec: &LauncherSpec, pod: Option<&PodInterface>, previous: &Value) -> Value {
+    let previous: &[Value] = previous.as_array().map_or(&[], Vec::as_slice);
+    let multus = |name: &str| {
+        previous.iter().any(|p| {
+            p["name"] == name
+                && p["infoSource"]
+                    .as_str()
+                    .is_some_and(|s| s.contains("multus-status"))
+        })
+    };
+    let mut out: Vec<Value> = spec
+        .interfaces
         .iter()
         .map(|i| {
+            let pod_interface = match &i.binding {
+                InterfaceBinding::Bridge(b) => b.pod_interface.as_str(),
+                _ => "eth0",
+            };
             let mut entry = json!({
                 "name": i.name,
                 "mac": i.mac_address,
-                "podInterfaceName": "eth0",
-                "infoSource": "domain",
+                "podInterfaceName": pod_interface,
+                "infoSource": if multus(&i.name) { "domain, multus-status" } else { "domain" },
                 "queueCount": 1,
-                "linkState": "up",
+                "linkState": if i.link_down { "down" } else { "up" },
             });
-            let ips: Vec<&String> = match (&i.binding, pod) {
+            let secondary = pod.is_some_and(|p| p.name != pod_interface);
+            let ips: Vec<&String> = match (&i.binding, pod.filter(|_| !secondary)) {
                 // passt hands the pod's addresses to the guest.
                 (InterfaceBinding::Masquerade(_) | InterfaceBinding::Passt(_), Some(pod)) => {
                     pod.ip_addresses.iter().collect()
@@ -284,7 +303,18 @@ fn interface_status(spec: &LauncherSpec, pod: Option<&PodInterface>) -> Value {
             }
             entry
         })
-        .collect()
+        .collect();
+    for kept in previous {
+        let name = kept["name"].as_str().unwrap_or_default();
+        if multus(name) && !spec.interfaces.iter().any(|i| i.name == name) {
+            out.push(json!({
+                "name": name,
+                "podInterfaceName": kept["podInterfaceName"],
+                "infoSource": "multus-status",
+            }));
+        }
+    }
+    Value::Array(out)
 }
 
 /// The fields of a running domain. vCPUs and memory are what the launcher reports the
@@ -296,7 +326,7 @@ fn running_fields(
     pod: Option<&PodInterface>,
     domain: Option<&DomainStatus>,
 ) {
-    status["interfaces"] = interface_status(spec, pod);
+    status["interfaces"] = interface_status(spec, pod, &status["interfaces"]);
     status["machine"] = json!({"type": spec.machine_type});
     let cpu = domain.and_then(|d| d.cpu).unwrap_or(CpuTopology {
         sockets: spec.cpu.sockets,

@@ -491,9 +491,22 @@ impl Follow {
                     self.observe(observation).await;
                 }
             }
+            Ok(_) if st.live_asked.nic_sync == Some(id) => {
+                // The domain has the spec's interfaces now: report them.
+                st.live_asked.nic_sync = None;
+                if let Some(observation) = self.observation.clone() {
+                    self.observe(observation).await;
+                }
+            }
             Ok(_) => {}
             Err(message) => {
                 warn!(vmi = %name(&self.current), id, %message, "the launcher refused a command");
+                if st.live_asked.nic_sync == Some(id) {
+                    // Tried again at the next change of the VMI.
+                    st.live_asked.nic_sync = None;
+                    st.live_asked.nics_sent = Some(Vec::new());
+                    st.live_asked.nics_checked = None;
+                }
                 if st.live_asked.is_disk_sync(id) {
                     st.live_asked.disk_sync = None;
                     st.live_asked.disks_sent = None;
@@ -595,18 +608,28 @@ impl Follow {
         // up yet.
         let key = live_key(&self.current);
         let disks_key = hotplug_key(&self.current);
+        let nics_key = nic_key(&self.current);
         if !passed
             && asked.checked.as_ref() == Some(&key)
             && asked.disks_checked.as_ref() == Some(&disks_key)
+            && asked.nics_checked.as_ref() == Some(&nics_key)
             && asked.resources.is_none_or(|r| r == has)
         {
             return Ok(());
         }
         asked.checked = Some(key);
         asked.disks_checked = Some(disks_key);
+        asked.nics_checked = Some(nics_key);
+        let nics_before = self.facts.spec.as_ref().map(spec_nics);
         let Ok(prepared) = self.build(dir).await else {
             return Ok(());
         };
+        // NIC hotplug: the interfaces (and links) of the spec against those last sent.
+        let nics = spec_nics(&prepared.spec);
+        let nics_sent = asked
+            .nics_sent
+            .get_or_insert_with(|| nics_before.unwrap_or_else(|| nics.clone()));
+        let nics_change = *nics_sent != nics;
         let wants = LiveResources::of_spec(&prepared.spec);
         let disks = hotplug::spec_hotplug_disks(&prepared.spec);
         // What the domain has after a restart of this handler: the volumes it made Ready.
@@ -619,12 +642,13 @@ impl Follow {
             .filter(|d| !disks.contains(d))
             .cloned()
             .collect();
-        if !disks_change && (wants == has || asked.resources == Some(wants)) {
+        if !disks_change && !nics_change && (wants == has || asked.resources == Some(wants)) {
             return Ok(());
         }
-        info!(vmi = %name(&self.current), ?has, ?wants, ?disks, "changing the running domain");
+        info!(vmi = %name(&self.current), ?has, ?wants, ?disks, ?nics, "changing the running domain");
         asked.resources = Some(wants);
         asked.disks_sent = Some(disks.clone());
+        asked.nics_sent = Some(nics);
         let id = link
             .send(Command::Sync(Box::new(prepared.spec)))
             .await
@@ -632,6 +656,9 @@ impl Follow {
         if disks_change {
             asked.disk_sync = Some((id, disks));
             asked.unplugging = removed;
+        }
+        if nics_change {
+            asked.nic_sync = Some(id);
         }
         Ok(())
     }
@@ -922,6 +949,48 @@ struct LiveAsk {
     disk_sync: Option<(u64, Vec<String>)>,
     /// The hotplug disks that sync removes (for the `VolumeUnplugged` Events).
     unplugging: Vec<String>,
+    /// The VMI's interface states and Multus reports at the last look ([`nic_key`]).
+    nics_checked: Option<Vec<(String, String, bool)>>,
+    /// The interfaces (name, link down) of the spec last sent.
+    nics_sent: Option<Vec<(String, bool)>>,
+    /// The live sync that changes the interfaces, until it is acknowledged.
+    nic_sync: Option<u64>,
+}
+
+/// What of the VMI decides the domain's interfaces: each interface's state, and whether the
+/// pod has its (secondary) pod interface (`multus-status`).
+fn nic_key(vmi: &VirtualMachineInstance) -> Vec<(String, String, bool)> {
+    let statuses = vmi.status.iter().flat_map(|s| s.interfaces.iter());
+    let multus: Vec<&str> = statuses
+        .filter(|i| {
+            i.info_source
+                .as_deref()
+                .is_some_and(|s| s.contains("multus-status"))
+        })
+        .filter_map(|i| i.name.as_deref())
+        .collect();
+    vmi.spec
+        .domain
+        .devices
+        .interfaces
+        .iter()
+        .map(|i| {
+            let state = i
+                .state
+                .as_ref()
+                .map(|s| s.as_str().to_owned())
+                .unwrap_or_default();
+            (i.name.clone(), state, multus.contains(&i.name.as_str()))
+        })
+        .collect()
+}
+
+/// The interfaces of a spec, with their link state.
+fn spec_nics(spec: &virt_launcher::spec::LauncherSpec) -> Vec<(String, bool)> {
+    spec.interfaces
+        .iter()
+        .map(|i| (i.name.clone(), i.link_down))
+        .collect()
 }
 
 impl LiveAsk {

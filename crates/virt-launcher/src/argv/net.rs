@@ -101,6 +101,7 @@ mod tests {
             binding: InterfaceBinding::UserMode,
             mac_address: mac.map(Into::into),
             boot_order: None,
+            link_down: false,
         }
     }
 

@@ -150,9 +150,25 @@ struct Started {
     spec: LauncherSpec,
     /// Disks attached live, with their root ports.
     attached: super::live::AttachedDisks,
+    /// Interfaces attached live, with their root ports.
+    nics: super::live::AttachedNics,
     pid: Option<u32>,
     qmp: Option<Arc<QmpClient>>,
     _network: NetworkServices,
+}
+
+impl Started {
+    /// A domain just started from `spec`, nothing attached live yet.
+    fn new(spec: &LauncherSpec, pid: Option<u32>, qmp: Option<Arc<QmpClient>>) -> Self {
+        Self {
+            spec: spec.clone(),
+            attached: super::live::AttachedDisks::default(),
+            nics: super::live::AttachedNics::default(),
+            pid,
+            qmp,
+            _network: NetworkServices::default(),
+        }
+    }
 }
 
 /// What serves a domain's interfaces: the DHCP servers of the masquerade and bridge
@@ -462,13 +478,7 @@ impl Domain {
                 started_at: Some(jiff::Timestamp::now().to_string()),
                 ..booted(spec)
             });
-            Started {
-                spec: spec.clone(),
-                attached: Default::default(),
-                pid: None,
-                qmp: None,
-                _network: NetworkServices::default(),
-            }
+            Started::new(spec, None, None)
         } else {
             let network = self.setup_network(spec).await?;
             let inherited = inherited.into_iter().map(|(_, fd)| fd).collect();
@@ -477,6 +487,11 @@ impl Domain {
                 .await?;
             drop(passed);
             started._network = network;
+            if let Some(qmp) = &started.qmp {
+                for iface in spec.interfaces.iter().filter(|i| i.link_down) {
+                    super::live_nic::set_link(qmp, &iface.name, false).await?;
+                }
+            }
             started
         });
         if self.opts.fake_qemu {
@@ -488,7 +503,7 @@ impl Domain {
     /// Applies what may change on a running domain ([`super::live`]); on a refusal nothing
     /// has changed and the error says why.
     async fn update_live(&self, running: &mut Started, spec: &LauncherSpec) -> Result<(), String> {
-        let steps = super::live::plan(&running.spec, spec, &running.attached)?;
+        let steps = super::live::plan(&running.spec, spec, &running.attached, &running.nics)?;
         if let Some(base) = &self.opts.base_dir
             && steps
                 .iter()
@@ -520,8 +535,9 @@ impl Domain {
                     running.spec.memory.hotplugged_bytes = *bytes;
                 }
                 Step::AttachDisk(disk) => {
-                    let slot = live::free_slot(&running.spec, &running.attached, disk)
-                        .ok_or_else(|| format!("disk {:?}: no free hotplug slot", disk.name))?;
+                    let slot =
+                        live::free_slot(&running.spec, &running.attached, &running.nics, disk)
+                            .ok_or_else(|| format!("disk {:?}: no free hotplug slot", disk.name))?;
                     let file = passed.remove(&disk.name);
                     let file = file.as_ref().map(std::os::fd::AsFd::as_fd);
                     let added = match &qmp {
@@ -555,10 +571,71 @@ impl Domain {
                         self.passed.remove(&key);
                     }
                 }
+                Step::AttachInterface(iface) => self.attach_interface(running, iface).await?,
+                Step::DetachInterface(name) => self.detach_interface(running, name).await?,
+                Step::SetLink { name, up } => {
+                    if let Some(qmp) = &qmp {
+                        super::live_nic::set_link(qmp, name, *up).await?;
+                    }
+                    if let Some(iface) =
+                        running.spec.interfaces.iter_mut().find(|i| &i.name == name)
+                    {
+                        iface.link_down = !*up;
+                    }
+                }
             }
             self.shared
                 .set_resources(cpu_topology(&running.spec), requested_memory(&running.spec));
         }
+        Ok(())
+    }
+
+    /// Builds the bridge and tap of `iface` on its pod interface and plugs it into QEMU on a
+    /// free root port ([`super::live_nic`]).
+    async fn attach_interface(
+        &self,
+        running: &mut Started,
+        iface: &crate::spec::Interface,
+    ) -> Result<(), String> {
+        let port = super::live::free_port(&running.spec, &running.attached, &running.nics)
+            .ok_or_else(|| format!("interface {:?}: no free hotplug port", iface.name))?;
+        if let InterfaceBinding::Bridge(b) = &iface.binding
+            && running.qmp.is_some()
+        {
+            let pod = self.pod_interface_for(iface, "bridge", &b.pod_interface)?;
+            crate::netsetup::bridge::setup_bridge(b, &pod, None)
+                .await
+                .map_err(|e| format!("interface {:?}: {}", iface.name, error_chain(&e)))?;
+        }
+        if let Some(qmp) = &running.qmp {
+            super::live_nic::attach(qmp, iface, port).await?;
+        }
+        running.nics.insert(iface.name.clone(), port);
+        running.spec.interfaces.push(iface.clone());
+        Ok(())
+    }
+
+    /// Unplugs interface `name` from QEMU and removes its links in the pod.
+    async fn detach_interface(&self, running: &mut Started, name: &str) -> Result<(), String> {
+        if let Some(qmp) = &running.qmp {
+            super::live_nic::detach(qmp, name, self.shared.device_deleted.subscribe()).await?;
+        }
+        let links = running
+            .spec
+            .interfaces
+            .iter()
+            .find(|i| i.name == name)
+            .and_then(|i| match &i.binding {
+                InterfaceBinding::Bridge(b) => Some(b.clone()),
+                _ => None,
+            });
+        if let Some(b) = links
+            && running.qmp.is_some()
+        {
+            crate::netsetup::bridge::remove_bridge(&b).await;
+        }
+        running.nics.remove(name);
+        running.spec.interfaces.retain(|i| i.name != name);
         Ok(())
     }
 
@@ -664,13 +741,7 @@ impl Domain {
             Arc::clone(&self.agent),
             Arc::clone(&self.shared),
         ));
-        Ok(Started {
-            spec: spec.clone(),
-            attached: Default::default(),
-            pid,
-            qmp: Some(qmp),
-            _network: NetworkServices::default(),
-        })
+        Ok(Started::new(spec, pid, Some(qmp)))
     }
 
     /// Builds the in-pod network of every masquerade and bridge interface and starts its
@@ -696,10 +767,10 @@ impl Domain {
             let network = |e: crate::netsetup::NetSetupError| {
                 format!("interface {:?}: {}", iface.name, error_chain(&e))
             };
-            crate::netsetup::setup_masquerade(m, pod)
+            crate::netsetup::setup_masquerade(m, &pod)
                 .await
                 .map_err(network)?;
-            servers.push(crate::netsetup::start_dhcp(m, pod, &spec.vmi.name).map_err(network)?);
+            servers.push(crate::netsetup::start_dhcp(m, &pod, &spec.vmi.name).map_err(network)?);
         }
         Ok(NetworkServices {
             _dhcp: servers,
@@ -714,10 +785,19 @@ impl Domain {
         iface: &crate::spec::Interface,
         binding: &str,
         name: &str,
-    ) -> Result<&PodInterface, String> {
+    ) -> Result<PodInterface, String> {
         self.pod_interface
             .as_ref()
             .filter(|p| p.name == name)
+            .cloned()
+            .or_else(|| {
+                // A secondary (Multus) interface: the node adds it to the namespace, also
+                // after the launcher started (NIC hotplug).
+                let primary = self.pod_interface.as_ref()?;
+                (primary.name != name)
+                    .then(|| crate::netsetup::discover(name))
+                    .flatten()
+            })
             .ok_or_else(|| {
                 format!(
                     "interface {:?}: the {binding} binding needs the pod interface {name:?} in the launcher's own network namespace",
@@ -789,14 +869,20 @@ impl Domain {
         let network = |e: crate::netsetup::NetSetupError| {
             format!("interface {:?}: {}", iface.name, error_chain(&e))
         };
-        let ipv4 = self.pod_ipv4.as_ref();
-        crate::netsetup::bridge::setup_bridge(b, pod, ipv4)
+        // The pod network's address goes to the guest; a secondary network is bridged at
+        // layer 2 only.
+        let primary = self
+            .pod_interface
+            .as_ref()
+            .is_some_and(|p| p.name == b.pod_interface);
+        let ipv4 = self.pod_ipv4.as_ref().filter(|_| primary);
+        crate::netsetup::bridge::setup_bridge(b, &pod, ipv4)
             .await
             .map_err(network)?;
         let resolv = std::fs::read_to_string(crate::netsetup::RESOLV_CONF).unwrap_or_default();
         let mac = iface.mac_address.as_deref().unwrap_or(&pod.mac);
         let Some(config) =
-            crate::netsetup::bridge::dhcp_config(b, pod, ipv4, mac, &spec.vmi.name, &resolv)
+            crate::netsetup::bridge::dhcp_config(b, &pod, ipv4, mac, &spec.vmi.name, &resolv)
         else {
             return Ok(None);
         };

@@ -9,6 +9,7 @@
 //! | `memory.hotpluggedBytes` changed | resize the virtio-mem device | `qom-set virtio-mem0 requested-size` |
 //! | a virtio disk added | attach it on a free `pcie-root-port` | (`add-fd`), `blockdev-add` ×2, `device_add` |
 //! | a disk attached live removed | detach it | `device_del`, wait for `DEVICE_DELETED`, `blockdev-del` ×2, (`remove-fd`) |
+//! | a bridge-bound interface added, removed, its link changed | [`super::live_nic`] | `netdev_add`/`device_add`, `device_del`/`netdev_del`, `set_link` |
 //!
 //! A disk with a passed file (`passedFile`) is handed to QEMU with `add-fd` (the descriptor
 //! travels on the QMP socket) and opened as `/dev/fdset/<id>`; its fd set is removed after
@@ -35,6 +36,8 @@ use crate::argv::valid_device_name;
 use crate::qmp::QmpClient;
 use crate::spec::{Disk, DiskBus, LauncherSpec};
 
+pub(super) use super::live_nic::AttachedNics;
+
 /// How long a guest may take to release a disk after `device_del`.
 const DETACH_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -55,6 +58,17 @@ pub(super) enum Step {
     AttachDisk(Box<Disk>),
     /// Detach a disk attached live.
     DetachDisk(String),
+    /// Attach a network interface on a free root port.
+    AttachInterface(Box<crate::spec::Interface>),
+    /// Detach a network interface attached live.
+    DetachInterface(String),
+    /// Set an interface's link up or down.
+    SetLink {
+        /// The interface.
+        name: String,
+        /// Up (else down).
+        up: bool,
+    },
 }
 
 /// A disk attached to the running domain.
@@ -74,6 +88,7 @@ pub(super) fn plan(
     running: &LauncherSpec,
     wanted: &LauncherSpec,
     attached: &AttachedDisks,
+    nics: &AttachedNics,
 ) -> Result<Vec<Step>, String> {
     let (now, next) = (&running.cpu, &wanted.cpu);
     if (now.cores, now.threads, now.max_sockets) != (next.cores, next.threads, next.max_sockets) {
@@ -113,7 +128,16 @@ pub(super) fn plan(
             bytes: next.hotplugged_bytes,
         });
     }
-    disk_steps(running, wanted, attached, &mut steps)?;
+    let on_ports = attached
+        .values()
+        .filter(|a| matches!(a.slot, HotplugSlot::RootPort(_)))
+        .count()
+        + nics.len();
+    let mut free_ports = running
+        .hotplug_ports
+        .saturating_sub(u32::try_from(on_ports).unwrap_or(u32::MAX));
+    disk_steps(running, wanted, attached, &mut free_ports, &mut steps)?;
+    super::live_nic::steps(running, wanted, nics, &mut free_ports, &mut steps)?;
     Ok(steps)
 }
 
@@ -123,6 +147,7 @@ fn disk_steps(
     running: &LauncherSpec,
     wanted: &LauncherSpec,
     attached: &AttachedDisks,
+    free_ports: &mut u32,
     steps: &mut Vec<Step>,
 ) -> Result<(), String> {
     let find =
@@ -140,13 +165,6 @@ fn disk_steps(
         }
         steps.push(Step::DetachDisk(gone.name.clone()));
     }
-    let on_ports = attached
-        .values()
-        .filter(|a| matches!(a.slot, HotplugSlot::RootPort(_)))
-        .count();
-    let mut free_ports = running
-        .hotplug_ports
-        .saturating_sub(u32::try_from(on_ports).unwrap_or(u32::MAX));
     for disk in &wanted.disks {
         match find(running, &disk.name) {
             Some(now) if now == *disk => {}
@@ -174,13 +192,13 @@ fn disk_steps(
                     steps.push(Step::AttachDisk(Box::new(disk.clone())));
                     continue;
                 }
-                if free_ports == 0 {
+                if *free_ports == 0 {
                     return Err(format!(
                         "disk {:?}: no free hotplug port (the domain booted with {})",
                         disk.name, running.hotplug_ports
                     ));
                 }
-                free_ports -= 1;
+                *free_ports -= 1;
                 steps.push(Step::AttachDisk(Box::new(disk.clone())));
             }
         }
@@ -194,9 +212,13 @@ fn disk_steps(
 pub(super) fn free_slot(
     running: &LauncherSpec,
     attached: &AttachedDisks,
+    nics: &AttachedNics,
     disk: &Disk,
 ) -> Option<HotplugSlot> {
-    let taken = |slot: HotplugSlot| attached.values().any(|used| used.slot == slot);
+    let taken = |slot: HotplugSlot| {
+        attached.values().any(|used| used.slot == slot)
+            || matches!(slot, HotplugSlot::RootPort(port) if nics.values().any(|p| *p == port))
+    };
     if disk.bus == DiskBus::Scsi {
         let boot = running
             .disks
@@ -211,6 +233,20 @@ pub(super) fn free_slot(
     (1..=running.hotplug_ports)
         .map(HotplugSlot::RootPort)
         .find(|slot| !taken(*slot))
+}
+
+/// The lowest root port neither an attached disk nor an attached interface holds.
+pub(super) fn free_port(
+    running: &LauncherSpec,
+    attached: &AttachedDisks,
+    nics: &AttachedNics,
+) -> Option<u32> {
+    (1..=running.hotplug_ports).find(|port| {
+        !nics.values().any(|p| p == port)
+            && !attached
+                .values()
+                .any(|a| a.slot == HotplugSlot::RootPort(*port))
+    })
 }
 
 /// LUNs a virtio-scsi target offers (QEMU's `max_lun`).
@@ -407,14 +443,26 @@ mod tests {
         wanted.cpu.sockets = 2;
         wanted.memory.hotplugged_bytes = 128 * MIB;
         assert_eq!(
-            plan(&running, &wanted, &AttachedDisks::new()).unwrap(),
+            plan(
+                &running,
+                &wanted,
+                &AttachedDisks::new(),
+                &AttachedNics::new()
+            )
+            .unwrap(),
             vec![
                 Step::PlugSockets { sockets: 2 },
                 Step::ResizeHotplugMemory { bytes: 128 * MIB }
             ]
         );
         assert_eq!(
-            plan(&running, &running, &AttachedDisks::new()).unwrap(),
+            plan(
+                &running,
+                &running,
+                &AttachedDisks::new(),
+                &AttachedNics::new()
+            )
+            .unwrap(),
             vec![]
         );
     }
@@ -426,30 +474,45 @@ mod tests {
         let mut fewer = running.clone();
         fewer.cpu.sockets = 1;
         assert!(
-            plan(&running, &fewer, &AttachedDisks::new())
-                .unwrap_err()
-                .contains("restart")
+            plan(
+                &running,
+                &fewer,
+                &AttachedDisks::new(),
+                &AttachedNics::new()
+            )
+            .unwrap_err()
+            .contains("restart")
         );
         let mut beyond = running.clone();
         beyond.cpu.sockets = 5;
         assert!(
-            plan(&running, &beyond, &AttachedDisks::new())
-                .unwrap_err()
-                .contains("maxSockets")
+            plan(
+                &running,
+                &beyond,
+                &AttachedDisks::new(),
+                &AttachedNics::new()
+            )
+            .unwrap_err()
+            .contains("maxSockets")
         );
         let mut boot = running.clone();
         boot.memory.guest_bytes = 2048 * MIB;
         assert!(
-            plan(&running, &boot, &AttachedDisks::new())
+            plan(&running, &boot, &AttachedDisks::new(), &AttachedNics::new())
                 .unwrap_err()
                 .contains("restart")
         );
         let mut unaligned = running.clone();
         unaligned.memory.hotplugged_bytes = MIB;
         assert!(
-            plan(&running, &unaligned, &AttachedDisks::new())
-                .unwrap_err()
-                .contains("block")
+            plan(
+                &running,
+                &unaligned,
+                &AttachedDisks::new(),
+                &AttachedNics::new()
+            )
+            .unwrap_err()
+            .contains("block")
         );
     }
 
@@ -480,7 +543,13 @@ mod tests {
         let mut wanted = running.clone();
         wanted.disks.push(disk("data"));
         assert_eq!(
-            plan(&running, &wanted, &AttachedDisks::new()).unwrap(),
+            plan(
+                &running,
+                &wanted,
+                &AttachedDisks::new(),
+                &AttachedNics::new()
+            )
+            .unwrap(),
             vec![Step::AttachDisk(Box::new(disk("data")))]
         );
         let attached = AttachedDisks::from([(
@@ -491,20 +560,20 @@ mod tests {
             },
         )]);
         assert_eq!(
-            plan(&wanted, &running, &attached).unwrap(),
+            plan(&wanted, &running, &attached, &AttachedNics::new()).unwrap(),
             vec![Step::DetachDisk("data".into())]
         );
         let mut no_root = running.clone();
         no_root.disks.clear();
         assert!(
-            plan(&running, &no_root, &attached)
+            plan(&running, &no_root, &attached, &AttachedNics::new())
                 .unwrap_err()
                 .contains("restart")
         );
         let mut sata = wanted.clone();
         sata.disks[1].bus = DiskBus::Sata;
         assert!(
-            plan(&running, &sata, &attached)
+            plan(&running, &sata, &attached, &AttachedNics::new())
                 .unwrap_err()
                 .contains("virtio")
         );
@@ -515,14 +584,16 @@ mod tests {
             ..disk(n)
         }));
         assert_eq!(
-            plan(&running, &scsi, &AttachedDisks::new()).unwrap().len(),
+            plan(&running, &scsi, &AttachedDisks::new(), &AttachedNics::new())
+                .unwrap()
+                .len(),
             3
         );
         let mut two = wanted.clone();
         two.disks.push(disk("more"));
         two.disks.push(disk("most"));
         assert!(
-            plan(&running, &two, &AttachedDisks::new())
+            plan(&running, &two, &AttachedDisks::new(), &AttachedNics::new())
                 .unwrap_err()
                 .contains("no free hotplug port")
         );
@@ -554,11 +625,11 @@ mod tests {
             ),
         ]);
         assert_eq!(
-            free_slot(&running, &attached, &scsi("next")),
+            free_slot(&running, &attached, &AttachedNics::new(), &scsi("next")),
             Some(HotplugSlot::ScsiLun(3))
         );
         assert_eq!(
-            free_slot(&running, &attached, &disk("next")),
+            free_slot(&running, &attached, &AttachedNics::new(), &disk("next")),
             Some(HotplugSlot::RootPort(2))
         );
     }

@@ -25,6 +25,7 @@ mod domain;
 mod guest_agent;
 mod host_paths;
 mod live;
+mod live_nic;
 mod migration;
 mod passed_files;
 mod qemu_process;

@@ -197,6 +197,15 @@ pub async fn setup_bridge(
     Ok(())
 }
 
+/// Removes what [`setup_bridge`] made for `b`: the tap, the bridge and the renamed pod
+/// interface (a veth: its peer on the node goes with it). Links already gone are fine.
+pub async fn remove_bridge(b: &PodBridge) {
+    for link in [&b.tap, &b.bridge, &b.renamed] {
+        let _ = run("ip", &["link", "del", link], "").await;
+    }
+    tracing::info!(bridge = %b.bridge, tap = %b.tap, "bridge network removed");
+}
+
 /// The DHCP settings for the guest with MAC `guest_mac` on `b`: the pod's address, prefix
 /// and gateway; DNS from `resolv_conf` (its text). `None` without a pod IPv4 address
 /// (upstream then disables IPAM).

@@ -3,20 +3,22 @@
 //!
 //! Data flow: [`parse_query`] checks kubelet's query parameters; [`container_logs`] finds the
 //! file `<state dir>/<uid>/<container>.log`, picks the first byte to send ([`start_offset`]:
-//! `tailLines` by reading backwards in [`BLOCK`]-sized blocks, `sinceSeconds`/`sinceTime` from
-//! the file's modification time) and streams from there in chunks of at most [`CHUNK`] bytes,
-//! at most `limitBytes` in all. Without `follow` it stops at the size the file had when the
-//! request came; with `follow` it then polls from the last offset for what was appended, starts
-//! again from the beginning after a rotation (the file shrank, or `<log>.1` is new), and ends
-//! when the pod is gone, the limit is reached or the client goes away. Memory per request is
-//! one chunk.
+//! `tailLines` by reading backwards in [`BLOCK`]-sized blocks; a file not modified since
+//! `sinceSeconds`/`sinceTime` is skipped whole) and streams from there in chunks of at most
+//! [`CHUNK`] bytes, at most `limitBytes` in all. What is read goes through [`cri::Lines`]: an
+//! entry of a CRI-format log becomes its content, after its time for `timestamps=true`, and
+//! is left out when it is older than `sinceSeconds`/`sinceTime`; other lines are sent as they
+//! are. Without `follow` it stops at the size the file had when the request came; with
+//! `follow` it then polls from the last offset for what was appended, starts again from the
+//! beginning after a rotation (the file shrank, or `<log>.1` is new), and ends when the pod is
+//! gone, the limit is reached or the client goes away. Memory per request is one chunk and
+//! at most one line.
 //!
 //! # Caveats
-//! - The log files carry no per-line timestamps, so `sinceSeconds`/`sinceTime` act on the
-//!   whole file: a file not modified since then yields nothing (until new lines arrive in
-//!   follow mode); one modified since is sent whole (within `tailLines`/`limitBytes`).
-//!   `timestamps=true` adds nothing, and `previous=true` is answered from the current file
-//!   (the rotated `<log>.1` is not served, as kubelet serves only the current file).
+//! - Lines not in the CRI format carry no time: `timestamps=true` adds none to them, and
+//!   `sinceSeconds`/`sinceTime` only skip the file when it was not modified since.
+//! - `previous=true` is answered from the current file (the rotated `<log>.1` is not served,
+//!   as kubelet serves only the current file).
 //! - Follow mode polls every [`FOLLOW_POLL`]; it does not use inotify.
 
 use std::io::SeekFrom;
@@ -29,6 +31,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use tokio::io::{AsyncReadExt, AsyncSeekExt};
 
+use super::cri;
 use super::{LogState, PodLookup};
 
 /// The largest piece of a log read and sent at once.
@@ -47,7 +50,8 @@ pub(super) struct RawLogQuery {
     limit_bytes: Option<i64>,
     since_seconds: Option<i64>,
     since_time: Option<String>,
-    // `timestamps` and `previous` are accepted and ignored (see the caveats).
+    timestamps: Option<bool>,
+    // `previous` is accepted and ignored (see the caveats).
 }
 
 /// A checked log request.
@@ -58,6 +62,8 @@ pub(super) struct LogRequest {
     pub limit_bytes: Option<u64>,
     /// Only content written at or after this time.
     pub since: Option<SystemTime>,
+    /// Each line after the time it was written.
+    pub timestamps: bool,
 }
 
 /// Checks the query as the API server's `PodLogOptions` validation does.
@@ -95,6 +101,7 @@ pub(super) fn parse_query(raw: &RawLogQuery, now: SystemTime) -> Result<LogReque
         tail_lines,
         limit_bytes,
         since,
+        timestamps: raw.timestamps.unwrap_or(false),
     })
 }
 
@@ -166,58 +173,88 @@ struct LogStream {
     /// The inode of the rotated `<log>.1` last seen: a new one means a rotation.
     rotated: Option<u64>,
     buf: Vec<u8>,
+    /// Log lines to what is answered.
+    lines: cri::Lines,
 }
 
 impl LogStream {
     /// The next chunk; `None` at the end of the response.
     async fn next_chunk(&mut self) -> Option<std::io::Result<Bytes>> {
         loop {
-            if self.remaining == Some(0) || self.end.is_some_and(|end| self.offset >= end) {
+            if self.remaining == Some(0) {
                 return None;
             }
-            if self.file.is_none() {
-                self.file = tokio::fs::File::open(&self.path).await.ok();
+            if self.end.is_some_and(|end| self.offset >= end) {
+                let mut out = Vec::new();
+                self.lines.flush(true, &mut out);
+                return (!out.is_empty()).then(|| self.answer(out));
             }
-            if let Some(file) = self.file.as_mut() {
-                let len = match file.metadata().await {
-                    Ok(meta) => meta.len(),
-                    Err(e) => return Some(Err(e)),
-                };
-                let rotated = rotated_inode(&self.path).await;
-                if len < self.offset || rotated != self.rotated {
-                    // Truncated by a rotation: what is there now was written after it.
-                    self.offset = 0;
-                    self.rotated = rotated;
-                }
-                let bound = self.end.unwrap_or(len).min(len);
-                if bound > self.offset {
-                    let mut want = usize::try_from(bound - self.offset)
-                        .unwrap_or(CHUNK)
-                        .min(CHUNK);
-                    if let Some(remaining) = self.remaining {
-                        want = want.min(usize::try_from(remaining).unwrap_or(CHUNK));
-                    }
-                    if let Err(e) = file.seek(SeekFrom::Start(self.offset)).await {
-                        return Some(Err(e));
-                    }
-                    return match file.read(&mut self.buf[..want]).await {
-                        Ok(0) => None,
-                        Ok(n) => {
-                            self.offset += n as u64;
-                            if let Some(remaining) = self.remaining.as_mut() {
-                                *remaining -= n as u64;
-                            }
-                            Some(Ok(Bytes::copy_from_slice(&self.buf[..n])))
-                        }
-                        Err(e) => Some(Err(e)),
-                    };
-                }
+            match self.read().await {
+                Err(e) => return Some(Err(e)),
+                // Read, but nothing to answer (yet): read on.
+                Ok(Some(out)) if out.is_empty() => continue,
+                Ok(Some(out)) => return Some(self.answer(out)),
+                Ok(None) => {}
             }
             // Nothing new: without follow that is the end; with it, wait while the pod exists.
+            let mut out = Vec::new();
+            self.lines.flush(self.pod.is_none(), &mut out);
+            if !out.is_empty() {
+                return Some(self.answer(out));
+            }
             let (lookup, namespace, pod) = self.pod.as_ref()?;
             lookup(namespace, pod)?;
             tokio::time::sleep(FOLLOW_POLL).await;
         }
+    }
+
+    /// Reads what the file has past the offset (up to a chunk) and turns it into output:
+    /// `None` when nothing new was there, an empty output when what was read answers nothing
+    /// (yet).
+    async fn read(&mut self) -> std::io::Result<Option<Vec<u8>>> {
+        if self.file.is_none() {
+            self.file = tokio::fs::File::open(&self.path).await.ok();
+        }
+        let Some(file) = self.file.as_mut() else {
+            return Ok(None);
+        };
+        let len = file.metadata().await?.len();
+        let rotated = rotated_inode(&self.path).await;
+        if len < self.offset || rotated != self.rotated {
+            // Truncated by a rotation: what is there now was written after it.
+            self.offset = 0;
+            self.rotated = rotated;
+            self.lines.reset();
+        }
+        let bound = self.end.unwrap_or(len).min(len);
+        if bound <= self.offset {
+            return Ok(None);
+        }
+        let mut want = usize::try_from(bound - self.offset)
+            .unwrap_or(CHUNK)
+            .min(CHUNK);
+        if let Some(remaining) = self.remaining {
+            // The answer is never longer than what it is made of.
+            want = want.min(usize::try_from(remaining).unwrap_or(CHUNK));
+        }
+        file.seek(SeekFrom::Start(self.offset)).await?;
+        let n = file.read(&mut self.buf[..want]).await?;
+        if n == 0 {
+            return Ok(None);
+        }
+        self.offset += n as u64;
+        let mut out = Vec::with_capacity(n);
+        self.lines.feed(&self.buf[..n], &mut out);
+        Ok(Some(out))
+    }
+
+    /// `out` as the next chunk, within `limitBytes`.
+    fn answer(&mut self, mut out: Vec<u8>) -> std::io::Result<Bytes> {
+        if let Some(remaining) = self.remaining.as_mut() {
+            out.truncate(usize::try_from(*remaining).unwrap_or(usize::MAX));
+            *remaining -= out.len() as u64;
+        }
+        Ok(Bytes::from(out))
     }
 }
 
@@ -287,6 +324,7 @@ async fn open_stream(path: &FsPath, request: &LogRequest) -> std::io::Result<Log
         pod: None,
         rotated: rotated_inode(path).await,
         buf: vec![0u8; CHUNK],
+        lines: cri::Lines::new(request.since, request.timestamps),
     };
     let mut file = match tokio::fs::File::open(path).await {
         Ok(f) => f,

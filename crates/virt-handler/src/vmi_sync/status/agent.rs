@@ -154,7 +154,15 @@ pub(super) fn merge_interfaces(interfaces: &mut Value, agent: Option<&GuestAgent
             .find(|i| i.mac.is_some() && i.mac == mac);
         if let Some(seen) = seen {
             entry["interfaceName"] = json!(seen.name);
-            entry["infoSource"] = json!("domain, guest-agent");
+            // `domain, guest-agent`, with `multus-status` kept where virt-controller put it.
+            let multus = entry["infoSource"]
+                .as_str()
+                .is_some_and(|s| s.contains("multus-status"));
+            entry["infoSource"] = json!(if multus {
+                "domain, guest-agent, multus-status"
+            } else {
+                "domain, guest-agent"
+            });
         }
     }
 }

@@ -70,6 +70,7 @@ fn spec(accel: Accel) -> LauncherSpec {
             }),
             mac_address: Some("52:54:00:aa:bb:cc".into()),
             boot_order: None,
+            link_down: false,
         }],
         hotplug_ports: 0,
         graphics: None,

@@ -262,3 +262,94 @@ async fn follow_of_a_log_that_does_not_exist_yet_starts_when_it_appears() {
     node.write(b"first line\n");
     assert_eq!(&next.await.unwrap().unwrap()[..], b"first line\n");
 }
+
+/// A log as a container runtime writes it: an entry per line, with the time it was written.
+fn cri_log() -> String {
+    [
+        "2026-03-01T10:00:00.000000001Z stdout F booting",
+        "2026-03-01T10:00:01.5Z stderr F a warning",
+        "2026-03-01T10:00:02Z stdout P a long ",
+        "2026-03-01T10:00:02Z stdout F line",
+        "2026-03-01T10:00:03.25Z stdout F ready",
+        "",
+    ]
+    .join("\n")
+}
+
+#[tokio::test]
+async fn a_cri_log_is_answered_as_the_containers_output() {
+    let node = Node::new();
+    node.write(cri_log().as_bytes());
+    let (status, frames) = node.get("").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        String::from_utf8(joined(&frames)).unwrap(),
+        "booting\na warning\na long line\nready\n"
+    );
+    let (_, frames) = node.get("tailLines=1").await;
+    assert_eq!(joined(&frames), b"ready\n");
+    let (_, frames) = node.get("limitBytes=10").await;
+    assert_eq!(
+        joined(&frames),
+        b"booting\na ",
+        "the limit counts what is answered"
+    );
+}
+
+#[tokio::test]
+async fn timestamps_put_each_lines_time_in_front() {
+    let node = Node::new();
+    node.write(cri_log().as_bytes());
+    let (_, frames) = node.get("timestamps=true&tailLines=2").await;
+    assert_eq!(
+        String::from_utf8(joined(&frames)).unwrap(),
+        "2026-03-01T10:00:02Z line\n2026-03-01T10:00:03.25Z ready\n"
+    );
+    let (_, frames) = node.get("timestamps=true&limitBytes=40").await;
+    assert_eq!(
+        String::from_utf8(joined(&frames)).unwrap(),
+        "2026-03-01T10:00:00.000000001Z booting\n2"
+    );
+}
+
+#[tokio::test]
+async fn since_time_leaves_out_the_lines_written_before_it() {
+    let node = Node::new();
+    node.write(cri_log().as_bytes());
+    let (_, frames) = node.get("sinceTime=2026-03-01T10:00:01.5Z").await;
+    assert_eq!(
+        String::from_utf8(joined(&frames)).unwrap(),
+        "a warning\na long line\nready\n"
+    );
+    let (_, frames) = node
+        .get("sinceTime=2026-03-01T10:00:02.000000001Z&timestamps=true")
+        .await;
+    assert_eq!(
+        String::from_utf8(joined(&frames)).unwrap(),
+        "2026-03-01T10:00:03.25Z ready\n"
+    );
+    // sinceSeconds too: every line of this log is older than a minute.
+    let (_, frames) = node.get("sinceSeconds=60").await;
+    assert_eq!(joined(&frames), b"");
+}
+
+#[tokio::test(start_paused = true)]
+async fn follow_of_a_cri_log_sends_whole_lines() {
+    let node = Node::new();
+    node.write(b"2026-03-01T10:00:00Z stdout F first\n");
+    let (_, mut body) = node.open("follow=true&timestamps=true").await;
+    assert_eq!(
+        &body.next().await.unwrap().unwrap()[..],
+        b"2026-03-01T10:00:00Z first\n"
+    );
+    // An entry caught half-written is sent once its newline is there (the clock is paused:
+    // three polls pass without a frame).
+    node.append(b"2026-03-01T10:00:05Z stdout F sec");
+    let waited = tokio::time::timeout(FOLLOW_POLL * 3, body.next()).await;
+    assert!(waited.is_err(), "sent half-written: {waited:?}");
+    node.append(b"ond\n");
+    assert_eq!(
+        &body.next().await.unwrap().unwrap()[..],
+        b"2026-03-01T10:00:05Z second\n"
+    );
+}
