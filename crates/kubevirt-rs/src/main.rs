@@ -15,9 +15,9 @@ mod cmd_manifests;
 mod cmd_operator;
 mod cmd_server;
 mod kube_config;
-mod signals;
+mod lifecycle;
 
-pub(crate) use signals::shutdown_signal;
+pub(crate) use lifecycle::shutdown_signal;
 
 #[derive(Parser)]
 #[command(name = "kubevirt-rs", about = "KubeVirt, in Rust", version)]
@@ -117,14 +117,7 @@ fn serve(args: ServerArgs, initial_objects: Vec<serde_json::Value>) -> anyhow::R
 }
 
 fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    lifecycle::init_logging();
     match Cli::parse().command {
         Command::Crds => print!("{}", kubevirt_api::crd::all_crds_yaml()?),
         Command::Server(args) => cmd_server::run(args)?,

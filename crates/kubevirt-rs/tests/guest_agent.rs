@@ -9,6 +9,7 @@
 //! (the bytes it wrote to a disk, the DHCP exchange on its interface). Skips (saying why) when
 //! the test guest, QEMU or virtctl is missing.
 
+use std::os::unix::process::CommandExt as _;
 use std::path::Path;
 
 use testkit::{DEADLINE, ServerProcess, wait_until};
@@ -156,13 +157,9 @@ fn without_the_agent(
     })?;
     // A `guestAgentPing` probe (virt-probe, as kubelet runs it in the compute container)
     // fails, and the launcher has the handler record upstream's Event.
-    let probe = std::process::Command::new(BIN)
-        .args([
-            "virt-probe",
-            "--domainName",
-            "default_agent",
-            "--guestAgentPing",
-        ])
+    let probe = std::process::Command::new(env!("CARGO_BIN_EXE_virt-launcher"))
+        .arg0("virt-probe")
+        .args(["--domainName", "default_agent", "--guestAgentPing"])
         .arg("--pod-dir")
         .arg(testkit::launcher_dir(server.data_dir(), uid))
         .output()?;

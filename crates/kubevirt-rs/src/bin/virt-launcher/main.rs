@@ -16,12 +16,12 @@ use std::path::Path;
 use clap::Parser;
 
 mod launcher;
+#[path = "../../lifecycle.rs"]
+mod lifecycle;
 mod probe;
-#[path = "../../signals.rs"]
-mod signals;
 mod tail;
 
-use signals::shutdown_signal;
+use lifecycle::shutdown_signal;
 
 #[derive(Parser)]
 #[command(
@@ -65,14 +65,7 @@ fn program(argv0: Option<&OsString>) -> String {
 }
 
 fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    lifecycle::init_logging();
     let argv: Vec<OsString> = std::env::args_os().collect();
     match program(argv.first()).as_str() {
         "virt-tail" => tail::run(&TailCli::parse_from(argv).args),
