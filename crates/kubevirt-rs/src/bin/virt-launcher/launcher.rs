@@ -21,15 +21,8 @@ use virt_launcher::{LauncherOptions, run_launcher};
 
 #[derive(Args)]
 pub struct LauncherArgs {
-    /// Namespace of the VMI.
-    #[arg(long)]
-    pub namespace: String,
-    /// Name of the VMI.
-    #[arg(long)]
-    pub name: String,
-    /// UID of the VMI.
-    #[arg(long)]
-    pub uid: String,
+    #[command(flatten)]
+    pub vmi: crate::VmiArgs,
     /// Seconds the guest gets to power off after SIGTERM before QEMU is killed.
     #[arg(long, default_value_t = 45)]
     pub grace_period_seconds: u64,
@@ -40,9 +33,6 @@ pub struct LauncherArgs {
     /// The QEMU binary.
     #[arg(long, default_value = "qemu-system-x86_64")]
     pub qemu: PathBuf,
-    /// The pod directory (socket, disks, logs).
-    #[arg(long)]
-    pub pod_dir: PathBuf,
     /// Fail at once (upstream's `--simulate-crash`, for crash-loop tests).
     #[arg(long)]
     pub simulate_crash: bool,
@@ -73,16 +63,16 @@ async fn serve(args: LauncherArgs) -> anyhow::Result<()> {
     if args.simulate_crash {
         anyhow::bail!("Simulated virt-launcher crash");
     }
-    let layout = virt_launcher::pod_layout::PodLayout::new(&args.pod_dir);
+    let layout = virt_launcher::pod_layout::PodLayout::new(&args.vmi.pod_dir);
     let socket = layout.launcher_socket();
     let mut opts = LauncherOptions::new(&socket);
     opts.qemu_binary = args.qemu;
-    opts.base_dir = Some(args.pod_dir.clone());
+    opts.base_dir = Some(args.vmi.pod_dir.clone());
     opts.claim_disks_dir = Some(virt_launcher::pod_layout::CLAIM_DISKS_DIR.into());
     opts.fake_qemu = args.fake_qemu;
     opts.qemu_log_path = Some(layout.qemu_log());
-    opts.vmi_uid = Some(args.uid.clone());
-    tracing::info!(vmi = %format!("{}/{}", args.namespace, args.name), uid = %args.uid, "launcher starting");
+    opts.vmi_uid = Some(args.vmi.uid.clone());
+    tracing::info!(vmi = %format!("{}/{}", args.vmi.namespace, args.vmi.name), uid = %args.vmi.uid, "launcher starting");
     let mut launcher = tokio::spawn(run_launcher(opts));
     tokio::select! {
         done = &mut launcher => return Ok(done.context("launcher task")??),

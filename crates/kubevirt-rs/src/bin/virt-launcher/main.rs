@@ -56,6 +56,25 @@ struct ProbeCli {
     args: probe::VirtProbeArgs,
 }
 
+/// The VMI a launcher pod's container serves and the pod directory it shares (the pod's
+/// `public` emptyDir as the container sees it: sockets, disks, logs); `virt-launcher` and
+/// `virt-tail` take them alike.
+#[derive(clap::Args)]
+pub struct VmiArgs {
+    /// Namespace of the VMI.
+    #[arg(long)]
+    pub namespace: String,
+    /// Name of the VMI.
+    #[arg(long)]
+    pub name: String,
+    /// UID of the VMI.
+    #[arg(long)]
+    pub uid: String,
+    /// The pod directory.
+    #[arg(long)]
+    pub pod_dir: std::path::PathBuf,
+}
+
 /// The program `argv0` names: its file name, whatever directory it was started from.
 fn program(argv0: Option<&OsString>) -> String {
     argv0

@@ -9,7 +9,6 @@
 //! after copying the last output, as upstream's container ends with the domain.
 
 use std::io::{Read, Seek, SeekFrom, Write};
-use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -20,22 +19,12 @@ const POLL: Duration = Duration::from_millis(200);
 
 #[derive(Args)]
 pub struct ConsoleLogArgs {
-    /// Namespace of the VMI.
-    #[arg(long)]
-    pub namespace: String,
-    /// Name of the VMI.
-    #[arg(long)]
-    pub name: String,
-    /// UID of the VMI.
-    #[arg(long)]
-    pub uid: String,
-    /// The launcher directory (the pod's `public` emptyDir).
-    #[arg(long)]
-    pub pod_dir: PathBuf,
+    #[command(flatten)]
+    pub vmi: crate::VmiArgs,
 }
 
 pub fn run(args: &ConsoleLogArgs) -> anyhow::Result<()> {
-    let layout = virt_launcher::pod_layout::PodLayout::new(&args.pod_dir);
+    let layout = virt_launcher::pod_layout::PodLayout::new(&args.vmi.pod_dir);
     let (path, socket) = (layout.serial_log(), layout.launcher_socket());
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
